@@ -1,0 +1,123 @@
+"""The ``vllm-repro`` command line (typer).
+
+Exit codes (DESIGN.md): 0 observations match ``expect``; 1 mismatch or reproduction found;
+2 usage or input error; 3 environment error (fetch, import, docker, ssh).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import EXIT_INPUT, LabError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Reproduce vLLM engine crashes on CPU with vLLM's real scheduler code.")
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+DEFAULT_REPORTS = Path("reports")
+
+
+def _say(msg: str) -> None:
+    err.print(f"[dim]{msg}[/dim]", highlight=False)
+
+
+def verdict_table(verdicts) -> Table:
+    """The verdict table: scenario, vllm, expect, observed, ok."""
+    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for col in ("scenario", "vllm", "expect", "observed", "ok"):
+        t.add_column(col, no_wrap=True)
+    for v in verdicts:
+        style = {"yes": "green", "NO": "red", "ERROR": "red", "-": "yellow"}[v.ok_text]
+        t.add_row(v.scenario, v.vllm, v.expected, v.observed, f"[{style}]{v.ok_text}[/{style}]")
+    return t
+
+
+def _print_results(items, as_json: bool, sched_log: bool) -> int:
+    from .report.sched_log import sched_log_lines
+    from .verdict import exit_code
+
+    verdicts = [i.verdict for i in items]
+    if sched_log:
+        for i in items:
+            if i.report_dir and (i.report_dir / "trace.jsonl").is_file():
+                out.print(f"[bold]{i.scenario.name} on vLLM {i.version}[/bold]")
+                for line in sched_log_lines(i.report_dir / "trace.jsonl"):
+                    out.print(line, highlight=False, markup=False)
+    if as_json:
+        print(json.dumps([v.as_dict() for v in verdicts], indent=1))
+    else:
+        out.print(verdict_table(verdicts))
+        for v in verdicts:
+            if v.reason and v.ok is False:
+                err.print(f"[red]{v.scenario} on {v.vllm}: {v.reason}[/red]", highlight=False)
+    return exit_code(verdicts)
+
+
+@app.command()
+def run(
+    scenarios: List[Path] = typer.Argument(..., help="Scenario YAML files."),
+    vllm: List[str] = typer.Option([], "--vllm", help="Release(s) to run; default: the scenario's own."),
+    reports: Path = typer.Option(DEFAULT_REPORTS, help="Where reports/<scenario>/<version>/ go."),
+    audit: bool = typer.Option(True, "--audit/--no-audit", help="Check invariants every step."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Collect all violations, not just the first."),
+    sched_log: bool = typer.Option(False, "--sched-log", help="Print [SCHED] state lines when the state changes."),
+    jobs: Optional[int] = typer.Option(None, help="Releases run in parallel (default: CPUs, max 4)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
+) -> None:
+    """Run scenario(s) on vLLM release(s) and print the verdict table."""
+    from .lab import RunItem, releases_for, run_matrix
+    from .report.index import write_index
+    from .scenario import load_scenario
+
+    t0 = time.perf_counter()
+    loaded = [load_scenario(p) for p in scenarios]
+    items = [RunItem(sc, v) for sc in loaded for v in releases_for(sc, vllm)]
+    run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=_say)
+    write_index(reports)
+    code = _print_results(items, as_json, sched_log)
+    _say(f"done in {time.perf_counter() - t0:.1f}s; reports in {reports}/")
+    raise typer.Exit(code)
+
+
+@app.command()
+def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build.")) -> None:
+    """Fetch, verify and extract release(s) and build their CPU environments."""
+    from .lab import prepare_release
+
+    for v in versions:
+        env = prepare_release(v, _say)
+        out.print(f"vLLM {v}: {env.python} (tree {env.tree})")
+
+
+def main() -> None:
+    """Entry point: one-line messages and DESIGN.md's exit codes for lab and input errors."""
+    try:
+        app(standalone_mode=False)
+    except LabError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(EXIT_INPUT)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,470 @@
+"""The one seam where vLLM's API drift is absorbed: build vLLM's own V1 objects by probing.
+
+Runs inside a release environment (no lab dependencies beyond the standard library). Nothing
+here compares version numbers: every difference between releases is found by looking for a
+module, an attribute or a parameter, and the first working form is used. What it builds mirrors
+``vllm/v1/engine/core.py:EngineCore.__init__`` (configs, KV-cache config, block hasher,
+``Scheduler``) and ``EngineCore.preprocess_add_request`` / ``Processor.process_inputs`` (the
+``Request``), for the V1 engine from 0.8.0 to 0.33.0.
+
+Probes (each names the vLLM source it follows):
+
+- scheduler module: ``vllm/v1/core/sched/scheduler.py`` (0.8+), else ``vllm/v1/core/scheduler.py``;
+  the class from ``SchedulerConfig.get_scheduler_cls()`` where the release has it.
+- constructors are called with the keyword arguments they accept (``inspect.signature``):
+  ``Scheduler(block_size=...)``, ``Request(block_hasher=..., eos_token_id=..., multi_modal_*)``,
+  ``FullAttentionSpec(use_mla=...)``, ``KVCacheConfig(tensors= | kv_cache_tensors=)``,
+  ``ModelRunnerOutput(spec_token_ids=...)``, ``SchedulerConfig(is_encoder_decoder=...)``.
+- block hashing: ``get_request_block_hasher`` + ``init_none_hash`` (0.10.1+, request-side), else
+  the KV cache manager hashes by itself.
+- ``register_all_kvcache_specs(vllm_config)`` (0.33) before the scheduler is built.
+- draft tokens: ``ModelRunnerOutput.spec_token_ids`` (<= 0.10.1) or
+  ``Scheduler.update_draft_token_ids(DraftTokenIds)`` (0.10.2+).
+- the CPU platform: the tree's ``vllm-X+cpu.dist-info`` makes ``vllm.platforms`` pick the CPU
+  platform (0.8 to 0.10 look for "cpu" in the installed version); ``VLLM_TARGET_DEVICE=cpu``
+  does it for newer ones; as a last resort ``vllm.platforms._current_platform`` is set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+EOS_TOKEN_ID = 2  # OPT's eos_token_id (the packaged config.json)
+VOCAB = 50000
+
+
+class AdapterError(Exception):
+    """The release's API could not be matched: a lab error (outcome ``error``), never a
+    reproduction."""
+
+
+class RefusedByRelease(Exception):
+    """The release's own front door refuses the workload (e.g. priorities on 0.9.0): an input
+    error naming the field and the release."""
+
+
+def _import(*candidates: str):
+    """The first importable ``module:attr`` of ``candidates`` (``module`` alone for a module)."""
+    errors = []
+    for cand in candidates:
+        mod_name, _, attr = cand.partition(":")
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError as exc:
+            errors.append(f"{mod_name}: {exc}")
+            continue
+        if not attr:
+            return mod
+        if hasattr(mod, attr):
+            return getattr(mod, attr)
+        errors.append(f"{mod_name} has no {attr}")
+    raise AdapterError("none of " + ", ".join(candidates) + " is importable: " + "; ".join(errors))
+
+
+def _try_import(*candidates: str):
+    try:
+        return _import(*candidates)
+    except AdapterError:
+        return None
+
+
+def params_of(fn: Callable) -> tuple[set[str], bool]:
+    """(names of the parameters ``fn`` accepts, whether it takes ``**kwargs``)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return set(), True
+    names = {p.name for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    return names, var_kw
+
+
+def call_supported(fn: Callable, /, **kwargs):
+    """Call ``fn`` with the subset of ``kwargs`` it accepts (drift in optional parameters)."""
+    names, var_kw = params_of(fn)
+    if not var_kw:
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
+    return fn(**kwargs)
+
+
+def token_stream(seed_text: str, length: int, offset: int = 0) -> list[int]:
+    """Deterministic prompt token ids (never EOS) for a request id or a shared prefix name."""
+    seed = zlib.crc32(seed_text.encode())
+    return [3 + (seed + (offset + j) * 104729) % VOCAB for j in range(length)]
+
+
+@dataclass
+class Scheduled:
+    """One request in a ``SchedulerOutput``: tokens scheduled this step, computed tokens before
+    this step, and the draft (spec) tokens scheduled for verification."""
+
+    req_id: str
+    num_scheduled: int
+    num_computed_before: int
+    spec_tokens: list[int]
+    new: bool
+
+
+class V1Adapter:
+    """vLLM V1 objects of the release on ``sys.path``, built by probing.
+
+    ``model_dir``: a config-only model directory (``config.json``), tokenizer skipped.
+    """
+
+    def __init__(self, model_dir: Path):
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        os.environ.setdefault("VLLM_USE_V1", "1")
+        self.model_dir = Path(model_dir)
+        import vllm  # noqa: F401  (the release under test)
+
+        self.vllm_file = Path(sys.modules["vllm"].__file__).parent
+        self.version = self._version()
+        self._ensure_cpu_platform()
+        self.config_mod = _import("vllm.config")
+        self.Scheduler = _import("vllm.v1.core.sched.scheduler:Scheduler", "vllm.v1.core.scheduler:Scheduler")
+        self.Request = _import("vllm.v1.request:Request")
+        self.RequestStatus = _import("vllm.v1.request:RequestStatus")
+        self.SamplingParams = _import("vllm.sampling_params:SamplingParams", "vllm:SamplingParams")
+        self.ModelRunnerOutput = _import("vllm.v1.outputs:ModelRunnerOutput")
+        self.KVCacheConfig = _import("vllm.v1.kv_cache_interface:KVCacheConfig")
+        self.KVCacheGroupSpec = _try_import("vllm.v1.kv_cache_interface:KVCacheGroupSpec")
+        self.FullAttentionSpec = _import("vllm.v1.kv_cache_interface:FullAttentionSpec")
+        self.SlidingWindowSpec = _try_import("vllm.v1.kv_cache_interface:SlidingWindowSpec")
+        self.StructuredOutputManager = _try_import("vllm.v1.structured_output:StructuredOutputManager")
+        self.DraftTokenIds = _try_import("vllm.v1.outputs:DraftTokenIds")
+        self._mro_fields, _ = params_of(self.ModelRunnerOutput)
+        self._register_model()
+
+    # ---- environment -------------------------------------------------------------------------
+    def _version(self) -> str:
+        mod = _try_import("vllm.version", "vllm._version")
+        v = getattr(mod, "__version__", None) if mod else None
+        return str(v or getattr(sys.modules["vllm"], "__version__", "unknown"))
+
+    def _ensure_cpu_platform(self) -> None:
+        platforms = _import("vllm.platforms")
+        try:
+            current = platforms.current_platform
+            is_cpu = current.is_cpu() if hasattr(current, "is_cpu") else False
+        except Exception:  # noqa: BLE001 - detection itself failed; fall back below
+            is_cpu = False
+        if not is_cpu and hasattr(platforms, "_current_platform"):
+            cpu_cls = _import("vllm.platforms.cpu:CpuPlatform")
+            platforms._current_platform = cpu_cls()
+
+    def _register_model(self) -> None:
+        """Register the packaged architecture's real class in-process, so that ``ModelConfig``
+        inspects it here instead of in a ``python -m vllm.model_executor.models.registry``
+        subprocess (a second 10 s import of torch and vLLM on 0.9/0.10)."""
+        registry = _try_import("vllm:ModelRegistry", "vllm.model_executor.models:ModelRegistry")
+        if registry is None or not hasattr(registry, "register_model"):
+            return
+        try:
+            import json
+
+            arch = json.loads((self.model_dir / "config.json").read_text())["architectures"][0]
+            models = getattr(registry, "models", {})
+            lazy = models.get(arch)
+            if lazy is None or not hasattr(lazy, "module_name"):
+                return
+            import logging
+
+            cls = getattr(importlib.import_module(lazy.module_name), lazy.class_name)
+            logging.getLogger("vllm").disabled = True
+            try:
+                registry.register_model(arch, cls)
+            finally:
+                logging.getLogger("vllm").disabled = False
+        except Exception:  # noqa: BLE001 - an optimisation only: the subprocess path still works
+            return
+
+    # ---- building ---------------------------------------------------------------------------
+    def build(self, cfg: dict[str, Any]) -> tuple[Any, Any]:
+        """Build ``(vllm_config, scheduler)`` from a scenario's ``config`` mapping.
+
+        Mirrors ``EngineCore.__init__``: ``ModelConfig`` on the packaged config dir,
+        ``SchedulerConfig``, ``CacheConfig`` (``num_gpu_blocks`` set as after profiling),
+        ``VllmConfig``, ``KVCacheConfig`` with one group per scenario KV cache group, and the
+        scheduler class the config selects. Raises :class:`AdapterError` when the release's
+        constructors cannot be satisfied.
+        """
+        c = self.config_mod
+        torch = importlib.import_module("torch")
+        max_model_len = cfg["max_model_len"]
+        try:
+            model_config = call_supported(
+                c.ModelConfig, model=str(self.model_dir), task="generate",
+                tokenizer=str(self.model_dir), tokenizer_mode="auto", trust_remote_code=False,
+                dtype="float16", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len,
+                enforce_eager=True)
+        except Exception as exc:
+            raise AdapterError(f"ModelConfig on {self.model_dir}: {type(exc).__name__}: {exc}") from exc
+        sched_kwargs = dict(
+            max_num_seqs=cfg["max_num_seqs"],
+            max_num_batched_tokens=cfg["max_num_batched_tokens"],
+            max_model_len=max_model_len,
+            enable_chunked_prefill=cfg["enable_chunked_prefill"],
+            policy=cfg["policy"],
+            long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+            async_scheduling=cfg["async_scheduling"],
+            is_encoder_decoder=getattr(model_config, "is_encoder_decoder", False),
+            watermark=0.0,
+        )
+        if cfg["long_prefill_token_threshold"] == 0:
+            sched_kwargs.pop("long_prefill_token_threshold")
+        scheduler_config = call_supported(c.SchedulerConfig, **sched_kwargs)
+        cache_config = call_supported(
+            c.CacheConfig, block_size=cfg["block_size"], gpu_memory_utilization=0.9, swap_space=0,
+            cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
+        spec_config = None
+        if cfg.get("num_speculative_tokens"):
+            spec_config = call_supported(
+                c.SpeculativeConfig, model="ngram", method=cfg.get("speculative_method", "ngram"),
+                num_speculative_tokens=cfg["num_speculative_tokens"], prompt_lookup_max=4,
+                prompt_lookup_min=1)
+        vllm_config = call_supported(
+            c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
+            cache_config=cache_config, speculative_config=spec_config)
+        # what the GPU worker would have reported after profiling
+        cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
+        kv_cache_config = self._kv_cache_config(cfg, torch)
+        register = _try_import("vllm.v1.core.single_type_kv_cache_manager:register_all_kvcache_specs")
+        if register is not None:
+            register(vllm_config)
+        sched_cls = self.Scheduler
+        get_cls = getattr(vllm_config.scheduler_config, "get_scheduler_cls", None)
+        if callable(get_cls) and not cfg["async_scheduling"]:
+            chosen = get_cls()
+            if isinstance(chosen, type):
+                sched_cls = chosen
+        elif cfg["async_scheduling"]:
+            sched_cls = _import("vllm.v1.core.sched.async_scheduler:AsyncScheduler")
+        block_size = cfg["block_size"]
+        hash_block_size = block_size
+        resolve = _try_import("vllm.v1.core.kv_cache_utils:resolve_kv_cache_block_sizes")
+        if resolve is not None:
+            try:
+                block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
+            except Exception:  # noqa: BLE001 - keep the scenario's block size
+                pass
+        self.hash_block_size = hash_block_size
+        som = self.StructuredOutputManager(vllm_config) if self.StructuredOutputManager else None
+        scheduler = call_supported(
+            sched_cls, vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+            structured_output_manager=som, log_stats=True, block_size=block_size,
+            hash_block_size=hash_block_size, include_finished_set=False)
+        self.block_hasher = self._block_hasher(vllm_config, hash_block_size)
+        self.vllm_config = vllm_config
+        return vllm_config, scheduler
+
+    def _attention_spec(self, cls, cfg, torch, **extra):
+        return call_supported(cls, block_size=cfg["block_size"], num_kv_heads=1, head_size=1,
+                              dtype=torch.float32, use_mla=False, sliding_window=None, **extra)
+
+    def _kv_cache_config(self, cfg, torch):
+        groups = cfg.get("kv_cache_groups") or [{"type": "full", "num_layers": 1}]
+        specs = []
+        layer = 0
+        for g in groups:
+            if g["type"] == "sliding_window":
+                if self.SlidingWindowSpec is None:
+                    raise AdapterError("this release has no SlidingWindowSpec (kv_cache_groups)")
+                spec = call_supported(
+                    self.SlidingWindowSpec, block_size=cfg["block_size"], num_kv_heads=1,
+                    head_size=1, dtype=torch.float32, use_mla=False,
+                    sliding_window=g["sliding_window"])
+            else:
+                spec = self._attention_spec(self.FullAttentionSpec, cfg, torch)
+            names = [f"model.layers.{layer + i}.self_attn.attn" for i in range(g.get("num_layers", 1))]
+            layer += len(names)
+            specs.append((names, spec))
+        if self.KVCacheGroupSpec is None:
+            raise AdapterError("this release's KVCacheConfig has no KVCacheGroupSpec")
+        group_specs = [self.KVCacheGroupSpec(names, spec) for names, spec in specs]
+        return call_supported(self.KVCacheConfig, num_blocks=cfg["num_gpu_blocks"], tensors={},
+                              kv_cache_tensors=[], kv_cache_groups=group_specs)
+
+    def _block_hasher(self, vllm_config, hash_block_size):
+        """``EngineCore``'s request block hasher where the release hashes on the request side."""
+        get_hasher = _try_import("vllm.v1.core.kv_cache_utils:get_request_block_hasher")
+        if get_hasher is None:
+            return None
+        cache = vllm_config.cache_config
+        needs = getattr(cache, "enable_prefix_caching", False)
+        if not needs:
+            return None
+        get_fn = _try_import("vllm.utils.hashing:get_hash_fn_by_name", "vllm.utils:get_hash_fn_by_name")
+        algo = getattr(cache, "prefix_caching_hash_algo", "builtin")
+        hash_fn = get_fn(algo) if get_fn else hash
+        init_none = _try_import("vllm.v1.core.kv_cache_utils:init_none_hash")
+        if init_none is not None:
+            init_none(hash_fn)
+        return call_supported(get_hasher, block_size=hash_block_size, caching_hash_fn=hash_fn,
+                              num_lookahead_tokens=getattr(vllm_config, "num_hash_lookahead_tokens", 0)) \
+            if "block_size" in params_of(get_hasher)[0] else get_hasher(hash_block_size, hash_fn)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def make_request(self, req_id: str, prompt: list[int], max_tokens: int, priority: int,
+                     arrival_time: float):
+        """A ``vllm.v1.request.Request`` as ``Request.from_engine_core_request`` would make it:
+        sampling params with ``max_tokens`` and EOS, the engine's block hasher, priority and
+        arrival time (seconds)."""
+        sp = call_supported(self.SamplingParams, max_tokens=max_tokens, ignore_eos=False,
+                            temperature=0.0)
+        if hasattr(sp, "update_from_generation_config"):
+            try:
+                sp.update_from_generation_config({}, EOS_TOKEN_ID)
+            except TypeError:
+                pass
+        names, _ = params_of(self.Request)
+        if priority and "priority" not in names:
+            raise RefusedByRelease(
+                f"requests[{req_id}].priority: vLLM {self.version}'s V1 Request has no priority "
+                "(the engine refuses priorities); use priority 0 and policy fcfs on this release")
+        kwargs = dict(
+            request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
+            pooling_params=None, eos_token_id=EOS_TOKEN_ID, arrival_time=arrival_time,
+            lora_request=None, priority=priority, block_hasher=self.block_hasher,
+            multi_modal_inputs=None, multi_modal_kwargs=None, multi_modal_hashes=None,
+            multi_modal_placeholders=None, mm_features=None, structured_output_request=None,
+            cache_salt=None, client_index=0, prompt_embeds=None, trace_headers=None)
+        if "mm_features" in names:
+            kwargs["mm_features"] = []
+            if "multi_modal_hashes" not in names:
+                kwargs["mm_features"] = None
+        request = call_supported(self.Request, **kwargs)
+        return request
+
+    def front_door(self, req_id: str, prompt: list[int], max_tokens: int, priority: int) -> None:
+        """Refuse what the release's own front door refuses before a request reaches the
+        scheduler: ``Processor.process_inputs`` (``vllm/v1/engine/processor.py``) is called with
+        the request's priority, e.g. 0.8/0.9 raise ``V1 does not support priority yet``.
+
+        Only priorities are checked this way (the rest of a request is plain token ids). When the
+        release's processor cannot be built without a tokenizer the check is skipped.
+        """
+        if not priority:
+            return
+        if not hasattr(self, "_processor"):
+            self._processor = None
+            proc_cls = _try_import("vllm.v1.engine.processor:Processor")
+            if proc_cls is not None:
+                try:
+                    self._processor = call_supported(proc_cls, vllm_config=self.vllm_config,
+                                                     tokenizer=None)
+                except Exception:  # noqa: BLE001 - API drift: no front-door check possible
+                    self._processor = None
+        if self._processor is None:
+            return
+        sp = call_supported(self.SamplingParams, max_tokens=max_tokens)
+        try:
+            call_supported(self._processor.process_inputs, request_id=req_id,
+                           prompt={"prompt_token_ids": list(prompt)}, params=sp,
+                           arrival_time=0.0, priority=priority)
+        except (ValueError, NotImplementedError) as exc:
+            if "priority" in str(exc).lower():
+                raise RefusedByRelease(
+                    f"requests[{req_id}].priority: vLLM {self.version}'s front door "
+                    f"(Processor.process_inputs) refuses it: {exc}; use priority 0 and "
+                    "policy fcfs on this release") from None
+        except Exception:  # noqa: BLE001 - anything else is not about priority
+            return
+
+    # ---- scheduler output / model output ----------------------------------------------------
+    def scheduled(self, so) -> list[Scheduled]:
+        """What ``SchedulerOutput`` asks the model runner to compute, per request, in
+        ``num_scheduled_tokens`` order (``vllm/v1/core/sched/output.py``)."""
+        before: dict[str, int] = {}
+        new_ids = set()
+        for nr in so.scheduled_new_reqs:
+            before[nr.req_id] = nr.num_computed_tokens
+            new_ids.add(nr.req_id)
+        cached = so.scheduled_cached_reqs
+        if isinstance(cached, list):  # <= 0.9.1: one CachedRequestData per request
+            for cr in cached:
+                before[cr.req_id] = cr.num_computed_tokens
+        else:
+            for rid, n in zip(cached.req_ids, cached.num_computed_tokens):
+                before[rid] = n
+        spec = getattr(so, "scheduled_spec_decode_tokens", {}) or {}
+        out = []
+        for rid, n in so.num_scheduled_tokens.items():
+            out.append(Scheduled(rid, n, before.get(rid, 0), list(spec.get(rid, [])), rid in new_ids))
+        return out
+
+    def model_output(self, req_ids: list[str], sampled: list[list[int]],
+                     drafts: list[list[int]] | None):
+        """``ModelRunnerOutput`` for ``req_ids`` (ordered as scheduled)."""
+        sampled_field = sampled
+        ann = str(getattr(self.ModelRunnerOutput, "__annotations__", {}).get("sampled_token_ids", ""))
+        if "ndarray" in ann:
+            import numpy as np
+
+            sampled_field = [np.array(s, dtype=np.int32) for s in sampled]
+        kwargs = dict(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                      sampled_token_ids=sampled_field, logprobs=None, prompt_logprobs_dict={},
+                      pooler_output=[None] * len(req_ids), num_nans_in_logits=None)
+        if "spec_token_ids" in self._mro_fields:
+            kwargs["spec_token_ids"] = drafts
+        return call_supported(self.ModelRunnerOutput, **kwargs)
+
+    def deliver_drafts(self, scheduler, req_ids: list[str], drafts: list[list[int]] | None) -> None:
+        """0.10.2+: drafts reach the scheduler through ``update_draft_token_ids`` after
+        ``update_from_output`` (``EngineCore.step``); older releases took them in the output."""
+        if drafts is None or "spec_token_ids" in self._mro_fields:
+            return
+        if self.DraftTokenIds is not None and hasattr(scheduler, "update_draft_token_ids"):
+            scheduler.update_draft_token_ids(self.DraftTokenIds(req_ids, drafts))
+
+    def abort(self, scheduler, req_ids: list[str]) -> None:
+        """``EngineCore.abort_requests``: finish as aborted."""
+        scheduler.finish_requests(req_ids, self.RequestStatus.FINISHED_ABORTED)
+
+    # ---- state ------------------------------------------------------------------------------
+    def block_pool(self, scheduler):
+        kvm = scheduler.kv_cache_manager
+        pool = getattr(kvm, "block_pool", None)
+        if pool is None:
+            coord = getattr(kvm, "coordinator", None)
+            pool = getattr(coord, "block_pool", None)
+        return pool
+
+    def num_free_blocks(self, scheduler) -> int | None:
+        pool = self.block_pool(scheduler)
+        if pool is not None and hasattr(pool, "get_num_free_blocks"):
+            return pool.get_num_free_blocks()
+        kvm = scheduler.kv_cache_manager
+        if hasattr(kvm, "free_block_queue"):
+            return kvm.free_block_queue.num_free_blocks
+        return None
+
+    def queues(self, scheduler) -> tuple[list[str], list[str], list[str]]:
+        """(waiting ids, running ids, preempted ids) — preempted are waiting with status
+        PREEMPTED (``Scheduler._preempt_request``)."""
+        waiting_q = scheduler.waiting
+        waiting = [r.request_id for r in _iter_queue(waiting_q)]
+        skipped = getattr(scheduler, "skipped_waiting", None)
+        if skipped is not None:
+            waiting += [r.request_id for r in _iter_queue(skipped)]
+        running = [r.request_id for r in scheduler.running]
+        preempted_status = self.RequestStatus.PREEMPTED
+        preempted = [rid for rid in waiting
+                     if getattr(scheduler.requests.get(rid), "status", None) == preempted_status]
+        return waiting, running, preempted
+
+
+def _iter_queue(q):
+    """Requests in a waiting queue: a deque, a list, or vLLM's ``RequestQueue`` (heap for the
+    priority policy; iterating it yields requests in policy order)."""
+    try:
+        return list(q)
+    except TypeError:
+        return list(getattr(q, "_heap", []))

@@ -1,0 +1,73 @@
+"""The fake model runner: what the GPU would have computed, for what the scheduler scheduled.
+
+This is where the lab's fakes stop (the model-runner / executor boundary). Like
+``vllm/v1/worker/gpu_model_runner.py:GPUModelRunner.execute_model`` it samples a token only for
+requests whose prompt is fully computed after this step (a partial prefill chunk yields no token),
+verifies draft tokens for spec decode (accepted drafts + one bonus token), and proposes the next
+drafts. What it emits comes from the scenario's ``model`` section: the token id, EOS at a given
+output length, empty outputs at given steps, draft tokens and how many are accepted.
+"""
+
+from __future__ import annotations
+
+from .adapter import EOS_TOKEN_ID, Scheduled
+
+
+class FakeModelRunner:
+    """Builds the sampled token lists (and next drafts) for one step.
+
+    ``model``: the scenario's ``model`` mapping; ``num_speculative_tokens``: drafts per request
+    per step when spec decode is on (None: off).
+    """
+
+    def __init__(self, model: dict, num_speculative_tokens: int | None):
+        self.token = model.get("token", 100)
+        self.eos_at = model.get("eos_at") or {}
+        self.empty_at = {rid: set(steps) for rid, steps in (model.get("empty_at") or {}).items()}
+        self.num_spec = num_speculative_tokens
+        drafts = model.get("draft_tokens")
+        self.draft_tokens = list(drafts) if drafts else ([self.token] * (num_speculative_tokens or 0))
+        self.accept = ((model.get("spec_decode") or {}).get("accept")) or {}
+
+    def execute(self, step: int, scheduled: list[Scheduled], requests: dict
+                ) -> tuple[list[str], list[list[int]], list[list[int]] | None]:
+        """``(req_ids, sampled_token_ids, next_draft_token_ids)`` for the scheduled requests.
+
+        ``requests``: the scheduler's ``requests`` dict (``Request.num_tokens`` and
+        ``num_output_tokens`` as of this step's ``schedule()``).
+        """
+        req_ids, sampled, drafts = [], [], []
+        for s in scheduled:
+            req = requests.get(s.req_id)
+            req_ids.append(s.req_id)
+            if req is None:
+                sampled.append([])
+                drafts.append([])
+                continue
+            num_tokens = req.num_tokens
+            done_prefill = s.num_computed_before + s.num_scheduled - len(s.spec_tokens) >= num_tokens
+            if not done_prefill or step in self.empty_at.get(s.req_id, ()):
+                sampled.append([])
+                drafts.append([])
+                continue
+            n_acc = len(s.spec_tokens)
+            if s.req_id in self.accept:
+                n_acc = min(self.accept[s.req_id], n_acc)
+            tokens = list(s.spec_tokens[:n_acc]) + [self.token]
+            outputs = _num_output_tokens(req)
+            eos = self.eos_at.get(s.req_id)
+            if eos is not None:
+                for i in range(len(tokens)):
+                    if outputs + i + 1 == eos:
+                        tokens = tokens[:i] + [EOS_TOKEN_ID]
+                        break
+            sampled.append(tokens)
+            drafts.append(list(self.draft_tokens) if self.num_spec else [])
+        return req_ids, sampled, (drafts if self.num_spec else None)
+
+
+def _num_output_tokens(req) -> int:
+    n = getattr(req, "num_output_tokens", None)
+    if n is None:
+        n = len(getattr(req, "output_token_ids", []))
+    return n

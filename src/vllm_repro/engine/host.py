@@ -1,0 +1,150 @@
+"""Host side of the engine: start a worker process in a release environment and talk to it.
+
+The worker (:mod:`vllm_repro.engine.worker`) runs with ``PYTHONPATH`` = the lab's package (alone,
+through a folder holding only a link to it, so the lab's own dependencies never leak in) and the
+release's extracted tree. vLLM's log goes to a file; replies come back over a pipe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from ..errors import EnvError
+from ..settings import cache_dir
+from ..sources.env import ReleaseEnv
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+MODELS_DIR = PACKAGE_DIR / "models"
+DEFAULT_MODEL = MODELS_DIR / "opt"
+
+
+def lab_path() -> Path:
+    """A folder whose only entry is a link named ``vllm_repro`` to this package."""
+    key = hashlib.sha256(str(PACKAGE_DIR).encode()).hexdigest()[:12]
+    d = cache_dir() / "labpath" / key
+    link = d / "vllm_repro"
+    if not (link.is_symlink() and link.resolve() == PACKAGE_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".vllm_repro.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(PACKAGE_DIR, target_is_directory=True)
+        os.replace(tmp, link)
+    return d
+
+
+def child_environment(env: ReleaseEnv) -> dict[str, str]:
+    """Environment variables for a worker: CPU platform, V1 engine, no hub, no usage stats."""
+    child = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PYTHON", "VIRTUAL_ENV", "VLLM_"))}
+    child.update({
+        "PYTHONPATH": os.pathsep.join([str(lab_path()), str(env.tree)]),
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_USE_V1": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-cache"),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    })
+    for k in ("VLLM_LOGGING_LEVEL",):
+        if k in os.environ:
+            child[k] = os.environ[k]
+    return child
+
+
+class Worker:
+    """One engine worker process for one release. Use as a context manager.
+
+    ``hello`` holds the worker's greeting (release, import time in seconds). Raises
+    :class:`EnvError` if vLLM cannot be imported in the environment (the log names the cause).
+    """
+
+    def __init__(self, env: ReleaseEnv, log_path: Path, model_dir: Path = DEFAULT_MODEL):
+        self.env = env
+        self.log_path = log_path
+        self.model_dir = model_dir
+        self.proc: subprocess.Popen | None = None
+        self.hello: dict = {}
+
+    def __enter__(self) -> "Worker":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        r, w = os.pipe()
+        self._log = open(self.log_path, "w")
+        try:
+            self.proc = subprocess.Popen(
+                [str(self.env.python), "-m", "vllm_repro.engine.worker",
+                 "--model-dir", str(self.model_dir), "--reply-fd", str(w)],
+                stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+                pass_fds=(w,), env=child_environment(self.env), text=True, cwd=str(self.env.tree))
+        except OSError as exc:
+            os.close(r)
+            os.close(w)
+            raise EnvError(f"cannot start the worker for vLLM {self.env.version}: {exc}") from exc
+        os.close(w)
+        self._replies = os.fdopen(r, "r")
+        self.hello = self._read("starting vLLM")
+        if not self.hello.get("ok"):
+            self.close()
+            raise EnvError(f"vLLM {self.env.version}: {self.hello.get('error')} (log: {self.log_path})")
+
+    def _read(self, what: str) -> dict:
+        line = self._replies.readline()
+        if not line:
+            code = self.proc.wait() if self.proc else None
+            tail = _tail(self.log_path)
+            raise EnvError(f"the vLLM {self.env.version} worker died while {what} (exit {code}): "
+                           f"{tail} (log: {self.log_path})")
+        return json.loads(line)
+
+    def run(self, scenario: dict, out_dir: Path | None, audit: bool = True,
+            keep_going: bool = False) -> dict:
+        """Run one scenario payload; returns the worker's result dict."""
+        assert self.proc and self.proc.stdin
+        job = {"id": scenario["name"], "scenario": scenario,
+               "out_dir": str(out_dir) if out_dir else None,
+               "options": {"audit": audit, "keep_going": keep_going}}
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError as exc:
+            raise EnvError(f"the vLLM {self.env.version} worker is gone (log: {self.log_path})") from exc
+        return self._read(f"running {scenario['name']}")["result"]
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
+            self.proc.kill()
+            self.proc.wait()
+        finally:
+            self.proc = None
+            self._log.close()
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[-600:]
+

@@ -1,0 +1,254 @@
+"""The step loop: a scenario driven through the release's real ``Scheduler``.
+
+Mirrors ``vllm/v1/engine/core.py:EngineCore.step`` with the executor replaced by
+:class:`~vllm_repro.engine.fake_runner.FakeModelRunner`::
+
+    requests at_step n added (EngineCore.add_request), aborts applied (abort_requests)
+    scheduler_output = scheduler.schedule()                  # step n
+    model_output = fake_runner.execute(scheduler_output)
+    scheduler.update_from_output(scheduler_output, model_output)
+    scheduler.update_draft_token_ids(drafts)                 # spec decode, 0.10.2+
+
+Runs inside the release environment (standard library + vLLM only). Returns a result dict (the
+``result.json`` of DESIGN.md) and writes one trace line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from .adapter import AdapterError, RefusedByRelease, V1Adapter, token_stream
+from .fake_runner import FakeModelRunner
+
+
+def vllm_frames(tb, vllm_root: Path) -> list[dict]:
+    """Frames of a traceback that lie in the vLLM package, outermost first, as
+    ``{"file": "vllm/v1/...py", "function": ..., "line": N}``."""
+    frames = []
+    root = str(vllm_root.resolve())
+    for fs in traceback.extract_tb(tb):
+        try:
+            path = str(Path(fs.filename).resolve())
+        except OSError:
+            continue
+        if path.startswith(root + "/"):
+            frames.append({"file": "vllm/" + path[len(root) + 1:], "function": fs.name,
+                           "line": fs.lineno})
+    return frames
+
+
+def describe_exception(exc: BaseException, vllm_root: Path, step: int, phase: str) -> dict:
+    """The ``crash`` record: type, first message line, innermost vLLM frame, step, phase."""
+    frames = vllm_frames(exc.__traceback__, vllm_root)
+    msg = str(exc).strip().splitlines()
+    return {
+        "type": type(exc).__name__,
+        "message": msg[0] if msg else "",
+        "where": frames[-1] if frames else None,
+        "vllm_frames": frames[-8:],
+        "step": step,
+        "phase": phase,
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],
+    }
+
+
+class StepLoop:
+    """One scenario run. ``observer`` (the auditor, issue #3) gets ``attach(loop)``,
+    ``after_schedule(step, so)``, ``after_update(step, so)`` and ``finish(loop)`` calls and may
+    stop the run by returning violations."""
+
+    def __init__(self, adapter: V1Adapter, scenario: dict, trace: Callable[[dict], None] | None = None,
+                 observer: Any = None):
+        self.adapter = adapter
+        self.sc = scenario
+        self.trace = trace or (lambda line: None)
+        self.observer = observer
+        self.cfg = scenario["config"]
+        self.requests_by_step: dict[int, list[dict]] = {}
+        for r in scenario["requests"]:
+            self.requests_by_step.setdefault(r["at_step"], []).append(r)
+        self.events_by_step: dict[int, list[dict]] = {}
+        for e in scenario.get("events", []):
+            self.events_by_step.setdefault(e["at_step"], []).append(e)
+        self.created: dict[str, Any] = {}
+        self.finished: dict[str, str] = {}
+        self.order = 0
+
+    def prompt_of(self, spec: dict) -> list[int]:
+        n = spec["prompt_len"]
+        if spec.get("prefix"):
+            k = spec.get("prefix_len") or n
+            return token_stream("prefix:" + spec["prefix"], k) + token_stream("req:" + spec["id"], n - k)
+        return token_stream("req:" + spec["id"], n)
+
+    def run(self) -> dict:
+        a = self.adapter
+        t0 = time.perf_counter()
+        try:
+            _, self.scheduler = a.build(self.cfg)
+        except AdapterError:
+            raise
+        except Exception as exc:  # the release refuses this configuration
+            raise RefusedByRelease(
+                f"config: vLLM {a.version} refuses this configuration: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+        for r in self.sc["requests"]:
+            a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
+        build_s = time.perf_counter() - t0
+        sched = self.scheduler
+        runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
+        limits = self.sc.get("limits") or {}
+        max_steps = limits.get("max_steps", 500)
+        stall_steps = limits.get("stall_steps", 20)
+        last_add = max([*self.requests_by_step, *self.events_by_step, 0])
+        if self.observer is not None:
+            self.observer.attach(self)
+        result: dict[str, Any] = {"outcome": "clean"}
+        idle = 0
+        step = 0
+        t1 = time.perf_counter()
+        for step in range(1, max_steps + 1):
+            self.step = step
+            line: dict[str, Any] = {"step": step, "added": [], "aborted": []}
+            phase = "add_request"
+            try:
+                for r in self.requests_by_step.get(step, []):
+                    req = self._lab(a.make_request, r["id"], self.prompt_of(r), r["max_tokens"],
+                                    r.get("priority", 0),
+                                    r["arrival_time"] if r.get("arrival_time") is not None
+                                    else float(self.order))
+                    self.order += 1
+                    self.created[r["id"]] = req
+                    sched.add_request(req)
+                    line["added"].append(r["id"])
+                phase = "abort"
+                for e in self.events_by_step.get(step, []):
+                    a.abort(sched, e["abort"])
+                    line["aborted"].extend(e["abort"])
+                phase = "schedule"
+                so = sched.schedule()
+                scheduled = self._lab(a.scheduled, so)
+                line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
+                if self.observer is not None and self.observer.after_schedule(step, so, scheduled):
+                    result = {"outcome": "violation"}
+                    self._state(line)
+                    self.trace(line)
+                    break
+                req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests)
+                mro = self._lab(a.model_output, req_ids, sampled, drafts)
+                phase = "update_from_output"
+                sched.update_from_output(so, mro)
+                phase = "update_draft_token_ids"
+                a.deliver_drafts(sched, req_ids, drafts)
+            except (RefusedByRelease, AdapterError):
+                raise
+            except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
+                result = {"outcome": "crash", "crash": describe_exception(exc, a.vllm_file, step, phase)}
+                line["crash"] = {k: result["crash"][k] for k in ("type", "message", "where", "phase")}
+                self._state(line)
+                self.trace(line)
+                break
+            newly = self._collect_finished()
+            line["finished"] = newly
+            self._state(line)
+            if self.observer is not None and self.observer.after_update(step, so, line):
+                result = {"outcome": "violation"}
+                self.trace(line)
+                break
+            self.trace(line)
+            unfinished = [rid for rid in self.created if rid not in self.finished]
+            if step >= last_add and not unfinished:
+                break
+            progress = bool(newly) or any(n > 0 for n in line["scheduled"].values())
+            idle = 0 if (progress or not unfinished) else idle + 1
+            if idle >= stall_steps:
+                result = {"outcome": "stall", "stall": {
+                    "step": step, "since": step - stall_steps + 1, "unfinished": unfinished,
+                    "waiting": line["waiting"], "running": line["running"],
+                    "free_blocks": line.get("free_blocks")}}
+                break
+        run_s = time.perf_counter() - t1
+        if self.observer is not None:
+            fin = self.observer.finish(self, result["outcome"])
+            if fin and result["outcome"] == "clean":
+                result["outcome"] = "violation"
+        unfinished = [r["id"] for r in self.sc["requests"] if r["id"] not in self.finished]
+        result.update({
+            "steps": step,
+            "finished": dict(self.finished),
+            "unfinished": unfinished,
+            "limit_reached": result["outcome"] == "clean" and bool(unfinished),
+            "timing": {"build_s": round(build_s, 4), "run_s": round(run_s, 4),
+                       "steps_per_s": round(step / run_s, 1) if run_s > 0 else None},
+        })
+        return result
+
+    @staticmethod
+    def _lab(fn, *args):
+        """Run a lab-side step (the adapter, the fake runner): its failure is a lab error, never
+        a vLLM crash."""
+        try:
+            return fn(*args)
+        except (RefusedByRelease, AdapterError):
+            raise
+        except Exception as exc:
+            raise AdapterError(f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}") from exc
+
+    def _collect_finished(self) -> list[str]:
+        newly = []
+        live = self.scheduler.requests
+        for rid, req in self.created.items():
+            if rid not in self.finished and rid not in live:
+                status = getattr(req, "status", None)
+                self.finished[rid] = getattr(status, "name", str(status))
+                newly.append(rid)
+        return newly
+
+    def _state(self, line: dict) -> None:
+        waiting, running, preempted = self.adapter.queues(self.scheduler)
+        line["waiting"] = waiting
+        line["running"] = running
+        line["preempted"] = preempted
+        line["free_blocks"] = self.adapter.num_free_blocks(self.scheduler)
+
+
+def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None) -> dict:
+    """Run one scenario; write ``trace.jsonl`` and ``result.json`` into ``out_dir`` (if given).
+
+    The result's ``outcome`` is ``clean``, ``crash``, ``violation``, ``stall`` or ``error``;
+    ``error`` means the lab or the input failed (``error.kind``: ``input`` or ``lab``).
+    """
+    trace_f = None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        trace_f = open(out_dir / "trace.jsonl", "w")
+
+    def write(line: dict) -> None:
+        if trace_f is not None:
+            trace_f.write(json.dumps(line, default=str) + "\n")
+
+    try:
+        loop = StepLoop(adapter, scenario, write, observer)
+        result = loop.run()
+    except RefusedByRelease as exc:
+        result = {"outcome": "error", "error": {"kind": "input", "message": str(exc)}}
+    except AdapterError as exc:
+        result = {"outcome": "error", "error": {"kind": "lab", "message": str(exc)}}
+    except Exception as exc:  # noqa: BLE001 - a bug in the lab itself: never a reproduction
+        result = {"outcome": "error", "error": {
+            "kind": "lab", "message": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-4000:]}}
+    finally:
+        if trace_f is not None:
+            trace_f.close()
+    result["scenario"] = scenario["name"]
+    result["vllm"] = adapter.version
+    result["python"] = sys.version.split()[0]
+    if out_dir is not None:
+        (out_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    return result

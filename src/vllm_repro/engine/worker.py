@@ -1,0 +1,71 @@
+"""The engine worker: a process inside a release environment that imports vLLM once and runs
+scenarios sent to it.
+
+Protocol: one JSON object a line on stdin, ``{"id": ..., "scenario": {...}, "out_dir": path or
+null, "options": {"audit": bool, "keep_going": bool}}``; one JSON reply a line on the file
+descriptor given by ``--reply-fd`` (stdout and stderr are vLLM's log). The first reply, id
+``"hello"``, reports the release and the import time, or an ``error`` if vLLM cannot be imported.
+
+Run as ``python -m vllm_repro.engine.worker --model-dir DIR --reply-fd N`` with the release tree
+and the lab's package on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _reply(fd_file, obj: dict) -> None:
+    fd_file.write(json.dumps(obj, default=str) + "\n")
+    fd_file.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="vllm_repro.engine.worker")
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--reply-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+    reply = os.fdopen(args.reply_fd, "w", buffering=1)
+    t0 = time.perf_counter()
+    try:
+        from .adapter import V1Adapter
+
+        adapter = V1Adapter(Path(args.model_dir))
+    except Exception as exc:  # noqa: BLE001 - reported to the host as an environment error
+        _reply(reply, {"id": "hello", "ok": False,
+                       "error": f"importing vLLM failed: {type(exc).__name__}: {exc}",
+                       "traceback": traceback.format_exc()[-4000:]})
+        return 3
+    _reply(reply, {"id": "hello", "ok": True, "vllm": adapter.version,
+                   "vllm_path": str(adapter.vllm_file), "import_s": round(time.perf_counter() - t0, 3),
+                   "python": sys.version.split()[0]})
+    from .loop import run_scenario
+
+    for raw in sys.stdin:
+        raw = raw.strip()
+        if not raw:
+            continue
+        job = json.loads(raw)
+        opts = job.get("options") or {}
+        observer = None
+        if opts.get("audit"):
+            try:
+                from ..audit import Auditor
+
+                observer = Auditor(adapter, keep_going=bool(opts.get("keep_going")))
+            except ImportError:
+                observer = None
+        out_dir = Path(job["out_dir"]) if job.get("out_dir") else None
+        result = run_scenario(adapter, job["scenario"], out_dir, observer=observer)
+        _reply(reply, {"id": job.get("id"), "result": result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

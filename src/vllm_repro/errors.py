@@ -1,0 +1,39 @@
+"""The lab's error classes and the CLI exit code each maps to (see DESIGN.md, exit codes).
+
+0: observations match ``expect``; 1: a mismatch or an unexpected reproduction; 2: usage or
+input error (a scenario, a log, an argument); 3: environment error (index, download, hash,
+environment build, docker, ssh). A lab or input error is never reported as a reproduction.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_MISMATCH = 1
+EXIT_INPUT = 2
+EXIT_ENV = 3
+
+
+class LabError(Exception):
+    """Base class: a one-line message for the user and the exit code it maps to."""
+
+    exit_code = EXIT_ENV
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # one line, always
+        return " ".join(self.message.split("\n"))
+
+
+class InputError(LabError):
+    """Bad input: a scenario file, a log, a patch, an unknown release. Exit code 2."""
+
+    exit_code = EXIT_INPUT
+
+
+class EnvError(LabError):
+    """The environment failed: index unreachable, hash mismatch, install or import failure,
+    docker or ssh trouble. Exit code 3."""
+
+    exit_code = EXIT_ENV

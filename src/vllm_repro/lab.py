@@ -1,0 +1,128 @@
+"""Orchestration: releases -> environments -> workers -> results -> verdicts.
+
+``prepare_release`` gets a release ready (sdist, tree, environment); ``run_matrix`` runs a set
+of (scenario, release) pairs, one worker process per release (vLLM imported once per release),
+releases in parallel up to ``jobs`` processes, and returns the verdicts in input order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .engine.host import Worker
+from .errors import EnvError, LabError
+from .scenario.schema import Scenario
+from .sources.env import ReleaseEnv, prepare_env
+from .sources.sdist import extract_tree, fetch_sdist, validate_version
+from .verdict import Verdict, judge
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class RunItem:
+    """One (scenario, release) pair and, after the run, its result and verdict."""
+
+    scenario: Scenario
+    version: str
+    result: dict = field(default_factory=dict)
+    verdict: Verdict | None = None
+    report_dir: Path | None = None
+
+
+def prepare_release(version: str, say: Say = lambda s: None,
+                    progress: Callable[[int, int | None], None] | None = None) -> ReleaseEnv:
+    """Fetch (cached, sha256-checked), extract and build the CPU environment of ``version``.
+
+    Raises :class:`~vllm_repro.errors.InputError` for a release the index does not have and
+    :class:`~vllm_repro.errors.EnvError` for network, hash or install failures.
+    """
+    validate_version(version)
+    t = time.perf_counter()
+    release = fetch_sdist(version, progress=progress)
+    tree = extract_tree(release)
+    env = prepare_env(release, tree)
+    say(f"vLLM {version}: ready in {time.perf_counter() - t:.1f}s ({env.root})")
+    return env
+
+
+def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
+                 audit: bool, keep_going: bool, say: Say) -> None:
+    log = reports / "_engine" / f"{version}.log"
+    try:
+        with Worker(env, log) as worker:
+            say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")
+            for item in items:
+                out = reports / item.scenario.name / version
+                item.report_dir = out
+                item.result = worker.run(item.scenario.child_payload(), out, audit=audit,
+                                         keep_going=keep_going)
+                item.result["engine_log"] = str(log)
+    except LabError as exc:
+        for item in items:
+            if not item.result:
+                item.result = {"outcome": "error", "error": {"kind": "env", "message": str(exc)},
+                               "scenario": item.scenario.name, "vllm": version}
+
+
+def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
+               jobs: int | None = None, say: Say = lambda s: None,
+               prepare: Callable[[str], ReleaseEnv] | None = None) -> list[RunItem]:
+    """Run every item; fill in ``result`` and ``verdict``; write ``result.json`` per run.
+
+    Releases are prepared one after the other (network and disk), then run in parallel, one
+    worker per release, at most ``jobs`` at a time (default: the number of CPUs, at most 4).
+    An environment failure for one release marks its items ``error`` and does not stop the rest.
+    """
+    prepare = prepare or (lambda v: prepare_release(v, say))
+    reports = reports.resolve()
+    by_version: dict[str, list[RunItem]] = {}
+    for item in items:
+        by_version.setdefault(item.version, []).append(item)
+    envs: dict[str, ReleaseEnv] = {}
+    for version in by_version:
+        try:
+            envs[version] = prepare(version)
+        except LabError as exc:
+            kind = "input" if exc.exit_code == 2 else "env"
+            for item in by_version[version]:
+                item.result = {"outcome": "error", "error": {"kind": kind, "message": str(exc)},
+                               "scenario": item.scenario.name, "vllm": version}
+    jobs = jobs or max(1, min(4, os.cpu_count() or 1))
+    runnable = [v for v in by_version if v in envs]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_run_release, v, envs[v], by_version[v], reports, audit,
+                               keep_going, say) for v in runnable]
+        for f in futures:
+            f.result()
+    for item in items:
+        item.verdict = judge(item.scenario, item.version, item.result)
+        if item.report_dir is not None and item.report_dir.is_dir():
+            res = dict(item.result)
+            res["verdict"] = item.verdict.as_dict()
+            (item.report_dir / "result.json").write_text(json.dumps(res, indent=1, default=str))
+    return items
+
+
+def releases_for(scenario: Scenario, requested: list[str]) -> list[str]:
+    """The releases to run: ``--vllm`` values if given, else the scenario's concrete
+    ``reproduces_on`` and ``clean_on`` releases. Raises :class:`EnvError`-free
+    :class:`~vllm_repro.errors.InputError` when neither names one."""
+    from .errors import InputError
+
+    if requested:
+        return [validate_version(v) for v in requested]
+    versions = scenario.vllm.concrete()
+    if not versions:
+        raise InputError(f"{scenario.name}: vllm.reproduces_on / clean_on name no release; "
+                         "pass --vllm VERSION")
+    return versions
+
+
+__all__ = ["RunItem", "prepare_release", "run_matrix", "releases_for", "EnvError"]

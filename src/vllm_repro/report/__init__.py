@@ -1,0 +1,1 @@
+"""Reports: the step trace as [SCHED] lines, the timeline picture, the HTML index."""

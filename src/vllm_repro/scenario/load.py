@@ -1,0 +1,98 @@
+"""Load a scenario file: YAML -> :class:`~vllm_repro.scenario.schema.Scenario`.
+
+Every failure is an :class:`~vllm_repro.errors.InputError` whose one-line message names the file,
+the field (``requests[1].prompt_len``) and what to do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from ..errors import InputError
+from .schema import Scenario
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a mapping with the same key twice (YAML would keep the last)."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and part.startswith(("function-after", "function-before", "model")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _fix_hint(err: dict) -> str:
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        return "remove it or check its spelling against the scenario format (README)"
+    if kind == "missing":
+        return "add it"
+    if kind in ("greater_than_equal", "greater_than"):
+        return "use a positive value"
+    return ""
+
+
+def format_validation_error(path: str | Path, exc: ValidationError) -> str:
+    """One line: ``FILE: FIELD: problem (fix)`` for the first error, plus a count of the rest."""
+    errs = exc.errors()
+    err = errs[0]
+    msg = err.get("msg", "invalid").removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    hint = _fix_hint(err)
+    more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{path}: {_loc(tuple(err.get('loc', ())))}: {msg}" + (f"; {hint}" if hint else "") + more
+
+
+def parse_scenario(data: object, source: str | Path = "<scenario>") -> Scenario:
+    """Validate already-parsed YAML/JSON data. Raises :class:`InputError`."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: the file must hold a mapping (name:, config:, requests: ...)")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(format_validation_error(source, exc)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file. Raises :class:`InputError` for a missing or unreadable
+    file, invalid YAML, or any schema violation."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such scenario file; give a path such as scenarios/<name>.yaml")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{p}: cannot read the file as UTF-8 text ({exc.__class__.__name__})") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{p}:{where}: invalid YAML: {problem}") from None
+    return parse_scenario(data, p)

@@ -1,0 +1,275 @@
+"""The scenario file (format v1, DESIGN.md): a workload for vLLM's real scheduler.
+
+Field names reuse vLLM's own config names (``block_size``, ``num_gpu_blocks``, ``max_num_seqs``,
+``max_num_batched_tokens``, ``max_model_len``, ``enable_chunked_prefill``,
+``enable_prefix_caching``, ``policy``, ``long_prefill_token_threshold``). Every model is strict:
+an unknown field is an error that names it.
+
+Units: lengths in tokens, pool sizes in blocks, times in steps (step n is the n-th
+``Scheduler.schedule()`` call; anything ``at_step: n`` happens just before it).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Outcome = Literal["clean", "crash", "violation", "stall"]
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+def _check_release(value: str) -> str:
+    """A release is a version (``0.10.1.1``) or a specifier set (``>=0.9.2,<0.10.2``)."""
+    try:
+        Version(value)
+        return value
+    except InvalidVersion:
+        pass
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier as exc:
+        raise ValueError(f"{value!r} is neither a release version nor a version range") from exc
+    return value
+
+
+class VllmRefs(Strict):
+    """Where the bug lives: the vLLM issue, and the releases it reproduces / is clean on.
+
+    ``reproduces_on`` and ``clean_on`` list concrete releases (run by default) and may also hold
+    ranges such as ``">=0.9.2,<0.10.2"`` which only decide the expectation for other releases.
+    """
+
+    issue: str | None = None
+    fixed_by: str | None = None
+    reproduces_on: list[str] = Field(default_factory=list)
+    clean_on: list[str] = Field(default_factory=list)
+
+    @field_validator("reproduces_on", "clean_on")
+    @classmethod
+    def _releases(cls, v: list[str]) -> list[str]:
+        return [_check_release(x) for x in v]
+
+    def concrete(self) -> list[str]:
+        """The concrete releases named, reproducing ones first, in file order."""
+        out = []
+        for v in [*self.reproduces_on, *self.clean_on]:
+            try:
+                Version(v)
+            except InvalidVersion:
+                continue
+            if v not in out:
+                out.append(v)
+        return out
+
+    def expectation_for(self, version: str) -> Literal["reproduce", "clean"] | None:
+        """``reproduce`` / ``clean`` when the file says so for ``version``, else None."""
+        ver = Version(version)
+        for kind, entries in (("reproduce", self.reproduces_on), ("clean", self.clean_on)):
+            for e in entries:
+                try:
+                    if Version(e) == ver:
+                        return kind  # type: ignore[return-value]
+                except InvalidVersion:
+                    if ver in SpecifierSet(e, prereleases=True):
+                        return kind  # type: ignore[return-value]
+        return None
+
+
+class KVCacheGroup(Strict):
+    """One KV cache group (vLLM's ``KVCacheGroupSpec``): full attention or sliding window."""
+
+    type: Literal["full", "sliding_window"] = "full"
+    sliding_window: PosInt | None = None
+    num_layers: PosInt = 1
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.type == "sliding_window" and self.sliding_window is None:
+            raise ValueError("a sliding_window group needs `sliding_window: N` (tokens)")
+        if self.type == "full" and self.sliding_window is not None:
+            raise ValueError("`sliding_window` only applies to groups of type sliding_window")
+        return self
+
+
+class SchedulerSettings(Strict):
+    """vLLM's scheduler and cache config, under vLLM's own names."""
+
+    block_size: PosInt = 16
+    num_gpu_blocks: PosInt
+    max_num_seqs: PosInt = 16
+    max_num_batched_tokens: PosInt = 2048
+    max_model_len: PosInt = 2048
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    long_prefill_token_threshold: NonNegInt = 0
+    num_speculative_tokens: PosInt | None = None
+    speculative_method: Literal["ngram"] = "ngram"
+    async_scheduling: bool = False
+    kv_cache_groups: list[KVCacheGroup] | None = None
+
+    @model_validator(mode="after")
+    def _limits(self):
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_model_len when enable_chunked_prefill is "
+                "false (vLLM's SchedulerConfig rule)")
+        return self
+
+
+class RequestSpec(Strict):
+    """One request: added just before step ``at_step``.
+
+    ``prefix`` names a shared token stream: requests with the same prefix share their first
+    ``prefix_len`` prompt tokens (default: the whole prompt), which is what prefix caching hits.
+    ``arrival_time`` (seconds, vLLM's ``Request.arrival_time``) defaults to the order of addition.
+    """
+
+    id: str = Field(min_length=1, max_length=64)
+    at_step: PosInt = 1
+    prompt_len: PosInt
+    max_tokens: PosInt = 16
+    priority: int = 0
+    arrival_time: float | None = None
+    prefix: str | None = None
+    prefix_len: PosInt | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]+", v):
+            raise ValueError("request ids use letters, digits and _ . : - only")
+        return v
+
+    @model_validator(mode="after")
+    def _prefix(self):
+        if self.prefix_len is not None:
+            if self.prefix is None:
+                raise ValueError("`prefix_len` needs `prefix: NAME`")
+            if self.prefix_len > self.prompt_len:
+                raise ValueError(f"prefix_len {self.prefix_len} exceeds prompt_len {self.prompt_len}")
+        return self
+
+
+class Event(Strict):
+    """Something done to the engine just before step ``at_step``: abort requests by id."""
+
+    at_step: PosInt
+    abort: list[str] = Field(min_length=1)
+
+
+class SpecDecode(Strict):
+    """What the fake model does with draft tokens (spec decode): drafts proposed per step and
+    how many of the scheduled drafts it accepts, per request (default: all)."""
+
+    accept: dict[str, NonNegInt] = Field(default_factory=dict)
+
+
+class ModelBehaviour(Strict):
+    """What the fake model runner emits (what the GPU would compute).
+
+    ``token``: the token id sampled each step. ``eos_at``: request id -> the output length at
+    which the model emits EOS (the request then finishes as stopped). ``empty_at``: request id ->
+    steps at which the model returns no sampled token for that request although it was scheduled
+    (what a preempted or aborted request looks like to the runner).
+    """
+
+    token: NonNegInt = 100
+    eos_at: dict[str, PosInt] = Field(default_factory=dict)
+    empty_at: dict[str, list[PosInt]] = Field(default_factory=dict)
+    draft_tokens: list[NonNegInt] | None = None
+    spec_decode: SpecDecode | None = None
+
+
+class Limits(Strict):
+    """``max_steps``: stop after this many steps; ``stall_steps``: this many steps with no
+    progress while requests are unfinished is a stall."""
+
+    max_steps: PosInt = 500
+    stall_steps: PosInt = 20
+
+
+class Expect(Strict):
+    """What the buggy releases (``reproduces_on``) show. ``where`` is a vLLM file, optionally with
+    ``:function`` (``vllm/v1/core/sched/scheduler.py:schedule``), matched against the innermost
+    vLLM frame; ``code`` a violation code; ``message`` a regular expression; ``step`` exact."""
+
+    outcome: Outcome
+    exception: str | None = None
+    where: str | None = None
+    message: str | None = None
+    code: str | None = None
+    step: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.outcome != "crash" and (self.exception or self.where):
+            raise ValueError("`exception` and `where` only apply to outcome: crash")
+        if self.outcome != "violation" and self.code:
+            raise ValueError("`code` only applies to outcome: violation")
+        if self.message:
+            try:
+                re.compile(self.message)
+            except re.error as exc:
+                raise ValueError(f"`message` is not a valid regular expression: {exc}") from exc
+        return self
+
+
+class Scenario(Strict):
+    """A whole scenario file (format v1). See DESIGN.md and README for the format."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    vllm: VllmRefs = Field(default_factory=VllmRefs)
+    level: Literal["scheduler", "engine-core"] = "scheduler"
+    config: SchedulerSettings
+    requests: list[RequestSpec] = Field(min_length=1)
+    events: list[Event] = Field(default_factory=list)
+    model: ModelBehaviour = Field(default_factory=ModelBehaviour)
+    limits: Limits = Field(default_factory=Limits)
+    expect: Expect | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):
+            raise ValueError("names use letters, digits and _ . - (they become report folders)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        ids: set[str] = set()
+        for i, r in enumerate(self.requests):
+            if r.id in ids:
+                raise ValueError(f"requests[{i}].id: request id {r.id!r} is used twice")
+            ids.add(r.id)
+            if r.prompt_len + r.max_tokens > self.config.max_model_len:
+                raise ValueError(
+                    f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
+                    f"config.max_model_len {self.config.max_model_len}")
+        for i, e in enumerate(self.events):
+            for rid in e.abort:
+                if rid not in ids:
+                    raise ValueError(f"events[{i}].abort: unknown request id {rid!r}")
+        for key in ("eos_at", "empty_at"):
+            for rid in getattr(self.model, key):
+                if rid not in ids:
+                    raise ValueError(f"model.{key}: unknown request id {rid!r}")
+        if self.model.spec_decode:
+            for rid in self.model.spec_decode.accept:
+                if rid not in ids:
+                    raise ValueError(f"model.spec_decode.accept: unknown request id {rid!r}")
+        return self
+
+    def child_payload(self) -> dict:
+        """The plain-JSON form the engine worker receives (no pydantic on that side)."""
+        return self.model_dump(mode="json")

@@ -1,0 +1,145 @@
+"""Where the lab keeps things and where it fetches them from.
+
+Every setting can be given as an environment variable; the Makefile passes its variables of the
+same name through. Nothing here touches the network.
+
+- ``VLLM_REPRO_CACHE``: the cache root (sdists, extracted trees, environments, uv's cache).
+  Default: the user cache directory (``~/.cache/vllm-repro`` on Linux).
+- The package index: ``PIP_INDEX_URL`` or pip's configured ``index-url`` (``pip config``), else
+  PyPI. Extra indexes, find-links and the CA bundle come from pip's configuration the same way.
+- The torch source: ``TORCH_VERSION`` (default 2.13.0, CPU build), ``TORCH_WHEEL_DIR`` (a local
+  wheelhouse; when unset, pip's configured find-links are searched for a matching CPU wheel) and
+  ``TORCH_INDEX_URL`` (default PyTorch's CPU index, used when no local wheel is found).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PYPI_SIMPLE = "https://pypi.org/simple"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+DEFAULT_TORCH_VERSION = "2.13.0"
+
+
+def cache_dir() -> Path:
+    """The lab's cache root (created on demand by the users of each sub-folder)."""
+    env = os.environ.get("VLLM_REPRO_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("vllm-repro"))
+
+
+@functools.lru_cache(maxsize=1)
+def pip_config() -> dict[str, str]:
+    """pip's merged configuration as ``{"global.index-url": ..., ...}`` (``pip config list``).
+
+    Environment variables (``PIP_INDEX_URL`` ...) are reported by pip as ``:env:.index-url``; they
+    are folded in under the ``global.`` key since they win over files. Returns ``{}`` when pip is
+    unavailable.
+    """
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    conf: dict[str, str] = {}
+    env_values: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        value = value.strip().strip("'\"")
+        key = key.strip()
+        if key.startswith(":env:."):
+            env_values["global." + key[len(":env:.") :]] = value
+        else:
+            section, _, name = key.partition(".")
+            # install.* and global.* both apply to `pip install`; install wins over global.
+            if section in ("global", "install", "download"):
+                if section == "global" and f"global.{name}" in conf:
+                    continue
+                conf[f"global.{name}"] = value
+    conf.update(env_values)
+    return conf
+
+
+def _split(value: str | None) -> list[str]:
+    return [v for v in (value or "").split() if v]
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """The package index as pip sees it: URLs, find-links and CA bundle."""
+
+    index_url: str
+    extra_index_urls: list[str] = field(default_factory=list)
+    find_links: list[str] = field(default_factory=list)
+    cert: str | None = None
+
+    @classmethod
+    def from_pip(cls) -> "IndexSettings":
+        conf = pip_config()
+        index = os.environ.get("PIP_INDEX_URL") or conf.get("global.index-url") or PYPI_SIMPLE
+        extra = _split(os.environ.get("PIP_EXTRA_INDEX_URL") or conf.get("global.extra-index-url"))
+        links = _split(os.environ.get("PIP_FIND_LINKS") or conf.get("global.find-links"))
+        cert = os.environ.get("PIP_CERT") or conf.get("global.cert") or None
+        return cls(index_url=index.rstrip("/"), extra_index_urls=extra, find_links=links, cert=cert)
+
+
+@dataclass(frozen=True)
+class TorchSource:
+    """Where the CPU build of torch comes from.
+
+    ``wheel``: a local wheel file (from ``TORCH_WHEEL_DIR`` or pip's find-links), else ``None``
+    and torch is taken from ``index_url`` (PyTorch's CPU index by default).
+    """
+
+    version: str
+    wheel: Path | None
+    index_url: str
+
+    @property
+    def requirement(self) -> str:
+        """The pinned requirement, e.g. ``torch==2.13.0+cpu`` (the CPU build's local version)."""
+        if self.wheel is not None:
+            # torch-2.13.0+cpu-cp311-...whl -> 2.13.0+cpu
+            return "torch==" + self.wheel.name.split("-")[1]
+        return f"torch=={self.version}+cpu"
+
+    def describe(self) -> str:
+        return str(self.wheel) if self.wheel else f"{self.index_url} (torch {self.version}+cpu)"
+
+    @classmethod
+    def resolve(cls, index: IndexSettings | None = None) -> "TorchSource":
+        version = os.environ.get("TORCH_VERSION") or DEFAULT_TORCH_VERSION
+        tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        dirs: list[str] = []
+        if os.environ.get("TORCH_WHEEL_DIR"):
+            dirs.append(os.environ["TORCH_WHEEL_DIR"])
+        else:
+            dirs.extend(link for link in (index or IndexSettings.from_pip()).find_links)
+        for d in dirs:
+            path = Path(d.removeprefix("file://"))
+            if not path.is_dir():
+                continue
+            for wheel in sorted(path.glob(f"torch-{version}*-{tag}-{tag}-*.whl")):
+                local = wheel.name.split("-")[1]
+                if "+cpu" in local or sys.platform == "darwin":
+                    return cls(version=version, wheel=wheel, index_url="")
+        return cls(
+            version=version,
+            wheel=None,
+            index_url=os.environ.get("TORCH_INDEX_URL") or TORCH_CPU_INDEX,
+        )

@@ -1,0 +1,213 @@
+"""A CPU Python environment per vLLM release, built with uv.
+
+What goes in: CPU torch from the configured torch source (:class:`vllm_repro.settings.TorchSource`)
+and the release's own third-party requirements (``requirements/common.txt`` + ``cpu.txt``, or the
+older ``requirements-common.txt`` + ``requirements-cpu.txt``), minus the GPU toolchain (torch
+variants, triton, IPEX) that scheduling never touches. Versions are resolved as the index stood
+when the release was uploaded (uv's ``--exclude-newer`` at the sdist's upload time), so 0.10.x
+gets the transformers 4.5x it was built against and 0.33 gets 5.x, without a table of versions.
+
+Environments live in ``envs/<version>/`` under the cache; uv's cache is in the same file system,
+so identical wheels (torch above all) are hardlinked, not copied. ``envs/<version>/.ready.json``
+records the resolved set; an environment without it is rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from ..errors import EnvError
+from ..settings import IndexSettings, TorchSource, cache_dir
+from .sdist import Release
+
+#: Distributions never installed into a release environment: torch comes from the torch source,
+#: the rest is GPU/compiler tooling or benchmark-only.
+EXCLUDED = {
+    "torch", "torchvision", "torchaudio", "torchcodec", "triton", "pytorch-triton",
+    "intel-openmp", "intel-extension-for-pytorch", "xformers", "flashinfer-python",
+    "datasets",
+}
+#: Removed from the transitive closure too (uv overrides with an impossible marker).
+OVERRIDDEN_AWAY = ("triton", "pytorch-triton", "nvidia-nccl-cu12")
+ENV_FORMAT = 1
+
+_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def uv_bin() -> str:
+    """The uv executable shipped by the ``uv`` wheel (a dependency of the lab)."""
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if found:
+            return found
+        raise EnvError("uv is not installed; run `make venv` (pip install -e .) first") from None
+
+
+def _canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_files(tree: Path) -> list[Path]:
+    """The release's requirement files for a CPU build, probed in the layouts vLLM has used."""
+    for common, cpu in (("requirements/common.txt", "requirements/cpu.txt"),
+                        ("requirements-common.txt", "requirements-cpu.txt")):
+        if (tree / common).is_file():
+            return [p for p in (tree / common, tree / cpu) if p.is_file()]
+    if (tree / "requirements.txt").is_file():
+        return [tree / "requirements.txt"]
+    raise EnvError(f"no requirement files found in {tree} (looked for requirements/common.txt)")
+
+
+def read_requirements(path: Path, seen: set[Path] | None = None) -> list[str]:
+    """Requirement lines of ``path``, following ``-r`` includes; drops options, direct URLs and
+    the :data:`EXCLUDED` distributions. Returns PEP 508 strings (markers kept)."""
+    seen = seen or set()
+    if path in seen:
+        return []
+    seen.add(path)
+    out: list[str] = []
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #", 1)[0].split("\t#", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith(("-r ", "--requirement")):
+            inc = line.split(None, 1)[1].strip()
+            out.extend(read_requirements((path.parent / inc).resolve(), seen))
+            continue
+        if line.startswith("-"):
+            continue  # --extra-index-url and friends: the lab decides where torch comes from
+        if " @ " in line.split(";")[0] or "://" in line:
+            continue  # direct URL (e.g. triton-cpu wheels on GitHub): unreachable and unneeded
+        m = _NAME.match(line)
+        if not m or _canon(m.group(1)) in EXCLUDED:
+            continue
+        out.append(line)
+    return out
+
+
+@dataclass(frozen=True)
+class ReleaseEnv:
+    """A ready environment: the release, its tree (goes on PYTHONPATH) and the interpreter."""
+
+    version: str
+    tree: Path
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    def freeze(self) -> list[str]:
+        try:
+            return json.loads((self.root / ".ready.json").read_text()).get("freeze", [])
+        except (OSError, ValueError):
+            return []
+
+
+def env_dir(version: str) -> Path:
+    return cache_dir() / "envs" / version
+
+
+def _uv_env(index: IndexSettings) -> dict[str, str]:
+    env = dict(os.environ)
+    env["UV_CACHE_DIR"] = str(cache_dir() / "uv")
+    env.setdefault("UV_HTTP_TIMEOUT", "180")
+    if index.cert:
+        env["SSL_CERT_FILE"] = index.cert
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def _index_args(index: IndexSettings) -> list[str]:
+    args = ["--index-url", index.index_url, "--index-strategy", "unsafe-best-match"]
+    for url in index.extra_index_urls:
+        if url.startswith("file://") and not Path(url[7:]).is_dir():
+            continue
+        args += ["--extra-index-url", url]
+    for link in index.find_links:
+        if link.startswith(("http://", "https://")) or Path(link.removeprefix("file://")).is_dir():
+            args += ["--find-links", link]
+    return args
+
+
+def _run_uv(args: list[str], env: dict[str, str], what: str, log: Path) -> str:
+    cmd = [uv_bin(), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n")
+    if proc.returncode != 0:
+        tail = " | ".join(line for line in proc.stderr.strip().splitlines()[-4:])
+        raise EnvError(f"{what} failed (uv exit {proc.returncode}): {tail} (full log: {log})")
+    return proc.stdout
+
+
+def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None,
+                torch: TorchSource | None = None, python: str | None = None,
+                rebuild: bool = False) -> ReleaseEnv:
+    """Build (once) and return the CPU environment of ``release``.
+
+    Takes about 10 to 60 s cold (mostly downloads), nothing warm. Raises :class:`EnvError` when uv
+    cannot resolve or install; the half-built folder is removed so the next run starts over.
+    """
+    root = env_dir(release.version)
+    ready = root / ".ready.json"
+    if ready.is_file() and not rebuild:
+        try:
+            if json.loads(ready.read_text()).get("format") == ENV_FORMAT and (root / "bin/python").exists():
+                return ReleaseEnv(release.version, tree, root)
+        except ValueError:
+            pass
+    index = index or IndexSettings.from_pip()
+    torch = torch or TorchSource.resolve(index)
+    env = _uv_env(index)
+    if root.exists():
+        shutil.rmtree(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    log = root.parent / f"{release.version}.build.log"
+    log.write_text("")
+    try:
+        _run_uv(["venv", "-q", "--python", python or _base_python(), str(root)], env,
+                f"creating the environment for vLLM {release.version}", log)
+        py = str(root / "bin" / "python")
+        if torch.wheel is not None:
+            # the local CPU wheel itself; its dependencies (sympy, networkx...) from the index
+            torch_args, torch_req = _index_args(index), str(torch.wheel)
+        else:
+            torch_args = [*_index_args(index), "--extra-index-url", torch.index_url]
+            torch_req = torch.requirement
+        _run_uv(["pip", "install", "-q", "--python", py, *torch_args, torch_req], env,
+                f"installing {torch.requirement} from {torch.describe()}", log)
+        reqs = [r for f in requirement_files(tree) for r in read_requirements(f)]
+        req_file = root / "release-requirements.txt"
+        req_file.write_text("\n".join(reqs) + "\n")
+        overrides = root / "overrides.txt"
+        overrides.write_text("".join(f'{name} ; sys_platform == "never"\n' for name in OVERRIDDEN_AWAY))
+        cutoff = (release.upload_time + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        _run_uv(["pip", "install", "-q", "--python", py, *_index_args(index),
+                 "--exclude-newer", cutoff, "--override", str(overrides), "-r", str(req_file)],
+                env, f"installing the requirements of vLLM {release.version} (as of {cutoff})", log)
+        freeze = _run_uv(["pip", "freeze", "--python", py], env, "listing the environment", log)
+        ready.write_text(json.dumps({
+            "format": ENV_FORMAT, "version": release.version, "torch": torch.describe(),
+            "exclude_newer": cutoff, "freeze": freeze.split()}, indent=1))
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return ReleaseEnv(release.version, tree, root)
+
+
+def _base_python() -> str:
+    """The interpreter release environments are made from: the lab's own base Python."""
+    return os.environ.get("VLLM_REPRO_PYTHON") or getattr(sys, "_base_executable", None) or sys.executable

@@ -1,0 +1,219 @@
+"""Release -> cached, hash-checked sdist -> safely extracted source tree.
+
+Cache layout under :func:`vllm_repro.settings.cache_dir`::
+
+    sdists/vllm-0.10.1.1.tar.gz        the file as the index served it (sha256 checked)
+    sdists/vllm-0.10.1.1.tar.gz.json   what the index said: url, sha256, size, upload_time
+    trees/0.10.1.1/vllm/...            the package, extracted (only what the lab needs)
+    trees/0.10.1.1/requirements/...    the release's requirement files
+    trees/0.10.1.1/vllm-0.10.1.1+cpu.dist-info/   metadata that makes vLLM see a CPU build
+
+Downloads and extractions write to a temporary name in the same folder and are renamed into
+place, so an interrupted run never leaves a partial file where a good one is expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+from ..errors import EnvError, InputError
+from ..settings import IndexSettings, cache_dir
+from .index import SdistInfo, find_sdist, open_url
+
+#: Parts of the sdist the lab extracts, as path prefixes below the top folder.
+DEFAULT_PARTS = ("vllm/", "requirements/", "requirements-", "requirements.txt", "tests/v1/core/",
+                 "tests/v1/kv_connector/unit/", "tests/v1/__init__", "tests/__init__", "pyproject.toml")
+
+ProgressFn = Callable[[int, int | None], None]
+
+
+@dataclass(frozen=True)
+class Release:
+    """A fetched release: its version, sdist path, sha256 and upload time (UTC)."""
+
+    version: str
+    sdist: Path
+    sha256: str
+    upload_time: datetime
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sdist_paths(version: str) -> tuple[Path, Path]:
+    d = cache_dir() / "sdists"
+    return d / f"vllm-{version}.tar.gz", d / f"vllm-{version}.tar.gz.json"
+
+
+def _tar_upload_time(path: Path) -> datetime:
+    """Fallback for indexes without PEP 700 upload times: the newest member mtime of the sdist."""
+    with tarfile.open(path, "r:gz") as tf:
+        newest = max((m.mtime for m in tf.getmembers()), default=0)
+    return datetime.fromtimestamp(newest, tz=timezone.utc)
+
+
+def cached_release(version: str) -> Release | None:
+    """The cached sdist of ``version`` if present and its sha256 still matches the record."""
+    path, meta = _sdist_paths(version)
+    if not (path.is_file() and meta.is_file()):
+        return None
+    try:
+        info = json.loads(meta.read_text())
+        if sha256_file(path) != info["sha256"]:
+            return None
+        return Release(version, path, info["sha256"], datetime.fromisoformat(info["upload_time"]))
+    except (ValueError, KeyError, OSError):
+        return None
+
+
+def fetch_sdist(version: str, settings: IndexSettings | None = None,
+                progress: ProgressFn | None = None) -> Release:
+    """Return the cached sdist of vLLM ``version``, downloading it first if needed.
+
+    The download is checked against the sha256 the index gives and renamed into the cache only
+    when it matches. Raises :class:`InputError` for a version the index does not have and
+    :class:`EnvError` for an unreachable index or a hash mismatch (nothing is left in the cache).
+    """
+    cached = cached_release(version)
+    if cached:
+        return cached
+    settings = settings or IndexSettings.from_pip()
+    info: SdistInfo = find_sdist(version, settings=settings)
+    path, meta = _sdist_paths(version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        h = hashlib.sha256()
+        done = 0
+        with os.fdopen(fd, "wb") as out, open_url(info.url, settings) as resp:
+            total = info.size or int(resp.headers.get("Content-Length") or 0) or None
+            while True:
+                try:
+                    chunk = resp.read(1 << 20)
+                except OSError as exc:
+                    raise EnvError(f"download of {info.filename} broke off: {exc}") from exc
+                if not chunk:
+                    break
+                out.write(chunk)
+                h.update(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, total)
+            out.flush()
+            os.fsync(out.fileno())
+        got = h.hexdigest()
+        if got != info.sha256:
+            raise EnvError(
+                f"sha256 mismatch for {info.filename}: index says {info.sha256}, got {got}; "
+                "nothing was cached")
+        upload = info.upload_time or _tar_upload_time(tmp)
+        os.replace(tmp, path)
+        _atomic_write_text(meta, json.dumps({
+            "url": info.url, "sha256": info.sha256, "size": info.size,
+            "upload_time": upload.isoformat(), "filename": info.filename}, indent=1))
+        return Release(version, path, info.sha256, upload)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _safe_members(tf: tarfile.TarFile, parts: tuple[str, ...]) -> list[tuple[tarfile.TarInfo, str]]:
+    """Members under the sdist's top folder that start with one of ``parts``, with their path
+    relative to the top folder. Rejects links, devices and paths that would leave the target."""
+    chosen = []
+    for m in tf.getmembers():
+        p = PurePosixPath(m.name)
+        if p.is_absolute() or ".." in p.parts:
+            raise EnvError(f"sdist member {m.name!r} leaves the extraction folder; refusing the sdist")
+        if len(p.parts) < 2:
+            continue
+        rel = str(PurePosixPath(*p.parts[1:]))
+        if not any(rel.startswith(prefix) for prefix in parts):
+            continue
+        if m.issym() or m.islnk():
+            raise EnvError(f"sdist member {m.name!r} is a link; refusing to extract it")
+        if not (m.isfile() or m.isdir()):
+            raise EnvError(f"sdist member {m.name!r} is not a plain file; refusing to extract it")
+        chosen.append((m, rel))
+    return chosen
+
+
+def tree_dir(version: str) -> Path:
+    return cache_dir() / "trees" / version
+
+
+def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Path:
+    """Extract ``parts`` of the release's sdist into ``trees/<version>/`` (once) and return it.
+
+    Adds ``vllm-<version>+cpu.dist-info`` so that ``importlib.metadata.version("vllm")`` names a
+    CPU build: releases that detect the CPU platform from the installed version (0.8 to 0.10)
+    then pick it, without any edit to vLLM's files. Raises :class:`EnvError` for an sdist with
+    links or paths outside the target.
+    """
+    target = tree_dir(release.version)
+    stamp = target / ".extracted.json"
+    if stamp.is_file():
+        try:
+            if json.loads(stamp.read_text()).get("sha256") == release.sha256:
+                return target
+        except ValueError:
+            pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{release.version}.", dir=target.parent))
+    try:
+        with tarfile.open(release.sdist, "r:gz") as tf:
+            members = _safe_members(tf, parts)
+            if not any(rel.startswith("vllm/") for _, rel in members):
+                raise EnvError(f"{release.sdist.name} holds no vllm/ package")
+            for m, rel in members:
+                m = m.replace(name=rel)
+                tf.extract(m, tmp, filter="data")
+        dist = tmp / f"vllm-{release.version}+cpu.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: vllm\nVersion: {release.version}+cpu\n"
+            "Summary: vLLM source tree extracted by vllm-repro (CPU, no compiled extensions)\n")
+        (dist / "INSTALLER").write_text("vllm-repro\n")
+        (dist / "RECORD").write_text("")
+        (tmp / ".extracted.json").write_text(json.dumps({"sha256": release.sha256, "parts": parts}))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except tarfile.TarError as exc:
+        raise EnvError(f"{release.sdist.name} is not a readable tar.gz: {exc}") from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def validate_version(version: str) -> str:
+    """Reject strings that cannot be a release version before touching the network."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(version)
+    except InvalidVersion as exc:
+        raise InputError(f"--vllm {version!r} is not a version number (e.g. 0.10.1.1)") from exc
+    return version
