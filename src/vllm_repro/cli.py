@@ -20,8 +20,8 @@ from .errors import EXIT_INPUT, LabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Reproduce vLLM engine crashes on CPU with vLLM's real scheduler code.")
-out = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+out = Console(width=None if sys.stdout.isatty() else 400)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
 DEFAULT_REPORTS = Path("reports")
 
@@ -101,7 +101,8 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
 def main() -> None:
     """Entry point: one-line messages and DESIGN.md's exit codes for lab and input errors."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except LabError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(exc.exit_code)

@@ -230,9 +230,15 @@ class V1Adapter:
                 c.SpeculativeConfig, model="ngram", method=cfg.get("speculative_method", "ngram"),
                 num_speculative_tokens=cfg["num_speculative_tokens"], prompt_lookup_max=4,
                 prompt_lookup_min=1)
+        extra = {}
+        if hasattr(c, "DeviceConfig"):  # 0.8.x leaves it None unless EngineArgs fills it in
+            try:
+                extra["device_config"] = call_supported(c.DeviceConfig, device="cpu")
+            except Exception:  # noqa: BLE001 - keep the release's default
+                pass
         vllm_config = call_supported(
             c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
-            cache_config=cache_config, speculative_config=spec_config)
+            cache_config=cache_config, speculative_config=spec_config, **extra)
         # what the GPU worker would have reported after profiling
         cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
         kv_cache_config = self._kv_cache_config(cfg, torch)
@@ -411,7 +417,7 @@ class V1Adapter:
             sampled_field = [np.array(s, dtype=np.int32) for s in sampled]
         kwargs = dict(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                       sampled_token_ids=sampled_field, logprobs=None, prompt_logprobs_dict={},
-                      pooler_output=[None] * len(req_ids), num_nans_in_logits=None)
+                      pooler_output=[], num_nans_in_logits=None)
         if "spec_token_ids" in self._mro_fields:
             kwargs["spec_token_ids"] = drafts
         return call_supported(self.ModelRunnerOutput, **kwargs)

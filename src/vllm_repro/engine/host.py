@@ -53,6 +53,9 @@ def child_environment(env: ReleaseEnv) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-cache"),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "OMP_NUM_THREADS": "1",
+        # torch.compile decorators run at import in some releases; the scheduler never compiles,
+        # and without triton (not installed) inductor's import would fail on torch 2.13
+        "TORCHDYNAMO_DISABLE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     })
     for k in ("VLLM_LOGGING_LEVEL",):

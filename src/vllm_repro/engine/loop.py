@@ -93,10 +93,15 @@ class StepLoop:
             _, self.scheduler = a.build(self.cfg)
         except AdapterError:
             raise
-        except Exception as exc:  # the release refuses this configuration
+        except (ValueError, NotImplementedError) as exc:
+            # vLLM's config validation (pydantic's ValidationError is a ValueError)
+            first = str(exc).strip().splitlines()
             raise RefusedByRelease(
                 f"config: vLLM {a.version} refuses this configuration: {type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+                f"{' '.join(first[:3]) if first else ''}") from exc
+        except Exception as exc:
+            raise AdapterError(f"building vLLM {a.version}'s scheduler failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
         for r in self.sc["requests"]:
             a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
         build_s = time.perf_counter() - t0
@@ -238,7 +243,10 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     except RefusedByRelease as exc:
         result = {"outcome": "error", "error": {"kind": "input", "message": str(exc)}}
     except AdapterError as exc:
-        result = {"outcome": "error", "error": {"kind": "lab", "message": str(exc)}}
+        cause = exc.__cause__ or exc
+        result = {"outcome": "error", "error": {
+            "kind": "lab", "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))[-4000:]}}
     except Exception as exc:  # noqa: BLE001 - a bug in the lab itself: never a reproduction
         result = {"outcome": "error", "error": {
             "kind": "lab", "message": f"{type(exc).__name__}: {exc}",
