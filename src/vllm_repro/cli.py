@@ -98,6 +98,33 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
         out.print(f"vLLM {v}: {env.python} (tree {env.tree})")
 
 
+#: Feature modules that add their commands with ``register(app)`` (imports stay lazy inside).
+COMMAND_MODULES = (
+    "vllm_repro.catalog",
+    "vllm_repro.triage.cli",
+    "vllm_repro.fuzz.cli",
+    "vllm_repro.slicing.cli",
+    "vllm_repro.verify.cli",
+    "vllm_repro.remote.cli",
+)
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # feature not built in this checkout
+            raise
+        mod.register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     """Entry point: one-line messages and DESIGN.md's exit codes for lab and input errors."""
     try:

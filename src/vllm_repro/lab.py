@@ -7,9 +7,11 @@ releases in parallel up to ``jobs`` processes, and returns the verdicts in input
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Callable
 from .engine.host import Worker
 from .errors import EnvError, LabError
 from .scenario.schema import Scenario
+from .settings import cache_dir
 from .sources.env import ReleaseEnv, prepare_env
 from .sources.sdist import extract_tree, fetch_sdist, validate_version
 from .verdict import Verdict, judge
@@ -45,11 +48,26 @@ def prepare_release(version: str, say: Say = lambda s: None,
     """
     validate_version(version)
     t = time.perf_counter()
-    release = fetch_sdist(version, progress=progress)
-    tree = extract_tree(release)
-    env = prepare_env(release, tree)
+    with release_lock(version):
+        release = fetch_sdist(version, progress=progress)
+        tree = extract_tree(release)
+        env = prepare_env(release, tree)
     say(f"vLLM {version}: ready in {time.perf_counter() - t:.1f}s ({env.root})")
     return env
+
+
+@contextmanager
+def release_lock(version: str):
+    """An exclusive lock per release (``flock``), so that two lab processes sharing the cache
+    never build the same release's tree or environment at once."""
+    lock_dir = cache_dir() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{version}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,

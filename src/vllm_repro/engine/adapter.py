@@ -108,7 +108,7 @@ class Scheduled:
 
     req_id: str
     num_scheduled: int
-    num_computed_before: int
+    num_computed_before: int | None  # None: in num_scheduled_tokens without new/cached data
     spec_tokens: list[int]
     new: bool
 
@@ -403,7 +403,7 @@ class V1Adapter:
         spec = getattr(so, "scheduled_spec_decode_tokens", {}) or {}
         out = []
         for rid, n in so.num_scheduled_tokens.items():
-            out.append(Scheduled(rid, n, before.get(rid, 0), list(spec.get(rid, [])), rid in new_ids))
+            out.append(Scheduled(rid, n, before.get(rid), list(spec.get(rid, [])), rid in new_ids))
         return out
 
     def model_output(self, req_ids: list[str], sampled: list[list[int]],

@@ -28,25 +28,40 @@ class FakeModelRunner:
         drafts = model.get("draft_tokens")
         self.draft_tokens = list(drafts) if drafts else ([self.token] * (num_speculative_tokens or 0))
         self.accept = ((model.get("spec_decode") or {}).get("accept")) or {}
+        # the runner's own per-request books (GPUModelRunner.requests: CachedRequestState):
+        # req_id -> [num_computed_tokens as last told by the scheduler, num_tokens it has seen]
+        self.books: dict[str, list[int]] = {}
 
-    def execute(self, step: int, scheduled: list[Scheduled], requests: dict
-                ) -> tuple[list[str], list[list[int]], list[list[int]] | None]:
+    def execute(self, step: int, scheduled: list[Scheduled], requests: dict,
+                finished_ids=()) -> tuple[list[str], list[list[int]], list[list[int]] | None]:
         """``(req_ids, sampled_token_ids, next_draft_token_ids)`` for the scheduled requests.
 
         ``requests``: the scheduler's ``requests`` dict (``Request.num_tokens`` and
-        ``num_output_tokens`` as of this step's ``schedule()``).
+        ``num_output_tokens`` as of this step's ``schedule()``); ``finished_ids``: the output's
+        ``finished_req_ids`` (the runner drops their books). Like ``GPUModelRunner``, a token is
+        sampled only when ``num_computed_tokens + num_scheduled_tokens >= num_tokens`` by the
+        runner's own books, which a request scheduled without new or cached data keeps stale.
         """
         req_ids, sampled, drafts = [], [], []
+        for rid in finished_ids:
+            self.books.pop(rid, None)
         for s in scheduled:
             req = requests.get(s.req_id)
             req_ids.append(s.req_id)
-            if req is None:
+            book = self.books.get(s.req_id)
+            if s.num_computed_before is not None:
+                # new or cached request data: the runner takes the scheduler's figures
+                num_tokens = req.num_tokens if req is not None else (book[1] if book else 0)
+                book = self.books[s.req_id] = [s.num_computed_before, num_tokens]
+            elif book is None:
+                # scheduled but neither new nor cached, and never seen: nothing to compute
                 sampled.append([])
                 drafts.append([])
                 continue
-            num_tokens = req.num_tokens
-            done_prefill = s.num_computed_before + s.num_scheduled - len(s.spec_tokens) >= num_tokens
-            if not done_prefill or step in self.empty_at.get(s.req_id, ()):
+            # else: scheduled without new/cached data (a stale entry): the runner's old books
+            seq_len = book[0] + s.num_scheduled
+            if seq_len < book[1] or step in self.empty_at.get(s.req_id, ()) or req is None:
+                # a partial prefill: the sampled token is discarded
                 sampled.append([])
                 drafts.append([])
                 continue
@@ -62,6 +77,7 @@ class FakeModelRunner:
                         tokens = tokens[:i] + [EOS_TOKEN_ID]
                         break
             sampled.append(tokens)
+            book[1] += len(tokens)
             drafts.append(list(self.draft_tokens) if self.num_spec else [])
         return req_ids, sampled, (drafts if self.num_spec else None)
 

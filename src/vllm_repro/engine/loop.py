@@ -144,7 +144,8 @@ class StepLoop:
                     self._state(line)
                     self.trace(line)
                     break
-                req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests)
+                req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
+                                                     getattr(so, "finished_req_ids", ()))
                 mro = self._lab(a.model_output, req_ids, sampled, drafts)
                 phase = "update_from_output"
                 sched.update_from_output(so, mro)

@@ -42,7 +42,7 @@ def _loc(loc: tuple) -> str:
             continue
         else:
             out += ("." if out else "") + str(part)
-    return out or "(top level)"
+    return out
 
 
 def _fix_hint(err: dict) -> str:
@@ -63,9 +63,13 @@ def format_validation_error(path: str | Path, exc: ValidationError) -> str:
     msg = err.get("msg", "invalid").removeprefix("Value error, ")
     if err.get("type") == "extra_forbidden":
         msg = "unknown field"
+    elif err.get("type") == "missing":
+        msg = "missing required field"
     hint = _fix_hint(err)
     more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
-    return f"{path}: {_loc(tuple(err.get('loc', ())))}: {msg}" + (f"; {hint}" if hint else "") + more
+    loc = _loc(tuple(err.get("loc", ())))
+    head = f"{path}: {loc}: " if loc else f"{path}: "
+    return head + msg + (f"; {hint}" if hint else "") + more
 
 
 def parse_scenario(data: object, source: str | Path = "<scenario>") -> Scenario:

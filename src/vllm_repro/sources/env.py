@@ -97,6 +97,18 @@ def read_requirements(path: Path, seen: set[Path] | None = None) -> list[str]:
     return out
 
 
+def release_requirements(tree: Path) -> list[str]:
+    """All third-party requirements of the release's CPU build, each file read once even when
+    ``cpu.txt`` includes ``common.txt`` (see :func:`read_requirements` for what is dropped)."""
+    seen: set[Path] = set()
+    out: list[str] = []
+    for f in requirement_files(tree):
+        for r in read_requirements(f.resolve(), seen):
+            if r not in out:
+                out.append(r)
+    return out
+
+
 @dataclass(frozen=True)
 class ReleaseEnv:
     """A ready environment: the release, its tree (goes on PYTHONPATH) and the interpreter."""
@@ -189,7 +201,7 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
             torch_req = torch.requirement
         _run_uv(["pip", "install", "-q", "--python", py, *torch_args, torch_req], env,
                 f"installing {torch.requirement} from {torch.describe()}", log)
-        reqs = [r for f in requirement_files(tree) for r in read_requirements(f)]
+        reqs = release_requirements(tree)
         req_file = root / "release-requirements.txt"
         req_file.write_text("\n".join(reqs) + "\n")
         overrides = root / "overrides.txt"

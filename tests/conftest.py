@@ -1,0 +1,34 @@
+"""Shared fixtures: the repository root, a CLI runner that calls the real entry point."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+FLAGSHIP = SCENARIOS / "vllm-23347-priority-preempt-scheduled.yaml"
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None,
+            timeout: int = 1800) -> subprocess.CompletedProcess:
+    """Run ``vllm-repro ARGS`` as a user would (a subprocess), returning the completed process."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "vllm_repro.cli", *args], capture_output=True,
+                          text=True, env=full_env, cwd=cwd or ROOT, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,82 @@
+"""vLLM #23347 on the real releases, through the CLI as a user runs it (nothing of vLLM mocked).
+
+These build the releases' environments on first use (cached afterwards under VLLM_REPRO_CACHE).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ..conftest import FLAGSHIP, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def trace(report_dir):
+    return [json.loads(x) for x in (report_dir / "trace.jsonl").read_text().splitlines()]
+
+
+def test_make_cpu_repro_table_reproduces_on_0_10_1_1_and_clean_on_0_10_2(cli, tmp_path):
+    reports = tmp_path / "reports"
+    proc = cli("run", str(FLAGSHIP), "--reports", str(reports))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split()[1]: line for line in proc.stdout.splitlines()
+            if line.startswith("vllm-23347-priority-preempt-scheduled")}
+    assert set(rows) == {"0.10.1.1", "0.10.2"}
+    assert "crash AssertionError vllm/v1/core/sched/scheduler.py:schedule @3" in rows["0.10.1.1"]
+    assert rows["0.10.1.1"].rstrip().endswith("yes")
+    assert "clean (2 finished" in rows["0.10.2"] and rows["0.10.2"].rstrip().endswith("yes")
+
+    bad = reports / "vllm-23347-priority-preempt-scheduled" / "0.10.1.1"
+    result = json.loads((bad / "result.json").read_text())
+    assert result["vllm"] == "0.10.1.1"
+    assert result["crash"]["phase"] == "schedule"
+    assert "assert (len(scheduled_new_reqs)" in result["crash"]["traceback"]
+    steps = trace(bad)
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert steps[1]["scheduled"] == {"L": 1, "H": 32}  # L decodes, H prefills: pool now full
+
+    good = reports / "vllm-23347-priority-preempt-scheduled" / "0.10.2"
+    steps = trace(good)
+    # the fix: at step 3 L (already scheduled, lower priority) is preempted back to waiting;
+    # 0.10.2 still leaves L's token in num_scheduled_tokens (later releases pop it)
+    assert steps[2]["preempted"] == ["L"] and steps[2]["running"] == ["H"]
+    assert steps[2]["scheduled"]["H"] == 1
+    result = json.loads((good / "result.json").read_text())
+    assert sorted(result["finished"]) == ["H", "L"]
+    assert result["finished"]["H"] == "FINISHED_LENGTH_CAPPED"
+
+
+def test_other_releases_follow_the_bug_range(cli, tmp_path):
+    proc = cli("run", str(FLAGSHIP), "--vllm", "0.9.2", "--vllm", "0.10.0", "--vllm", "0.11.0",
+               "--vllm", "0.33.0", "--reports", str(tmp_path / "r"), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdicts = {v["vllm"]: v for v in json.loads(proc.stdout)}
+    for v in ("0.9.2", "0.10.0"):
+        assert verdicts[v]["outcome"] == "crash" and verdicts[v]["ok"] is True
+        assert "AssertionError vllm/v1/core/sched/scheduler.py:schedule @3" in verdicts[v]["observed"]
+    for v in ("0.11.0", "0.33.0"):
+        assert verdicts[v]["outcome"] == "clean" and verdicts[v]["ok"] is True
+
+
+def test_0_9_0_front_door_refuses_priorities_and_lab_refuses_too(cli, tmp_path):
+    proc = cli("run", str(FLAGSHIP), "--vllm", "0.9.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = proc.stdout + proc.stderr
+    assert "priority" in text and "0.9.0" in text and "does not support priority" in text
+    assert "crash" not in text and "clean" not in text
+
+
+def test_plain_fcfs_runs_on_0_8_5_and_0_9_0(cli, tmp_path):
+    proc = cli("run", str(ROOT / "tests/data/fcfs-basic.yaml"), "--vllm", "0.8.5", "--vllm", "0.9.0",
+               "--reports", str(tmp_path / "r"), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdicts = json.loads(proc.stdout)
+    assert [v["outcome"] for v in verdicts] == ["clean", "clean"]
+    for v in ("0.8.5", "0.9.0"):
+        res = json.loads((tmp_path / "r" / "fcfs-basic" / v / "result.json").read_text())
+        assert res["vllm"] == v
+        assert res["finished"] == {"A": "FINISHED_LENGTH_CAPPED", "B": "FINISHED_STOPPED",
+                                   "C": "FINISHED_ABORTED"}

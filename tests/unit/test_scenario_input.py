@@ -1,0 +1,105 @@
+"""Bad scenario input: one line naming the file and the field, exit code 2, never a run."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from vllm_repro.errors import InputError
+from vllm_repro.scenario import load_scenario
+
+GOOD = textwrap.dedent("""
+    name: t
+    config: {num_gpu_blocks: 8}
+    requests:
+      - {id: A, prompt_len: 10}
+      - {id: B, prompt_len: 20, at_step: 2}
+    events:
+      - {at_step: 3, abort: [A]}
+""")
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_good_scenario_loads_with_vllm_defaults(tmp_path):
+    sc = load_scenario(write(tmp_path, GOOD))
+    assert sc.config.block_size == 16 and sc.config.policy == "fcfs"
+    assert [r.id for r in sc.requests] == ["A", "B"]
+    assert sc.requests[1].at_step == 2
+
+
+@pytest.mark.parametrize("mutation, field, words", [
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, num_gpu_blockz: 3}"),
+     "config.num_gpu_blockz", "unknown field"),
+    (("{id: A, prompt_len: 10}", "{id: A, prompt_len: -4}"), "requests[0].prompt_len", "greater than"),
+    (("{id: B, prompt_len: 20, at_step: 2}", "{id: A, prompt_len: 20, at_step: 2}"),
+     "requests[1].id", "used twice"),
+    (("abort: [A]", "abort: [Z]"), "events[0].abort", "unknown request id 'Z'"),
+    (("name: t", "name: t\nname: u"), "line", "appears twice"),
+    (("config: {num_gpu_blocks: 8}", "config: {}"), "config.num_gpu_blocks", "missing"),
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, policy: lifo}"), "config.policy",
+     "fcfs"),
+])
+def test_bad_field_is_one_line_naming_file_and_field(tmp_path, mutation, field, words):
+    old, new = mutation
+    p = write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(InputError) as info:
+        load_scenario(p)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith(str(p))
+    assert field in msg
+    assert words in msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="no such scenario file"):
+        load_scenario(tmp_path / "nope.yaml")
+
+
+def test_not_a_mapping(tmp_path):
+    with pytest.raises(InputError, match="must hold a mapping"):
+        load_scenario(write(tmp_path, "- just\n- a list\n"))
+
+
+def test_prompt_plus_max_tokens_over_max_model_len(tmp_path):
+    p = write(tmp_path, GOOD.replace("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8, max_model_len: 15}"))
+    with pytest.raises(InputError, match=r"s.yaml: requests\[0\]: prompt_len \+ max_tokens = 26 exceeds config.max_model_len 15"):
+        load_scenario(p)
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ("config: {num_gpu_blocks: 8, nope: 1}", "config.nope: unknown field"),
+    ("requests:\n  - {id: A, prompt_len: -1}", "requests[0].prompt_len"),
+])
+def test_cli_exit_code_2_and_one_line(tmp_path, cli, bad, fragment):
+    text = GOOD
+    if bad.startswith("config"):
+        text = text.replace("config: {num_gpu_blocks: 8}", bad)
+    else:
+        text = text.replace("  - {id: A, prompt_len: 10}", "  - {id: A, prompt_len: -1}")
+    p = write(tmp_path, text)
+    proc = cli("run", str(p), "--vllm", "0.10.2", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert fragment in lines[0] and str(p) in lines[0]
+    assert not (tmp_path / "r").exists(), "an input error must not produce a report"
+
+
+def test_cli_missing_file_exit_2(tmp_path, cli):
+    proc = cli("run", str(tmp_path / "missing.yaml"))
+    assert proc.returncode == 2
+    assert "no such scenario file" in proc.stderr
+
+
+def test_cli_bad_version_string_exit_2(tmp_path, cli, root):
+    proc = cli("run", str(root / "scenarios/vllm-23347-priority-preempt-scheduled.yaml"),
+               "--vllm", "banana", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2
+    assert "'banana' is not a version" in proc.stderr
