@@ -4,6 +4,7 @@ Mirrors ``vllm/v1/engine/core.py:EngineCore.step`` with the executor replaced by
 :class:`~vllm_repro.engine.fake_runner.FakeModelRunner`::
 
     requests at_step n added (EngineCore.add_request), aborts applied (abort_requests)
+    if nothing is left to schedule: the step is idle          # EngineCore.step's early return
     scheduler_output = scheduler.schedule()                  # step n
     model_output = fake_runner.execute(scheduler_output)
     scheduler.update_from_output(scheduler_output, model_output)
@@ -91,7 +92,7 @@ class StepLoop:
         t0 = time.perf_counter()
         try:
             _, self.scheduler = a.build(self.cfg)
-        except AdapterError:
+        except (AdapterError, RefusedByRelease):
             raise
         except (ValueError, NotImplementedError) as exc:
             # vLLM's config validation (pydantic's ValidationError is a ValueError)
@@ -102,6 +103,17 @@ class StepLoop:
         except Exception as exc:
             raise AdapterError(f"building vLLM {a.version}'s scheduler failed: "
                                f"{type(exc).__name__}: {exc}") from exc
+        model = self.sc.get("model") or {}
+        if getattr(a, "one_token_per_request", False):
+            if model.get("empty_at"):
+                raise RefusedByRelease(
+                    f"model.empty_at: vLLM {a.version}'s ModelRunnerOutput holds one sampled token "
+                    "per request and its scheduler appends it once prefill is done; a step "
+                    "without a token cannot be expressed there")
+            if self.cfg.get("num_speculative_tokens"):
+                raise RefusedByRelease(
+                    f"config.num_speculative_tokens: vLLM {a.version}'s V1 scheduler has no "
+                    "speculative decoding")
         for r in self.sc["requests"]:
             a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
         build_s = time.perf_counter() - t0
@@ -135,22 +147,29 @@ class StepLoop:
                 for e in self.events_by_step.get(step, []):
                     a.abort(sched, e["abort"])
                     line["aborted"].extend(e["abort"])
-                phase = "schedule"
-                so = sched.schedule()
-                scheduled = self._lab(a.scheduled, so)
-                line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
-                if self.observer is not None and self.observer.after_schedule(step, so, scheduled):
-                    result = {"outcome": "violation"}
-                    self._state(line)
-                    self.trace(line)
-                    break
-                req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
-                                                     getattr(so, "finished_req_ids", ()))
-                mro = self._lab(a.model_output, req_ids, sampled, drafts)
-                phase = "update_from_output"
-                sched.update_from_output(so, mro)
-                phase = "update_draft_token_ids"
-                a.deliver_drafts(sched, req_ids, drafts)
+                so = None
+                if not a.has_work(sched):
+                    # EngineCore.step returns without scheduling when there is nothing to do
+                    line["scheduled"] = {}
+                    line["idle"] = True
+                else:
+                    phase = "schedule"
+                    so = sched.schedule()
+                    scheduled = self._lab(a.scheduled, so)
+                    line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
+                    if self.observer is not None and self.observer.after_schedule(step, so, scheduled):
+                        result = {"outcome": "violation"}
+                        self._state(line)
+                        self.trace(line)
+                        break
+                    req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled,
+                                                         sched.requests,
+                                                         getattr(so, "finished_req_ids", ()))
+                    mro = self._lab(a.model_output, req_ids, sampled, drafts)
+                    phase = "update_from_output"
+                    sched.update_from_output(so, mro)
+                    phase = "update_draft_token_ids"
+                    a.deliver_drafts(sched, req_ids, drafts)
             except (RefusedByRelease, AdapterError):
                 raise
             except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
@@ -162,7 +181,8 @@ class StepLoop:
             newly = self._collect_finished()
             line["finished"] = newly
             self._state(line)
-            if self.observer is not None and self.observer.after_update(step, so, line):
+            if (self.observer is not None and so is not None
+                    and self.observer.after_update(step, so, line)):
                 result = {"outcome": "violation"}
                 self.trace(line)
                 break
