@@ -254,6 +254,13 @@ class V1Adapter:
                 extra["device_config"] = call_supported(c.DeviceConfig, device="cpu")
             except Exception:  # noqa: BLE001 - keep the release's default
                 pass
+        if hasattr(c, "ObservabilityConfig"):
+            # EngineArgs.create_engine_config always fills it in; some releases' VllmConfig
+            # leave it None otherwise, and the stat loggers read it
+            try:
+                extra["observability_config"] = call_supported(c.ObservabilityConfig)
+            except Exception:  # noqa: BLE001 - keep the release's default
+                pass
         vllm_config = call_supported(
             c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
             cache_config=cache_config, speculative_config=spec_config, **extra)
@@ -483,6 +490,47 @@ class V1Adapter:
             return
         if self.DraftTokenIds is not None and hasattr(scheduler, "update_draft_token_ids"):
             scheduler.update_draft_token_ids(self.DraftTokenIds(req_ids, drafts))
+
+    def stat_logger(self, vllm_config):
+        """The front end's stat loggers, as ``AsyncLLM`` builds them when stats are logged
+        (``disable_log_stats: false``): ``StatLoggerManager(vllm_config, engine_idxs=[0])`` (0.10+,
+        logging + Prometheus), else ``LoggingStatLogger`` and ``PrometheusStatLogger`` one by one
+        (0.8/0.9). Returns a callable ``record(scheduler_stats)`` (``vllm/v1/metrics/loggers.py``;
+        iteration stats come from the detokenizing output processor, which the lab does not run,
+        so they are None). Raises :class:`AdapterError` where the release has no V1 stat
+        loggers."""
+        manager_cls = _try_import("vllm.v1.metrics.loggers:StatLoggerManager")
+        if manager_cls is not None:
+            manager = call_supported(manager_cls, vllm_config=vllm_config, engine_idxs=[0],
+                                     custom_stat_loggers=None, enable_default_loggers=True)
+            loggers = [manager]
+        else:
+            classes = [_try_import("vllm.v1.metrics.loggers:LoggingStatLogger"),
+                       _try_import("vllm.v1.metrics.loggers:PrometheusStatLogger")]
+            if None in classes:
+                raise AdapterError(f"vLLM {self.version} has no V1 stat loggers "
+                                   "(config.disable_log_stats: false)")
+            loggers = [call_supported(cls, vllm_config=vllm_config, engine_index=0,
+                                      engine_indexes=[0]) for cls in classes]
+
+        def record(scheduler_stats) -> None:
+            for lg in loggers:
+                call_supported(lg.record, scheduler_stats=scheduler_stats, iteration_stats=None,
+                               mm_cache_stats=None, engine_idx=0)
+        return record
+
+    @staticmethod
+    def scheduler_stats(engine_core_outputs) -> list:
+        """The ``SchedulerStats`` that ``update_from_output`` attached to its outputs
+        (``dict[int, EngineCoreOutputs]`` 0.9+, one ``EngineCoreOutputs`` 0.8, a list of
+        ``EngineCoreOutput`` before)."""
+        if isinstance(engine_core_outputs, dict):
+            outs = list(engine_core_outputs.values())
+        elif isinstance(engine_core_outputs, (list, tuple)):
+            outs = []
+        else:
+            outs = [engine_core_outputs]
+        return [st for o in outs if (st := getattr(o, "scheduler_stats", None)) is not None]
 
     def has_work(self, scheduler) -> bool:
         """Whether ``EngineCore.step`` would call ``schedule()`` now: ``Scheduler.has_requests()``

@@ -8,6 +8,7 @@ Mirrors ``vllm/v1/engine/core.py:EngineCore.step`` with the executor replaced by
     scheduler_output = scheduler.schedule()                  # step n
     model_output = fake_runner.execute(scheduler_output)
     scheduler.update_from_output(scheduler_output, model_output)
+    stat_loggers.record(scheduler_stats)                     # disable_log_stats: false
     scheduler.update_draft_token_ids(drafts)                 # spec decode, 0.10.2+
 
 Runs inside the release environment (standard library + vLLM only). Returns a result dict (the
@@ -116,6 +117,9 @@ class StepLoop:
                     "speculative decoding")
         for r in self.sc["requests"]:
             a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
+        record_stats = None
+        if not self.cfg.get("disable_log_stats", True):
+            record_stats = self._lab(a.stat_logger, a.vllm_config)
         build_s = time.perf_counter() - t0
         sched = self.scheduler
         runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
@@ -167,7 +171,12 @@ class StepLoop:
                                                          getattr(so, "finished_req_ids", ()))
                     mro = self._lab(a.model_output, req_ids, sampled, drafts)
                     phase = "update_from_output"
-                    sched.update_from_output(so, mro)
+                    engine_core_outputs = sched.update_from_output(so, mro)
+                    if record_stats is not None:
+                        # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
+                        phase = "record_stats"
+                        for stats in a.scheduler_stats(engine_core_outputs):
+                            record_stats(stats)
                     phase = "update_draft_token_ids"
                     a.deliver_drafts(sched, req_ids, drafts)
             except (RefusedByRelease, AdapterError):
