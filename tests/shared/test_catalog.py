@@ -1,0 +1,152 @@
+"""Every catalog entry on its buggy and fixed releases, for real, through the CLI as a user runs
+it (``vllm-repro catalog run``): it reproduces where it says (the issue's exception type and
+innermost vLLM frame, or its stall), it is clean where it says, and clean on the newest release.
+
+The whole catalog runs once per module (one worker per release, ``--jobs 1``); each (entry,
+release) pair is then its own test. Releases are built on first use (cached afterwards).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from packaging.version import InvalidVersion, Version
+
+from vllm_repro.catalog import catalog_files, log_signature
+from vllm_repro.scenario import load_scenario
+
+from ..conftest import SCENARIOS, run_cli
+
+pytestmark = [pytest.mark.shared, pytest.mark.slow]
+
+NEWEST = "0.33.0"
+FILES = catalog_files(SCENARIOS)
+ENTRIES = {load_scenario(p).name: load_scenario(p) for p in FILES}
+
+
+def _releases(sc) -> list[str]:
+    out = list(sc.vllm.concrete())
+    if NEWEST not in out:
+        out.append(NEWEST)
+    return out
+
+
+CASES = [(name, v) for name, sc in ENTRIES.items() for v in _releases(sc)]
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory):
+    """``vllm-repro catalog run --also-on NEWEST --json``: (verdicts by (entry, release), reports)."""
+    reports = tmp_path_factory.mktemp("catalog-reports")
+    proc = run_cli("catalog", "run", "--also-on", NEWEST, "--jobs", "1", "--json",
+                   "--reports", str(reports), timeout=3600)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    verdicts = {(v["scenario"], v["vllm"]): v for v in json.loads(proc.stdout)}
+    return proc, verdicts, reports
+
+
+def result_of(reports, name, version) -> dict:
+    return json.loads((reports / name / version / "result.json").read_text())
+
+
+def trace_of(reports, name, version) -> list[dict]:
+    path = reports / name / version / "trace.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_catalog_run_exits_0_and_covers_every_entry_and_release(catalog):
+    proc, verdicts, _ = catalog
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(verdicts) == set(CASES)
+
+
+@pytest.mark.parametrize("name,version", CASES, ids=[f"{n}@{v}" for n, v in CASES])
+def test_entry_on_release(catalog, name, version):
+    _, verdicts, reports = catalog
+    sc = ENTRIES[name]
+    verdict = verdicts[(name, version)]
+    result = result_of(reports, name, version)
+    assert result["vllm"] == version
+    kind = sc.vllm.expectation_for(version)
+    if kind == "clean":
+        assert result["outcome"] == "clean", verdict["observed"]
+        assert result["unfinished"] == [] and not result["limit_reached"]
+        assert verdict["ok"] is True
+        return
+    assert kind == "reproduce"
+    assert verdict["ok"] is True, verdict
+    assert result["outcome"] == sc.expect.outcome
+    if sc.expect.outcome == "crash":
+        crash = result["crash"]
+        assert crash["type"] == sc.expect.exception
+        file_, _, func = sc.expect.where.partition(":")
+        assert (crash["where"]["file"], crash["where"]["function"]) == (file_, func)
+        log = (SCENARIOS / name).with_suffix(".log")
+        if log.is_file():
+            sig = log_signature(log)
+            assert sig.exception == crash["type"], "the issue's exception type"
+            inner = (sig.innermost["file"], sig.innermost["function"])
+            observed = [(f["file"], f["function"]) for f in crash["vllm_frames"]]
+            if sig.truncated:
+                assert inner in observed, "the issue's innermost quoted frame is on our stack"
+            else:
+                assert inner == observed[-1], "the issue's innermost vLLM frame"
+    elif sc.expect.outcome == "stall":
+        stall = result["stall"]
+        assert stall["unfinished"] and set(stall["unfinished"]) <= set(stall["waiting"])
+    elif sc.expect.outcome == "violation":
+        codes = [v["code"] for v in result.get("violations") or []]
+        assert sc.expect.code in codes
+
+
+def test_11562_retries_leak_prefix_blocks_until_the_pool_is_short(catalog):
+    """The raw signal behind the stall: once A and B have finished, nothing holds a block, yet
+    0.6.6.post1's free queue stays 4 blocks (B's prefix hits) short of the 12-block pool; 0.7.0
+    gets all 12 back and runs C."""
+    _, _, reports = catalog
+    name = "vllm-11562-prefix-touch-refcount-leak"
+    pool = ENTRIES[name].config.num_gpu_blocks
+    for version, expect_free in (("0.6.6.post1", pool - 4), ("0.7.0", pool)):
+        steps = trace_of(reports, name, version)
+        idle = [s for s in steps if not s["running"] and 12 <= s["step"] < 20]
+        assert idle, version
+        assert {s["free_blocks"] for s in idle} == {expect_free}, version
+    bad = trace_of(reports, name, "0.6.6.post1")
+    assert all(s["scheduled"] == {} for s in bad if s["step"] >= 20)  # C waits, steps are empty
+    assert bad[-1]["waiting"] == ["C"]
+
+
+def test_45856_fixed_release_preempts_where_the_buggy_one_crashes(catalog):
+    _, _, reports = catalog
+    name = "vllm-45856-swa-admission-cap-undercount"
+    crash = result_of(reports, name, "0.20.1")["crash"]
+    assert crash["phase"] == "schedule" and crash["message"] == "Cannot get 2 free blocks from the pool"
+    frames = [(f["file"], f["function"]) for f in crash["vllm_frames"]]
+    assert ("vllm/v1/core/kv_cache_manager.py", "allocate_slots") in frames
+    fixed = {s["step"]: s for s in trace_of(reports, name, "0.20.2")}
+    assert fixed[4]["preempted"] == ["R"] and fixed[4]["running"] == ["S"]
+    assert result_of(reports, name, "0.20.2")["finished"] == {
+        "S": "FINISHED_LENGTH_CAPPED", "R": "FINISHED_LENGTH_CAPPED"}
+
+
+def test_26372_crash_is_in_the_stat_loggers_after_drafts_were_verified(catalog):
+    _, _, reports = catalog
+    name = "vllm-26372-spec-empty-output-negative-accepted"
+    crash = result_of(reports, name, "0.11.0")["crash"]
+    assert crash["phase"] == "record_stats" and crash["step"] == 3
+    for version in ("0.11.0", "0.16.0", NEWEST):
+        steps = {s["step"]: s for s in trace_of(reports, name, version)}
+        assert steps[2]["scheduled"] == {"R": 5}, "1 token + 4 drafts: drafts reached the scheduler"
+    fixed = result_of(reports, name, "0.16.0")
+    assert fixed["finished"] == {"R": "FINISHED_ABORTED", "O": "FINISHED_LENGTH_CAPPED"}
+
+
+def test_29747_children_share_priority_and_arrival_and_both_finish_once_fixed(catalog):
+    _, _, reports = catalog
+    name = "vllm-29747-priority-equal-arrival"
+    crash = result_of(reports, name, "0.11.0")["crash"]
+    assert crash["phase"] == "add_request" and crash["step"] == 1
+    for version in ("0.12.0", NEWEST):
+        assert sorted(result_of(reports, name, version)["finished"].values()) == [
+            "FINISHED_LENGTH_CAPPED"] * 2
