@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 REPRO := $(BIN)/vllm-repro
 SCENARIO ?= scenarios/vllm-23347-priority-preempt-scheduled.yaml
 CATALOG ?=
+# CATALOG=all also runs every entry on the newest release (it must be clean there)
+NEWEST ?= 0.33.0
+JOBS ?=
 REPORTS ?= reports
 # Torch source (see README): a local wheelhouse, or PyTorch's CPU index.
 TORCH_VERSION ?= 2.13.0
@@ -17,7 +20,7 @@ export TORCH_VERSION TORCH_INDEX_URL TORCH_WHEEL_DIR
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
-	@echo "make cpu-repro CATALOG=all   the whole catalog"
+	@echo "make cpu-repro CATALOG=all   the whole catalog (each entry also on NEWEST=$(NEWEST))"
 	@echo "make test        unit tests and the real-release scenario tests"
 
 $(BIN)/python:
@@ -31,8 +34,9 @@ venv: $(VENV)/.installed
 
 cpu-repro: venv
 	@start=$$(date +%s); \
-	if [ "$(CATALOG)" = "all" ]; then $(REPRO) catalog run --reports $(REPORTS); \
-	else $(REPRO) run $(SCENARIO) --reports $(REPORTS); fi; rc=$$?; \
+	if [ "$(CATALOG)" = "all" ]; then \
+	  $(REPRO) catalog run --also-on $(NEWEST) $(if $(JOBS),--jobs $(JOBS)) --reports $(REPORTS); \
+	else $(REPRO) run $(SCENARIO) $(if $(JOBS),--jobs $(JOBS)) --reports $(REPORTS); fi; rc=$$?; \
 	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall"; exit $$rc
 
 test: venv
