@@ -202,7 +202,7 @@ def choose_signal(sc: LogScanner, root: ExcRecord | None) -> tuple[SignalEvent |
     frames (faulthandler), outermost first."""
     sigs = [s for s in sc.signals if s.name not in _WEAK_SIGNALS] or list(sc.signals)
     if root is not None and not is_death_notice(root):
-        sigs = [s for s in sigs if s.lineno < root.lineno]
+        sigs = [s for s in sigs if s.lineno <= root.lineno]
     if not sigs:
         return None, []
     sig = sigs[0]
@@ -314,7 +314,7 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
 
     if root is not None and is_cuda(root):
         exit_kind = "cuda_error"
-    elif sig is not None and (root is None or is_death_notice(root) or sig.lineno < root.lineno):
+    elif sig is not None and (root is None or is_death_notice(root) or sig.lineno <= root.lineno):
         exit_kind = f"signal:{sig.name}"
     elif root is not None:
         exit_kind = "python_exception"
@@ -355,6 +355,10 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
     last = sc.exceptions[-1] if sc.exceptions else None
     last_printed = _exc_brief(last) if last is not None and last is not root else None
 
+    if root is not None and is_wrapper(root, sc.exceptions):
+        notes.append("only exceptions that report another one are in the log: the root cause "
+                     "was printed by another process (EngineCore, a worker) whose output is "
+                     "missing here")
     if root is not None and root.standalone:
         notes.append("the root cause is a bare exception line: its traceback is not in the log")
     if sc.self_kill_lines:

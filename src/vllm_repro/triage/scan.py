@@ -114,7 +114,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+),? in (?P<fu
 _FRAME_NOLINE = re.compile(r'^\s*File "(?P<file>[^"]*)", in (?P<func>.+?)\s*$')
 _IPY_HEADER = re.compile(r"^([A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _IPY_FRAME = re.compile(
-    r"^(?:\[(?P<a>[^\]]+)\]\([^)]*\)|(?P<b>\S+\.py|<[^>]+>)) in (?P<f>[\w<>.]+)(?:\(|\s*$)"
+    r"^(?:\[(?P<a>[^\]]+)\]\([^)]*\)|(?P<b>\S+\.py|<[^>]+>)) in (?P<f><[^>]*>|[\w.]+)(?:\(|\s*$)"
     r"|^File (?P<c>\S.*?):(?P<l>\d+)(?:, in (?P<g>[\w<>.]+))?")
 _IPY_SOURCE = re.compile(r"^\s*(?:-*>\s*)?\d+\s")
 _CARET = re.compile(r"^\s*[\^~]+[\s\^~]*$")
@@ -135,7 +135,8 @@ _SIG_RECEIVED = re.compile(
     r"\*\*\* (SIG[A-Z]+) received"
     r"|(?:received|caught|got) (?:fatal )?signal:? ?(SIG[A-Z]+|\d+)"
     r"|signal (\d+) \((SIG[A-Z]+)\)"
-    r"|killed by signal:? ?(SIG[A-Z]+|\d+)", re.I)
+    r"|killed by signal:? ?(SIG[A-Z]+|\d+)"
+    r"|<Signals\.(SIG[A-Z]+): \d+>", re.I)
 _SHELL = re.compile(r"^(?:[\w/.-]+: line \d+: +\d+ +)?(Segmentation fault|Aborted|Bus error|"
                     r"Floating point exception|Illegal instruction|Killed)(?: \(core dumped\))?"
                     r"(?:\s+\S.*)?$")
