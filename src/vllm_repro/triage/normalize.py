@@ -35,6 +35,7 @@ _VIEWER = re.compile(
     | \#\#\[\w+\]                                                              # CI annotations
     )""", re.X)
 
+_MONTHS = {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"}
 _PROC = re.compile(r"^\(([^()]{1,160})\)[ \t]?")
 _PROC_OK = re.compile(r"(?:^|[\s,])(?:pid|rank|ip)=|^(?:raylet|gcs_server|autoscaler|monitor|"
                       r"dashboard|log_monitor|runtime_env_agent)\b")
@@ -57,11 +58,13 @@ def normalize(line: str) -> tuple[str, str | None, str | None, str]:
         m = _BARE_SGR.match(s)
         if m:
             s = s[m.end():]
-    for _ in range(3):
-        m = _VIEWER.match(s)
-        if not m:
-            break
-        s = s[m.end():]
+    c = s[:1]
+    if c.isdigit() or c == "[" or c == "#" or "|" in s[:100] or s[:3] in _MONTHS:
+        for _ in range(3):
+            m = _VIEWER.match(s)
+            if not m:
+                break
+            s = s[m.end():]
     procs = []
     for _ in range(4):
         c = s[:1]

@@ -45,55 +45,99 @@ def _open(source: str | Path) -> tuple[BinaryIO, str, bool]:
         raise InputError(f"{p}: cannot read it ({exc.strerror or exc.__class__.__name__})") from None
 
 
-def _decode(raw: bytes, name: str, lineno: int, cut: bool, at_eof: bool) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if cut and exc.start >= len(raw) - 3:  # the cut split a character: drop its head
-            return raw[:exc.start].decode("utf-8", errors="replace")
-        if at_eof and exc.reason == "unexpected end of data":
-            raise InputError(f"{name}: line {lineno}: the file ends inside a UTF-8 character "
-                             "(truncated download or copy?); re-fetch the complete log") from None
-        raise InputError(f"{name}: line {lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
-                         f"column {exc.start + 1}); convert the log to UTF-8 first, e.g. "
-                         "iconv -f latin1 -t utf-8") from None
+def _bad_bytes(name: str, block: bytes, exc: UnicodeDecodeError, first_line: int,
+               at_eof: bool) -> InputError:
+    line = first_line + block.count(b"\n", 0, exc.start)
+    col = exc.start - (block.rfind(b"\n", 0, exc.start) + 1) + 1
+    if at_eof and exc.reason == "unexpected end of data":
+        return InputError(f"{name}: line {line}: the file ends inside a UTF-8 character "
+                          "(truncated download or copy?); re-fetch the complete log")
+    return InputError(f"{name}: line {line}: not UTF-8 text (byte 0x{block[exc.start]:02x} at "
+                      f"column {col}); convert the log to UTF-8 first, e.g. iconv -f latin1 "
+                      "-t utf-8")
+
+
+def _decode_cut(raw: bytes) -> str:
+    """A line cut at MAX_LINE bytes may end inside a character: drop that partial character."""
+    for trim in range(4):
+        try:
+            return raw[:len(raw) - trim].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.start < len(raw) - 4:
+                raise
+    return raw.decode("utf-8")
 
 
 def iter_lines(source: str | Path) -> Iterator[tuple[int, str]]:
     """Yield ``(lineno, text)`` for each line of ``source`` (a path, or ``-`` for stdin).
 
-    ``lineno`` counts from 1; ``text`` has no line terminator. Memory: one line (at most
-    :data:`MAX_LINE` bytes) at a time. Raises :class:`InputError` for a missing, empty, binary
-    or non-UTF-8 input; the message names the file and the line.
+    ``lineno`` counts from 1; ``text`` has no line terminator. The input is read in 1 MiB
+    blocks and decoded a block at a time; memory stays near one block plus one line (at most
+    :data:`MAX_LINE` bytes; the rest of a longer line is skipped, never held). Raises
+    :class:`InputError` for a missing, empty, binary, compressed or non-UTF-8 input; the
+    message names the file and the line.
     """
     fh, name, close = _open(source)
+    max_line = MAX_LINE
     try:
         lineno = 0
+        carry = b""
+        skipping = False  # inside the tail of an over-long line
+        first = True
         while True:
-            raw = fh.readline(MAX_LINE)
-            if not raw:
-                break
-            lineno += 1
-            if lineno == 1:
+            chunk = fh.read(_CHUNK)
+            if first:
+                first = False
+                if not chunk:
+                    raise InputError(f"{name}: the log is empty; give the text vLLM printed "
+                                     "when it crashed")
                 for magic, what in _MAGIC.items():
-                    if raw.startswith(magic):
+                    if chunk.startswith(magic):
                         raise InputError(f"{name}: this is {what}, not a text log; "
                                          "decompress or extract the log first")
-            cut = False
-            if not raw.endswith(b"\n") and len(raw) >= MAX_LINE:
-                cut = True
-                while True:  # skip the rest of an over-long line without holding it
-                    rest = fh.readline(_CHUNK)
-                    if not rest or rest.endswith(b"\n"):
-                        break
-            if b"\x00" in raw:
-                raise InputError(f"{name}: line {lineno}: binary data (NUL bytes), not a text "
+            if not chunk:
+                break
+            nul = chunk.find(b"\x00")
+            if nul >= 0:
+                line = lineno + 1 + carry.count(b"\n") + chunk.count(b"\n", 0, nul)
+                raise InputError(f"{name}: line {line}: binary data (NUL bytes), not a text "
                                  "log; give the plain-text log vLLM printed")
-            at_eof = not raw.endswith(b"\n")
-            text = _decode(raw, name, lineno, cut, at_eof)
-            yield lineno, text.rstrip("\r\n")
-        if lineno == 0:
-            raise InputError(f"{name}: the log is empty; give the text vLLM printed when it crashed")
+            if skipping:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    continue
+                chunk = chunk[nl + 1:]
+                skipping = False
+            data = carry + chunk if carry else chunk
+            last_nl = data.rfind(b"\n")
+            if last_nl < 0:
+                carry = data
+                if len(carry) >= max_line:
+                    lineno += 1
+                    try:
+                        yield lineno, _decode_cut(carry[:max_line]).rstrip("\r")
+                    except UnicodeDecodeError as exc:
+                        raise _bad_bytes(name, carry, exc, lineno, False) from None
+                    carry = b""
+                    skipping = True
+                continue
+            block, carry = data[:last_nl], data[last_nl + 1:]
+            try:
+                text = block.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _bad_bytes(name, block, exc, lineno + 1, False) from None
+            for line in text.split("\n"):
+                lineno += 1
+                if len(line) > max_line:
+                    line = line[:max_line]
+                yield lineno, line.rstrip("\r")
+        if carry:
+            try:
+                text = carry.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _bad_bytes(name, carry, exc, lineno + 1, True) from None
+            lineno += 1
+            yield lineno, text[:max_line].rstrip("\r")
     finally:
         if close:
             fh.close()

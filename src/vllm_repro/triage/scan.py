@@ -192,15 +192,6 @@ _STAGE_ORDER = {"config": 0, "engine-build": 1, "runtime": 2}
 _HEALTHY = re.compile(r"Avg prompt throughput|HTTP/1\.[01]\" 200")
 _QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 
-# a cheap pre-filter: lines matching none of these carry no line-level evidence
-_HINT = re.compile(
-    r"SIG[A-Z]|Fatal Python|Segmentation|Aborted|Killed|terminate called|exit|code|status|"
-    r"signal|CUDA|NCCL|HIP|cuda|illegal|device-side|[Vv]ersion|vllm|engine|Running: |blocks: |"
-    r"KV cache|preempt|Preempt|Dumping|Scheduler|Namespace|args|batched|startup|Uvicorn|"
-    r"Received|Added|HTTP|Load|load|Captur|captur|platform|Initializ|init|OOM|[Mm]emory|oom|"
-    r"Processed|Adding|Resolved|supports|Using|torch\.compile|Compiling|Welcome|Chunked|Avg")
-
-
 def is_exception_name(name: str) -> bool:
     """Whether ``name`` (``torch.OutOfMemoryError``, ``ray.exceptions.RayTaskError(ValueError)``)
     looks like a Python exception class."""
@@ -356,8 +347,7 @@ class LogScanner:
             self._dump_continues(s, text.strip())
             return
         self._traceback_line(lineno, key, level, text)
-        if _HINT.search(text):
-            self._evidence_line(lineno, proc, level, key, text)
+        self._evidence_line(lineno, proc, level, key, text)
 
     def _dump_continues(self, s: _Stream, st: str) -> None:
         """A multi-line SchedulerOutput (numpy arrays print over several lines) goes on."""
@@ -382,8 +372,9 @@ class LogScanner:
         if s is None:
             # only lines that can open something need a stream
             if not ("Traceback" in st or "File" in st or "exception" in st
-                    or "most recent call first" in st or (":" in st or st.isidentifier())
-                    and _EXC_LINE.match(st)):
+                    or "most recent call first" in st
+                    or (level is None or level == "ERROR" or level == "CRITICAL")
+                    and (":" in st or st.isidentifier()) and _EXC_LINE.match(st)):
                 return
             s = self._stream(key)
 
@@ -471,46 +462,11 @@ class LogScanner:
 
     def _evidence_line(self, lineno: int, proc: str, level: str | None, key, text: str) -> None:
         st = text.strip()
-        # --- the dump_input.py dump -----------------------------------------------------------
-        if "Dumping" in st or "SchedulerOutput(" in st or "SchedulerStats(" in st \
-                or (self.dump is not None and "LLM engine (v" in st and "with config:" in st):
-            if self._dump_line(lineno, key, st):
+        if not st:
+            return
+        if level != "INFO" and level != "DEBUG":
+            if self._problem_line(lineno, proc, level, key, st):
                 return
-
-        # --- signals ---------------------------------------------------------------------------
-        m = _FATAL_PY.search(st)
-        if m:
-            self._record_signal(_FATAL_NAMES[m.group(1)], "faulthandler", lineno, proc, st)
-        else:
-            m = _SIG_RECEIVED.search(st)
-            if m:
-                tok = next(g for g in m.groups() if g)
-                if m.group(3):
-                    tok = m.group(4)
-                name = _sig_name(tok)
-                if name:
-                    self._record_signal(name, "fatal-signal", lineno, proc, st)
-            elif _TERMINATE.search(st):
-                self._record_signal("SIGABRT", "c++-abort", lineno, proc, st)
-            elif _OOM_KILL.search(st):
-                self._record_signal("SIGKILL", "oom-killer", lineno, proc, st)
-            elif level is None and (m := _SHELL.match(st)):
-                name = _FATAL_NAMES[m.group(1)]
-                if name == "SIGKILL" and st == "Killed" and self.self_kill_lines:
-                    pass  # vLLM killed its own process group after a worker failure
-                else:
-                    self._record_signal(name, "shell", lineno, proc, st)
-            else:
-                m = _EXIT_CODE.search(st)
-                if m:
-                    name = _exit_code_signal(int(m.group(1)))
-                    if name:
-                        self._record_signal(name, "exit-code", lineno, proc, st)
-        if _SELF_KILL.search(st) and len(self.self_kill_lines) < 16:
-            self.self_kill_lines.append(lineno)
-        if CUDA_RE.search(st) and len(self.cuda_lines) < 64:
-            self.cuda_lines.append((lineno, proc, st[:300]))
-
         # --- version ---------------------------------------------------------------------------
         if 0 not in self.versions and ("ersion" in st or "llm" in st or "LLM" in st):
             for tier, rx in enumerate(_VERSION_TIERS):
@@ -523,7 +479,6 @@ class LogScanner:
                         continue
                     self.versions.setdefault(tier, (lineno, v, st[:200]))
                     break
-
         # --- scheduler state and config ----------------------------------------------------------
         if " reqs" in st and (reqs := _STATS_REQS.findall(st)):
             d: dict = {k.lower(): int(v) for k, v in reqs}
@@ -534,13 +489,13 @@ class LogScanner:
             self.stats.append((lineno, d))
             if len(self.stats) > 64:
                 del self.stats[0]
-        if (m := _GPU_BLOCKS.search(st)):
+        if "blocks: " in st and (m := _GPU_BLOCKS.search(st)):
             self.gpu_blocks = (int(m.group(1)), int(m.group(2)) if m.group(2) else None, lineno)
-        if (m := _KV_TOKENS.search(st)):
+        if "KV cache size" in st and (m := _KV_TOKENS.search(st)):
             self.kv_cache_tokens = (int(m.group(1).replace(",", "")), lineno)
         if "Chunked prefill is enabled" in st and (m := _CHUNKED.search(st)):
             self.max_num_batched_tokens = int(m.group(1))
-        if level in ("WARNING", "WARN") and _PREEMPT.search(st):
+        if (level == "WARNING" or level == "WARN") and _PREEMPT.search(st):
             self.preemption_warnings += 1
             if self.first_preemption_line is None:
                 self.first_preemption_line = lineno
@@ -548,15 +503,68 @@ class LogScanner:
             i = st.find("Namespace(") if "Namespace(" in st else st.find("{")
             if i >= 0:
                 self.args = (lineno, st[i:i + 1_000_000])
-
-        # --- lifecycle -------------------------------------------------------------------------
-        for rx, stage in _LIFECYCLE:
-            if rx.search(st):
-                if self.lifecycle is None or _STAGE_ORDER[stage] >= _STAGE_ORDER[self.lifecycle]:
-                    self.lifecycle, self.lifecycle_line = stage, lineno
-                break
-        if _HEALTHY.search(st):
+        # --- lifecycle (it only moves forward) ---------------------------------------------------
+        if self.lifecycle != "runtime":
+            for rx, stage in _LIFECYCLE:
+                if rx.search(st):
+                    if self.lifecycle is None or _STAGE_ORDER[stage] >= _STAGE_ORDER[self.lifecycle]:
+                        self.lifecycle, self.lifecycle_line = stage, lineno
+                    break
+        if "Avg prompt throughput" in st or '" 200' in st:
             self.last_healthy = lineno
+
+    def _problem_line(self, lineno: int, proc: str, level: str | None, key, st: str) -> bool:
+        """Dump, signal, exit-code and CUDA evidence (never on INFO/DEBUG lines). True when the
+        line was a dump line and needs nothing else."""
+        if "Dump" in st or "SchedulerOutput(" in st or "SchedulerStats(" in st \
+                or (self.dump is not None and "LLM engine (v" in st and "with config:" in st):
+            if self._dump_line(lineno, key, st):
+                return True
+        if ("SIG" in st or "ignal" in st or "Fatal Python" in st or "terminate called" in st
+                or "xit" in st or "eturn" in st or "emory" in st or "OOM" in st or "oom" in st
+                or "died with" in st or "terminated with" in st
+                or (level is None and len(st) < 160)):
+            self._signal_line(lineno, proc, level, st)
+        if "fatal signal" in st and _SELF_KILL.search(st) and len(self.self_kill_lines) < 16:
+            self.self_kill_lines.append(lineno)
+        if ("CUDA" in st or "cuda" in st or "NCCL" in st or "nccl" in st or "HIP" in st
+                or "illegal" in st or "device-side" in st or "misaligned" in st
+                or "launch failure" in st or "CUBLAS" in st or "CUDNN" in st or "cuDNN" in st) \
+                and CUDA_RE.search(st) and len(self.cuda_lines) < 64:
+            self.cuda_lines.append((lineno, proc, st[:300]))
+        return False
+
+    def _signal_line(self, lineno: int, proc: str, level: str | None, st: str) -> None:
+        m = _FATAL_PY.search(st)
+        if m:
+            self._record_signal(_FATAL_NAMES[m.group(1)], "faulthandler", lineno, proc, st)
+            return
+        m = _SIG_RECEIVED.search(st)
+        if m:
+            tok = next(g for g in m.groups() if g)
+            if m.group(3):
+                tok = m.group(4)
+            name = _sig_name(tok)
+            if name:
+                self._record_signal(name, "fatal-signal", lineno, proc, st)
+            return
+        if _TERMINATE.search(st):
+            self._record_signal("SIGABRT", "c++-abort", lineno, proc, st)
+            return
+        if _OOM_KILL.search(st):
+            self._record_signal("SIGKILL", "oom-killer", lineno, proc, st)
+            return
+        if level is None and (m := _SHELL.match(st)):
+            name = _FATAL_NAMES[m.group(1)]
+            if not (name == "SIGKILL" and st == "Killed" and self.self_kill_lines):
+                # (a bare Killed after vLLM's notice is vLLM killing its own process group)
+                self._record_signal(name, "shell", lineno, proc, st)
+            return
+        m = _EXIT_CODE.search(st)
+        if m:
+            name = _exit_code_signal(int(m.group(1)))
+            if name:
+                self._record_signal(name, "exit-code", lineno, proc, st)
 
     def _dump_line(self, lineno: int, key, st: str) -> bool:
         """Read a dump_input.py line; True when it was one."""
