@@ -304,6 +304,10 @@ def test_cuda_errors_are_told_from_python_exceptions(tmp_path, message, kind):
     ("INFO 06-01 00:00:00 [core.py:61] Initializing a V1 LLM engine (v0.9.2) with config: model='m'", "0.9.2"),
     ("INFO 09-27 03:03:51 llm_engine.py:223] Initializing an LLM engine (v0.6.1.post2) with config: model='m'", "0.6.1.post2"),
     ("vLLM Version: 0.11.0", "0.11.0"),
+    ("(APIServer pid=1) INFO 01-01 00:00:00 [startup.py:38] vLLM server version 0.20.1, serving model m",
+     "0.20.1"),
+    ("(APIServer pid=1) INFO 01-01 00:00:00 [startup.py:38]  \x1b[93m\u2584\u2584\x1b[0m \x1b[1m\u2588 "
+     "\u2580\u2584\u2580 \u2588\x1b[0m  version \x1b[1m0.33.0\x1b[0m", "0.33.0"),
     ("[pip3] vllm==0.8.5.post1", "0.8.5.post1"),
     ("docker run --gpus all vllm/vllm-openai:v0.10.2 --model m", "0.10.2"),
     ("vllm                              0.7.3", "0.7.3"),
@@ -426,3 +430,28 @@ def test_plugin_frames_are_reported_separately(tmp_path):
 ])
 def test_what_counts_as_a_vllm_module(path, module):
     assert vllm_module(path) == module
+
+
+@pytest.mark.parametrize("last,typ", [
+    ("torch._dynamo.exc.Unsupported: call_function UserDefinedObjectVariable", "torch._dynamo.exc.Unsupported"),
+    ("BackendCompilerFailed: backend='inductor' raised:", "BackendCompilerFailed"),
+])
+def test_exceptions_with_unusual_class_names_end_the_traceback(tmp_path, last, typ):
+    d = tri(tmp_path, f"""
+        Traceback (most recent call last):
+          File "{SP}/vllm/compilation/backends.py", line 459, in __call__
+            return self.compiled(*args)
+        {last}
+        """)
+    assert d["exception_type"] == typ and frame(d) == "vllm/compilation/backends.py:__call__"
+
+
+def test_a_process_that_died_without_a_trace_is_still_a_crash(tmp_path):
+    d = tri(tmp_path, """
+        (APIServer pid=1) INFO 10-01 00:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 1.0 tokens/s, Running: 3 reqs, Waiting: 0 reqs, GPU KV cache usage: 5.0%, Prefix cache hit rate: 0.0%
+        (APIServer pid=1) ERROR 10-01 00:00:05 [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.
+        """)
+    assert d["exception_type"] is None and d["exit_kind"] is None
+    assert d["stage"] == "runtime"
+    assert any("died without a Python traceback" in n for n in d["notes"])
+    assert d["scheduler_state"]["running"] == 3

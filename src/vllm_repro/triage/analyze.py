@@ -341,7 +341,8 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         version, version_source = v, {"log_line": lineno, "text": text}
         break
 
-    crash_line = root.lineno if root is not None else (sig.lineno if sig else None)
+    crash_line = root.lineno if root is not None else (
+        sig.lineno if sig else (sc.death_lines[0][0] if sc.death_lines else None))
     chain: list[dict] = []
     if root is not None:
         c = root.cause
@@ -359,6 +360,10 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         notes.append("only exceptions that report another one are in the log: the root cause "
                      "was printed by another process (EngineCore, a worker) whose output is "
                      "missing here")
+    if root is None and sig is None and sc.death_lines:
+        n, proc, text = sc.death_lines[0]
+        notes.append(f"a vLLM process died without a Python traceback or signal in the log (line "
+                     f"{n}: {text[:120]}): look for the OOM killer (dmesg) or a core dump")
     if root is not None and root.standalone:
         notes.append("the root cause is a bare exception line: its traceback is not in the log")
     if sc.self_kill_lines:

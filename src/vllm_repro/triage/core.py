@@ -25,13 +25,13 @@ def triage_log(source: str | Path) -> tuple[TriageReport, LogScanner]:
     """The :class:`TriageReport` of a crash log, and the scanner (for the dump).
 
     Raises :class:`InputError` (one line, naming the file) when the input is not a readable
-    text log or shows no crash at all: no exception, fatal signal or CUDA error; a traceback
-    cut off before its exception line is reported as a truncated log.
+    text log or shows no crash at all: no exception, fatal signal, CUDA error or vLLM process
+    dying; a traceback cut off before its exception line is reported as a truncated log.
     """
     name = "<stdin>" if str(source) == "-" else str(source)
     sc = scan_log(source)
     report = analyze(sc, name)
-    if report.exception_type is None and report.exit_kind is None:
+    if report.exception_type is None and report.exit_kind is None and not sc.death_lines:
         if sc.truncated_tracebacks:
             raise InputError(
                 f"{name}: line {sc.truncated_tracebacks[0]}: the traceback there is cut off "

@@ -120,7 +120,7 @@ _IPY_SOURCE = re.compile(r"^\s*(?:-*>\s*)?\d+\s")
 _CARET = re.compile(r"^\s*[\^~]+[\s\^~]*$")
 _EXC_LINE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\([\w.]+\))?)(?:: ?(.*))?$")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault", "Warning",
-                 "Timeout", "Died", "Abort", "Aborted")
+                 "Timeout", "Died", "Abort", "Aborted", "Failed", "Exceeded")
 _EXC_NAMES = {"StopIteration", "StopAsyncIteration", "KeyboardInterrupt", "SystemExit",
               "GeneratorExit", "CancelledError", "Exception", "BaseException"}
 _NOT_STANDALONE = {"Error", "Failure", "Fault", "Timeout", "Abort", "Aborted", "Died"}
@@ -149,6 +149,8 @@ _OOM_KILL = re.compile(r"Out of memory: Killed process|oom-kill|OOMKilled|oom_re
                        r"Memory cgroup out of memory|killed due to (?:memory pressure|the node "
                        r"running low on memory)", re.I)
 _SELF_KILL = re.compile(r"fatal signal from worker processes", re.I)
+_DIED = re.compile(r"\b(?:Engine core proc|Worker proc|Worker process|Engine process|"
+                   r"EngineCore)\b[^.]{0,60}? died unexpectedly|worker died or was killed", re.I)
 CUDA_RE = re.compile(
     r"CUDA error:|CUDA out of memory|cuda runtime error|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|"
     r"cuDNN error:|NCCL error|ncclUnhandledCudaError|an illegal memory access|device-side assert"
@@ -159,8 +161,9 @@ CUDA_RE = re.compile(
 _V = r"v?(\d+\.\d+(?:\.\d+)*(?:\.?(?:post|dev|rc|a|b)\d+)*(?:\+[\w.]+)?)"
 _VERSION_TIERS = [
     re.compile(r"LLM engine \(" + _V + r"\)"),
-    re.compile(r"vLLM API server version:? " + _V + r"|\bvLLM [Vv]ersion\s*[:=]?\s*" + _V
-               + r"|\bvllm[ _-]version['\"]?\s*[:=]\s*['\"]?" + _V + r"|Welcome to vLLM!? " + _V),
+    re.compile(r"\bvLLM (?:OpenAI |batch processing )?(?:API )?(?:server )?[Vv]ersion\s*[:=]?\s*" + _V
+               + r"|\bvllm[ _-]version['\"]?\s*[:=]\s*['\"]?" + _V + r"|Welcome to vLLM!? " + _V
+               + r"|\u2588\s+version\s+" + _V),
     re.compile(r"\bvllm\s*==\s*" + _V + r"|vllm-openai:" + _V + r"|\bvllm-" + _V
                + r"(?=\.dist-info|\.tar|-cp3|-py3|\+)|^vllm\s{2,}" + _V + r"\s*$"),
 ]
@@ -197,6 +200,13 @@ def is_exception_name(name: str) -> bool:
     looks like a Python exception class."""
     base = name.split("(")[0].rsplit(".", 1)[-1]
     return base[:1].isupper() and (base.endswith(_EXC_SUFFIXES) or base in _EXC_NAMES)
+
+
+def _class_like(name: str) -> bool:
+    """``module.Class`` or ``CamelCase`` (two capitals): an exception class with an unusual
+    name (``torch._dynamo.exc.Unsupported``, ``BackendCompilerFailed``), not a word."""
+    base = name.split("(")[0].rsplit(".", 1)[-1]
+    return base[:1].isupper() and ("." in name or sum(c.isupper() for c in base) >= 2)
 
 
 def _sig_name(token: str) -> str | None:
@@ -274,6 +284,7 @@ class LogScanner:
         self.exceptions_dropped = 0
         self.signals: list[SignalEvent] = []
         self.self_kill_lines: list[int] = []
+        self.death_lines: list[tuple[int, str, str]] = []  # "... died unexpectedly" (line, proc, text)
         self.cuda_lines: list[tuple[int, str, str]] = []  # (lineno, proc, text)
         # the first version string of each strength tier: tier -> (lineno, version, text)
         self.versions: dict[int, tuple[int, str, str]] = {}
@@ -444,7 +455,11 @@ class LogScanner:
                 s.expect_source = False
                 return
             m = _EXC_LINE.match(st)
-            if m and is_exception_name(m.group(1)) and (not s.ipython or indent == 0):
+            if m and (not s.ipython or indent == 0) and (
+                    is_exception_name(m.group(1))
+                    # after the last frame's source line: any Class or module.Class line
+                    or (not s.expect_source and s.frames and indent <= s.frame_indent
+                        and _class_like(m.group(1)))):
                 self._exception(s, m, lineno, key, level, standalone=False)
                 return
             if s.expect_source or s.ipython:
@@ -527,6 +542,8 @@ class LogScanner:
             self._signal_line(lineno, proc, level, st)
         if "fatal signal" in st and _SELF_KILL.search(st) and len(self.self_kill_lines) < 16:
             self.self_kill_lines.append(lineno)
+        if "died" in st and _DIED.search(st) and len(self.death_lines) < 16:
+            self.death_lines.append((lineno, proc, st[:240]))
         if ("CUDA" in st or "cuda" in st or "NCCL" in st or "nccl" in st or "HIP" in st
                 or "illegal" in st or "device-side" in st or "misaligned" in st
                 or "launch failure" in st or "CUBLAS" in st or "CUDNN" in st or "cuDNN" in st) \
