@@ -455,3 +455,30 @@ def test_a_process_that_died_without_a_trace_is_still_a_crash(tmp_path):
     assert d["stage"] == "runtime"
     assert any("died without a Python traceback" in n for n in d["notes"])
     assert d["scheduler_state"]["running"] == 3
+
+
+def test_a_logger_header_on_the_first_line_only_keeps_its_traceback_together(tmp_path):
+    d = tri(tmp_path, f"""
+        ERROR 01-23 21:18:03 async_llm_engine.py:30] Engine background task failed
+        ERROR 01-23 21:18:03 async_llm_engine.py:30] Traceback (most recent call last):
+          File "{SP}/vllm/engine/async_llm_engine.py", line 29, in _raise_exception_on_finish
+            task.result()
+          File "{SP}/vllm/worker/model_runner.py", line 500, in execute_model
+            hidden_states = model_executable(input_ids)
+        RuntimeError: CUDA error: misaligned address
+        """)
+    assert d["exception_message"] == "CUDA error: misaligned address"
+    assert frame(d) == "vllm/worker/model_runner.py:execute_model"
+    assert d["root_cause"]["logger"] == "async_llm_engine.py:30"
+    assert d["exit_kind"] == "cuda_error"
+
+
+def test_torch_segfault_banner_is_a_sigsegv(tmp_path):
+    d = tri(tmp_path, f"""
+        INFO 01-01 00:00:00 [core.py:61] Initializing a V1 LLM engine (v0.11.0) with config: model='m'
+        INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK
+        !!!!!!! Segfault encountered !!!!!!!
+          File "<unknown>", line 0, in cuMemcpyBatchAsync
+          File "<unknown>", line 0, in swap_blocks_batch(at::Tensor const&, bool)
+        """)
+    assert d["exit_kind"] == "signal:SIGSEGV" and d["stage"] == "runtime"

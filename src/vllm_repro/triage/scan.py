@@ -104,7 +104,8 @@ class Dump:
 
 _SIGNUMS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
             9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
-_FATAL_NAMES = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+_FATAL_NAMES = {"Segmentation fault": "SIGSEGV", "Segfault": "SIGSEGV", "Aborted": "SIGABRT",
+                "Bus error": "SIGBUS",
                 "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL",
                 "Killed": "SIGKILL"}
 
@@ -130,7 +131,8 @@ _FAULT_HEADER = re.compile(
 
 # ---- signals and CUDA -----------------------------------------------------------------------
 _FATAL_PY = re.compile(r"Fatal Python error: (Segmentation fault|Aborted|Bus error|"
-                       r"Floating point exception|Illegal instruction)")
+                       r"Floating point exception|Illegal instruction)"
+                       r"|!!+ (Segfault|Aborted|Bus error) encountered")
 _SIG_RECEIVED = re.compile(
     r"\*\*\* (SIG[A-Z]+) received"
     r"|(?:received|caught|got) (?:fatal )?signal:? ?(SIG[A-Z]+|\d+)"
@@ -301,7 +303,7 @@ class LogScanner:
         self.last_healthy: int | None = None
         self.truncated_tracebacks: list[int] = []
         self._streams: dict[tuple[str, str | None], _Stream] = {}
-        self._after_dump_header: tuple[str, str | None] | None = None
+        self._prev_tb: tuple[int, tuple[str, str | None]] | None = None
 
     # ---- helpers ----------------------------------------------------------------------------
     def _stream(self, key: tuple[str, str | None]) -> _Stream:
@@ -353,11 +355,22 @@ class LogScanner:
         self.lines = lineno
         proc, level, site, text = normalize(raw)
         key = (proc, site)
+        prev = self._prev_tb
+        if prev is not None and site is None and level is None and prev[0] == lineno - 1 \
+                and prev[1][0] == proc:
+            # a logger that put its header on the first line only: the raw lines that follow
+            # continue its traceback
+            raw_stream = self._streams.get(key)
+            if raw_stream is None or raw_stream.mode != _Stream.TB:
+                key = prev[1]
         s = self._streams.get(key)
         if s is not None and s.dump_open is not None:
             self._dump_continues(s, text.strip())
             return
         self._traceback_line(lineno, key, level, text)
+        s = self._streams.get(key)
+        self._prev_tb = (lineno, key) if key[1] is not None and s is not None \
+            and s.mode == _Stream.TB else None
         self._evidence_line(lineno, proc, level, key, text)
 
     def _dump_continues(self, s: _Stream, st: str) -> None:
@@ -554,7 +567,8 @@ class LogScanner:
     def _signal_line(self, lineno: int, proc: str, level: str | None, st: str) -> None:
         m = _FATAL_PY.search(st)
         if m:
-            self._record_signal(_FATAL_NAMES[m.group(1)], "faulthandler", lineno, proc, st)
+            self._record_signal(_FATAL_NAMES[m.group(1) or m.group(2)], "faulthandler", lineno,
+                                proc, st)
             return
         m = _SIG_RECEIVED.search(st)
         if m:
