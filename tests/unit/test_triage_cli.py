@@ -64,6 +64,7 @@ BAD_INPUTS = {
     "cut-utf8": (CRASH.encode() + "\u00e9".encode()[:1], "ends inside a UTF-8 character"),
     "cut-traceback": (CRASH.encode().rsplit(b"\n", 2)[0] + b"\n", "cut off before its exception"),
     "no-crash": (b"INFO 06-01 00:00:00 [api_server.py:1] all good\n", "no crash found"),
+    "utf16": (CRASH.encode("utf-16"), "UTF-16"),
 }
 
 
@@ -100,3 +101,9 @@ def test_an_over_long_line_is_cut_not_held(tmp_path, monkeypatch):
     lines = list(reader.iter_lines(log))
     assert [n for n, _ in lines] == [1, 2]
     assert len(lines[0][1]) <= 64 and lines[1][1] == "second line"
+
+
+def test_a_utf8_byte_order_mark_is_ignored(tmp_path):
+    log = tmp_path / "bom.log"
+    log.write_bytes(b"\xef\xbb\xbf" + CRASH.encode())
+    assert reader.iter_lines(log).__next__()[1].startswith("INFO 06-01")

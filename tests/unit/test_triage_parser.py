@@ -325,7 +325,7 @@ def test_version_strings(tmp_path, line, version):
 
 
 def test_v0_stats_blocks_and_preemption_warnings(tmp_path):
-    d = tri(tmp_path, f"""
+    d = tri(tmp_path, """
         INFO 09-27 03:04:12 distributed_gpu_executor.py:57] # GPU blocks: 1200, # CPU blocks: 512
         INFO 09-27 03:05:40 metrics.py:352] Avg prompt throughput: 3.2 tokens/s, Avg generation throughput: 0.1 tokens/s, Running: 9 reqs, Swapped: 1 reqs, Pending: 4 reqs, GPU KV cache usage: 99.1%, CPU KV cache usage: 2.0%.
         WARNING 09-27 03:05:41 scheduler.py:1439] Sequence group cmpl-5 is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. This can affect the end-to-end performance. Increase gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. total_num_cumulative_preemption=1
@@ -474,7 +474,7 @@ def test_a_logger_header_on_the_first_line_only_keeps_its_traceback_together(tmp
 
 
 def test_torch_segfault_banner_is_a_sigsegv(tmp_path):
-    d = tri(tmp_path, f"""
+    d = tri(tmp_path, """
         INFO 01-01 00:00:00 [core.py:61] Initializing a V1 LLM engine (v0.11.0) with config: model='m'
         INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK
         !!!!!!! Segfault encountered !!!!!!!

@@ -77,8 +77,6 @@ def vllm_module(path: str) -> str | None:
             tail = _package_tail(parts, i)
             if tail is not None:
                 return tail
-            # a `vllm` folder that is not the package: look further left only when the
-            # nearer one is a checkout root (``~/vllm/vllm/...``) -- handled by the loop
     return None
 
 

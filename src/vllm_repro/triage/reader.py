@@ -91,10 +91,15 @@ def iter_lines(source: str | Path) -> Iterator[tuple[int, str]]:
                 if not chunk:
                     raise InputError(f"{name}: the log is empty; give the text vLLM printed "
                                      "when it crashed")
+                if chunk.startswith((b"\xff\xfe", b"\xfe\xff")):
+                    raise InputError(f"{name}: UTF-16 text (PowerShell's > writes it), not "
+                                     "UTF-8; convert it first: iconv -f utf-16 -t utf-8")
                 for magic, what in _MAGIC.items():
                     if chunk.startswith(magic):
                         raise InputError(f"{name}: this is {what}, not a text log; "
                                          "decompress or extract the log first")
+                if chunk.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+                    chunk = chunk[3:]
             if not chunk:
                 break
             nul = chunk.find(b"\x00")

@@ -117,7 +117,6 @@ _IPY_HEADER = re.compile(r"^([A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call 
 _IPY_FRAME = re.compile(
     r"^(?:\[(?P<a>[^\]]+)\]\([^)]*\)|(?P<b>\S+\.py|<[^>]+>)) in (?P<f><[^>]*>|[\w.]+)(?:\(|\s*$)"
     r"|^File (?P<c>\S.*?):(?P<l>\d+)(?:, in (?P<g>[\w<>.]+))?")
-_IPY_SOURCE = re.compile(r"^\s*(?:-*>\s*)?\d+\s")
 _CARET = re.compile(r"^\s*[\^~]+[\s\^~]*$")
 _EXC_LINE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\([\w.]+\))?)(?:: ?(.*))?$")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault", "Warning",
@@ -194,7 +193,6 @@ _LIFECYCLE = [
                 r"|Chunked prefill is enabled"), "config"),
 ]
 _STAGE_ORDER = {"config": 0, "engine-build": 1, "runtime": 2}
-_HEALTHY = re.compile(r"Avg prompt throughput|HTTP/1\.[01]\" 200")
 _QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 
 def is_exception_name(name: str) -> bool:
@@ -538,8 +536,8 @@ class LogScanner:
                     if self.lifecycle is None or _STAGE_ORDER[stage] >= _STAGE_ORDER[self.lifecycle]:
                         self.lifecycle, self.lifecycle_line = stage, lineno
                     break
-        if "Avg prompt throughput" in st or '" 200' in st:
-            self.last_healthy = lineno
+        if "Avg prompt throughput" in st or ('" 200' in st and "POST " in st):
+            self.last_healthy = lineno  # the engine was serving (health/metrics GETs do not count)
 
     def _problem_line(self, lineno: int, proc: str, level: str | None, key, st: str) -> bool:
         """Dump, signal, exit-code and CUDA evidence (never on INFO/DEBUG lines). True when the

@@ -307,8 +307,8 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
     expect_lines: list[str] = []
     if report.exception_type and frame and frame.get("module", "").startswith("vllm/v1/core/"):
         exc = report.exception_type.split("(")[0].rsplit(".", 1)[-1]
-        expect_lines = [f"expect:  # the log's crash is in the scheduler/KV code the lab drives",
-                        f"  outcome: crash",
+        expect_lines = ["expect:  # the log's crash is in the scheduler/KV code the lab drives",
+                        "  outcome: crash",
                         f"  exception: {_q(exc)}",
                         f"  where: {_q(frame['module'] + ':' + frame['function'])}"]
     else:
