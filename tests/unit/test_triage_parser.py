@@ -354,6 +354,14 @@ def test_v0_stats_blocks_and_preemption_warnings(tmp_path):
     from vllm.config import CacheConfig
 AttributeError: module 'torch' has no attribute 'uint64'
 ''', "import"),
+    (f'''  File "/app/run.py", line 1, in <module>
+    from vllm import LLM
+  File "{SP}/vllm/platforms/__init__.py", line 250, in <module>
+    _current_platform = resolve_obj_by_qualname(resolve_current_platform_cls_qualname())
+  File "{SP}/vllm/platforms/__init__.py", line 210, in resolve_current_platform_cls_qualname
+    raise RuntimeError("multiple platform plugins activated")
+RuntimeError: multiple platform plugins activated
+''', "import"),
     (f'''  File "{SP}/vllm/entrypoints/llm.py", line 240, in __init__
     self.llm_engine = LLMEngine.from_engine_args(engine_args)
   File "{SP}/vllm/engine/arg_utils.py", line 1100, in create_engine_config

@@ -244,6 +244,8 @@ def decide_stage(root: ExcRecord | None, frames: list[Frame], sig_frames: list[F
         return "config", f"raised by config validation ({where})"
     if marker:
         return marker, f"{mf.module}:{mf.function} in the root-cause stack"
+    if sum(f.function == "<module>" for f in frames) >= 2 and inner is not None:
+        return "import", f"raised while modules were being imported ({inner.module})"
     marker, mf = _marker_stage(sig_frames)
     if marker:
         return marker, f"{mf.module}:{mf.function} in the dying thread's stack"

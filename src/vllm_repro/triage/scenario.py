@@ -147,6 +147,7 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
         raise InputError(f"{src}: no dump_input.py SchedulerOutput and no scheduler stats with "
                          "requests in the log: nothing to build the scenario's requests from")
 
+    notes: list[str] = []
     dumped_cfg = read_config(dump.config) if dump and dump.config else {}
     args_cfg = read_config(sc.args[1]) if sc.args else {}
     cfg_line = f"dump_input.py config, line {dump.config_line}" if dumped_cfg else ""
@@ -160,7 +161,6 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
         return None
 
     reqs = so.requests if so else []
-    notes: list[str] = []
     c: dict[str, _Val] = {}
 
     # --- block size ---------------------------------------------------------------------------
@@ -174,6 +174,9 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
 
     # --- feature switches ---------------------------------------------------------------------
     v1_default = _version_default_v1(version)
+    if not v1_default:
+        notes.append(f"vLLM {version} predates the V1 engine the lab drives (0.8 and later): "
+                     "replay the draft with --vllm on a V1 release")
     default_why = f"vLLM {version}'s default" + (" (V1 engine)" if v1_default else "")
     c["enable_chunked_prefill"] = known("enable_chunked_prefill", _bool) or _Val(
         v1_default, "guess", default_why)
