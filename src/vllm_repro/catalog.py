@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import json
-import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -17,50 +15,18 @@ import typer
 DEFAULT_DIR = Path("scenarios")
 
 
-_FRAME = re.compile(r'File "(?P<path>[^"]*?/vllm/[^"]+\.py)", line (?P<line>\d+), in (?P<func>[\w<>]+)')
-_EXC = re.compile(r"(?:^|\s|\])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit))(?::\s*(?P<msg>.*))?$")
+def log_signature(path: Path) -> tuple[str | None, dict | None, bool]:
+    """The triage signature of a catalog ``<name>.log`` (:func:`vllm_repro.triage.triage_log`):
+    ``(exception type, innermost vLLM frame {"module", "function", "line"}, cut)``. ``cut`` is
+    True when the excerpt marks elided frames with ``[...]`` (the issue's traceback was not
+    available whole): its innermost frame is then an outer frame of the crash. Raises
+    :class:`~vllm_repro.errors.InputError` when triage finds no crash in it."""
+    from .triage import triage_log
 
-
-@dataclass
-class LogSignature:
-    """What a crash log excerpt shows: the exception type and message (last exception line) and
-    the vLLM frames it quotes, outermost first, as ``{"file": "vllm/...py", "function", "line"}``.
-    ``truncated`` is True when the excerpt marks elided frames (``[...]``): its innermost quoted
-    frame is then an outer frame of the crash, not the innermost one."""
-
-    exception: str | None
-    message: str | None
-    frames: list[dict]
-    truncated: bool
-
-    @property
-    def innermost(self) -> dict | None:
-        return self.frames[-1] if self.frames else None
-
-
-def log_signature(path: Path) -> LogSignature:
-    """Parse a catalog ``<name>.log`` (a Python traceback excerpt, log prefixes allowed; lines
-    starting with ``#`` are notes). Frame paths are cut to ``vllm/...`` like the lab's own
-    frames (vLLM's package root is the last ``/vllm/`` in the path)."""
-    frames: list[dict] = []
-    exception = message = None
-    truncated = False
-    for raw in Path(path).read_text().splitlines():
-        if raw.lstrip().startswith("#"):
-            continue
-        m = _FRAME.search(raw)
-        if m:
-            rel = "vllm/" + m["path"].rsplit("/vllm/", 1)[1]
-            frames.append({"file": rel, "function": m["func"], "line": int(m["line"])})
-            continue
-        if "[...]" in raw:
-            truncated = True
-            continue
-        m = _EXC.search(raw.strip())
-        if m and "Traceback" not in raw:
-            exception = m["type"].rsplit(".", 1)[-1]
-            message = (m["msg"] or "").strip()
-    return LogSignature(exception, message, frames, truncated)
+    report, _ = triage_log(path)
+    cut = any(line.strip().endswith("[...]") for line in Path(path).read_text().splitlines()
+              if not line.lstrip().startswith("#"))
+    return report.exception_type, report.last_vllm_frame, cut
 
 
 def catalog_files(directory: Path = DEFAULT_DIR) -> list[Path]:

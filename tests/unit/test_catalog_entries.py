@@ -63,34 +63,37 @@ LOGS = [p.with_suffix(".log") for p in ENTRIES if p.with_suffix(".log").is_file(
 
 
 @pytest.mark.parametrize("log", LOGS, ids=lambda p: p.stem)
-def test_log_excerpt_shows_the_expected_exception(log):
+def test_log_excerpt_triages_to_the_expected_exception(log):
+    """`vllm-repro triage` on the excerpt names the exception the entry expects; a whole
+    traceback also names the innermost frame the entry expects."""
     sc = load_scenario(log.with_suffix(".yaml"))
-    sig = log_signature(log)
+    exc_type, frame, cut = log_signature(log)
     assert sc.expect.outcome == "crash"
-    assert sig.exception == sc.expect.exception
-    assert sig.frames, "the excerpt quotes vLLM frames"
-    if not sig.truncated:
+    assert exc_type == sc.expect.exception
+    assert frame is not None, "the excerpt quotes vLLM frames"
+    if not cut:
         expected_file, _, expected_func = sc.expect.where.partition(":")
-        assert sig.innermost["file"] == expected_file
-        assert sig.innermost["function"] == expected_func
+        assert (frame["module"], frame["function"]) == (expected_file, expected_func)
 
 
-def test_log_signature_reads_frames_and_exception(tmp_path):
+def test_log_signature_marks_cut_excerpts(tmp_path):
     log = tmp_path / "x.log"
     log.write_text(
-        "# a note with File \"/x/vllm/ignored.py\", line 1, in nope\n"
-        "(EngineCore) ERROR   File \"/usr/lib/python3.12/site-packages/vllm/v1/core/a.py\", "
-        "line 10, in outer\n"
-        "(EngineCore) ERROR     x()\n"
-        "  File \"/home/u/vllm/vllm/v1/core/b.py\", line 20, in inner\n"
-        "  [...]\n"
-        "(EngineCore) ERROR ValueError: Cannot get 3 free blocks from the pool\n")
-    sig = log_signature(log)
-    assert sig.exception == "ValueError"
-    assert sig.message == "Cannot get 3 free blocks from the pool"
-    assert [(f["file"], f["function"], f["line"]) for f in sig.frames] == [
-        ("vllm/v1/core/a.py", "outer", 10), ("vllm/v1/core/b.py", "inner", 20)]
-    assert sig.truncated and sig.innermost["function"] == "inner"
+        "# a note, ignored: [...]\n"
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138] Traceback (most recent call last):\n"
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138]   File "
+        "\"/usr/lib/python3.12/site-packages/vllm/v1/core/sched/scheduler.py\", line 467, "
+        "in schedule\n"
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138]   [...]\n"
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138] ValueError: Cannot get 3 free "
+        "blocks from the pool\n")
+    exc_type, frame, cut = log_signature(log)
+    assert exc_type == "ValueError" and cut
+    assert (frame["module"], frame["function"]) == ("vllm/v1/core/sched/scheduler.py", "schedule")
+    whole = tmp_path / "y.log"
+    whole.write_text(log.read_text().replace(
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138]   [...]\n", ""))
+    assert log_signature(whole)[2] is False
 
 
 def test_catalog_command_lists_every_entry_with_its_releases(cli, tmp_path):
