@@ -4,11 +4,16 @@ innermost vLLM frame, or its stall), it is clean where it says, and clean on the
 
 The whole catalog runs once per module (one worker per release, ``--jobs 1``); each (entry,
 release) pair is then its own test. Releases are built on first use (cached afterwards).
+
+In an image with one vLLM installed (``VLLM_REPRO_VLLM`` set, the CUDA image), only that release
+runs: every entry whose releases or ranges say what to expect there; the other pairs are skipped.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 
 import pytest
 from packaging.version import InvalidVersion, Version
@@ -32,15 +37,43 @@ def _releases(sc) -> list[str]:
     return out
 
 
-CASES = [(name, v) for name, sc in ENTRIES.items() for v in _releases(sc)]
+def _installed() -> str | None:
+    """The installed vLLM release when the lab runs against it (``VLLM_REPRO_VLLM``), else None."""
+    if not os.environ.get("VLLM_REPRO_VLLM"):
+        return None
+    try:
+        return importlib.metadata.version("vllm").split("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+INSTALLED = _installed()
+if INSTALLED is None:
+    CASES = [(name, v) for name, sc in ENTRIES.items() for v in _releases(sc)]
+else:
+    CASES = [(name, INSTALLED) for name, sc in ENTRIES.items()
+             if sc.vllm.expectation_for(INSTALLED) is not None]
+
+
+def needs(*versions: str):
+    """Skip an entry-specific check whose releases are not the ones this run has."""
+    return pytest.mark.skipif(INSTALLED is not None and set(versions) != {INSTALLED},
+                              reason=f"needs vLLM {', '.join(versions)}; only {INSTALLED} here")
 
 
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory):
-    """``vllm-repro catalog run --also-on NEWEST --json``: (verdicts by (entry, release), reports)."""
+    """``vllm-repro catalog run --also-on NEWEST --json`` (or, against an installed vLLM, ``run``
+    on that release): (verdicts by (entry, release), reports folder)."""
     reports = tmp_path_factory.mktemp("catalog-reports")
-    proc = run_cli("catalog", "run", "--also-on", NEWEST, "--jobs", "1", "--json",
-                   "--reports", str(reports), timeout=3600)
+    if INSTALLED is None:
+        args = ["catalog", "run", "--also-on", NEWEST, "--jobs", "1"]
+    else:
+        files = [str(SCENARIOS / f"{name}.yaml") for name, _ in CASES]
+        if not files:
+            pytest.skip(f"no catalog entry says what to expect on vLLM {INSTALLED}")
+        args = ["run", *files, "--vllm", INSTALLED]
+    proc = run_cli(*args, "--json", "--reports", str(reports), timeout=3600)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     verdicts = {(v["scenario"], v["vllm"]): v for v in json.loads(proc.stdout)}
     return proc, verdicts, reports
@@ -100,6 +133,7 @@ def test_entry_on_release(catalog, name, version):
         assert sc.expect.code in codes
 
 
+@needs("0.6.6.post1", "0.7.0")
 def test_11562_retries_leak_prefix_blocks_until_the_pool_is_short(catalog):
     """The raw signal behind the stall: once A and B have finished, nothing holds a block, yet
     0.6.6.post1's free queue stays 4 blocks (B's prefix hits) short of the 12-block pool; 0.7.0
@@ -117,6 +151,7 @@ def test_11562_retries_leak_prefix_blocks_until_the_pool_is_short(catalog):
     assert bad[-1]["waiting"] == ["C"]
 
 
+@needs("0.20.1", "0.20.2")
 def test_45856_fixed_release_preempts_where_the_buggy_one_crashes(catalog):
     _, _, reports = catalog
     name = "vllm-45856-swa-admission-cap-undercount"
@@ -130,6 +165,7 @@ def test_45856_fixed_release_preempts_where_the_buggy_one_crashes(catalog):
         "S": "FINISHED_LENGTH_CAPPED", "R": "FINISHED_LENGTH_CAPPED"}
 
 
+@needs("0.11.0", "0.16.0", NEWEST)
 def test_26372_crash_is_in_the_stat_loggers_after_drafts_were_verified(catalog):
     _, _, reports = catalog
     name = "vllm-26372-spec-empty-output-negative-accepted"
@@ -142,6 +178,7 @@ def test_26372_crash_is_in_the_stat_loggers_after_drafts_were_verified(catalog):
     assert fixed["finished"] == {"R": "FINISHED_ABORTED", "O": "FINISHED_LENGTH_CAPPED"}
 
 
+@needs("0.11.0", "0.12.0", NEWEST)
 def test_29747_children_share_priority_and_arrival_and_both_finish_once_fixed(catalog):
     _, _, reports = catalog
     name = "vllm-29747-priority-equal-arrival"
