@@ -74,7 +74,12 @@ class _StubMeta(type):
     class; calling one (instantiating it or a subclass) raises :class:`SliceStubError`."""
 
     def __call__(cls, *args, **kwargs):
-        raise _stub_error(f"{cls.__module__}.{cls.__qualname__}()", cls.__module__)
+        # a subclass defined by vLLM names the stubbed base it inherits from
+        origin = cls.__dict__.get("_stub_module") or cls._stub_module
+        what = f"{cls.__module__}.{cls.__qualname__}()"
+        if origin != cls.__module__:
+            what += f" (a subclass of {origin}.{cls._stub_qualname})"
+        raise _stub_error(what, origin)
 
     def __getattr__(cls, name):
         if name.startswith("__") and name.endswith("__"):
@@ -97,6 +102,9 @@ class _StubMeta(type):
 
 
 class _StubBase(metaclass=_StubMeta):
+    _stub_module = ""
+    _stub_qualname = ""
+
     @classmethod
     def __get_pydantic_core_schema__(cls, source, handler):  # pydantic fields typed with a stub
         from pydantic_core import core_schema
@@ -109,7 +117,8 @@ class _StubBase(metaclass=_StubMeta):
 
 
 def _stub_class(qualname: str, module: str) -> type:
-    cls = _StubMeta(qualname.rsplit(".", 1)[-1], (_StubBase,), {"__module__": module})
+    cls = _StubMeta(qualname.rsplit(".", 1)[-1], (_StubBase,),
+                    {"__module__": module, "_stub_module": module, "_stub_qualname": qualname})
     cls.__qualname__ = qualname
     return cls
 

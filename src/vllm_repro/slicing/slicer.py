@@ -83,6 +83,7 @@ def compare(full: dict, other: dict) -> dict:
     diff_sc += [n for n in other["scenarios"] if n not in full["scenarios"]]
     return {
         "tests_passed_full": len(fp), "tests_passed_slice": len(op),
+        "passed_full": fp, "passed_slice": op,
         "only_full": sorted(set(fp) - set(op)), "only_slice": sorted(set(op) - set(fp)),
         "tests_run_full": len(full.get("tests", {})), "tests_run_slice": len(other.get("tests", {})),
         "scenarios": len(full["scenarios"]), "scenarios_differing": sorted(diff_sc),
@@ -133,7 +134,7 @@ def make_slice(version: str, base: Path, include: tuple[str, ...] = (),
     ``equivalence.equal = false``, and the CLI exits 1.
     """
     t_start = time.perf_counter()
-    full_env = prepare_release(version, say)
+    full_env = prepare_release(version, say, tree="full")
     release = fetch_sdist(version)
     scenarios = runs.scenario_files(base, globs)
     if not scenarios:
