@@ -33,7 +33,7 @@ from ..settings import cache_dir
 from ..sources.env import ReleaseEnv
 from ..sources.sdist import fetch_sdist
 from . import runs
-from .spec import (SPEC_FORMAT, Trace, analyse, file_hashes, lab_commit, materialise,
+from .spec import (SPEC_FORMAT, Trace, analyse, canon, file_hashes, lab_commit, materialise,
                    package_inventory, site_packages, slice_env, spec_path)
 
 Say = Callable[[str], None]
@@ -141,9 +141,10 @@ def make_slice(version: str, base: Path, include: tuple[str, ...] = (),
         raise EnvError(f"no scenario files under {base} ({', '.join(globs)})")
     work = work_dir(version)
     work.mkdir(parents=True, exist_ok=True)
+    from .tracer import TRACE_FORMAT
+
     inputs = {"sdist": release.sha256, "scenarios": scenario_records(scenarios, base),
-              "tracer": hashlib.sha256(Path(runs.__file__).with_name("tracer.py").read_bytes()).hexdigest(),
-              "runs": hashlib.sha256(Path(runs.__file__).read_bytes()).hexdigest()}
+              "trace_format": TRACE_FORMAT, "tests": runs.core_test_selection(full_env.tree)[1]}
     a_dir = work / "A-full"
     stamp = a_dir / "inputs.json"
     if reuse_full and stamp.is_file() and json.loads(stamp.read_text()) == inputs \
@@ -194,8 +195,9 @@ def make_slice(version: str, base: Path, include: tuple[str, ...] = (),
     # requirements: what run B (stubs in place) loaded from the environment
     trace_b = Trace.load(work / "B-stubbed" / "trace")
     an_b = analyse(trace_b, tree, full_env.root, set(spec["files"]) | package_files, include)
-    reqs = {d: {k: v for k, v in info.items() if k in ("name", "version", "bytes", "modules")}
-            for d, info in an_b.dists.items()}
+    stubbed = {canon(s["distribution"]) for s in stubs.values()}
+    reqs = {d: {k: v for k, v in info.items() if k in ("name", "version", "bytes", "modules", "why")}
+            for d, info in an_b.dists.items() if d not in stubbed}
     spec = _spec(version, release, an, stubs, reqs, include, inputs, full, full_env,
                  (pkg_files_n, pkg_bytes), trace_a, dropped)
     spec["equivalence"] = {"stubbed_in_full_env": compare(full, stubbed)}

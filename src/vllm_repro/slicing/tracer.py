@@ -33,6 +33,8 @@ import sys
 import threading
 
 _STATE: dict | None = None
+#: Bumped when what a record means changes (a slicer reuses a traced run of the same format).
+TRACE_FORMAT = 1
 
 
 class _Recorder:
@@ -116,9 +118,32 @@ def install(out_dir: str, roots: list[str], calls: bool = False) -> None:
                 imported[name] = None
 
     sys.addaudithook(audit)
+    _record_metadata_lookups(state)
     if calls:
         _install_call_profile(state)
     atexit.register(write)
+
+
+def _record_metadata_lookups(state: dict) -> None:
+    """Record the names passed to ``importlib.metadata`` lookups by name (``version``,
+    ``distribution``, ``metadata``...), all of which go through ``Distribution.from_name``:
+    a distribution looked up by name must look the same in a slice environment."""
+    import importlib.metadata as md
+
+    names: dict = {}
+    state["metadata"] = names
+    original = md.Distribution.from_name.__func__
+
+    def from_name(cls, name, *args, **kwargs):
+        try:
+            dist = original(cls, name, *args, **kwargs)
+        except Exception:
+            names.setdefault(name, False)
+            raise
+        names[name] = True
+        return dist
+
+    md.Distribution.from_name = classmethod(from_name)
 
 
 def _install_call_profile(state: dict) -> None:
@@ -219,6 +244,8 @@ def write() -> None:
         "listed": sorted(os.path.realpath(p) for p in state["listed"] if under(p)),
         "calls": state["calls"],
         "importers": state["importers"],
+        "metadata": state.get("metadata", {}),
+        "format": TRACE_FORMAT,
     }
     os.makedirs(state["out_dir"], exist_ok=True)
     path = os.path.join(state["out_dir"], f"trace.{os.getpid()}.json")
