@@ -76,3 +76,19 @@ def test_materialised_slice_holds_only_its_files():
                  for line in json.loads((env.root / ".ready.json").read_text())["freeze"]}
     for stub in spec["stubs"].values():
         assert stub["distribution"].lower().replace("_", "-") not in installed
+
+
+def test_core_tests_on_the_0_11_slice_pass_exactly_the_recorded_full_set(tmp_path):
+    """vLLM 0.11.0's own scheduler / KV-cache / prefix-caching tests, run now on the slice in its
+    own environment: the passing set equals the one recorded on the full tree (the cheapest of the
+    three releases to rerun; `vllm-repro slice` reran all three when it wrote their specs)."""
+    from vllm_repro.slicing.runs import run_core_tests
+
+    version = "0.11.0"
+    env = prepare_release(version, tree="slice")
+    run = run_core_tests(env, tmp_path / "tests")
+    recorded = set(load_spec(version)["reference"]["tests_passed"])
+    print(f"\nvLLM {version}: passing on the slice now {len(run.passed)}, recorded on full "
+          f"{len(recorded)}; only full: {sorted(recorded - run.passed)}; "
+          f"only slice: {sorted(run.passed - recorded)}")
+    assert recorded and run.passed == recorded

@@ -146,7 +146,7 @@ def hub_dir(env: ReleaseEnv, say: Say = lambda s: None) -> tuple[Path, dict]:
     say(f"vLLM {env.version}: writing config-only stand-ins for {len(MODEL_STANDINS)} hub models")
     proc = subprocess.run([str(env.python), "-c", _HUB_SCRIPT, json.dumps(MODEL_STANDINS)],
                           capture_output=True, text=True, check=False,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"})
+                          env=child_environment(env), cwd=str(env.tree))
     if proc.returncode != 0:
         raise EnvError(f"generating model configs in the vLLM {env.version} environment failed: "
                        f"{proc.stderr.strip()[-400:]}")

@@ -33,9 +33,11 @@ from ..sources.sdist import Release, _safe_members, write_dist_info
 SPEC_FORMAT = 1
 RUNTIME = Path(__file__).with_name("slice_runtime.py")
 
-#: Only packages at least this heavy are worth a stub (imported modules in the trace); lighter
-#: import-only packages stay installed: a short stub list is easier to justify and to trust.
+#: Only packages at least this heavy are worth a stub (modules imported in the trace, or bytes
+#: on disk); lighter import-only packages stay installed: a short stub list is easier to justify
+#: and to trust.
 STUB_MIN_MODULES = 15
+STUB_MIN_BYTES = 5_000_000
 #: Distributions that belong to the tracing harness, never to a slice.
 HARNESS = {"pytest", "pluggy", "iniconfig", "pygments", "_pytest", "py"}
 
@@ -239,10 +241,12 @@ def analyse(trace: Trace, tree: Path, env_root: Path, package_files: set[str],
     # stub candidates: heavy top-level packages that nothing outside them ever called
     candidates = {}
     for top, n in sorted(top_modules.items()):
-        if n < STUB_MIN_MODULES or top in trace.calls:
+        if top in trace.calls:
             continue
         owner = next((d for d, u in dist_use.items() if top in u["tops"]), None)
         if owner is None or any(t in trace.calls for t in dists.tops.get(owner, ())):
+            continue
+        if n < STUB_MIN_MODULES and dists.size.get(owner, 0) < STUB_MIN_BYTES:
             continue
         importers = sorted({str(trace.importers.get(m)) for m in trace.modules
                             if (m == top or m.startswith(top + "."))
@@ -250,10 +254,11 @@ def analyse(trace: Trace, tree: Path, env_root: Path, package_files: set[str],
                             and not str(trace.importers.get(m)).startswith(top)})
         candidates[top] = {
             "distribution": dists.name[owner], "version": dists.version[owner],
-            "modules_imported": n,
+            "modules_imported": n, "bytes": dists.size.get(owner, 0),
             "imported_by": importers[:12],
-            "why": (f"{n} modules of {top} imported at module level by the modules above; "
-                    "no function or C function of it called from outside it in the trace"),
+            "why": (f"{n} modules ({dists.size.get(owner, 0) / 1e6:.1f} MB installed) of {top} "
+                    "imported by the modules above; no function or C function of it called "
+                    "from outside it in the trace"),
         }
     vllm_n = sum(1 for f in files if f.startswith("vllm/") and f.endswith(".py"))
     return Analysis(sorted(files), out_dists, candidates, listed, vllm_n)
