@@ -2,8 +2,8 @@
 
 Prints, per release: vLLM files and MB of the slice vs the package; third-party distributions of
 the slice vs the full environment; environment size on disk; import time of the scheduler path
-(``import vllm.v1.core.sched.scheduler``, and the lab's whole worker start-up: the adapter
-building vLLM's objects) in fresh processes, median of N (default 5), sliced vs full, and the
+(``import vllm.v1.core.sched.scheduler``; with ``--worker`` also the lab's whole worker
+start-up, the adapter building vLLM's objects) in fresh processes, median of N (default 5), sliced vs full, and the
 ratio (goal: <= 0.25).
 
     .venv/bin/python bench/slice.py [VERSION ...] [--runs 5]
@@ -59,6 +59,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("versions", nargs="*")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--worker", action="store_true",
+                    help="also time the lab's whole worker start-up (the adapter)")
     args = ap.parse_args()
     versions = args.versions or sorted(p.stem for p in slices_dir().glob("*.json"))
     rows = []
@@ -76,7 +78,8 @@ def main() -> None:
             "stubs": len(spec["stubs"]),
             "env_MB": f"{du(sl.root) / 1e6:.0f}/{du(full.root) / 1e6:.0f}",
         }
-        for label, code in (("sched", SCHEDULER), ("worker", WORKER)):
+        paths = [("sched", SCHEDULER)] + ([("worker", WORKER)] if args.worker else [])
+        for label, code in paths:
             tf, mf = time_import(full, code, args.runs)
             ts, ms = time_import(sl, code, args.runs)
             row[f"{label}_s"] = f"{ts:.2f}/{tf:.2f}"

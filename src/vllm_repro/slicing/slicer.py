@@ -195,9 +195,9 @@ def make_slice(version: str, base: Path, include: tuple[str, ...] = (),
     # requirements: what run B (stubs in place) loaded from the environment
     trace_b = Trace.load(work / "B-stubbed" / "trace")
     an_b = analyse(trace_b, tree, full_env.root, set(spec["files"]) | package_files, include)
-    stubbed = {canon(s["distribution"]) for s in stubs.values()}
+    stub_dists = {canon(s["distribution"]) for s in stubs.values()}
     reqs = {d: {k: v for k, v in info.items() if k in ("name", "version", "bytes", "modules", "why")}
-            for d, info in an_b.dists.items() if d not in stubbed}
+            for d, info in an_b.dists.items() if d not in stub_dists}
     spec = _spec(version, release, an, stubs, reqs, include, inputs, full, full_env,
                  (pkg_files_n, pkg_bytes), trace_a, dropped)
     spec["equivalence"] = {"stubbed_in_full_env": compare(full, stubbed)}
