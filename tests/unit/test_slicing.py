@@ -64,6 +64,10 @@ def test_normalise_result_removes_only_what_differs_between_trees(tmp_path):
            "crash": {"traceback": f'File "{tmp_path}/vllm/a.py", line 3', "step": 3}}
     out = normalise_result(res, tmp_path)
     assert out == {"outcome": "crash", "crash": {"traceback": 'File "<tree>/vllm/a.py", line 3', "step": 3}}
+    lab = {"crash": {"traceback": 'File "/x/vllm_repro/engine/loop.py", line 139, in run\n'
+                                  'File "/t/vllm/v1/core/sched/scheduler.py", line 530'}}
+    text = normalise_result(lab, tmp_path)["crash"]["traceback"]
+    assert 'loop.py", line ?' in text and 'scheduler.py", line 530' in text
 
 
 def test_tracer_records_imports_probes_opens_and_calls(tmp_path):

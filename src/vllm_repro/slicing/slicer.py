@@ -77,6 +77,7 @@ def compare(full: dict, other: dict) -> dict:
     diff_sc = []
     for name, a in full["scenarios"].items():
         b = other["scenarios"].get(name)
+        a, b = _renormalise(a), _renormalise(b)
         if b is None or a.get("result") != b.get("result") or a.get("trace") != b.get("trace") \
                 or a.get("load_error") != b.get("load_error"):
             diff_sc.append(name)
@@ -89,6 +90,26 @@ def compare(full: dict, other: dict) -> dict:
         "scenarios": len(full["scenarios"]), "scenarios_differing": sorted(diff_sc),
         "equal": set(fp) == set(op) and not diff_sc,
     }
+
+
+def _renormalise(rec: dict | None) -> dict | None:
+    if not rec or "result" not in rec:
+        return rec
+    return {**rec, "result": runs.normalise_result(rec["result"], Path("/nonexistent"))}
+
+
+def record_equivalence(version: str, spec_file: Path | None = None) -> dict:
+    """Recompute the equivalence of ``version`` from its recorded runs A and C (the work folder)
+    and store it in the spec; returns it. For a comparison that improved after the runs."""
+    work = work_dir(version)
+    full = json.loads((work / "A-full" / "results.json").read_text())
+    sliced = json.loads((work / "C-slice" / "results.json").read_text())
+    path = spec_file or spec_path(version)
+    spec = json.loads(path.read_text())
+    eq = compare(full, sliced)
+    spec["equivalence"].update(eq)
+    path.write_text(json.dumps(spec, indent=1) + "\n")
+    return eq
 
 
 def read_log(log: Path) -> list[dict]:
