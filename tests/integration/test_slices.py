@@ -55,7 +55,7 @@ def test_scenarios_same_verdicts_and_traces_on_slice_and_full(cli, tmp_path, ver
 
 
 def test_sliced_out_module_names_the_slice_and_the_fix():
-    version = "0.33.0"
+    version = PROVEN[-1]
     env = prepare_release(version, tree="slice")
     spec = load_spec(version)
     assert "vllm/entrypoints/openai/api_server.py" not in spec["files"]
@@ -67,7 +67,7 @@ def test_sliced_out_module_names_the_slice_and_the_fix():
 
 
 def test_materialised_slice_holds_only_its_files():
-    version = "0.33.0"
+    version = PROVEN[-1]
     env = prepare_release(version, tree="slice")
     spec = load_spec(version)
     on_disk = {str(p.relative_to(env.tree)) for p in (env.tree / "vllm").rglob("*") if p.is_file()}
