@@ -70,7 +70,8 @@ def test_materialised_slice_holds_only_its_files():
     version = PROVEN[-1]
     env = prepare_release(version, tree="slice")
     spec = load_spec(version)
-    on_disk = {str(p.relative_to(env.tree)) for p in (env.tree / "vllm").rglob("*") if p.is_file()}
+    on_disk = {str(p.relative_to(env.tree)) for p in (env.tree / "vllm").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}  # bytecode Python wrote
     assert on_disk == {f for f in spec["files"] if f.startswith("vllm/")}
     installed = {line.split("==")[0].lower().replace("_", "-")
                  for line in json.loads((env.root / ".ready.json").read_text())["freeze"]}
