@@ -46,8 +46,10 @@ TREES = ("full", "slice", "auto")
 
 
 def default_tree() -> str:
-    """``VLLM_REPRO_TREE`` if set, else ``auto`` (slices are proven equivalent, see README)."""
-    tree = os.environ.get("VLLM_REPRO_TREE") or "auto"
+    """``VLLM_REPRO_TREE`` if set, else ``full``. Natively the full tree is the default: a
+    slice saves disk, not import time (torch dominates), and costs a second environment; the
+    CPU image sets ``auto`` to run the committed, proven-equivalent slices."""
+    tree = os.environ.get("VLLM_REPRO_TREE") or "full"
     if tree not in TREES:
         from .errors import InputError
 
