@@ -1,0 +1,236 @@
+"""The auditor: the step loop's observer that checks every invariant after every vLLM call.
+
+Protocol (``vllm_repro.engine.loop.StepLoop``): ``attach(loop)`` once the scheduler is built;
+``after_schedule(step, scheduler_output, scheduled)`` and ``after_update(step,
+scheduler_output, trace_line)`` return True to stop the run; ``annotate(line)`` adds the audit's
+figures and the step's violations to each trace line; ``finish(loop, outcome)`` returns True if
+violations were found; ``violations`` and ``summary()`` go into ``result.json``.
+``stop_exception`` is raised from inside a vLLM call when a hook catches a violation and the run
+is not ``keep_going``: the loop ends the run there with outcome ``violation``.
+
+Runs inside release environments: standard library + the release's own objects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from collections import Counter
+
+from .books import Books, block_hash_of
+from .checks import (RequestChecks, RequestHashCheck, check_end_of_run, check_free_queue,
+                     check_leaks, check_prefix_map, check_refcounts)
+from .codes import KV_CODES, NO_PROGRESS, make_violation, names
+from .hooks import PoolHooks
+
+_AUDIT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class AuditStop(BaseException):
+    """Raised inside a vLLM call to stop the run at a violation. A ``BaseException``, so that
+    vLLM's own ``except Exception`` handlers never swallow it."""
+
+    def __init__(self, violation: dict):
+        super().__init__(violation.get("message", ""))
+        self.violation = violation
+
+
+class Auditor:
+    """Checks a run's live vLLM objects every step (see :mod:`vllm_repro.audit.checks`).
+
+    ``adapter``: the engine adapter (for the release's ``RequestStatus`` and the vLLM root, so
+    that stacks name ``vllm/...`` files). ``keep_going``: collect every violation instead of
+    stopping at the first. ``max_records``: distinct violations kept (repeats of the same code,
+    requests and blocks are counted on the first record, not stored again).
+    """
+
+    stop_exception = AuditStop
+
+    def __init__(self, adapter, keep_going: bool = False, max_records: int = 200):
+        self.adapter = adapter
+        self.keep_going = keep_going
+        self.max_records = max_records
+        self.violations: list[dict] = []
+        self._keys: dict[tuple, dict] = {}
+        self._step_new: list[dict] = []
+        self._figures: dict = {}
+        self.dropped = 0
+        self.checks = 0
+        self.stopped: dict | None = None
+        self.loop = None
+        self.books: Books | None = None
+        self.hooks: PoolHooks | None = None
+        self.hook_names: list[str] = []
+        self._last_progress = 0
+        self._vllm_root = str(getattr(adapter, "vllm_file", "") or "")
+
+    # ---- observer protocol ----------------------------------------------------------------
+    def attach(self, loop) -> None:
+        self.loop = loop
+        self.books = Books(loop.scheduler)
+        self.req_checks = RequestChecks(self.books)
+        self.hash_check = RequestHashCheck(self.books)
+        self.hooks = PoolHooks(self.books, self._hook_report)
+        self.hook_names = list(self.hooks.install())
+
+    def after_schedule(self, step: int, so, scheduled) -> bool:
+        found = self._kv_checks()
+        found += self.req_checks.check("schedule", so, scheduled)
+        return self._record_all(found, step, "after schedule")
+
+    def after_update(self, step: int, so, line: dict) -> bool:
+        found = self._kv_checks()
+        found += self.req_checks.check("update", so)
+        if (line.get("finished") or any(n > 0 for n in (line.get("scheduled") or {}).values())):
+            self._last_progress = step
+        return self._record_all(found, step, "after update_from_output")
+
+    def annotate(self, line: dict) -> None:
+        """Add ``line["audit"]`` (figures, blocks) and ``line["violations"]`` (this step's)."""
+        if self.books is not None:
+            fig = self._figures or self._compute_figures()
+            line["audit"] = fig
+        if self._step_new:
+            line["violations"] = [{"code": v["code"], "phase": v["phase"], "message": v["message"],
+                                   "requests": v["requests"], "blocks": v["blocks"]}
+                                  for v in self._step_new]
+        self._step_new = []
+        self._figures = {}
+
+    def finish(self, loop, outcome: str) -> bool:
+        """End-of-run checks: after a clean run where every request finished, every block is
+        back (``KV_LEAK``); after a stall, a ``NO_PROGRESS`` record; after a crash, the KV
+        cache's books as vLLM left them. Returns True if any violation was recorded."""
+        if self.hooks is not None:
+            self.hooks.uninstall()
+        if self.books is None:
+            return bool(self.violations)
+        step = getattr(loop, "step", 0)
+        unfinished = [rid for rid in loop.created if rid not in loop.finished]
+        if outcome == "clean" and not unfinished and self.stopped is None:
+            refs = self.books.refs()
+            free, _ = self.books.free_list()
+            self._record_all(check_end_of_run(self.books, refs, free), step, "end of run",
+                             stop=False)
+        elif outcome == "stall":
+            self._record_all([self._no_progress(loop, step)], self._last_progress + 1,
+                             "stall", stop=False)
+        elif outcome == "crash":
+            found = [v for v in self._kv_checks(with_leaks=False) if v["code"] in KV_CODES]
+            self._record_all(found, step, "after crash", stop=False)
+        return bool(self.violations)
+
+    def summary(self) -> dict:
+        """The ``audit`` section of ``result.json``."""
+        by_code = Counter(v["code"] for v in self.violations)
+        return {"keep_going": self.keep_going, "stopped": self.stopped, "checks": self.checks,
+                "by_code": dict(by_code), "distinct": len(self.violations), "dropped": self.dropped,
+                "hooks": self.hook_names,
+                "hook_calls": dict(self.hooks.calls) if self.hooks else {}}
+
+    # ---- checks ---------------------------------------------------------------------------
+    def _kv_checks(self, with_leaks: bool = True) -> list[dict]:
+        b = self.books
+        self.checks += 1
+        refs = b.refs()
+        held = b.held_counts()
+        found = check_refcounts(b, refs, held)
+        fq_found, free = check_free_queue(b, refs)
+        found += fq_found
+        if with_leaks:
+            found += check_leaks(b, b.scheduler.requests, getattr(self.loop, "finished", {}))
+        found += check_prefix_map(b)
+        found += self.hash_check.check(b.scheduler.requests)
+        self._figures = self._compute_figures(refs, held, free)
+        return found
+
+    def _compute_figures(self, refs=None, held=None, free=None) -> dict:
+        b = self.books
+        refs = refs if refs is not None else b.refs()
+        null = b.null_id
+        used = sum(1 for i, r in enumerate(refs) if r > 0 and i != null)
+        nfree = b.num_free()
+        fig = {"free": nfree, "used": used, "total": b.num_blocks}
+        if b.caching:
+            if free is None:
+                free, _ = b.free_list()
+            fig["cached_free"] = sum(1 for x in free if block_hash_of(x) is not None)
+            entries = b.hash_entries()
+            fig["hash_entries"] = len(entries) if entries is not None else None
+        if held is not None:
+            fig["refs_held"] = sum(c for bid, c in held.items() if bid != null)
+        return fig
+
+    def _no_progress(self, loop, step: int) -> dict:
+        waiting, running, _ = self.adapter.queues(loop.scheduler)
+        unfinished = [rid for rid in loop.created if rid not in loop.finished]
+        since = self._last_progress + 1
+        nfree = self.books.num_free()
+        return make_violation(NO_PROGRESS, (
+            f"no token scheduled and no request finished for {step - since + 1} steps "
+            f"(steps {since}-{step}) while {names(unfinished)} are unfinished (waiting: "
+            f"{names(waiting) if waiting else 'none'}; running: "
+            f"{names(running) if running else 'none'}); {nfree} of "
+            f"{self.books.num_blocks - 1} usable blocks free; expected progress every step"),
+            requests=unfinished)
+
+    # ---- recording ------------------------------------------------------------------------
+    def _record(self, v: dict, step: int, phase: str) -> bool:
+        """Store ``v`` unless it repeats a stored one; True if it is new."""
+        v["step"] = step
+        v["phase"] = v.get("phase") or phase
+        key = (v["code"], tuple(v["requests"]), tuple(v["blocks"]),
+               re.sub(r"\d+", "#", v["message"]))
+        first = self._keys.get(key)
+        if first is not None:
+            first["repeats"] = first.get("repeats", 0) + 1
+            first["last_step"] = step
+            return False
+        if len(self.violations) >= self.max_records:
+            self.dropped += 1
+            return False
+        self._keys[key] = v
+        self.violations.append(v)
+        self._step_new.append(v)
+        return True
+
+    def _record_all(self, found: list[dict], step: int, phase: str, stop: bool = True) -> bool:
+        new = [v for v in found if self._record(v, step, phase)]
+        if new and stop and not self.keep_going:
+            self.stopped = {"step": step, "code": new[0]["code"], "phase": phase}
+            return True
+        return False
+
+    def _hook_report(self, code: str, message: str, requests, blocks) -> None:
+        step = getattr(self.loop, "step", 0)
+        stack, call = self._stack()
+        v = make_violation(code, message, requests=requests, blocks=blocks, step=step,
+                           phase=f"in {call}" if call else "in a vLLM call", stack=stack)
+        if self._record(v, step, v["phase"]) and not self.keep_going:
+            self.stopped = {"step": step, "code": code, "phase": v["phase"]}
+            raise AuditStop(v)
+
+    def _stack(self) -> tuple[list[str], str | None]:
+        """The caller's stack, outermost first, from the step loop down to the hooked call
+        (the audit's own frames left out), and the outermost vLLM function on it."""
+        frames = traceback.extract_stack()
+        out = []
+        outer_call = None
+        started = False
+        for fs in frames:
+            path = os.path.abspath(fs.filename)
+            if path.startswith(_AUDIT_DIR):
+                continue
+            if fs.name == "run" and path.endswith(os.path.join("engine", "loop.py")):
+                started = True
+                out = []
+            shown = path
+            if self._vllm_root and path.startswith(self._vllm_root + os.sep):
+                shown = "vllm/" + path[len(self._vllm_root) + 1:]
+                if outer_call is None:
+                    outer_call = fs.name
+            out.append(f"{shown}:{fs.lineno} in {fs.name}" + (f": {fs.line}" if fs.line else ""))
+        if not started:
+            out = out[-16:]
+        return out[-24:], outer_call
