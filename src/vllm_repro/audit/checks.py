@@ -402,7 +402,7 @@ class RequestChecks:
         for rid in list(self.last):
             if rid not in requests:
                 del self.last[rid]
-        if so is not None:
+        if so is not None and phase == "schedule":
             out += self._check_output(so, scheduled, where, by_rid)
         for rid, problems in by_rid.items():
             out.append(make_violation(REQ_STATE, "; ".join(problems), requests=[rid]))
