@@ -116,12 +116,19 @@ class Worker:
         return json.loads(line)
 
     def run(self, scenario: dict, out_dir: Path | None, audit: bool = True,
-            keep_going: bool = False) -> dict:
-        """Run one scenario payload; returns the worker's result dict."""
+            keep_going: bool = False, *, plant: str | None = None,
+            plant_args: dict | None = None) -> dict:
+        """Run one scenario payload; returns the worker's result dict.
+
+        ``plant`` (tests only): ``/abs/path/plant_*.py:function`` that patches a fault into the
+        release for this run (:mod:`vllm_repro.audit.plant`); the result is marked ``planted``.
+        """
         assert self.proc and self.proc.stdin
+        options = {"audit": audit, "keep_going": keep_going}
+        if plant:
+            options.update(plant=plant, plant_args=plant_args or {})
         job = {"id": scenario["name"], "scenario": scenario,
-               "out_dir": str(out_dir) if out_dir else None,
-               "options": {"audit": audit, "keep_going": keep_going}}
+               "out_dir": str(out_dir) if out_dir else None, "options": options}
         try:
             self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
