@@ -100,12 +100,17 @@ class Books:
                 out.append((f"cow-copy[g{g}]", [b for pair in cow for b in pair]))
         return out
 
+    def held_ids(self) -> list[int]:
+        """The block ids of every reference held (all tables of all groups, then the extra
+        holders), in table order: a fingerprint of the tables as well as their content."""
+        seqs = [bl for t in self.tables() for bl in t.values()]
+        seqs += [bl for _, bl in self.extra_holders()]
+        return list(map(_bid, chain.from_iterable(seqs)))
+
     def held_counts(self) -> Counter:
         """block id -> number of references held (all tables of all groups + extra holders).
         The null block is counted too; callers ignore it (its ref_cnt is not maintained)."""
-        seqs = [bl for t in self.tables() for bl in t.values()]
-        seqs += [bl for _, bl in self.extra_holders()]
-        return Counter(map(_bid, chain.from_iterable(seqs)))
+        return Counter(self.held_ids())
 
     def holders_of(self, block_ids) -> dict[int, list[str]]:
         """block id -> who holds it (request ids; ``A[g1]`` for group 1 of a multi-group
@@ -156,20 +161,6 @@ class Books:
         return self.pool.free_block_queue.num_free_blocks
 
     # ---- prefix-cache map ------------------------------------------------------------------
-    def hash_entries(self):
-        """``(hash, [blocks])`` for every entry of the prefix-cache hash map."""
-        m = self.pool.cached_block_hash_to_block
-        inner = m if isinstance(m, dict) else getattr(m, "_cache", None)
-        if inner is None:
-            return None
-        out = []
-        for key, val in inner.items():
-            if isinstance(val, dict):
-                out.append((key, list(val.values())))
-            else:
-                out.append((key, [val]))
-        return out
-
     def secondary_hashes(self) -> dict:
         """block id -> extra hashes it is cached under (0.33's ``cached_block_hashes_by_block``)."""
         return getattr(self.pool, "cached_block_hashes_by_block", None) or {}

@@ -9,13 +9,27 @@ C-level ``map``/``Counter`` and only walk block by block when something disagree
 from __future__ import annotations
 
 from collections import Counter
-from operator import attrgetter
+from itertools import compress, count, repeat
+from operator import attrgetter, is_not
 
 from .books import HOLDING_WAIT_STATUSES, Books, block_hash_of
 from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT, REQ_STATE,
                     make_violation, names)
 
 _bid = attrgetter("block_id")
+_ref = attrgetter("ref_cnt")
+_rid = attrgetter("request_id")
+
+
+def used_blocks(refs: list[int], null: int | None) -> int:
+    """Non-null blocks with ``ref_cnt`` > 0 (counted at C speed when no count is negative)."""
+    used = len(refs) - refs.count(0) - (1 if null is not None and refs[null] != 0 else 0)
+    if refs and min(refs) < 0:  # below-zero counts are not "used" (the null block's may be)
+        used -= sum(1 for i, r in enumerate(refs) if r < 0 and i != null)
+    return used
+
+
+_hash_of = attrgetter("_block_hash")  # KVCacheBlock._block_hash, 0.8 to 0.33
 MAX_PER_CHECK = 20  # block-level findings reported per check and step (the rest are counted)
 
 
@@ -48,15 +62,22 @@ def check_refcounts(books: Books, refs: list[int], held: Counter) -> list[dict]:
     (``vllm/v1/core/block_pool.py``) against ``SingleTypeKVCacheManager.req_to_blocks``.
     """
     n = books.num_blocks
-    expected = [0] * n
-    for bid, c in held.items():
-        if 0 <= bid < n:
-            expected[bid] = c
     null = books.null_id
+    # at C speed: the held count of every block id, in id order, against the ref counts
+    expected = list(map(held.get, range(n), repeat(0)))
     if null is not None:
         expected[null] = refs[null]  # the null block's ref_cnt is not maintained
-    if refs == expected:
+    nonzero = n - refs.count(0) - (1 if null is not None and refs[null] != 0 else 0)
+    outside = len(held) - (1 if null in held else 0) != nonzero if expected == refs else True
+    if expected == refs and not outside:
         return []
+    foreign = [bid for bid in held if not (0 <= bid < n)]
+    if foreign:
+        who = books.holders_of(foreign[:MAX_PER_CHECK])
+        return [make_violation(KV_REFCOUNT, (
+            f"block id {bid} is held by {names(who[bid])} but is not one of the pool's {n} "
+            f"blocks (expected ids 0..{n - 1})"), requests=_req_ids(who[bid]), blocks=[])
+            for bid in foreign[:MAX_PER_CHECK]]
     bad = [i for i in range(n) if refs[i] != expected[i]]
     who = books.holders_of(bad[:MAX_PER_CHECK])
     out = []
@@ -78,7 +99,8 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[dict], list]:
     once, its links end, its count is right, and free + used == ``num_gpu_blocks``.
 
     Mirrors ``FreeKVCacheBlockQueue`` (``vllm/v1/core/kv_cache_utils.py``) as used by
-    ``BlockPool``. Returns the findings and the walked free list (head first).
+    ``BlockPool``. Walks the queue's links (cost: the number of free blocks). Returns the
+    findings and the walked free list (head first).
     """
     out = []
     n = books.num_blocks
@@ -101,7 +123,11 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[dict], list]:
         out.append(make_violation(KV_FREE_QUEUE, (
             f"the free queue counts {nfree} free blocks (num_free_blocks) but links {len(ids)}"),
             blocks=[]))
-    held_in_queue = [i for i in ids if i == null or not (0 <= i < n) or refs[i] != 0]
+    if any(map(_ref, free)) or (null is not None and null in seen) or \
+            (ids and (min(ids) < 0 or max(ids) >= n)):
+        held_in_queue = [i for i in ids if i == null or not (0 <= i < n) or refs[i] != 0]
+    else:
+        held_in_queue = []
     if held_in_queue:
         who = books.holders_of(held_in_queue[:MAX_PER_CHECK])
         for i in held_in_queue[:MAX_PER_CHECK]:
@@ -121,7 +147,7 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[dict], list]:
             out.append(make_violation(KV_FREE_QUEUE, (
                 f"block {i} has ref_cnt 0 but is not in the free queue (expected a ref-0 block "
                 f"to be free; found it neither free nor held)"), blocks=[i]))
-    used = sum(1 for i, r in enumerate(refs) if r > 0 and i != null) + (1 if null is not None else 0)
+    used = used_blocks(refs, null) + (1 if null is not None else 0)
     if not out and nfree + used != n:
         out.append(make_violation(KV_FREE_QUEUE, (
             f"free {nfree} + used {used} != num_gpu_blocks {n}"), blocks=[]))
@@ -144,8 +170,10 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
 
         holding_ok = {r.request_id for r in iter_queue(q)}
     multi = len(books.managers) > 1
+    running = set(map(_rid, books.scheduler.running))
     for g, table in enumerate(books.tables()):
-        for rid, blocks in table.items():
+        for rid in [r for r in table if r not in running]:
+            blocks = table[rid]
             if not blocks:
                 continue
             real = [b.block_id for b in blocks if b.block_id != null]
@@ -210,60 +238,124 @@ def _plain_hash(key):
     return key
 
 
-def check_prefix_map(books: Books) -> list[dict]:
+def _maps_to(val, bid: int) -> bool:
+    """Whether a hash map value (a block, or a dict ``block_id -> block``) holds block ``bid``."""
+    if val is None:
+        return False
+    if isinstance(val, dict):
+        return bid in val
+    return getattr(val, "block_id", None) == bid
+
+
+class PrefixMapCheck:
     """KV_PREFIX_MAP: every entry of ``BlockPool.cached_block_hash_to_block`` maps a hash to
     blocks that carry that hash (or list it among their secondary hashes), never the null block;
     every block with a hash is in the map under it; with prefix caching off the map is empty.
 
-    Mirrors ``BlockPool.cache_full_blocks`` / ``_maybe_evict_cached_block``.
+    Mirrors ``BlockPool.cache_full_blocks`` / ``_maybe_evict_cached_block``. Incremental: each
+    check reads every block's hash (C-level) and compares the list with the last one; only the
+    blocks whose hash changed are looked up in the map. The whole map is walked on the first
+    check, whenever its size changes while no block's hash did, every ``full_every`` checks and
+    on demand (``full=True``, at the end of a run).
     """
-    entries = books.hash_entries()
-    if entries is None:
-        return []
-    hashes = list(map(block_hash_of, books.blocks))
-    out = []
-    if not books.caching:
-        hashed = [i for i, h in enumerate(hashes) if h is not None]
-        if entries or hashed:
-            out.append(make_violation(KV_PREFIX_MAP, (
-                f"prefix caching is off but the hash map has {len(entries)} entries and "
-                f"{len(hashed)} blocks carry a hash (expected none)"), blocks=hashed[:MAX_PER_CHECK]))
-        return out
-    sec = books.secondary_hashes()
-    null = books.null_id
-    mapped: dict[int, list] = {}
-    for key, blocks in entries:
-        if not blocks:
-            out.append(make_violation(KV_PREFIX_MAP, "a hash map entry with no block", blocks=[]))
-            continue
-        for b in blocks:
-            bid = b.block_id
-            mapped.setdefault(bid, []).append(key)
-            if bid == null:
+
+    def __init__(self, books: Books, full_every: int = 64):
+        self.books = books
+        self.full_every = full_every
+        self.last: list | None = None
+        self.last_keys = -1
+        self.n = 0
+        self.hashes: list = []
+
+    def _inner(self):
+        m = self.books.pool.cached_block_hash_to_block
+        return m if isinstance(m, dict) else getattr(m, "_cache", None)
+
+    def snapshot(self) -> tuple[list, int]:
+        """(every block's hash, by block id; the number of keys in the hash map)."""
+        inner = self._inner()
+        return list(map(_hash_of, self.books.blocks)), (len(inner) if inner is not None else -1)
+
+    def check(self, full: bool = False, snap: tuple[list, int] | None = None) -> list[dict]:
+        books = self.books
+        inner = self._inner()
+        self.hashes = hashes = snap[0] if snap is not None else list(map(_hash_of, books.blocks))
+        if inner is None:
+            return []
+        self.n += 1
+        nkeys = len(inner)
+        if not books.caching:
+            if nkeys or hashes.count(None) != len(hashes):
+                hashed = [i for i, h in enumerate(hashes) if h is not None]
+                return [make_violation(KV_PREFIX_MAP, (
+                    f"prefix caching is off but the hash map has {nkeys} entries and "
+                    f"{len(hashed)} blocks carry a hash (expected none)"), blocks=hashed[:MAX_PER_CHECK])]
+            return []
+        last = self.last
+        unchanged = last is not None and hashes == last
+        due = full or last is None or self.n % self.full_every == 0 or \
+            (unchanged and nkeys != self.last_keys)
+        self.last, self.last_keys = hashes, nkeys
+        if due:
+            return self._full(inner, hashes)
+        if unchanged:
+            return []
+        sec = books.secondary_hashes()
+        null = books.null_id
+        out = []
+        for bid in compress(count(), map(is_not, hashes, last)):
+            h, o = hashes[bid], last[bid]
+            if bid == null and h is not None:
                 out.append(make_violation(KV_PREFIX_MAP, (
-                    "the null block is in the prefix-cache hash map (expected never cached)"),
-                    blocks=[bid]))
+                    "the null block carries a prefix-cache hash (expected never cached)"), blocks=[bid]))
                 continue
-            h = hashes[bid] if 0 <= bid < len(hashes) else None
-            if h is not key and h != key and key not in sec.get(bid, ()):
-                found = "no hash" if h is None else "another hash"
+            if h is not None and not _maps_to(inner.get(h), bid):
+                out.append(self._unmapped(bid))
+            if o is not None and o != h and _maps_to(inner.get(o), bid) and o not in sec.get(bid, ()):
                 out.append(make_violation(KV_PREFIX_MAP, (
                     f"block {bid} is in the hash map under a hash it does not carry (the block "
-                    f"has {found}; expected the map key)"), blocks=[bid]))
-        if len(out) >= MAX_PER_CHECK:
-            return out
-    for bid, h in enumerate(hashes):
-        if h is None:
-            continue
-        keys = mapped.get(bid)
-        if not keys or not any(k is h or k == h for k in keys):
-            out.append(make_violation(KV_PREFIX_MAP, (
-                f"block {bid} carries a hash (ref_cnt {books.blocks[bid].ref_cnt}) but the hash "
-                f"map does not map that hash to it (expected every hashed block in the map)"),
-                blocks=[bid]))
+                    f"has {'no hash' if h is None else 'another hash'}; expected the map key)"),
+                    blocks=[bid]))
             if len(out) >= MAX_PER_CHECK:
                 break
-    return out
+        return out
+
+    def _unmapped(self, bid: int) -> dict:
+        return make_violation(KV_PREFIX_MAP, (
+            f"block {bid} carries a hash (ref_cnt {self.books.blocks[bid].ref_cnt}) but the hash "
+            f"map does not map that hash to it (expected every hashed block in the map)"),
+            blocks=[bid])
+
+    def _full(self, inner: dict, hashes: list) -> list[dict]:
+        books = self.books
+        sec = books.secondary_hashes()
+        null = books.null_id
+        out = []
+        for key, val in inner.items():
+            blocks = list(val.values()) if isinstance(val, dict) else [val]
+            if not blocks:
+                out.append(make_violation(KV_PREFIX_MAP, "a hash map entry with no block", blocks=[]))
+            for b in blocks:
+                bid = b.block_id
+                if bid == null:
+                    out.append(make_violation(KV_PREFIX_MAP, (
+                        "the null block is in the prefix-cache hash map (expected never cached)"),
+                        blocks=[bid]))
+                    continue
+                h = hashes[bid] if 0 <= bid < len(hashes) else None
+                if h is not key and h != key and key not in sec.get(bid, ()):
+                    out.append(make_violation(KV_PREFIX_MAP, (
+                        f"block {bid} is in the hash map under a hash it does not carry (the block "
+                        f"has {'no hash' if h is None else 'another hash'}; expected the map key)"),
+                        blocks=[bid]))
+            if len(out) >= MAX_PER_CHECK:
+                return out
+        for bid, h in enumerate(hashes):
+            if h is not None and not _maps_to(inner.get(h), bid):
+                out.append(self._unmapped(bid))
+                if len(out) >= MAX_PER_CHECK:
+                    break
+        return out
 
 
 class RequestHashCheck:
@@ -339,13 +431,31 @@ class RequestChecks:
         self.books = books
         self.last: dict[str, tuple[int, str]] = {}   # rid -> (num_computed_tokens, status)
         self.preempted_now: set[str] = set()  # PREEMPTED now, not PREEMPTED at the last look
+        self._names: dict = {}  # RequestStatus member -> name
 
-    def where(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for name, reqs in self.books.queues():
-            for r in reqs:
-                out.setdefault(r.request_id, []).append(name)
-        return out
+    def where(self) -> tuple[dict[str, str], dict[str, list[str]]]:
+        """(request id -> its queue, request id -> every queue it is in, for ids in more than
+        one place)."""
+        where: dict[str, str] = {}
+        queues = self.books.queues()
+        listed = [(name, list(map(_rid, reqs))) for name, reqs in queues]
+        total = sum(len(ids) for _, ids in listed)
+        for name, ids in reversed(listed):  # earlier queues overwrite: running wins
+            where.update(zip(ids, repeat(name)))
+        dups: dict[str, list[str]] = {}
+        if total != len(where):
+            seen: dict[str, list[str]] = {}
+            for name, reqs in queues:
+                for r in reqs:
+                    seen.setdefault(r.request_id, []).append(name)
+            dups = {rid: qs for rid, qs in seen.items() if len(qs) > 1}
+        return where, dups
+
+    def _name(self, status) -> str:
+        name = self._names.get(status)
+        if name is None:
+            name = self._names[status] = getattr(status, "name", str(status))
+        return name
 
     def check(self, phase: str, so=None, scheduled=None) -> list[dict]:
         """``phase``: ``schedule`` (after ``schedule()``, with its output ``so`` and the
@@ -354,54 +464,66 @@ class RequestChecks:
         requests = s.requests
         out: list[dict] = []
         self.preempted_now = set()
-        where = self.where()
+        where, dups = self.where()
+        name = self._name
         by_rid: dict[str, list[str]] = {}  # rid -> problems (one REQ_STATE record per request)
-        for rid, qs in where.items():
-            req = requests.get(rid)
-            if len(qs) > 1:
-                by_rid.setdefault(rid, []).append(
-                    f"{rid} is in {' and '.join(qs)} (expected in exactly one queue)")
-            if req is None:
-                by_rid.setdefault(rid, []).append(
-                    f"{rid} is in {qs[0]} but not in scheduler.requests")
-                continue
-            st = status_name(req)
-            if qs[0] == "running" and st != "RUNNING":
-                by_rid.setdefault(rid, []).append(
-                    f"{rid} is in running with status {st} (expected RUNNING)")
-            elif qs[0] != "running" and (st == "RUNNING" or is_finished_status(st)):
-                by_rid.setdefault(rid, []).append(
-                    f"{rid} is in {qs[0]} with status {st} (expected a waiting status or PREEMPTED)")
-        spec = (getattr(so, "scheduled_spec_decode_tokens", None) or {}) if so is not None else {}
-        for rid, req in requests.items():
-            st = status_name(req)
-            if rid not in where and not is_finished_status(st) and st != "WAITING_FOR_STREAMING_REQ":
+        for rid, qs in dups.items():
+            by_rid.setdefault(rid, []).append(
+                f"{rid} is in {' and '.join(qs)} (expected in exactly one queue)")
+        for rid in where.keys() - requests.keys():
+            by_rid.setdefault(rid, []).append(
+                f"{rid} is in {where[rid]} but not in scheduler.requests")
+        for rid in requests.keys() - where.keys():
+            st = name(requests[rid].status)
+            if not st.startswith("FINISHED") and st != "WAITING_FOR_STREAMING_REQ":
                 by_rid.setdefault(rid, []).append(
                     f"{rid} (status {st}) is in scheduler.requests but in no queue (expected in "
                     "running or waiting)")
-            nct = req.num_computed_tokens
-            ntok = req.num_tokens
-            upper = ntok + max(len(getattr(req, "spec_token_ids", None) or ()),
-                               len(spec.get(rid, ()))) + (getattr(req, "num_output_placeholders", 0) or 0)
-            if nct < 0 or nct > upper:
+        spec = (getattr(so, "scheduled_spec_decode_tokens", None) or {}) if so is not None else {}
+        nst = getattr(so, "num_scheduled_tokens", None) or {}
+        last = self.last
+        new_last = {}
+        names_of = self._names
+        for rid, req in requests.items():
+            status = req.status
+            st = names_of.get(status) or name(status)
+            q = where.get(rid)
+            if q == "running":
+                if st != "RUNNING":
+                    by_rid.setdefault(rid, []).append(
+                        f"{rid} is in running with status {st} (expected RUNNING)")
+            elif q is not None and (st == "RUNNING" or st.startswith("FINISHED")):
                 by_rid.setdefault(rid, []).append(
-                    f"{rid} num_computed_tokens {nct} is outside 0..{upper} (num_tokens {ntok})")
-            prev = self.last.get(rid)
+                    f"{rid} is in {q} with status {st} (expected a waiting status or PREEMPTED)")
+            nct = req.num_computed_tokens
+            prev = last.get(rid)
+            new_last[rid] = (nct, st)
             if st == "PREEMPTED" and (prev is None or prev[1] != "PREEMPTED"):
                 self.preempted_now.add(rid)
-            if prev is not None and prev[1] == "RUNNING" and st == "RUNNING" and nct < prev[0]:
-                allowed = 0
-                if phase == "update" and so is not None:
-                    allowed = len(spec.get(rid, ())) + (1 if spec.get(rid) else 0)
+            if prev is not None and nct == prev[0]:
+                continue  # unchanged since the last look: bounds held then
+            ntok = req.num_tokens
+            if nct < 0 or nct > ntok:
+                upper = ntok + max(len(getattr(req, "spec_token_ids", None) or ()),
+                                   len(spec.get(rid, ()))) + \
+                    (getattr(req, "num_output_placeholders", 0) or 0)
+                if nct < 0 or nct > upper:
+                    by_rid.setdefault(rid, []).append(
+                        f"{rid} num_computed_tokens {nct} is outside 0..{upper} (num_tokens {ntok})")
+            if prev is None or st != "RUNNING" or prev[1] != "RUNNING":
+                continue  # new, preempted, resumed or waiting: no continuity to check
+            if nct < prev[0]:
+                allowed = len(spec[rid]) + 1 if phase == "update" and spec.get(rid) else 0
                 if prev[0] - nct > allowed:
                     by_rid.setdefault(rid, []).append(
                         f"{rid} num_computed_tokens went from {prev[0]} to {nct} without a "
                         f"preemption (expected never to move backwards"
                         + (f" by more than {allowed} rejected draft tokens)" if allowed else ")"))
-            self.last[rid] = (nct, st)
-        for rid in list(self.last):
-            if rid not in requests:
-                del self.last[rid]
+            elif phase == "schedule" and rid not in nst:
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} num_computed_tokens went from {prev[0]} to {nct} in a step that did "
+                    "not schedule it (expected unchanged)")
+        self.last = new_last
         if so is not None and phase == "schedule":
             out += self._check_output(so, scheduled, where, by_rid)
         for rid, problems in by_rid.items():
@@ -435,10 +557,10 @@ class RequestChecks:
                 by_rid.setdefault(rid, []).append(
                     f"{rid} is in num_scheduled_tokens but not in scheduler.requests")
                 continue
-            st = status_name(req)
-            qs = where.get(rid, [])
-            if st != "RUNNING" or "running" not in qs:
-                q = " and ".join(qs) if qs else "no queue"
+            st = self._name(req.status)
+            q = where.get(rid)
+            if st != "RUNNING" or q != "running":
+                q = q or "no queue"
                 if st == "PREEMPTED" and rid in self.preempted_now:
                     by_rid.setdefault(rid, []).insert(0,
                         f"{rid} is in num_scheduled_tokens but was preempted in the same step "

@@ -147,7 +147,8 @@ class StepLoop:
                 so = sched.schedule()
                 scheduled = self._lab(a.scheduled, so)
                 line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
-                if self.observer is not None and self.observer.after_schedule(step, so, scheduled):
+                if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
+                                                           scheduled):
                     result = {"outcome": "violation"}
                     self._state(line)
                     self._emit(line)
@@ -175,7 +176,7 @@ class StepLoop:
             newly = self._collect_finished()
             line["finished"] = newly
             self._state(line)
-            if self.observer is not None and self.observer.after_update(step, so, line):
+            if self.observer is not None and self._lab(self.observer.after_update, step, so, line):
                 result = {"outcome": "violation"}
                 self._emit(line)
                 break
