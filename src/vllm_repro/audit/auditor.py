@@ -59,6 +59,7 @@ class Auditor:
         self._keys: dict[tuple, dict] = {}
         self._step_new: list[dict] = []
         self._figures: dict | None = None
+        self._fig_step: int | None = None  # the step whose books _figures describe
         self._fingerprint: tuple | None = None  # (hook calls/free/map keys, refs, held ids, hashes)
         self.dropped = 0
         self.checks = 0
@@ -94,8 +95,16 @@ class Auditor:
 
     def annotate(self, line: dict) -> None:
         """Add ``line["audit"]`` (figures, blocks) and ``line["violations"]`` (this step's)."""
-        if self._figures is not None:
+        if self.books is not None:
+            if self._figures is None or self._fig_step != line.get("step") or line.get("crash") \
+                    or self._step_new:
+                # the step ended inside a vLLM call (a crash, a hook's stop): read the books
+                # as they are now
+                b = self.books
+                self._figures = self._compute_figures(b.refs(), b.held_ids(), b.num_free(),
+                                                      self.map_check.snapshot())
             line["audit"] = dict(self._figures)
+            self._fig_step = None
         if self._step_new:
             line["violations"] = [{"code": v["code"], "phase": v["phase"], "message": v["message"],
                                    "requests": v["requests"], "blocks": v["blocks"]}
@@ -156,6 +165,7 @@ class Auditor:
         requests = b.scheduler.requests
         calls = sum(self.hooks.calls.values()) if self.hooks else 0
         if quick and self._fingerprint is not None and calls == self._fingerprint[0][0]:
+            self._fig_step = getattr(self.loop, "step", None)  # the books did not move
             return check_leaks(b, requests, getattr(self.loop, "finished", {})) if with_leaks else []
         refs = b.refs()
         ids = b.held_ids()
@@ -169,6 +179,7 @@ class Auditor:
             found += check_leaks(b, requests, getattr(self.loop, "finished", {}))
         if not full and fp == last[0] and refs == last[1] and ids == last[2] and snap[0] == last[3]:
             # the pool, the tables and the hashes are as the last check left them
+            self._fig_step = getattr(self.loop, "step", None)
             return found + self.hash_check.check(requests)
         found += check_refcounts(b, refs, Counter(ids))
         if full or not self._queue_counts_agree(refs, nfree):
@@ -177,6 +188,7 @@ class Auditor:
         found += self.hash_check.check(requests)
         self._fingerprint = (fp, refs, ids, snap[0])
         self._figures = self._compute_figures(refs, ids, nfree, snap)
+        self._fig_step = getattr(self.loop, "step", None)
         return found
 
     def _queue_counts_agree(self, refs: list[int], nfree: int) -> bool:
