@@ -17,8 +17,7 @@ import os
 import re
 import traceback
 from collections import Counter
-from itertools import compress, repeat
-from operator import is_not, not_
+from itertools import compress
 
 from .books import Books
 from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, check_end_of_run,
@@ -58,7 +57,7 @@ class Auditor:
         self.violations: list[dict] = []
         self._keys: dict[tuple, dict] = {}
         self._step_new: list[dict] = []
-        self._figures: dict | None = None
+        self._figures: tuple | None = None  # (refs, held ids, free count, hash snapshot)
         self._fig_step: int | None = None  # the step whose books _figures describe
         self._fingerprint: tuple | None = None  # (hook calls/free/map keys, refs, held ids, hashes)
         self.dropped = 0
@@ -82,7 +81,7 @@ class Auditor:
         self.hook_names = list(self.hooks.install())
 
     def after_schedule(self, step: int, so, scheduled) -> bool:
-        found = self._kv_checks()
+        found = self._kv_checks(scheduled_ids=so.num_scheduled_tokens)
         found += self.req_checks.check("schedule", so, scheduled)
         return self._record_all(found, step, "after schedule")
 
@@ -98,12 +97,13 @@ class Auditor:
         if self.books is not None:
             if self._figures is None or self._fig_step != line.get("step") or line.get("crash") \
                     or self._step_new:
-                # the step ended inside a vLLM call (a crash, a hook's stop): read the books
-                # as they are now
+                # the books moved since the last full comparison (frees verified inside
+                # free_blocks) or the step ended inside a vLLM call (a crash, a hook's stop):
+                # read them as they are now
                 b = self.books
-                self._figures = self._compute_figures(b.refs(), b.held_ids(), b.num_free(),
-                                                      self.map_check.snapshot())
-            line["audit"] = dict(self._figures)
+                self._figures = (b.refs(), b.held_ids(), b.num_free(),
+                                 self.map_check.snapshot(full=False))
+            line["audit"] = self._compute_figures(*self._figures)
             self._fig_step = None
         if self._step_new:
             line["violations"] = [{"code": v["code"], "phase": v["phase"], "message": v["message"],
@@ -143,7 +143,8 @@ class Auditor:
                 "hook_calls": dict(self.hooks.calls) if self.hooks else {}}
 
     # ---- checks ---------------------------------------------------------------------------
-    def _kv_checks(self, with_leaks: bool = True, quick: bool = False) -> list[dict]:
+    def _kv_checks(self, with_leaks: bool = True, quick: bool = False,
+                   scheduled_ids=None) -> list[dict]:
         """The KV cache's books (KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP).
 
         Every check reads all ref counts, the block tables and (with prefix caching) every
@@ -163,31 +164,36 @@ class Auditor:
         b = self.books
         self.checks += 1
         requests = b.scheduler.requests
-        calls = sum(self.hooks.calls.values()) if self.hooks else 0
-        if quick and self._fingerprint is not None and calls == self._fingerprint[0][0]:
-            self._fig_step = getattr(self.loop, "step", None)  # the books did not move
+        # pool calls other than frees verified block by block right after they ran
+        calls = (sum(self.hooks.calls.values()) - self.hooks.verified_frees) if self.hooks else 0
+        if quick and self._fingerprint is not None and calls == self._fingerprint[0][0] \
+                and self.checks % self.full_every != 1:
+            if self.hooks is None or self.hooks.verified_frees == self._fingerprint[4]:
+                self._fig_step = getattr(self.loop, "step", None)  # the books did not move
             return check_leaks(b, requests, getattr(self.loop, "finished", {})) if with_leaks else []
+        full = self.checks % self.full_every == 1 or self._fingerprint is None
         refs = b.refs()
         ids = b.held_ids()
-        snap = self.map_check.snapshot()
+        snap = self.map_check.snapshot(full=full)
         nfree = b.num_free()
         fp = (calls, nfree, snap[1])
-        full = self.checks % self.full_every == 1 or self._fingerprint is None
         last = self._fingerprint
         found: list[dict] = []
         if with_leaks:  # ownership changes without the pool (a request finishing)
             found += check_leaks(b, requests, getattr(self.loop, "finished", {}))
-        if not full and fp == last[0] and refs == last[1] and ids == last[2] and snap[0] == last[3]:
+        if not full and fp == last[0] and refs == last[1] and ids == last[2] and snap[0] == last[3] \
+                and (self.hooks is None or self.hooks.verified_frees == last[4]):
             # the pool, the tables and the hashes are as the last check left them
             self._fig_step = getattr(self.loop, "step", None)
-            return found + self.hash_check.check(requests)
-        found += check_refcounts(b, refs, Counter(ids))
+            return found
+        found += check_refcounts(b, refs, ids)
         if full or not self._queue_counts_agree(refs, nfree):
             found += check_free_queue(b, refs)[0]
         found += self.map_check.check(full=False, snap=snap)
-        found += self.hash_check.check(requests)
-        self._fingerprint = (fp, refs, ids, snap[0])
-        self._figures = self._compute_figures(refs, ids, nfree, snap)
+        if scheduled_ids is not None or full:  # blocks get cached inside schedule()
+            found += self.hash_check.check(requests, None if full else scheduled_ids)
+        self._fingerprint = (fp, refs, ids, snap[0], self.hooks.verified_frees if self.hooks else 0)
+        self._figures = (refs, ids, nfree, snap)  # turned into figures once a step (annotate)
         self._fig_step = getattr(self.loop, "step", None)
         return found
 
@@ -212,10 +218,9 @@ class Auditor:
                "refs_held": len(ids) - (ids.count(null) if null is not None else 0)}
         if b.caching:
             hashes, nkeys = snap
-            zero = list(map(not_, refs))
-            if null is not None:
-                zero[null] = False
-            fig["cached_free"] = sum(map(is_not, compress(hashes, zero), repeat(None)))
+            # hashes are non-empty bytes or tuples: truthy; None is not
+            hashed = len(list(filter(None, hashes)))
+            fig["cached_free"] = hashed - len(list(filter(None, compress(hashes, refs))))
             fig["hash_entries"] = nkeys
         return fig
 

@@ -22,11 +22,8 @@ _rid = attrgetter("request_id")
 
 
 def used_blocks(refs: list[int], null: int | None) -> int:
-    """Non-null blocks with ``ref_cnt`` > 0 (counted at C speed when no count is negative)."""
-    used = len(refs) - refs.count(0) - (1 if null is not None and refs[null] != 0 else 0)
-    if refs and min(refs) < 0:  # below-zero counts are not "used" (the null block's may be)
-        used -= sum(1 for i, r in enumerate(refs) if r < 0 and i != null)
-    return used
+    """Non-null blocks with ``ref_cnt`` != 0 (a count below 0 is a KV_REFCOUNT finding)."""
+    return len(refs) - refs.count(0) - (1 if null is not None and refs[null] != 0 else 0)
 
 
 _hash_of = attrgetter("_block_hash")  # KVCacheBlock._block_hash, 0.8 to 0.33
@@ -54,15 +51,31 @@ def is_finished_status(name: str) -> bool:
 
 # ---- KV cache books ------------------------------------------------------------------------
 
-def check_refcounts(books: Books, refs: list[int], held: Counter) -> list[dict]:
+def check_refcounts(books: Books, refs: list[int], held: Counter | list[int]) -> list[dict]:
     """KV_REFCOUNT: every non-null block's ``ref_cnt`` equals the references held to it (block
     tables of every group, deferred frees, copy-on-write endpoints) and is never below 0.
 
     Mirrors the bookkeeping of ``BlockPool.get_new_blocks`` / ``touch`` / ``free_blocks``
     (``vllm/v1/core/block_pool.py``) against ``SingleTypeKVCacheManager.req_to_blocks``.
+    ``held``: a ``Counter`` of block id -> references, or the list of held block ids.
     """
     n = books.num_blocks
     null = books.null_id
+    if isinstance(held, list):  # the held block ids
+        if not books.caching:
+            # without prefix caching no block is shared: the held ids are distinct and are
+            # exactly the ids whose ref_cnt is not 0, each of which is 1
+            ids = set(held)
+            nz = set(compress(count(), refs))
+            ones = refs.count(1)
+            if null is not None:
+                ids.discard(null)
+                if refs[null]:
+                    nz.discard(null)
+                    ones -= refs[null] == 1
+            if ones == len(nz) and ids == nz and len(held) - held.count(null) == len(ids):
+                return []
+        held = Counter(held)
     # at C speed: the held count of every block id, in id order, against the ref counts
     expected = list(map(held.get, range(n), repeat(0)))
     if null is not None:
@@ -266,15 +279,28 @@ class PrefixMapCheck:
         self.last_keys = -1
         self.n = 0
         self.hashes: list = []
+        self._nones: list = []
 
     def _inner(self):
         m = self.books.pool.cached_block_hash_to_block
         return m if isinstance(m, dict) else getattr(m, "_cache", None)
 
-    def snapshot(self) -> tuple[list, int]:
-        """(every block's hash, by block id; the number of keys in the hash map)."""
+    def snapshot(self, full: bool = True) -> tuple[list, int]:
+        """(every block's hash, by block id; the number of keys in the hash map). With prefix
+        caching off the hashes are only read when ``full`` (they must all be None; between full
+        reads the map's size stands for them)."""
         inner = self._inner()
-        return list(map(_hash_of, self.books.blocks)), (len(inner) if inner is not None else -1)
+        nkeys = len(inner) if inner is not None else -1
+        if not self.books.caching and not full:
+            return self._none, nkeys
+        return list(map(_hash_of, self.books.blocks)), nkeys
+
+    @property
+    def _none(self) -> list:
+        n = self.books.num_blocks
+        if len(self._nones) != n:
+            self._nones = [None] * n
+        return self._nones
 
     def check(self, full: bool = False, snap: tuple[list, int] | None = None) -> list[dict]:
         books = self.books
@@ -375,7 +401,9 @@ class RequestHashCheck:
                        if hasattr(m, "num_cached_block")
                        and (hbs is None or getattr(m, "block_size", hbs) == hbs)]
 
-    def check(self, requests: dict) -> list[dict]:
+    def check(self, requests: dict, only=None) -> list[dict]:
+        """``only``: the request ids to look at (those scheduled in the step: a request's
+        blocks are cached when ``schedule()`` allocates for it); None for all."""
         if not self.books.caching:
             return []
         out = []
@@ -384,7 +412,10 @@ class RequestHashCheck:
         null = self.books.null_id
         for g in self.groups:
             m = self.books.managers[g]
-            for rid, k in m.num_cached_block.items():
+            counts = m.num_cached_block
+            pairs = counts.items() if only is None else \
+                [(rid, counts[rid]) for rid in only if rid in counts]
+            for rid, k in pairs:
                 table = m.req_to_blocks.get(rid)
                 req = requests.get(rid)
                 if not table or req is None:
@@ -482,9 +513,18 @@ class RequestChecks:
         spec = (getattr(so, "scheduled_spec_decode_tokens", None) or {}) if so is not None else {}
         nst = getattr(so, "num_scheduled_tokens", None) or {}
         last = self.last
-        new_last = {}
         names_of = self._names
-        for rid, req in requests.items():
+        if phase == "update":
+            # update_from_output only touches the requests it was given (the others keep the
+            # status and count the after-schedule check saw); finished ones leave the dict
+            for rid in last.keys() - requests.keys():
+                del last[rid]
+            new_last = last
+            items = [(rid, requests[rid]) for rid in nst if rid in requests]
+        else:
+            new_last = {}
+            items = requests.items()
+        for rid, req in items:
             status = req.status
             st = names_of.get(status) or name(status)
             q = where.get(rid)
@@ -497,7 +537,7 @@ class RequestChecks:
                     f"{rid} is in {q} with status {st} (expected a waiting status or PREEMPTED)")
             nct = req.num_computed_tokens
             prev = last.get(rid)
-            new_last[rid] = (nct, st)
+            new_last[rid] = (nct, st)  # (when new_last is last, prev was read first)
             if st == "PREEMPTED" and (prev is None or prev[1] != "PREEMPTED"):
                 self.preempted_now.add(rid)
             if prev is not None and nct == prev[0]:

@@ -75,6 +75,7 @@ class PoolHooks:
         self.installed: list[str] = []
         self.calls: Counter = Counter()
         self.error: str | None = None  # the audit's own failure inside a hook (a lab bug)
+        self.verified_frees = 0  # free_blocks calls whose every block was checked after it too
 
     def _guarded(self, check, *args) -> None:
         """Run a check inside a vLLM call: the auditor's stop exception passes; any other
@@ -82,9 +83,9 @@ class PoolHooks:
         ``error`` (the auditor raises it as a lab error at its next check) and the hooks stop
         checking."""
         if self.error is not None:
-            return
+            return None
         try:
-            check(*args)
+            return check(*args)
         except Exception:  # noqa: BLE001 - reported as a lab error, not a crash of vLLM
             import traceback
 
@@ -111,16 +112,20 @@ class PoolHooks:
         def free_blocks(ordered_blocks, *args, **kwargs):
             blocks = list(ordered_blocks)  # callers pass reversed() iterators: read once
             self.calls["free_blocks"] += 1
-            self._guarded(self.check_free, blocks)
-            return orig(blocks, *args, **kwargs)
+            freed = self._guarded(self.check_free, blocks)
+            out = orig(blocks, *args, **kwargs)
+            if freed is not None and self._guarded(self.check_freed, *freed):
+                self.verified_frees += 1
+            return out
 
         free_blocks.__wrapped__ = orig
         return free_blocks
 
     def _wrap_touch(self, orig):
         def touch(blocks, *args, **kwargs):
-            self.calls["touch"] += 1
-            self._guarded(lambda: self.check_touch(_flatten(blocks)))
+            if any(blocks):  # 0.9-0.11 touch one (often empty) list per group every allocation
+                self.calls["touch"] += 1
+                self._guarded(self.check_touch, _flatten(blocks))
             return orig(blocks, *args, **kwargs)
 
         touch.__wrapped__ = orig
@@ -152,11 +157,11 @@ class PoolHooks:
             freed[b.block_id] += 1
             objs[b.block_id] = b
         if not freed:
-            return
+            return objs, {}
         held = books.held_counts()
         bad = [bid for bid, k in freed.items() if objs[bid].ref_cnt - k < held.get(bid, 0)]
         if not bad:
-            return
+            return objs, held
         who = books.holders_of(bad)
         rid = _freeing_request()
         for_whom = f" for {rid}" if rid else ""
@@ -171,6 +176,29 @@ class PoolHooks:
                        f"{names(holders)}: ref_cnt would drop to {r - k}, expected >= {len(holders)}")
             reqs = _req_ids(holders) + ([rid] if rid else [])
             self.report(KV_DOUBLE_FREE, msg, reqs, [bid])
+        return None  # (keep going) the books are already known to be wrong
+
+    def check_freed(self, objs: dict, held) -> bool:
+        """Right after ``free_blocks``: every block it freed has ``ref_cnt`` == the references
+        still held to it, and one at 0 is linked into the free queue. True when all agree (the
+        pool then moved only as verified here); a disagreement is reported."""
+        fq = self.books.pool.free_block_queue
+        head = getattr(fq, "free_list_head", None) if not hasattr(fq, "fake_free_list_head") else None
+        ok = True
+        for bid, b in objs.items():
+            r, h = b.ref_cnt, held.get(bid, 0)
+            if r != h:
+                ok = False
+                who = self.books.holders_of([bid])[bid]
+                self.report(KV_REFCOUNT, (
+                    f"block {bid} ref_cnt {r} after free_blocks but held by {names(who)} "
+                    f"(expected {h})"), _req_ids(who), [bid])
+            elif r == 0 and b.prev_free_block is None and b is not head:
+                ok = False
+                self.report(KV_FREE_QUEUE, (
+                    f"block {bid} reached ref_cnt 0 in free_blocks but is not in the free queue "
+                    "(expected a freed block to be free)"), [], [bid])
+        return ok
 
     def check_touch(self, blocks: list) -> None:
         """A prefix hit (``BlockPool.touch``) may only take a free block that is linked in the

@@ -125,6 +125,7 @@ class StepLoop:
         idle = 0
         step = 0
         t1 = time.perf_counter()
+        c1 = time.process_time()
         for step in range(1, max_steps + 1):
             self.step = step
             line: dict[str, Any] = {"step": step, "added": [], "aborted": []}
@@ -193,6 +194,7 @@ class StepLoop:
                     "free_blocks": line.get("free_blocks")}}
                 break
         run_s = time.perf_counter() - t1
+        run_cpu_s = time.process_time() - c1
         if self.observer is not None:
             fin = self.observer.finish(self, result["outcome"])
             if fin and result["outcome"] == "clean":
@@ -208,6 +210,7 @@ class StepLoop:
             "unfinished": unfinished,
             "limit_reached": result["outcome"] == "clean" and bool(unfinished),
             "timing": {"build_s": round(build_s, 4), "run_s": round(run_s, 4),
+                       "run_cpu_s": round(run_cpu_s, 4),
                        "steps_per_s": round(step / run_s, 1) if run_s > 0 else None},
         })
         return result
