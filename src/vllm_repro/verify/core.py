@@ -1,0 +1,138 @@
+"""``vllm-repro verify``: a fix proven on CPU, reproduced before and clean after.
+
+The scenario runs on the release's pristine tree and on a patched copy; the other catalog
+entries that name the release run on both too, and must keep their verdicts (a fix that changes
+what another known bug does is suspicious). The verdict is ``verified`` only if the scenario
+reproduces before, is clean after (audit on), and nothing else changed.
+
+Everything goes into a verification bundle, ``reports/verify/<id>/``: the patch, the scenarios,
+the shared test suite, the release, the CPU verdicts and a sha256 manifest. ``make gpu-verify``
+ships that bundle to a GPU host for the final word.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..catalog import catalog_files
+from ..lab import RunItem, prepare_release, run_matrix
+from ..scenario import load_scenario
+from ..scenario.schema import Scenario
+from ..verdict import describe_observed
+from .patch import patch_files, patched_tree
+
+
+
+@dataclass
+class Verification:
+    """The outcome of a CPU verification. ``verified`` is the verdict; ``reasons`` why not."""
+
+    bundle: Path
+    version: str
+    scenario: str
+    before: dict
+    after: dict
+    others: list[dict] = field(default_factory=list)
+    verified: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"verified": self.verified, "reasons": self.reasons, "release": self.version,
+                "scenario": self.scenario, "before": self.before, "after": self.after,
+                "others": self.others}
+
+
+def _summary(item: RunItem) -> dict:
+    v = item.verdict
+    return {"scenario": item.scenario.name, "outcome": item.result.get("outcome"),
+            "observed": describe_observed(item.result), "ok": v.ok if v else None,
+            "expected": v.expected if v else None}
+
+
+def bundle_id(scenario: Scenario, version: str, patch: Path) -> str:
+    sha = hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
+    return f"{scenario.name}-{version}-{sha}"
+
+
+def related_entries(version: str, exclude: str, catalog: Path) -> list[tuple[Path, Scenario]]:
+    """Catalog entries that name ``version`` among their concrete releases (other than the
+    scenario under verification)."""
+    out = []
+    for p in catalog_files(catalog):
+        sc = load_scenario(p)
+        if sc.name != exclude and version in sc.vllm.concrete():
+            out.append((p, sc))
+    return out
+
+
+def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
+           catalog: Path = Path("scenarios"), shared_tests: Path = Path("tests/shared"),
+           say=lambda s: None) -> Verification:
+    """Run the verification and write its bundle. Raises
+    :class:`~vllm_repro.errors.InputError` for a patch that does not apply cleanly or touches
+    files outside ``vllm/``, :class:`~vllm_repro.errors.EnvError` for environment failures."""
+    scenario = load_scenario(scenario_path)
+    patch_files(patch)
+    env = prepare_release(version, say)
+    tree = patched_tree(env.tree, patch, version)
+    say(f"patched copy of vLLM {version}: {tree}")
+    patched_env = dataclasses.replace(env, tree=tree)
+    others = related_entries(version, scenario.name, catalog)
+    bid = bundle_id(scenario, version, patch)
+    bundle = reports / "verify" / bid
+    if bundle.exists():
+        shutil.rmtree(bundle)
+    bundle.mkdir(parents=True)
+
+    def run(env_for_run, label):
+        items = [RunItem(scenario, version)] + [RunItem(sc, version) for _, sc in others]
+        run_matrix(items, bundle / label, prepare=lambda v: env_for_run, say=say)
+        return items
+
+    before = run(env, "before")
+    after = run(patched_env, "after")
+    ver = Verification(bundle, version, scenario.name, _summary(before[0]), _summary(after[0]))
+    b, a = before[0], after[0]
+    if b.result.get("outcome") == "error" or a.result.get("outcome") == "error":
+        ver.reasons.append("the lab failed to run the scenario (see the reports); nothing is proven")
+    if b.result.get("outcome") == "clean":
+        ver.reasons.append(f"{scenario.name} does not reproduce on unpatched vLLM {version}")
+    elif b.verdict and b.verdict.ok is False:
+        ver.reasons.append(f"before: {b.verdict.reason or 'observation differs from expect'}")
+    if a.result.get("outcome") != "clean" or a.result.get("violations"):
+        ver.reasons.append(f"after the patch: {describe_observed(a.result)}")
+    for ib, ia in zip(before[1:], after[1:]):
+        sb, sa = _summary(ib), _summary(ia)
+        ver.others.append({"scenario": sb["scenario"], "before": sb["observed"], "after": sa["observed"],
+                           "kept": sb["ok"] == sa["ok"] and sb["outcome"] == sa["outcome"]})
+        if not ver.others[-1]["kept"]:
+            ver.reasons.append(f"{sb['scenario']} changed: {sb['observed']} -> {sa['observed']}")
+    ver.verified = not ver.reasons
+    _write_bundle(ver, scenario_path, patch, [p for p, _ in others], shared_tests)
+    return ver
+
+
+def _write_bundle(ver: Verification, scenario_path: Path, patch: Path, others: list[Path],
+                  shared: Path) -> None:
+    b = ver.bundle
+    shutil.copy2(patch, b / "patch.diff")
+    (b / "scenarios").mkdir()
+    shutil.copy2(scenario_path, b / "scenarios" / scenario_path.name)
+    for p in others:
+        shutil.copy2(p, b / "scenarios" / p.name)
+    if shared.is_dir():
+        shutil.copytree(shared, b / "tests" / "shared",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (b / "release.txt").write_text(ver.version + "\n")
+    (b / "verdict.json").write_text(json.dumps(ver.as_dict(), indent=1))
+    manifest = {}
+    for f in sorted(b.rglob("*")):
+        if f.is_file() and f.name != "manifest.json" and "before" not in f.parts and "after" not in f.parts:
+            manifest[str(f.relative_to(b))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    (b / "manifest.json").write_text(json.dumps({"release": ver.version, "scenario": ver.scenario,
+                                                 "sha256": manifest}, indent=1))

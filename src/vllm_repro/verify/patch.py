@@ -1,0 +1,101 @@
+"""Apply a fix to a copy of a release's tree: checked with a dry run first, never in place.
+
+A patch is a unified diff whose paths are ``vllm/...`` (``a/vllm/...`` and ``b/vllm/...`` as git
+writes them, or bare ``vllm/...``). It is applied with ``git apply`` (no fuzz: it applies
+cleanly or not at all) to a copy of ``trees/<version>`` kept under ``patched/<version>-<sha>/``
+in the cache, so the pristine tree stays as the release shipped it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import EnvError, InputError
+from ..settings import cache_dir
+
+_HEADER = re.compile(r"^(?:\+\+\+|---) (\S+)")
+
+
+def patch_files(patch: Path) -> list[str]:
+    """The files a unified diff touches, as ``vllm/...`` paths.
+
+    Raises :class:`InputError` when the file is not a unified diff or touches anything outside
+    the ``vllm`` package (the lab only patches vLLM's own code).
+    """
+    try:
+        text = patch.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{patch}: cannot read the patch ({exc.__class__.__name__})") from None
+    files: list[str] = []
+    for line in text.splitlines():
+        m = _HEADER.match(line)
+        if not m or m.group(1) == "/dev/null":
+            continue
+        path = m.group(1)
+        if path.startswith(("a/", "b/")):
+            path = path[2:]
+        if not path.startswith("vllm/") or ".." in Path(path).parts:
+            raise InputError(f"{patch}: touches {m.group(1)!r}; a fix may only change files under "
+                             "vllm/ (paths like a/vllm/v1/core/sched/scheduler.py)")
+        if path not in files:
+            files.append(path)
+    if not files:
+        raise InputError(f"{patch}: not a unified diff (no ---/+++ file headers)")
+    return files
+
+
+def _strip_level(patch: Path) -> int:
+    for line in patch.read_text().splitlines():
+        m = _HEADER.match(line)
+        if m and m.group(1) != "/dev/null":
+            return 1 if m.group(1).startswith(("a/", "b/")) else 0
+    return 1
+
+
+def dry_run(patch: Path, tree: Path) -> None:
+    """``git apply --check`` in ``tree``. Raises :class:`InputError` with git's first complaint
+    when the patch does not apply cleanly, :class:`EnvError` when git is missing."""
+    patch_files(patch)
+    git = shutil.which("git")
+    if git is None:
+        raise EnvError("git is needed to apply patches (git apply); install git")
+    cmd = [git, "apply", "--check", f"-p{_strip_level(patch)}", str(patch.resolve())]
+    proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or ["does not apply"])[0]
+        version = tree.name
+        raise InputError(f"{patch}: does not apply cleanly to vLLM {version}: {first}")
+
+
+def patched_tree(tree: Path, patch: Path, version: str) -> Path:
+    """A copy of ``tree`` with ``patch`` applied (made once per patch content, then reused).
+
+    Raises :class:`InputError` if the patch does not apply cleanly.
+    """
+    dry_run(patch, tree)
+    sha = hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
+    target = cache_dir() / "patched" / f"{version}-{sha}"
+    if (target / ".patched").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{version}-{sha}.", dir=target.parent))
+    try:
+        work = tmp / "tree"
+        shutil.copytree(tree, work, symlinks=False)
+        proc = subprocess.run(["git", "apply", f"-p{_strip_level(patch)}", str(patch.resolve())],
+                              cwd=work, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise InputError(f"{patch}: failed to apply to vLLM {version}: {proc.stderr.strip()[:300]}")
+        (work / ".patched").write_text(f"{patch.resolve()}\nsha256-prefix {sha}\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,58 @@
+"""Patches: only vllm/ paths, dry run first, applied to a copy (the pristine tree never changes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_repro.errors import InputError
+from vllm_repro.verify.patch import dry_run, patch_files, patched_tree
+
+ORIG = "def f():\n    return 1\n"
+DIFF = """--- a/vllm/mod.py
++++ b/vllm/mod.py
+@@ -1,2 +1,2 @@
+ def f():
+-    return 1
++    return 2
+"""
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path / "cache"))
+    t = tmp_path / "trees" / "9.9.9"
+    (t / "vllm").mkdir(parents=True)
+    (t / "vllm" / "mod.py").write_text(ORIG)
+    return t
+
+
+def test_patch_applies_to_a_copy_only(tree, tmp_path):
+    p = tmp_path / "fix.diff"
+    p.write_text(DIFF)
+    assert patch_files(p) == ["vllm/mod.py"]
+    out = patched_tree(tree, p, "9.9.9")
+    assert (out / "vllm" / "mod.py").read_text() == "def f():\n    return 2\n"
+    assert (tree / "vllm" / "mod.py").read_text() == ORIG
+    assert patched_tree(tree, p, "9.9.9") == out  # reused, not re-applied
+
+
+def test_patch_that_does_not_apply_is_refused_with_the_release(tree, tmp_path):
+    p = tmp_path / "stale.diff"
+    p.write_text(DIFF.replace("-    return 1", "-    return 7"))
+    with pytest.raises(InputError, match=r"does not apply cleanly to vLLM 9\.9\.9"):
+        dry_run(p, tree)
+
+
+@pytest.mark.parametrize("header", ["setup.py", "a/../etc/passwd", "a/tests/x.py"])
+def test_paths_outside_vllm_are_refused(tmp_path, header):
+    p = tmp_path / "bad.diff"
+    p.write_text(DIFF.replace("a/vllm/mod.py", header).replace("b/vllm/mod.py", header))
+    with pytest.raises(InputError, match="may only change files under vllm/"):
+        patch_files(p)
+
+
+def test_not_a_diff(tmp_path):
+    p = tmp_path / "x.diff"
+    p.write_text("hello\n")
+    with pytest.raises(InputError, match="not a unified diff"):
+        patch_files(p)
