@@ -76,3 +76,18 @@ def test_the_runs_do_preempt_and_abort(stress_run):
             assert len(preempted) >= 10, (path.stem, version)
             assert min(ln["free_blocks"] for ln in lines) == 0
             assert sum(len(ln["aborted"]) for ln in lines) >= 20
+
+
+def test_a_run_is_repeatable_to_the_audits_figures(tmp_path):
+    """Two runs of one prefix-caching stress scenario write the same trace, audit figures
+    included (0.10.1.1 once evicted different cached blocks from run to run: the worker now pins
+    the string-hash seed)."""
+    from ..conftest import run_cli
+
+    path = SCENARIOS / "stress" / "stress-fcfs-cache.yaml"
+    traces = []
+    for i in (1, 2):
+        proc = run_cli("run", str(path), "--vllm", "0.10.1.1", "--reports", str(tmp_path / f"r{i}"))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        traces.append((tmp_path / f"r{i}" / path.stem / "0.10.1.1" / "trace.jsonl").read_text())
+    assert traces[0] == traces[1] and '"cached_free"' in traces[0]
