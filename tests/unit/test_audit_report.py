@@ -11,7 +11,7 @@ from vllm_repro.audit.codes import CODES, make_violation, names
 from vllm_repro.audit.plant import PlantContext, PlantError, load_plant
 from vllm_repro.report.index import write_index
 from vllm_repro.report.sched_log import sched_log_lines
-from vllm_repro.report.timeline import marks, write_timeline
+from vllm_repro.report.timeline import labels, marks, write_timeline
 
 
 def trace_lines():
@@ -43,6 +43,15 @@ def test_marks_name_the_crash_and_violation_steps():
         (3, "crash", "crash AssertionError in schedule @3"),
         (9, "violation", "KV_LEAK @9"),  # an end-of-run finding has no trace line
     ]
+
+
+def test_labels_name_each_code_once_with_its_steps():
+    ms = [(22, "violation", "REQ_STATE @22"), (25, "violation", "REQ_STATE @25"),
+          (30, "crash", "crash X in schedule @30"), (81, "violation", "REQ_STATE @81"),
+          (40, "violation", "KV_LEAK @40")]
+    assert labels(ms) == [(22, "violation", "REQ_STATE @22 (3 steps, last @81)"),
+                          (30, "crash", "crash X in schedule @30"),
+                          (40, "violation", "KV_LEAK @40")]
 
 
 def test_timeline_png_is_written_and_linked_from_the_index(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MAX_LABELS = 4  # violation steps labelled by name; the rest are marked only
+MAX_LABELS = 4  # violation codes labelled by name; every violation step is marked
 
 
 def read_trace(path: Path) -> list[dict]:
@@ -55,6 +55,22 @@ def marks(trace: list[dict], result: dict | None = None) -> list[tuple[int, str,
         s = result["stall"]
         out.append((s["step"], "stall", f"stall @{s['step']} (no progress since {s.get('since')})"))
     return sorted(out, key=lambda m: (m[0], m[1] != "crash"))
+
+
+def labels(all_marks: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """One label per crash or stall, and one per violation code at its first step (``REQ_STATE
+    @22 (11 steps, last @81)``), at most ``MAX_LABELS`` codes; every mark keeps its line."""
+    out = []
+    by_code: dict[str, list[int]] = {}
+    for step, kind, label in all_marks:
+        if kind == "violation":
+            by_code.setdefault(label.rsplit(" @", 1)[0], []).append(step)
+        else:
+            out.append((step, kind, label))
+    for code, steps in list(by_code.items())[:MAX_LABELS]:
+        more = f" ({len(steps)} steps, last @{steps[-1]})" if len(steps) > 1 else ""
+        out.append((steps[0], "violation", f"{code} @{steps[0]}{more}"))
+    return sorted(out, key=lambda m: m[0])
 
 
 def write_timeline(run_dir: Path, result: dict | None = None) -> Path | None:
@@ -115,18 +131,17 @@ def write_timeline(run_dir: Path, result: dict | None = None) -> Path | None:
     ax2.set_ylim(bottom=0, top=(total or max([1] + [f or 0 for f in free])) * 1.15)
 
     colors = {"crash": "#d62728", "violation": "#ff7f0e", "stall": "#7f7f7f"}
-    labelled = 0
-    for step, kind, label in marks(trace, result):
+    all_marks = marks(trace, result)
+    for step, kind, _ in all_marks:
         for ax in (ax1, ax2):
             ax.axvline(step, color=colors[kind], linewidth=2 if kind == "crash" else 1.3,
                        linestyle="-" if kind != "violation" else "--", alpha=0.9)
-        if kind != "violation" or labelled < MAX_LABELS:
-            labelled += kind == "violation"
-            ax1.annotate(label, xy=(step, 1.0), xycoords=("data", "axes fraction"),
-                         xytext=(4, -4 - 14 * (labelled % 3)), textcoords="offset points",
-                         va="top", ha="left", fontsize=8, color=colors[kind], fontweight="bold",
-                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": colors[kind],
-                               "alpha": 0.9})
+    for row, (step, kind, label) in enumerate(labels(all_marks)):
+        ax1.annotate(label, xy=(step, 1.0), xycoords=("data", "axes fraction"),
+                     xytext=(4, -4 - 14 * row), textcoords="offset points",
+                     va="top", ha="left", fontsize=8, color=colors[kind], fontweight="bold",
+                     bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": colors[kind],
+                           "alpha": 0.9})
     lo, hi = min(steps), max(steps)
     if hi - lo < 4:
         for ax in (ax1, ax2):
