@@ -31,6 +31,9 @@ Probes (each names the vLLM source it follows):
 - block hashing: ``get_request_block_hasher`` + ``init_none_hash`` (0.10.1+, request-side), else
   the KV cache manager hashes by itself.
 - ``register_all_kvcache_specs(vllm_config)`` (0.33) before the scheduler is built.
+- where ``num_computed_tokens`` advances: in ``schedule()`` (0.8+), or in
+  ``update_from_output`` (0.6.x/0.7.x, whose source adds the scheduled count there); the audit
+  reads it from ``computed_advanced_in_schedule``.
 - draft tokens: ``ModelRunnerOutput.spec_token_ids`` (<= 0.10.1) or
   ``Scheduler.update_draft_token_ids(DraftTokenIds)`` (0.10.2+).
 - the CPU platform: the tree's ``vllm-X+cpu.dist-info`` makes ``vllm.platforms`` pick the CPU
@@ -159,6 +162,10 @@ class V1Adapter:
         #: no spec decode, and no way to say "no token" for a request that has finished prefill
         self.one_token_per_request = ann.replace(" ", "").lower() in ("list[int]", "typing.list[int]")
         self._sampled_ndarray = "ndarray" in ann
+        #: whether Scheduler.schedule() advances num_computed_tokens by the scheduled count
+        #: (0.8+: in schedule() or _update_after_schedule) or update_from_output does (0.6.x/0.7.x)
+        self.computed_advanced_in_schedule = not _source_has(
+            getattr(self.Scheduler, "update_from_output", None), "num_computed_tokens +=")
         self._register_model()
 
     # ---- environment -------------------------------------------------------------------------
@@ -575,6 +582,14 @@ class V1Adapter:
         preempted = [rid for rid in waiting
                      if getattr(scheduler.requests.get(rid), "status", None) == preempted_status]
         return waiting, running, preempted
+
+
+def _source_has(fn, text: str) -> bool:
+    """Whether the source of ``fn`` contains ``text`` (False when it has no readable source)."""
+    try:
+        return text in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
 
 def _iter_queue(q):
