@@ -506,7 +506,13 @@ class V1Adapter:
         iteration stats come from the detokenizing output processor, which the lab does not run,
         so they are None). Raises :class:`AdapterError` where the release has no V1 stat
         loggers."""
-        manager_cls = _try_import("vllm.v1.metrics.loggers:StatLoggerManager")
+        try:
+            loggers_mod = importlib.import_module("vllm.v1.metrics.loggers")
+        except Exception as exc:  # noqa: BLE001 - e.g. a slice without the metrics modules
+            raise AdapterError(f"vLLM {self.version}'s stat loggers (vllm.v1.metrics.loggers, for "
+                               f"config.disable_log_stats: false) do not import: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        manager_cls = getattr(loggers_mod, "StatLoggerManager", None)
         if manager_cls is not None:
             manager = call_supported(manager_cls, vllm_config=vllm_config, engine_idxs=[0],
                                      custom_stat_loggers=None, enable_default_loggers=True)
