@@ -22,6 +22,7 @@ from .errors import EnvError, LabError
 from .scenario.schema import Scenario
 from .settings import cache_dir
 from .sources.env import ReleaseEnv, prepare_env
+from .sources.installed import check_release, installed
 from .sources.sdist import extract_tree, fetch_sdist, validate_version
 from .verdict import Verdict, judge
 
@@ -47,6 +48,10 @@ def prepare_release(version: str, say: Say = lambda s: None,
     :class:`~vllm_repro.errors.EnvError` for network, hash or install failures.
     """
     validate_version(version)
+    inst = installed()
+    if inst is not None:  # VLLM_REPRO_VLLM=installed: no sdist, tree or environment to build
+        check_release(inst, version)
+        return ReleaseEnv(version, None, inst.python.parent.parent, interpreter=inst.python)
     t = time.perf_counter()
     with release_lock(version):
         release = fetch_sdist(version, progress=progress)
@@ -130,10 +135,15 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
 
 def releases_for(scenario: Scenario, requested: list[str]) -> list[str]:
     """The releases to run: ``--vllm`` values if given, else the scenario's concrete
-    ``reproduces_on`` and ``clean_on`` releases. Raises :class:`EnvError`-free
+    ``reproduces_on`` and ``clean_on`` releases; in installed mode the installed release. Raises :class:`EnvError`-free
     :class:`~vllm_repro.errors.InputError` when neither names one."""
     from .errors import InputError
 
+    inst = installed()
+    if inst is not None:  # installed mode runs the installed release, and only that one
+        for v in requested:
+            check_release(inst, validate_version(v))
+        return [inst.release]
     if requested:
         return [validate_version(v) for v in requested]
     versions = scenario.vllm.concrete()
