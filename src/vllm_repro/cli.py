@@ -139,9 +139,12 @@ def main() -> None:
         err.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors
-        import click
+        try:
+            from click.exceptions import ClickException
+        except ImportError:  # typer >= 0.25 vendors click instead of depending on it
+            from typer._click.exceptions import ClickException
 
-        if isinstance(exc, click.exceptions.ClickException):
+        if isinstance(exc, ClickException):
             exc.show()
             sys.exit(EXIT_INPUT)
         raise

@@ -53,10 +53,15 @@ def prepare_release(version: str, say: Say = lambda s: None,
         check_release(inst, version)
         return ReleaseEnv(version, None, inst.python.parent.parent, interpreter=inst.python)
     t = time.perf_counter()
-    with release_lock(version):
-        release = fetch_sdist(version, progress=progress)
-        tree = extract_tree(release)
-        env = prepare_env(release, tree)
+    try:
+        with release_lock(version):
+            release = fetch_sdist(version, progress=progress)
+            tree = extract_tree(release)
+            env = prepare_env(release, tree)
+    except PermissionError as exc:  # e.g. the CPU image's cache, read-only with its baked releases
+        raise EnvError(f"vLLM {version} is not ready in the cache {cache_dir()} and it cannot be "
+                       f"written ({exc.strerror}: {exc.filename}); in the CPU image only the releases "
+                       "baked into it run (make images VLLM_VERSIONS=...)") from None
     say(f"vLLM {version}: ready in {time.perf_counter() - t:.1f}s ({env.root})")
     return env
 
@@ -105,6 +110,13 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     """
     prepare = prepare or (lambda v: prepare_release(v, say))
     reports = reports.resolve()
+    try:
+        reports.mkdir(parents=True, exist_ok=True)
+        if not os.access(reports, os.W_OK):
+            raise PermissionError(13, "not writable", str(reports))
+    except OSError:  # a bind mount in a container, most often: say so before any run
+        raise EnvError(f"cannot write reports to {reports} as uid {os.getuid()} (in a container: "
+                       "mount a folder that user may write, or run it with --user)") from None
     by_version: dict[str, list[RunItem]] = {}
     for item in items:
         by_version.setdefault(item.version, []).append(item)
