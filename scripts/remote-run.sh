@@ -11,12 +11,14 @@
 #
 # Its output is the container's, streamed (and kept in WORK/run.log). Exit: the judge's code,
 # or 3 when docker fails here. If the SSH session ends first (stdin closes), the container's
-# results so far are copied to WORK/out, the container is removed, and WORK is removed after
-# 15 minutes unless the client comes back for it first (it kills that timer: WORK/reaper.pid).
+# results so far are copied to WORK/out, the container is removed, WORK/gone.done is written, and
+# WORK is removed after 15 minutes unless the client comes back for it first. A client that comes
+# back sends TERM to WORK/script.pid (the same clean-up, if this side had not noticed yet).
 set -u
 work=$1 image=$2 gpus=$3 name=$4
 log="$work/run.log"
 : >>"$log"
+echo $$ >"$work/script.pid"
 say() { echo "[remote] $*"; echo "[remote] $*" >>"$log"; }
 
 collect() { docker cp "$name:/out" "$work/out" >>"$log" 2>&1 || true; }
@@ -27,14 +29,20 @@ gone() {
   echo "[remote] the client went away: results so far kept in $work/out, container removed" >>"$log"
   collect
   remove
-  nohup sh -c 'sleep 900; rm -rf "$1"' reaper "$work" >/dev/null 2>&1 </dev/null &
+  # removes WORK after 15 minutes, or exits as soon as the client has removed it
+  nohup sh -c 'n=0; while [ -d "$1" ] && [ $n -lt 900 ]; do sleep 1; n=$((n+1)); done; rm -rf "$1"' \
+    reaper "$work" >/dev/null 2>&1 </dev/null &
   echo $! >"$work/reaper.pid"
+  : >"$work/gone.done"
   exit 129
 }
 trap gone HUP PIPE TERM INT
 
-# stdin stays open while the client is connected; EOF means the session is gone
-cat <&0 >/dev/null &
+# stdin stays open while the client is connected; EOF means the session is gone. (A background
+# command's stdin is /dev/null unless it comes through another descriptor: hence fd 3.)
+exec 3<&0
+cat <&3 >/dev/null 3<&- &
+exec 3<&-
 stdin_pid=$!
 ( while kill -0 "$stdin_pid" 2>/dev/null; do sleep 1; done; kill -TERM $$ 2>/dev/null ) </dev/null &
 watch_pid=$!

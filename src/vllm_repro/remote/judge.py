@@ -165,7 +165,7 @@ def judge(bundle: Path, out: Path) -> int:
         release = (bundle / "release.txt").read_text().strip()
         name = manifest.get("scenario") or json.loads((bundle / "verdict.json").read_text())["scenario"]
         summary.update(release=release, scenario=name)
-        phase(f"bundle {bundle.name}: {name} on vLLM {release}")
+        phase(f"bundle: {name} on vLLM {release} (manifest checked)")
         inst = find_installed(release)
         summary.update(installed={"version": inst.version, "python": str(inst.python),
                                   "package_dir": str(inst.package_dir)})

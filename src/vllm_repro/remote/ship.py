@@ -363,7 +363,7 @@ def ship_bundle(ship: Ship, say: Say, on_line: Callable[[str], None]) -> int:
         say(f"running the shared suite in {ship.image} on {ship.host}")
         res = _run(conn, " ".join(shlex.quote(a) for a in (
             "sh", f"{work}/remote-run.sh", work, ship.image, "none" if ship.gpu == "none" else "all",
-            container)), "the suite ran", timeout=6 * 3600, out_stream=stream)
+            container)), "running the shared suite", timeout=6 * 3600, out_stream=stream)
         code = res.exited if res.exited in (EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_ENV) else EXIT_ENV
         summary["remote_exit"] = res.exited
         fetch(conn, work, ship.local, say)
@@ -375,6 +375,7 @@ def ship_bundle(ship: Ship, say: Say, on_line: Callable[[str], None]) -> int:
         conn = _reconnect(ship, say)
         if conn is not None and work:
             try:
+                _stop_remote_run(conn, work)
                 fetch(conn, work, ship.local, say)
             except EnvError:
                 pass
@@ -418,6 +419,16 @@ def ship_bundle(ship: Ship, say: Say, on_line: Callable[[str], None]) -> int:
     summary.update(exit_code=code, messages=ship.messages, finished=time.time())
     (ship.local / "summary.json").write_text(json.dumps(summary, indent=1))
     return code
+
+
+def _stop_remote_run(conn, work: str, wait_s: int = 60) -> None:
+    """After a drop: make the remote script stop its container and save what it had (TERM to it
+    unless it already did, having seen its session end), and wait for that (``gone.done``)."""
+    q = shlex.quote(work)
+    _run(conn, f"cd {q} 2>/dev/null || exit 0; pid=$(cat script.pid 2>/dev/null); "
+               f"if [ -n \"$pid\" ] && [ ! -f gone.done ] && kill -0 $pid 2>/dev/null; then kill -TERM $pid; fi; "
+               f"i=0; while [ $i -lt {wait_s} ] && [ ! -f gone.done ] && kill -0 $pid 2>/dev/null; "
+               "do sleep 1; i=$((i+1)); done; true", "stopping the remote run", timeout=wait_s + 60)
 
 
 def _reconnect(ship: Ship, say: Say, tries: int = 3):
