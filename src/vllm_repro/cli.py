@@ -72,6 +72,9 @@ def run(
     sched_log: bool = typer.Option(False, "--sched-log", help="Print [SCHED] state lines when the state changes."),
     jobs: Optional[int] = typer.Option(None, help="Releases run in parallel (default: CPUs, max 4)."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
+    tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto (default: "
+                                       "VLLM_REPRO_TREE, else auto: the committed slice where "
+                                       "it is proven equivalent)."),
 ) -> None:
     """Run scenario(s) on vLLM release(s) and print the verdict table."""
     from .lab import RunItem, releases_for, run_matrix
@@ -81,20 +84,31 @@ def run(
     t0 = time.perf_counter()
     loaded = [load_scenario(p) for p in scenarios]
     items = [RunItem(sc, v) for sc in loaded for v in releases_for(sc, vllm)]
-    run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=_say)
+    _check_tree(tree)
+    run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=_say, tree=tree)
     write_index(reports)
     code = _print_results(items, as_json, sched_log)
     _say(f"done in {time.perf_counter() - t0:.1f}s; reports in {reports}/")
     raise typer.Exit(code)
 
 
+def _check_tree(tree: Optional[str]) -> None:
+    from .errors import InputError
+    from .lab import TREES
+
+    if tree is not None and tree not in TREES:
+        raise InputError(f"--tree {tree!r}: expected one of {', '.join(TREES)}")
+
+
 @app.command()
-def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build.")) -> None:
+def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build."),
+            tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto")) -> None:
     """Fetch, verify and extract release(s) and build their CPU environments."""
     from .lab import prepare_release
 
+    _check_tree(tree)
     for v in versions:
-        env = prepare_release(v, _say)
+        env = prepare_release(v, _say, tree=tree)
         out.print(f"vLLM {v}: {env.python} (tree {env.tree})")
 
 
@@ -138,13 +152,10 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         err.print("aborted")
         sys.exit(130)
-    except Exception as exc:  # click usage errors
-        try:
-            from click.exceptions import ClickException
-        except ImportError:  # typer >= 0.25 vendors click instead of depending on it
-            from typer._click.exceptions import ClickException
-
-        if isinstance(exc, ClickException):
+    except Exception as exc:
+        # usage errors from click (bundled inside typer in newer releases): they know how to
+        # show themselves and carry their exit code (2 for usage)
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(EXIT_INPUT)
         raise

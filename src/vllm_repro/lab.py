@@ -40,12 +40,48 @@ class RunItem:
     report_dir: Path | None = None
 
 
+#: ``--tree`` choices: the whole sdist tree in the full environment, the committed slice
+#: (``slices/<version>.json``) in its own environment, or ``auto``: the slice where one is
+#: committed and recorded as equivalent to the full tree, else the full tree.
+TREES = ("full", "slice", "auto")
+
+
+def default_tree() -> str:
+    """``VLLM_REPRO_TREE`` if set, else ``full``. Natively the full tree is the default: a
+    slice saves disk, not import time (torch dominates), and costs a second environment; the
+    CPU image sets ``auto`` to run the committed, proven-equivalent slices."""
+    tree = os.environ.get("VLLM_REPRO_TREE") or "full"
+    if tree not in TREES:
+        from .errors import InputError
+
+        raise InputError(f"VLLM_REPRO_TREE={tree!r}: expected one of {', '.join(TREES)}")
+    return tree
+
+
+def resolve_tree(version: str, tree: str | None) -> str:
+    """``full`` or ``slice`` for ``version`` (``auto`` looks for an equivalent committed slice)."""
+    tree = tree or default_tree()
+    if tree != "auto":
+        return tree
+    from .slicing.spec import spec_path
+
+    try:
+        spec = json.loads(spec_path(version).read_text())
+    except (OSError, ValueError):
+        return "full"
+    return "slice" if spec.get("equivalence", {}).get("equal") is True else "full"
+
+
 def prepare_release(version: str, say: Say = lambda s: None,
-                    progress: Callable[[int, int | None], None] | None = None) -> ReleaseEnv:
+                    progress: Callable[[int, int | None], None] | None = None,
+                    tree: str | None = None) -> ReleaseEnv:
     """Fetch (cached, sha256-checked), extract and build the CPU environment of ``version``.
 
-    Raises :class:`~vllm_repro.errors.InputError` for a release the index does not have and
-    :class:`~vllm_repro.errors.EnvError` for network, hash or install failures.
+    ``tree``: ``full``, ``slice`` or ``auto`` (see :data:`TREES`; default :func:`default_tree`).
+    A slice takes only its files out of the sdist and installs only its traced requirements.
+    Raises :class:`~vllm_repro.errors.InputError` for a release the index does not have (or
+    ``slice`` without a committed slice) and :class:`~vllm_repro.errors.EnvError` for network,
+    hash or install failures.
     """
     validate_version(version)
     inst = installed()
@@ -53,16 +89,22 @@ def prepare_release(version: str, say: Say = lambda s: None,
         check_release(inst, version)
         return ReleaseEnv(version, None, inst.python.parent.parent, interpreter=inst.python)
     t = time.perf_counter()
+    kind = resolve_tree(version, tree)
     try:
         with release_lock(version):
             release = fetch_sdist(version, progress=progress)
-            tree = extract_tree(release)
-            env = prepare_env(release, tree)
+            if kind == "slice":
+                from .slicing.spec import load_spec, materialise, slice_env
+
+                spec = load_spec(version)
+                env = slice_env(spec, materialise(spec, release), say)
+            else:
+                env = prepare_env(release, extract_tree(release))
     except PermissionError as exc:  # e.g. the CPU image's cache, read-only with its baked releases
-        raise EnvError(f"vLLM {version} is not ready in the cache {cache_dir()} and it cannot be "
-                       f"written ({exc.strerror}: {exc.filename}); in the CPU image only the releases "
-                       "baked into it run (make images VLLM_VERSIONS=...)") from None
-    say(f"vLLM {version}: ready in {time.perf_counter() - t:.1f}s ({env.root})")
+        raise EnvError(f"vLLM {version} ({kind} tree) is not ready in the cache {cache_dir()} and it "
+                       f"cannot be written ({exc.strerror}: {exc.filename}); in the CPU image only the "
+                       "releases baked into it run (make images VLLM_VERSIONS=...)") from None
+    say(f"vLLM {version}: {kind} tree ready in {time.perf_counter() - t:.1f}s ({env.root})")
     return env
 
 
@@ -101,14 +143,15 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
 
 def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
                jobs: int | None = None, say: Say = lambda s: None,
-               prepare: Callable[[str], ReleaseEnv] | None = None) -> list[RunItem]:
+               prepare: Callable[[str], ReleaseEnv] | None = None,
+               tree: str | None = None) -> list[RunItem]:
     """Run every item; fill in ``result`` and ``verdict``; write ``result.json`` per run.
 
     Releases are prepared one after the other (network and disk), then run in parallel, one
     worker per release, at most ``jobs`` at a time (default: the number of CPUs, at most 4).
     An environment failure for one release marks its items ``error`` and does not stop the rest.
     """
-    prepare = prepare or (lambda v: prepare_release(v, say))
+    prepare = prepare or (lambda v: prepare_release(v, say, tree=tree))
     reports = reports.resolve()
     try:
         reports.mkdir(parents=True, exist_ok=True)
@@ -165,4 +208,5 @@ def releases_for(scenario: Scenario, requested: list[str]) -> list[str]:
     return versions
 
 
-__all__ = ["RunItem", "prepare_release", "run_matrix", "releases_for", "EnvError"]
+__all__ = ["RunItem", "prepare_release", "run_matrix", "releases_for", "resolve_tree", "TREES",
+           "EnvError"]

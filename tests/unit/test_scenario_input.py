@@ -103,3 +103,9 @@ def test_cli_bad_version_string_exit_2(tmp_path, cli, root):
                "--vllm", "banana", "--reports", str(tmp_path / "r"))
     assert proc.returncode == 2
     assert "'banana' is not a version" in proc.stderr
+
+
+def test_cli_usage_error_exit_2(cli):
+    proc = cli("run", "--no-such-option")
+    assert proc.returncode == 2
+    assert "No such option" in proc.stderr and "Traceback" not in proc.stderr

@@ -469,8 +469,12 @@ class V1Adapter:
 
 def _iter_queue(q):
     """Requests in a waiting queue: a deque, a list, or vLLM's ``RequestQueue`` (heap for the
-    priority policy; iterating it yields requests in policy order)."""
+    priority policy; iterating it yields requests in policy order). A heap left unordered by a
+    crash inside ``heapq`` is read raw, entry by entry."""
     try:
         return list(q)
-    except TypeError:
-        return list(getattr(q, "_heap", []))
+    except Exception:  # noqa: BLE001 - e.g. TypeError comparing Requests in a broken heap
+        items = getattr(q, "_heap", None)
+        if items is None:
+            raise
+        return [x[-1] if isinstance(x, tuple) else x for x in items]

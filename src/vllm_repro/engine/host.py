@@ -36,13 +36,19 @@ def lab_path() -> Path:
     return d
 
 
-def child_environment(env: ReleaseEnv) -> dict[str, str]:
-    """Environment variables for a worker: CPU platform, V1 engine, no hub, no usage stats."""
+def child_environment(env: ReleaseEnv, extra_path: tuple[str, ...] = (),
+                      extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment variables for a worker: CPU platform, V1 engine, no hub, no usage stats.
+
+    ``extra_path`` goes on ``PYTHONPATH`` before the lab and the tree (the slicer's tracer and
+    pytest overlay); ``extra_env`` is applied last.
+    """
     child = {k: v for k, v in os.environ.items()
              if not k.startswith(("PYTHON", "VIRTUAL_ENV", "VLLM_"))}
     child.update({
         # an installed vLLM (no tree) is found by the interpreter itself
-        "PYTHONPATH": os.pathsep.join([str(lab_path())] + ([str(env.tree)] if env.tree else [])),
+        "PYTHONPATH": os.pathsep.join([*extra_path, str(lab_path())]
+                                      + ([str(env.tree)] if env.tree else [])),
         "PYTHONNOUSERSITE": "1",
         "PYTHONUNBUFFERED": "1",
         "VLLM_TARGET_DEVICE": "cpu",
@@ -58,10 +64,14 @@ def child_environment(env: ReleaseEnv) -> dict[str, str]:
         # and without triton (not installed) inductor's import would fail on torch 2.13
         "TORCHDYNAMO_DISABLE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # the packaged OPT config.json (2048 positions) only stands in for the real model: a
+        # scenario's max_model_len (32k contexts from real crash logs) must be accepted as given
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
     })
     for k in ("VLLM_LOGGING_LEVEL",):
         if k in os.environ:
             child[k] = os.environ[k]
+    child.update(extra_env or {})
     return child
 
 
@@ -72,8 +82,11 @@ class Worker:
     :class:`EnvError` if vLLM cannot be imported in the environment (the log names the cause).
     """
 
-    def __init__(self, env: ReleaseEnv, log_path: Path, model_dir: Path = DEFAULT_MODEL):
+    def __init__(self, env: ReleaseEnv, log_path: Path, model_dir: Path = DEFAULT_MODEL,
+                 extra_path: tuple[str, ...] = (), extra_env: dict[str, str] | None = None):
         self.env = env
+        self.extra_path = extra_path
+        self.extra_env = extra_env
         self.log_path = log_path
         self.model_dir = model_dir
         self.proc: subprocess.Popen | None = None
@@ -95,7 +108,8 @@ class Worker:
                 [str(self.env.python), "-m", "vllm_repro.engine.worker",
                  "--model-dir", str(self.model_dir), "--reply-fd", str(w)],
                 stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                pass_fds=(w,), env=child_environment(self.env), text=True,
+                pass_fds=(w,),
+                env=child_environment(self.env, self.extra_path, self.extra_env), text=True,
                 cwd=str(self.env.tree or self.log_path.parent))
         except OSError as exc:
             os.close(r)

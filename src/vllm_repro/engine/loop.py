@@ -93,15 +93,19 @@ class StepLoop:
             _, self.scheduler = a.build(self.cfg)
         except AdapterError:
             raise
-        except (ValueError, NotImplementedError) as exc:
-            # vLLM's config validation (pydantic's ValidationError is a ValueError)
-            first = str(exc).strip().splitlines()
-            raise RefusedByRelease(
-                f"config: vLLM {a.version} refuses this configuration: {type(exc).__name__}: "
-                f"{' '.join(first[:3]) if first else ''}") from exc
         except Exception as exc:
+            # Raised inside vLLM (config validation, the CPU platform's checks): the release
+            # refuses this configuration, an input error. Raised in the lab: a lab error.
+            tb = traceback.extract_tb(exc.__traceback__)
+            innermost = tb[-1].filename if tb else ""
+            first = " ".join(str(exc).strip().splitlines()[:3])
+            if vllm_frames(exc.__traceback__, a.vllm_file) and str(a.vllm_file.resolve()) in str(
+                    Path(innermost).resolve()):
+                raise RefusedByRelease(
+                    f"config: vLLM {a.version} refuses this configuration: "
+                    f"{type(exc).__name__}: {first}") from exc
             raise AdapterError(f"building vLLM {a.version}'s scheduler failed: "
-                               f"{type(exc).__name__}: {exc}") from exc
+                               f"{type(exc).__name__}: {first}") from exc
         for r in self.sc["requests"]:
             a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
         build_s = time.perf_counter() - t0
@@ -216,7 +220,11 @@ class StepLoop:
         return newly
 
     def _state(self, line: dict) -> None:
-        waiting, running, preempted = self.adapter.queues(self.scheduler)
+        try:
+            waiting, running, preempted = self.adapter.queues(self.scheduler)
+        except Exception as exc:  # noqa: BLE001 - after a crash the queues may be unreadable
+            line["state_error"] = f"{type(exc).__name__}: {exc}"
+            return
         line["waiting"] = waiting
         line["running"] = running
         line["preempted"] = preempted

@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     reply = os.fdopen(args.reply_fd, "w", buffering=1)
     t0 = time.perf_counter()
+    try:  # on a slice tree: its finder ("vllm.x.y is not in the slice ...") and stubs
+        import _vllm_slice  # noqa: F401  (normally already imported by the slice's sitecustomize)
+    except ImportError:
+        pass
     try:
         from .adapter import V1Adapter
 

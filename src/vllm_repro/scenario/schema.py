@@ -231,6 +231,14 @@ class Scenario(Strict):
     description: str = ""
     vllm: VllmRefs = Field(default_factory=VllmRefs)
     level: Literal["scheduler", "engine-core"] = "scheduler"
+
+    @field_validator("level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        if v == "engine-core":
+            raise ValueError("level engine-core (EngineCore with a fake executor) is not built yet; "
+                             "use level: scheduler, which drives the real Scheduler as EngineCore.step does")
+        return v
     config: SchedulerSettings
     requests: list[RequestSpec] = Field(min_length=1)
     events: list[Event] = Field(default_factory=list)

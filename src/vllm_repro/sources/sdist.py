@@ -195,13 +195,7 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
                     m.name = rel
                     m.mode &= 0o755
                     tf.extract(m, tmp, set_attrs=False)
-        dist = tmp / f"vllm-{release.version}+cpu.dist-info"
-        dist.mkdir()
-        (dist / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: vllm\nVersion: {release.version}+cpu\n"
-            "Summary: vLLM source tree extracted by vllm-repro (CPU, no compiled extensions)\n")
-        (dist / "INSTALLER").write_text("vllm-repro\n")
-        (dist / "RECORD").write_text("")
+        write_dist_info(tmp, release.version)
         (tmp / ".extracted.json").write_text(json.dumps({"sha256": release.sha256, "parts": parts}))
         if target.exists():
             shutil.rmtree(target)
@@ -212,6 +206,18 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def write_dist_info(tree: Path, version: str) -> Path:
+    """Write ``vllm-<version>+cpu.dist-info`` into ``tree`` (see :func:`extract_tree`)."""
+    dist = tree / f"vllm-{version}+cpu.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
+        "Summary: vLLM source tree extracted by vllm-repro (CPU, no compiled extensions)\n")
+    (dist / "INSTALLER").write_text("vllm-repro\n")
+    (dist / "RECORD").write_text("")
+    return dist
 
 
 def validate_version(version: str) -> str:

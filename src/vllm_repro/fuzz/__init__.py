@@ -1,0 +1,1 @@
+"""Fuzzing: hypothesis strategies over scenarios, a parallel search, shrinking by signature."""

@@ -1,0 +1,280 @@
+"""Search workloads until vLLM raises or an invariant breaks, then shrink to a minimal reproducer.
+
+Each search process owns one engine worker (vLLM imported once) and runs hypothesis in chunks of
+examples, each chunk with a seed derived from the campaign seed, the process index and the chunk
+number, until the time is up. The first failure a process sees fixes its target *signature*
+(exception type + innermost vLLM frame, or violation code, or stall); from then on only that
+signature counts as failing, so hypothesis's shrinker is judged on the same signature, never on
+any failure. Lab errors (outcome ``error``) are counted, never reported as findings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import queue as queue_mod
+import re
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, seed, settings
+
+from .strategies import Profile, scenarios
+
+CHUNK = 40
+
+
+def signature(result: dict) -> str | None:
+    """The failure signature of a run, or None for ``clean`` and ``error``.
+
+    ``crash:AssertionError@vllm/v1/core/sched/scheduler.py:schedule``,
+    ``violation:REQ_STATE``, ``stall``.
+    """
+    outcome = result.get("outcome")
+    if outcome == "crash":
+        c = result["crash"]
+        w = c.get("where")
+        return f"crash:{c['type']}@{w['file']}:{w['function']}" if w else f"crash:{c['type']}@<no vLLM frame>"
+    if outcome == "violation":
+        codes = [v["code"] for v in result.get("violations") or []]
+        return f"violation:{codes[0]}" if codes else "violation"
+    if outcome == "stall":
+        return "stall"
+    return None
+
+
+def slug(sig: str) -> str:
+    """A file-name form of a signature: ``crash-AssertionError-scheduler.schedule``."""
+    kind, _, rest = sig.partition(":")
+    if kind == "crash":
+        exc, _, where = rest.partition("@")
+        file, _, func = where.rpartition(":")
+        mod = Path(file).stem
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"crash-{exc}-{mod}.{func}").strip("-")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", sig.replace(":", "-")).strip("-")
+
+
+def size(sc: dict) -> tuple:
+    """How big a scenario is (for picking the smallest reproducer)."""
+    return (len(sc["requests"]), len(sc.get("events", [])),
+            sum(r["prompt_len"] + r["max_tokens"] for r in sc["requests"]))
+
+
+class _Found(Exception):
+    pass
+
+
+@dataclass
+class Finding:
+    """A shrunk failure: its signature, the minimal scenario dict and the run's result."""
+
+    signature: str
+    scenario: dict
+    result: dict
+    found_after_s: float
+    examples: int
+    worker: int
+
+
+@dataclass
+class SearchConfig:
+    version: str
+    profile: Profile
+    seed: int
+    time_s: float
+    stop_on_first: bool = False
+    target: str | None = None  # only count failures whose signature contains this
+    audit: bool = True
+
+
+def _chunk_seed(base: int, worker: int, chunk: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{base}:{worker}:{chunk}".encode()).digest()[:8], "big")
+
+
+def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue, log_dir: str) -> None:
+    """Body of one search process: posts ``("progress", ...)``, ``("finding", ...)``,
+    ``("error", ...)`` and finally ``("done", index)`` messages on ``out``."""
+    from ..engine.host import Worker
+    from ..scenario import parse_scenario
+    from ..sources.env import ReleaseEnv
+
+    env = ReleaseEnv(env_dict["version"], Path(env_dict["tree"]), Path(env_dict["root"]))
+    t0 = time.perf_counter()
+    deadline = t0 + cfg.time_s
+    stats = {"examples": 0, "errors": 0, "by_outcome": {}}
+    try:
+        with Worker(env, Path(log_dir) / f"fuzz-{cfg.version}-{index}.log") as worker:
+            seen: set[str] = set()
+            chunk = 0
+            while time.perf_counter() < deadline:
+                state: dict = {"target": None, "last": None}
+
+                def run_one(sc: dict) -> None:
+                    payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
+                    result = worker.run(payload, None, audit=cfg.audit)
+                    stats["examples"] += 1
+                    oc = result.get("outcome", "error")
+                    stats["by_outcome"][oc] = stats["by_outcome"].get(oc, 0) + 1
+                    if oc == "error":
+                        stats["errors"] += 1
+                        if stats["errors"] <= 3:
+                            out.put(("error", index, (result.get("error") or {}).get("message", "")))
+                    if stats["examples"] % 20 == 0:
+                        out.put(("progress", index, dict(stats)))
+                    sig = signature(result)
+                    if sig is None or sig in seen:
+                        return
+                    if cfg.target and cfg.target not in sig:
+                        return
+                    if state["target"] is None:
+                        state["target"] = sig
+                    if sig == state["target"]:
+                        state["last"] = (sc, result)
+                        raise _Found(sig)
+
+                test = given(scenarios(cfg.profile, cfg.version))(run_one)
+                test = settings(max_examples=CHUNK, database=None, deadline=None, derandomize=False,
+                                phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
+                                suppress_health_check=list(HealthCheck), print_blob=False)(test)
+                test = seed(_chunk_seed(cfg.seed, index, chunk))(test)
+                chunk += 1
+                try:
+                    test()
+                except _Found:
+                    sc, result = state["last"]
+                    seen.add(state["target"])
+                    out.put(("finding", index, Finding(state["target"], sc, result,
+                                                       round(time.perf_counter() - t0, 2),
+                                                       stats["examples"], index)))
+                    if cfg.stop_on_first:
+                        break
+            out.put(("progress", index, dict(stats)))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which exits 3
+        out.put(("fatal", index, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
+    finally:
+        out.put(("done", index, None))
+
+
+@dataclass
+class Campaign:
+    """What a campaign found: findings by signature (smallest kept), counts, errors."""
+
+    findings: dict[str, Finding] = field(default_factory=dict)
+    examples: int = 0
+    by_outcome: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    fatal: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+def run_campaign(cfg: SearchConfig, env, workers: int, log_dir: Path, on_update=None) -> Campaign:
+    """Run ``workers`` search processes for ``cfg.time_s`` seconds (plus shrinking time) and
+    collect their findings. ``on_update(campaign)`` is called as messages arrive."""
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()
+    env_dict = {"version": env.version, "tree": str(env.tree), "root": str(env.root)}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = [ctx.Process(target=search_process, args=(i, cfg, env_dict, q, str(log_dir)), daemon=True)
+             for i in range(workers)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    camp = Campaign()
+    per_worker: dict[int, dict] = {}
+    waiting = set(range(len(procs)))
+    while waiting:
+        try:
+            kind, idx, payload = q.get(timeout=1.0)
+        except queue_mod.Empty:
+            waiting = {i for i in waiting if procs[i].is_alive()}
+            camp.elapsed_s = time.perf_counter() - t0
+            if on_update:
+                on_update(camp)
+            continue
+        if kind == "progress":
+            per_worker[idx] = payload
+        elif kind == "finding":
+            old = camp.findings.get(payload.signature)
+            if old is None or size(payload.scenario) < size(old.scenario):
+                camp.findings[payload.signature] = payload
+            if cfg.stop_on_first:
+                for i in list(waiting):
+                    if i != idx:
+                        procs[i].terminate()
+                        waiting.discard(i)
+        elif kind == "error":
+            camp.errors.append(payload)
+        elif kind == "fatal":
+            camp.fatal.append(payload)
+        elif kind == "done":
+            waiting.discard(idx)
+        camp.examples = sum(st["examples"] for st in per_worker.values())
+        camp.by_outcome = {}
+        for st in per_worker.values():
+            for k, v in st["by_outcome"].items():
+                camp.by_outcome[k] = camp.by_outcome.get(k, 0) + v
+        camp.elapsed_s = time.perf_counter() - t0
+        if on_update:
+            on_update(camp)
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    camp.elapsed_s = time.perf_counter() - t0
+    return camp
+
+
+def write_finding(finding: Finding, version: str, out_dir: Path) -> tuple[Path, Path]:
+    """Write ``<out_dir>/<slug>.yaml`` (catalog-ready, ``reproduces_on`` set) and a pytest
+    regression file beside it; returns both paths."""
+    import yaml
+
+    from ..scenario import parse_scenario
+
+    name = slug(finding.signature)
+    sc = json.loads(json.dumps(finding.scenario))
+    sc["name"] = f"found-{name}"[:120]
+    res = finding.result
+    expect: dict = {"outcome": res["outcome"]}
+    if res["outcome"] == "crash":
+        c = res["crash"]
+        expect["exception"] = c["type"]
+        if c.get("where"):
+            expect["where"] = f"{c['where']['file']}:{c['where']['function']}"
+    elif res["outcome"] == "violation":
+        expect["code"] = res["violations"][0]["code"]
+    sc["expect"] = expect
+    sc["vllm"] = {"reproduces_on": [version]}
+    sc["description"] = (f"Found by `vllm-repro fuzz --vllm {version}` and shrunk by hypothesis "
+                         f"(signature {finding.signature}). Observed: "
+                         + (f"{res['crash']['type']}: {res['crash']['message']}" if res["outcome"] == "crash"
+                            else (res.get("violations") or [{}])[0].get("message", res["outcome"])))
+    parse_scenario(sc, "<found>")  # it must load
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.yaml"
+    path.write_text(f"# found by vllm-repro fuzz: {finding.signature}\n"
+                    + yaml.safe_dump(sc, sort_keys=False, width=100))
+    test = out_dir / f"test_{name.replace('-', '_').replace('.', '_')}.py"
+    test.write_text(f'''"""Regression test for a failure found by `vllm-repro fuzz` ({finding.signature})."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCENARIO = Path(__file__).with_name("{path.name}")
+
+
+@pytest.mark.slow
+def test_reproduces(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vllm_repro.cli", "run", str(SCENARIO), "--json",
+                           "--reports", str(tmp_path)], capture_output=True, text=True)
+    verdicts = json.loads(proc.stdout)
+    assert verdicts and all(v["ok"] for v in verdicts), proc.stdout + proc.stderr
+''')
+    return path, test

@@ -1,0 +1,135 @@
+"""hypothesis strategies over the scenario schema (format v1), and the escalation ladder.
+
+A strategy draws a whole scenario as a plain dict that validates as
+:class:`~vllm_repro.scenario.schema.Scenario`: vLLM config within sane ranges (few blocks for
+preemption pressure), requests (arrival step, prompt length from short/long mixes, ``max_tokens``,
+priorities with ties in priority and arrival time, shared prefixes), events (aborts at chosen
+steps) and model behaviour (EOS steps, empty outputs, spec-decode drafts and acceptance).
+Everything shrinks towards fewer requests, shorter prompts, earlier steps and plainer configs.
+
+The ladder (the seeds' escalation) constrains the same strategy: ``single`` (one request),
+``concurrent`` (several short requests), ``long`` (long prompts, chunked prefill), ``mixed``
+(everything: aborts, prefixes, EOS, empty outputs, spec decode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hypothesis import strategies as st
+
+MAX_MODEL_LEN = 1024
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a campaign draws. Lengths in tokens, pools in blocks, times in steps."""
+
+    name: str
+    requests: tuple[int, int] = (1, 6)
+    short_prompt: tuple[int, int] = (1, 64)
+    long_prompt: tuple[int, int] | None = (65, 600)
+    blocks: tuple[int, int] = (3, 24)  # num_gpu_blocks, the null block included
+    policies: tuple[str, ...] = ("fcfs", "priority")
+    prefix_caching: bool = True
+    aborts: bool = True
+    shared_prefixes: bool = True
+    eos: bool = True
+    empty_outputs: bool = False
+    spec_decode: bool = False
+    max_at_step: int = 6
+
+    def with_policy(self, policy: str | None) -> "Profile":
+        return self if policy is None else replace(self, policies=(policy,))
+
+    def with_spec(self, spec: bool | None) -> "Profile":
+        return self if spec is None else replace(self, spec_decode=spec, empty_outputs=spec or self.empty_outputs)
+
+
+LADDER: tuple[Profile, ...] = (
+    Profile("single", requests=(1, 1), long_prompt=None, aborts=False, shared_prefixes=False),
+    Profile("concurrent", requests=(2, 8), long_prompt=None),
+    Profile("long", requests=(1, 6), short_prompt=(1, 32), long_prompt=(100, 900), blocks=(8, 48)),
+    Profile("mixed", requests=(1, 10), empty_outputs=True, spec_decode=True),
+)
+DEFAULT = Profile("default")
+
+
+@st.composite
+def scenarios(draw, profile: Profile = DEFAULT, version: str | None = None) -> dict:
+    """A scenario dict (validates as ``Scenario``), named ``fuzz``; ``version`` goes into
+    ``vllm.reproduces_on`` when given."""
+    # 16 is the block size every release's CPU platform accepts (0.10.x refuses others without
+    # IPEX); the GPU-side meaning of the bugs does not depend on it
+    block_size = 16
+    policy = draw(st.sampled_from(profile.policies))
+    spec = profile.spec_decode and draw(st.booleans())
+    num_blocks = draw(st.integers(*profile.blocks))
+    # the engine refuses a max_model_len its KV cache cannot hold (block 0 is the null block)
+    max_model_len = min(MAX_MODEL_LEN, (num_blocks - 1) * block_size)
+    config = {
+        "block_size": block_size,
+        "num_gpu_blocks": num_blocks,
+        "max_num_seqs": draw(st.integers(1, 8)),
+        "max_num_batched_tokens": draw(st.sampled_from([2048, 64, 128, 256, 512, 32])),
+        "max_model_len": max_model_len,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": profile.prefix_caching and draw(st.booleans()),
+        "policy": policy,
+        "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 16, 64])),
+    }
+    if spec:
+        config["num_speculative_tokens"] = draw(st.integers(1, 4))
+    n = draw(st.integers(*profile.requests))
+    requests = []
+    for i in range(n):
+        long = profile.long_prompt is not None and draw(st.booleans())
+        lo, hi = profile.long_prompt if long else profile.short_prompt
+        prompt_len = draw(st.integers(min(lo, max_model_len - 1), min(hi, max_model_len - 1)))
+        req = {
+            "id": f"R{i}",
+            "at_step": draw(st.integers(1, profile.max_at_step)),
+            "prompt_len": prompt_len,
+            "max_tokens": draw(st.integers(1, min(64, max_model_len - prompt_len))),
+        }
+        if policy == "priority":
+            req["priority"] = draw(st.integers(0, 2))
+            arrival = draw(st.sampled_from([None, None, 0.0, 1.0]))
+            if arrival is not None:
+                req["arrival_time"] = arrival
+        if profile.shared_prefixes and draw(st.booleans()):
+            req["prefix"] = draw(st.sampled_from(["p0", "p1"]))
+            req["prefix_len"] = draw(st.integers(1, prompt_len))
+        requests.append(req)
+    requests.sort(key=lambda r: r["at_step"])
+    ids = [r["id"] for r in requests]
+    events = []
+    if profile.aborts:
+        for step, rid in draw(st.lists(st.tuples(st.integers(1, 40), st.sampled_from(ids)), max_size=3)):
+            events.append({"at_step": step, "abort": [rid]})
+    model: dict = {"token": 100}
+    if profile.eos:
+        eos = draw(st.dictionaries(st.sampled_from(ids), st.integers(1, 16), max_size=3))
+        if eos:
+            model["eos_at"] = eos
+    if profile.empty_outputs:
+        empty = draw(st.dictionaries(st.sampled_from(ids), st.lists(st.integers(1, 30), min_size=1, max_size=2),
+                                     max_size=2))
+        if empty:
+            model["empty_at"] = empty
+    if spec:
+        accept = draw(st.dictionaries(st.sampled_from(ids), st.integers(0, 4), max_size=2))
+        if accept:
+            model["spec_decode"] = {"accept": accept}
+    sc = {
+        "name": "fuzz",
+        "description": f"found by vllm-repro fuzz (profile {profile.name})",
+        "config": config,
+        "requests": requests,
+        "events": events,
+        "model": model,
+        "limits": {"max_steps": 400, "stall_steps": 40},
+    }
+    if version:
+        sc["vllm"] = {"reproduces_on": [version]}
+    return sc

@@ -1,0 +1,144 @@
+"""``vllm-repro triage LOG``: read a vLLM crash log like a vLLM debugger would.
+
+Prints a short report (or ``--json``), and with ``--scenario OUT.yaml`` drafts a replay
+scenario from what vLLM dumped at the crash. Exit codes: 0 a crash was triaged; 2 the input
+is not a readable text log or shows no crash (one-line message, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import InputError
+from .analyze import TriageReport
+
+
+def _state_text(state: dict | None) -> str:
+    if not state:
+        return "not visible in the log"
+    parts = []
+    for key, label in (("running", "running"), ("waiting", "waiting"), ("pending", "pending"),
+                       ("swapped", "swapped")):
+        if key in state:
+            parts.append(f"{label} {state[key]}")
+    if "kv_cache_usage_pct" in state:
+        parts.append(f"KV cache {state['kv_cache_usage_pct']}%")
+    if "prefix_cache_hit_rate_pct" in state:
+        parts.append(f"prefix hits {state['prefix_cache_hit_rate_pct']}%")
+    if "num_gpu_blocks" in state:
+        parts.append(f"{state['num_gpu_blocks']} GPU blocks")
+    if state.get("preemption_warnings"):
+        parts.append(f"{state.get('preemption_warning_count')} preemption warning(s)")
+    src = state.get("source")
+    return ", ".join(parts) + (f"  ({src})" if src else "")
+
+
+def render(report: TriageReport, console: Console) -> None:
+    """The short human report: root cause, where, stage, exit, release, scheduler state."""
+    console.print(Text(f"vLLM crash triage: {report.source} ({report.lines} lines)", style="bold"))
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="cyan", no_wrap=True)
+    t.add_column()
+    exc = report.exception_type or "(no Python exception)"
+    if report.exception_message:
+        exc += f": {report.exception_message}"
+    rc = report.root_cause or {}
+    where_line = f"  [log line {rc['log_line']}" + (f", {rc['process']}" if rc.get("process") else "") \
+        + "]" if rc else ""
+    t.add_row("root cause", Text(exc + where_line))
+    f = report.last_vllm_frame
+    t.add_row("vLLM frame", Text(f"{f['module']}:{f['function']}" + (f" line {f['line']}" if f.get("line")
+                                                                       else "") if f else "none visible"))
+    if report.plugin_frame:
+        pf = report.plugin_frame
+        t.add_row("plugin frame", Text(f"{pf['module']}:{pf['function']}"))
+    t.add_row("stage", Text(f"{report.stage or 'unknown'}  ({report.stage_reason})"))
+    exit_text = report.exit_kind or "unknown"
+    if report.signal and report.exit_kind and report.exit_kind.startswith("signal"):
+        s = report.signal
+        exit_text += f"  ({s['source']}, log line {s['log_line']}" + \
+            (f", {s['process']}" if s.get("process") else "") + ")"
+    t.add_row("exit", Text(exit_text))
+    vs = report.version_source
+    t.add_row("vLLM release", Text(report.vllm_version + (f"  (log line {vs['log_line']})" if vs else "")
+                                   if report.vllm_version else "not named in the log"))
+    t.add_row("scheduler", Text(_state_text(report.scheduler_state)))
+    for c in report.cause_chain[:3]:
+        w = c.get("last_vllm_frame")
+        t.add_row("caused by", Text(f"{c['type']}" + (f": {c['message']}" if c["message"] else "")
+                                    + (f"  at {w['module']}:{w['function']}" if w else "")))
+    if report.wrapper_exceptions:
+        names = sorted({w["type"].rsplit(".", 1)[-1] for w in report.wrapper_exceptions})
+        t.add_row("wrappers", Text(", ".join(names) + " (consequences, not the cause)"))
+    if report.crash_path:
+        path = report.crash_path[-4:]
+        t.add_row("path", Text((" ... -> " if len(report.crash_path) > 4 else "")
+                               + " -> ".join(p.split(":")[-1] for p in path)))
+    if report.dump:
+        t.add_row("dump", Text(f"dump_input.py at log line {report.dump['log_line']}: "
+                               "--scenario OUT.yaml drafts a replay from it"))
+    for n in report.notes:
+        t.add_row("note", Text(n))
+    console.print(t)
+
+
+def _write(path: Path, text: str) -> None:
+    if path.parent and not path.parent.is_dir():
+        raise InputError(f"{path}: its folder {path.parent} does not exist")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write the scenario ({exc.strerror or exc})") from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``triage`` command to the ``vllm-repro`` app."""
+
+    @app.command()
+    def triage(
+        log: str = typer.Argument(..., help="The crash log (a file, or - to read stdin)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        scenario: Optional[Path] = typer.Option(
+            None, "--scenario", help="Also draft a replay scenario from the crash dump into this "
+                                     "YAML file (guessed values marked in comments)."),
+        vllm: Optional[str] = typer.Option(
+            None, "--vllm", help="Release for the scenario when the log names none (or another)."),
+    ) -> None:
+        """Triage a vLLM crash log: root cause, innermost vLLM frame, stage, exit, release,
+        scheduler state; optionally a replay scenario."""
+        from .core import triage_log
+        from .scenario import draft_scenario
+
+        report, sc = triage_log(log)
+        written = None
+        if scenario is not None:
+            text, sc_obj = draft_scenario(report, sc, version=vllm)
+            _write(scenario, text)
+            written = {"path": str(scenario), "name": sc_obj.name,
+                       "requests": len(sc_obj.requests),
+                       "guesses": text.count("# guess"),
+                       "vllm": sc_obj.vllm.reproduces_on[0]}
+        if as_json:
+            data = report.as_dict()
+            if written:
+                data["scenario"] = written
+            print(json.dumps(data, indent=1, ensure_ascii=False))
+        else:
+            out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+            render(report, out)
+            if written:
+                out.print(Text(f"scenario: {written['path']} ({written['requests']} requests, "
+                               f"{written['guesses']} guessed values marked) -> vllm-repro run "
+                               f"{written['path']} --vllm {written['vllm']}"))
+        raise typer.Exit(0)

@@ -1,0 +1,41 @@
+"""Triage a crash log end to end: stream it through the scanner, analyse, refuse non-crashes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputError
+from .analyze import TriageReport, analyze
+from .reader import iter_lines
+from .scan import LogScanner
+
+
+def scan_log(source: str | Path) -> LogScanner:
+    """Read ``source`` (a path or ``-`` for stdin) line by line into a :class:`LogScanner`.
+    Raises :class:`InputError` for an unreadable, empty, binary or non-UTF-8 input."""
+    sc = LogScanner()
+    feed = sc.feed
+    for lineno, line in iter_lines(source):
+        feed(lineno, line)
+    sc.finish()
+    return sc
+
+
+def triage_log(source: str | Path) -> tuple[TriageReport, LogScanner]:
+    """The :class:`TriageReport` of a crash log, and the scanner (for the dump).
+
+    Raises :class:`InputError` (one line, naming the file) when the input is not a readable
+    text log or shows no crash at all: no exception, fatal signal, CUDA error or vLLM process
+    dying; a traceback cut off before its exception line is reported as a truncated log.
+    """
+    name = "<stdin>" if str(source) == "-" else str(source)
+    sc = scan_log(source)
+    report = analyze(sc, name)
+    if report.exception_type is None and report.exit_kind is None and not sc.death_lines:
+        if sc.truncated_tracebacks:
+            raise InputError(
+                f"{name}: line {sc.truncated_tracebacks[0]}: the traceback there is cut off "
+                "before its exception line (truncated log?); include the lines that follow it")
+        raise InputError(f"{name}: no crash found in {sc.lines} lines (no Python exception, "
+                         "fatal signal or CUDA error); give the log of the run that crashed")
+    return report, sc

@@ -1,0 +1,39 @@
+"""`vllm-repro fuzz` finds #23347 on 0.10.1.1 without being given the scenario, shrinks it, and
+the written file reproduces with `vllm-repro run`; 0.10.2 shows nothing with that signature."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+SIG = "AssertionError@vllm/v1/core/sched/scheduler.py:schedule"
+
+
+def test_finds_and_shrinks_23347_on_0_10_1_1(cli, tmp_path):
+    found = tmp_path / "found"
+    proc = cli("fuzz", "--vllm", "0.10.1.1", "--policy", "priority", "--time", "120s", "--first",
+               "--target", SIG, "--seed", "1", "--out", str(found), "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # 1: a reproduction was found
+    files = sorted(found.glob("*.yaml"))
+    assert [f.name for f in files] == ["crash-AssertionError-scheduler.schedule.yaml"]
+    sc = yaml.safe_load(files[0].read_text())
+    assert len(sc["requests"]) <= 3
+    assert sc["vllm"]["reproduces_on"] == ["0.10.1.1"]
+    assert (found / "test_crash_AssertionError_scheduler_schedule.py").is_file()
+    run = cli("run", str(files[0]), "--json", "--reports", str(tmp_path / "r2"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    [verdict] = json.loads(run.stdout)
+    assert verdict["ok"] is True
+    assert "crash AssertionError vllm/v1/core/sched/scheduler.py:schedule" in verdict["observed"]
+
+
+def test_0_10_2_has_no_such_failure(cli, tmp_path):
+    found = tmp_path / "found"
+    proc = cli("fuzz", "--vllm", "0.10.2", "--policy", "priority", "--time", "60s",
+               "--target", SIG, "--seed", "1", "--out", str(found), "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no failure found" in proc.stdout
+    assert not found.exists() or not list(found.glob("*.yaml"))

@@ -1,0 +1,95 @@
+"""The committed slices on real releases: same verdicts and step traces as the full tree for every
+scenario the lab has, through the CLI as a user runs it; a sliced-out module says how to fix it;
+the materialised tree holds only the slice's files.
+
+The core-test half of the equivalence is recorded by `vllm-repro slice` (see
+tests/unit/test_slicing.py); these tests rerun the cheap half for real every time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from vllm_repro.engine.host import child_environment
+from vllm_repro.lab import prepare_release
+from vllm_repro.slicing.runs import normalise_result, scenario_files
+from vllm_repro.slicing.spec import load_spec
+
+from ..conftest import ROOT
+from ..unit.test_slicing import PROVEN
+
+pytestmark = pytest.mark.slow
+
+
+def _run(cli, version, tree, reports):
+    files = [str(f) for f in scenario_files(ROOT)]
+    proc = cli("run", *files, "--vllm", version, "--tree", tree, "--reports", str(reports), "--json")
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: a scenario not for this release
+    verdicts = {v["scenario"]: v for v in json.loads(proc.stdout)}
+    out = {}
+    for name, v in verdicts.items():
+        d = reports / name / version
+        res = normalise_result(json.loads((d / "result.json").read_text()), ROOT)
+        res.pop("verdict", None)  # compared through the CLI's verdict above
+        # tracebacks name the tree: trees/<version>/ (full) or slices/<version>-<key>/ (slice)
+        text = re.sub(r'[^\s"\']*/(?:trees|slices)/[^/\s"\']+/', "<tree>/", json.dumps(res, sort_keys=True))
+        trace = (d / "trace.jsonl").read_text() if (d / "trace.jsonl").is_file() else None
+        out[name] = (v["outcome"], v["observed"], v["ok"], text, trace)
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("version", PROVEN)
+def test_scenarios_same_verdicts_and_traces_on_slice_and_full(cli, tmp_path, version):
+    rc_full, full = _run(cli, version, "full", tmp_path / "full")
+    rc_slice, sliced = _run(cli, version, "slice", tmp_path / "slice")
+    assert rc_full == rc_slice
+    assert set(full) == set(sliced) and full
+    for name in full:
+        assert full[name][:3] == sliced[name][:3], name          # verdict
+        assert full[name][4] == sliced[name][4], name            # step trace, line for line
+        assert full[name][3] == sliced[name][3], name            # result.json less timings/paths
+
+
+def test_sliced_out_module_names_the_slice_and_the_fix():
+    version = PROVEN[-1]
+    env = prepare_release(version, tree="slice")
+    spec = load_spec(version)
+    assert "vllm/entrypoints/openai/api_server.py" not in spec["files"]
+    p = subprocess.run([str(env.python), "-c", "import vllm.entrypoints.openai.api_server"],
+                       env=child_environment(env), cwd=str(env.tree), capture_output=True, text=True)
+    assert p.returncode == 1
+    assert (f"vllm.entrypoints.openai.api_server is not in the slice of vLLM {version}; "
+            "re-slice with --include vllm.entrypoints.openai.api_server") in p.stderr
+
+
+def test_materialised_slice_holds_only_its_files():
+    version = PROVEN[-1]
+    env = prepare_release(version, tree="slice")
+    spec = load_spec(version)
+    on_disk = {str(p.relative_to(env.tree)) for p in (env.tree / "vllm").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}  # bytecode Python wrote
+    assert on_disk == {f for f in spec["files"] if f.startswith("vllm/")}
+    installed = {line.split("==")[0].lower().replace("_", "-")
+                 for line in json.loads((env.root / ".ready.json").read_text())["freeze"]}
+    for stub in spec["stubs"].values():
+        assert stub["distribution"].lower().replace("_", "-") not in installed
+
+
+def test_core_tests_on_the_0_11_slice_pass_exactly_the_recorded_full_set(tmp_path):
+    """vLLM 0.11.0's own scheduler / KV-cache / prefix-caching tests, run now on the slice in its
+    own environment: the passing set equals the one recorded on the full tree (the cheapest of the
+    three releases to rerun; `vllm-repro slice` reran all three when it wrote their specs)."""
+    from vllm_repro.slicing.runs import run_core_tests
+
+    version = "0.11.0"
+    env = prepare_release(version, tree="slice")
+    run = run_core_tests(env, tmp_path / "tests")
+    recorded = set(load_spec(version)["reference"]["tests_passed"])
+    print(f"\nvLLM {version}: passing on the slice now {len(run.passed)}, recorded on full "
+          f"{len(recorded)}; only full: {sorted(recorded - run.passed)}; "
+          f"only slice: {sorted(run.passed - recorded)}")
+    assert recorded and run.passed == recorded

@@ -1,0 +1,42 @@
+"""The fuzz strategies draw valid scenarios; signatures and file names are stable."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_repro.fuzz.search import signature, slug
+from vllm_repro.fuzz.strategies import DEFAULT, LADDER, scenarios
+from vllm_repro.scenario import parse_scenario
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([DEFAULT, *LADDER]).flatmap(lambda p: scenarios(p, "0.10.1.1")))
+def test_every_drawn_scenario_is_valid_and_fits_its_pool(sc):
+    s = parse_scenario(sc, "<drawn>")
+    usable_tokens = (s.config.num_gpu_blocks - 1) * s.config.block_size
+    for r in s.requests:
+        assert r.prompt_len + r.max_tokens <= s.config.max_model_len <= usable_tokens
+    assert s.vllm.reproduces_on == ["0.10.1.1"]
+
+
+@given(scenarios(LADDER[0]))
+def test_single_level_has_one_request_and_no_aborts(sc):
+    assert len(sc["requests"]) == 1 and sc["events"] == []
+
+
+def test_policy_and_spec_overrides():
+    prof = DEFAULT.with_policy("priority").with_spec(True)
+    assert prof.policies == ("priority",) and prof.spec_decode and prof.empty_outputs
+
+
+def test_signatures():
+    crash = {"outcome": "crash", "crash": {"type": "AssertionError", "where": {
+        "file": "vllm/v1/core/sched/scheduler.py", "function": "schedule", "line": 530}}}
+    assert signature(crash) == "crash:AssertionError@vllm/v1/core/sched/scheduler.py:schedule"
+    assert slug(signature(crash)) == "crash-AssertionError-scheduler.schedule"
+    assert signature({"outcome": "violation", "violations": [{"code": "KV_DOUBLE_FREE", "step": 3}]}) \
+        == "violation:KV_DOUBLE_FREE"
+    assert signature({"outcome": "stall", "stall": {}}) == "stall"
+    assert signature({"outcome": "clean"}) is None
+    assert signature({"outcome": "error", "error": {}}) is None, "a lab error is never a finding"

@@ -1,0 +1,197 @@
+"""The dump_input.py dump read back, and the replay scenario drafted from it."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_repro.errors import InputError
+from vllm_repro.scenario import load_scenario
+from vllm_repro.triage import triage_log
+from vllm_repro.triage.dump import parse_repr, read_config, read_scheduler_output, read_stats
+from vllm_repro.triage.scenario import draft_scenario
+
+from ..conftest import ROOT
+
+LOG_009 = next(iter(sorted((ROOT.parent / "shared" / "crashlogs").glob("009-*.log"))), None)
+needs_009 = pytest.mark.skipif(LOG_009 is None, reason="../shared/crashlogs/009-*.log absent")
+
+# vLLM 0.9.x: one CachedRequestData per request, a numpy grammar bitmask over two lines
+DUMP_09 = (
+    "SchedulerOutput(scheduled_new_reqs=[NewRequestData(req_id=cmpl-a,prompt_token_ids_len=40,"
+    "mm_inputs=[],mm_hashes=[],mm_positions=[],sampling_params=SamplingParams(n=1, temperature=0.7,"
+    " stop=[], stop_token_ids=[], max_tokens=64, min_tokens=0),block_ids=[[1, 2, 3]],"
+    "num_computed_tokens=0,lora_request=None)], scheduled_cached_reqs=[CachedRequestData("
+    "req_id='cmpl-b', resumed_from_preemption=true, new_token_ids=[5, 6], new_block_ids=[[4, 5]],"
+    " num_computed_tokens=16)], num_scheduled_tokens={cmpl-a: 40, cmpl-b: 4},"
+    " total_num_scheduled_tokens=44, scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},"
+    " num_common_prefix_blocks=[0], finished_req_ids=['cmpl-z'], free_encoder_input_ids=[],"
+    " structured_output_request_ids={}, grammar_bitmask=array([[ 0, 1, ..., 0],\n"
+    "       [ 0, 2, ..., 0]], shape=(2, 4752), dtype=int32), kv_connector_metadata=null)")
+
+
+def test_the_0_9_scheduler_output_is_read():
+    so = read_scheduler_output(DUMP_09)
+    assert so is not None
+    a, b = so.requests
+    assert (a.id, a.new, a.prompt_len, a.max_tokens, a.num_blocks, a.num_scheduled) == \
+        ("cmpl-a", True, 40, 64, 3, 40)
+    assert (b.id, b.new, b.resumed, b.num_computed_tokens, b.num_scheduled, b.num_blocks) == \
+        ("cmpl-b", False, True, 16, 4, 2)
+    assert so.total_num_scheduled_tokens == 44 and so.finished_req_ids == ["cmpl-z"]
+
+
+def test_the_0_10_and_0_33_batched_layouts_are_read():
+    v010 = ("SchedulerOutput(scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData("
+            "req_ids=['x', 'y'], resumed_from_preemption=[false, true], new_token_ids=[[], []], "
+            "new_block_ids=[null, [[7, 8]]], num_computed_tokens=[100, 33]), "
+            "num_scheduled_tokens={x: 1, y: 17}, total_num_scheduled_tokens=18)")
+    so = read_scheduler_output(v010)
+    assert [(r.id, r.resumed, r.num_computed_tokens, r.num_scheduled) for r in so.requests] == \
+        [("x", False, 100, 1), ("y", True, 33, 17)]
+    v033 = ("SchedulerOutput(scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData("
+            "req_ids=['x'],resumed_req_ids={'x'},new_token_ids_lens=[],all_token_ids_lens={},"
+            "new_block_ids=[None],num_computed_tokens=[120],num_output_tokens=[20]), "
+            "num_scheduled_tokens={x: 1}, total_num_scheduled_tokens=1, preempted_req_ids=set())")
+    (x,) = read_scheduler_output(v033).requests
+    assert (x.resumed, x.num_output_tokens, x.num_computed_tokens) == (True, 20, 120)
+
+
+def test_stats_config_and_arguments_are_read():
+    assert read_stats("SchedulerStats(num_running_reqs=8, num_waiting_reqs=0, step_counter=0, "
+                      "kv_cache_usage=0.1295, prefix_cache_stats=PrefixCacheStats(reset=False, "
+                      "requests=1, queries=70730, hits=528), spec_decoding_stats=None)") == {
+        "running": 8, "waiting": 0, "kv_cache_usage_pct": 13.0, "gpu_cache_usage_raw": 0.1295,
+        "prefix_cache": "queries=70730 hits=528", "prefix_cache_queries": 70730,
+        "prefix_cache_hits": 528}
+    cfg = read_config("model='m', speculative_config=SpeculativeConfig(method='ngram', model=None,"
+                      " num_spec_tokens=3), max_seq_len=4096, enable_prefix_caching=False, "
+                      "enable_chunked_prefill=True, compilation_config={\"level\":3}, ")
+    assert (cfg["max_model_len"], cfg["enable_prefix_caching"], cfg["enable_chunked_prefill"],
+            cfg["num_speculative_tokens"], cfg["speculative_method"]) == (4096, False, True, 3, "ngram")
+    ns = read_config("Namespace(host=None, block_size=32, max_num_seqs=8, "
+                     "scheduling_policy='priority', speculative_config=None)")
+    assert (ns["block_size"], ns["max_num_seqs"], ns["scheduling_policy"]) == (32, 8, "priority")
+    nd = read_config("{'model': 'm', 'max_num_batched_tokens': 4096, 'enable_prefix_caching': True}")
+    assert nd["max_num_batched_tokens"] == 4096 and nd["enable_prefix_caching"] is True
+
+
+@pytest.mark.parametrize("junk", ["", "SchedulerOutput(", "[[[[", "Foo(a=)", "x" * 1000,
+                                  "(" * 500 + ")" * 10])
+def test_the_repr_reader_never_raises(junk):
+    parse_repr(junk)
+    assert read_scheduler_output(junk) is None or junk.startswith("SchedulerOutput")
+
+
+def _write_log(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "crash.log"
+    p.write_text(textwrap.dedent(text).lstrip("\n"))
+    return p
+
+
+P = "(EngineCore_DP0 pid=9) ERROR 01-01 00:00:00"
+SP = "/usr/local/lib/python3.12/dist-packages"
+LOG_033 = f"""
+(APIServer pid=1) INFO 01-01 00:00:00 [api_server.py:1] args: Namespace(host=None, block_size=32, max_num_seqs=8, scheduling_policy='fcfs')
+{P} [dump_input.py:72] Dumping input data for V1 LLM engine (v0.11.0) with config: model='m', speculative_config=SpeculativeConfig(method='eagle', model='d', num_spec_tokens=2), max_seq_len=4096, enable_prefix_caching=False, enable_chunked_prefill=True, 
+{P} [dump_input.py:79] Dumping scheduler output for model execution: SchedulerOutput(scheduled_new_reqs=[NewRequestData(req_id=r-new,prompt_token_ids_len=300,prefill_token_ids_len=None,mm_features=[],sampling_params=SamplingParams(n=1, temperature=0.0, max_tokens=50, stop=[]),block_ids=([5, 6, 7, 8, 9, 10, 11, 12, 13, 14],),num_computed_tokens=0,lora_request=None,prompt_embeds_shape=None)], scheduled_cached_reqs=CachedRequestData(req_ids=['r-old'],resumed_req_ids=set(),new_token_ids_lens=[],all_token_ids_lens={{}},new_block_ids=[None],num_computed_tokens=[520],num_output_tokens=[20]), num_scheduled_tokens={{r-new: 300, r-old: 3}}, total_num_scheduled_tokens=303, scheduled_spec_decode_tokens={{r-old: [1, 2]}}, finished_req_ids=[], num_common_prefix_blocks=[0])
+{P} [dump_input.py:81] Dumping scheduler stats: SchedulerStats(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.5, prefix_cache_stats=PrefixCacheStats(reset=False, requests=1, queries=0, hits=0))
+{P} [core.py:710] EngineCore encountered a fatal error.
+{P} [core.py:710] Traceback (most recent call last):
+{P} [core.py:710]   File "{SP}/vllm/v1/engine/core.py", line 701, in run_busy_loop
+{P} [core.py:710]     self._process_engine_step()
+{P} [core.py:710]   File "{SP}/vllm/v1/core/sched/scheduler.py", line 900, in update_from_output
+{P} [core.py:710]     assert num_tokens_rejected >= 0
+{P} [core.py:710] AssertionError
+"""
+
+
+def test_a_scenario_from_a_dump_uses_the_logs_values_and_marks_guesses(tmp_path):
+    report, sc = triage_log(_write_log(tmp_path, LOG_033))
+    text, scenario = draft_scenario(report, sc)
+    cfg = scenario.config
+    assert scenario.vllm.reproduces_on == ["0.11.0"]
+    assert cfg.block_size == 32 and cfg.max_num_seqs == 8  # the server arguments win
+    assert cfg.max_model_len == 4096 and cfg.enable_prefix_caching is False
+    assert cfg.num_speculative_tokens == 2 and cfg.policy == "fcfs"
+    reqs = {r.id: r for r in scenario.requests}
+    assert (reqs["r-new"].prompt_len, reqs["r-new"].max_tokens) == (300, 50)
+    assert reqs["r-old"].prompt_len == 520 + 3 - 20  # context minus the outputs the dump counts
+    assert "waiting-1" in reqs and len(reqs) == 3  # the stats' waiting request
+    assert all(r.priority == 0 for r in scenario.requests)
+    # the crash is in scheduler code the lab drives: the draft expects it
+    assert scenario.expect.outcome == "crash" and scenario.expect.exception == "AssertionError"
+    assert scenario.expect.where == "vllm/v1/core/sched/scheduler.py:update_from_output"
+    lines = text.splitlines()
+    guessed = [ln for ln in lines if "# guess" in ln]
+    assert any(ln.strip().startswith("num_gpu_blocks:") for ln in guessed)
+    assert any(ln.strip().startswith("max_num_batched_tokens:") for ln in guessed)
+    assert not any(ln.strip().startswith("block_size:") for ln in guessed)
+    assert any("eagle" in ln for ln in lines)  # the method the lab does not model is noted
+
+
+def test_the_block_size_is_derived_from_the_dump_when_not_given(tmp_path):
+    log = LOG_033.replace("block_size=32, ", "")
+    report, sc = triage_log(_write_log(tmp_path, log))
+    text, scenario = draft_scenario(report, sc)
+    assert scenario.config.block_size == 32  # 10 blocks hold 300 tokens
+    assert any(ln.strip().startswith("block_size:") and "# derived" in ln for ln in text.splitlines())
+
+
+def test_no_release_in_the_log_needs_vllm(tmp_path):
+    log = LOG_033.replace("(v0.11.0)", "(vX)")
+    report, sc = triage_log(_write_log(tmp_path, log))
+    with pytest.raises(InputError, match="--vllm"):
+        draft_scenario(report, sc)
+    _, scenario = draft_scenario(report, sc, version="0.10.2")
+    assert scenario.vllm.reproduces_on == ["0.10.2"]
+
+
+def test_a_log_without_dump_or_stats_gives_no_scenario(tmp_path):
+    log = _write_log(tmp_path, f"""
+        INFO 01-01 00:00:00 [core.py:61] Initializing a V1 LLM engine (v0.9.2) with config: model='m'
+        Traceback (most recent call last):
+          File "{SP}/vllm/v1/worker/gpu_worker.py", line 136, in load_model
+            self.model_runner.load_model()
+        ValueError: no weights
+        """)
+    report, sc = triage_log(log)
+    with pytest.raises(InputError, match="nothing to build"):
+        draft_scenario(report, sc)
+
+
+@needs_009
+def test_the_009_scenario_validates_and_names_its_release(tmp_path, cli):
+    out = tmp_path / "009.yaml"
+    p = cli("triage", str(LOG_009), "--scenario", str(out), "--json")
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout)["scenario"]
+    sc = load_scenario(out)
+    assert sc.vllm.reproduces_on == ["0.9.0"] and info["vllm"] == "0.9.0"
+    ids = [r.id for r in sc.requests]
+    assert "chatcmpl-35245641e2d2465aa6c7abdfc6cbd8a2" in ids
+    assert sum(i.startswith("waiting-") for i in ids) == 193  # SchedulerStats: 193 waiting
+    assert all(r.priority == 0 for r in sc.requests)  # 0.9.0's front door refuses priorities
+    cfg = sc.config
+    assert (cfg.max_model_len, cfg.enable_prefix_caching, cfg.enable_chunked_prefill) == (20000, True, True)
+    assert cfg.block_size == 16  # derived: 721 blocks for 11533 tokens
+    text = out.read_text()
+    assert "# guess" in text and info["guesses"] == text.count("# guess")
+    assert yaml.safe_load(text)["name"] == sc.name
+
+
+@needs_009
+@pytest.mark.slow
+def test_the_009_scenario_runs_on_0_9_0(tmp_path, cli):
+    out = tmp_path / "009.yaml"
+    assert cli("triage", str(LOG_009), "--scenario", str(out)).returncode == 0
+    p = cli("run", str(out), "--vllm", "0.9.0", "--reports", str(tmp_path / "r"), "--json",
+            "--jobs", "1")
+    verdicts = json.loads(p.stdout)
+    assert [v["vllm"] for v in verdicts] == ["0.9.0"]
+    assert verdicts[0]["outcome"] != "error", verdicts[0]["observed"]
+    assert p.returncode in (0, 1)
