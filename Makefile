@@ -20,6 +20,7 @@ VLLM_VERSIONS ?= catalog
 BASE_IMAGE ?=
 EXTRA_CA_CERT ?=
 DOCKER ?= docker
+DOCKER_BUILD_FLAGS ?=
 # cpu-repro runs in the CPU image when a Docker engine answers, else here; RUNNER=docker|native
 RUNNER ?= auto
 # gpu-verify (README "GPU verification")
@@ -30,7 +31,7 @@ GPU ?=
 VLLM ?=
 
 .PHONY: venv cpu-repro cpu-repro-native cpu-repro-docker test test-unit bench clean help \
-	images image-cpu image-cuda stage-images lint-images gpu-verify
+	images image-cpu image-cuda stage-images lint-images bench-image gpu-verify
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
@@ -97,7 +98,7 @@ stage-images:
 
 image-cpu: stage-images
 	@start=$$(date +%s); \
-	$(DOCKER) build -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
+	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
 	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \
@@ -106,6 +107,10 @@ image-cpu: stage-images
 # On a GPU host only (it starts from vllm/vllm-openai:v$(VLLM_VERSION), several GB); README "Images".
 image-cuda:
 	$(DOCKER) build -f images/cuda/Dockerfile -t $(CUDA_IMAGE) --build-arg VLLM_VERSION=$(VLLM_VERSION) .
+
+# size, build time cold/warm, cpu-repro wall time in the image and natively (COLD=1: no-cache build)
+bench-image: venv
+	$(BIN)/python bench/image.py $(if $(COLD),--cold)
 
 lint-images: venv
 	$(BIN)/hadolint images/cpu/Dockerfile images/cuda/Dockerfile

@@ -1,27 +1,35 @@
 """Bake vLLM releases into the CPU image's cache (run by images/cpu/Dockerfile, as root).
 
-    PYTHONPATH=/tmp/bake python bake.py 0.10.1.1 0.10.2
+    PYTHONPATH=/tmp/bake VLLM_REPRO_SLICES=/tmp/bake/slices python bake.py 0.10.1.1 0.10.2
 
-For each release, with the lab's own env builder (``vllm_repro.sources``, nothing else of the
-lab): fetch the sdist (sha256 checked), extract the tree, build the CPU environment (torch from
-``TORCH_WHEEL_DIR`` or ``TORCH_INDEX_URL``). Then, so that the layer is small and works for any
-user at run time:
+For each release, with the lab's own builders (``vllm_repro.sources`` and
+``vllm_repro.slicing.spec``, nothing else of the lab): fetch the sdist (sha256 checked), then
+
+- the release's slice, where a committed ``slices/<version>.json`` records that it is equivalent
+  to the full tree (what ``--tree auto`` picks; the image runs with ``VLLM_REPRO_TREE=auto``):
+  only the traced files and the traced, pinned distributions (plus stubs);
+- else the full tree and the release's own requirements.
+
+Torch comes from ``TORCH_WHEEL_DIR`` or ``TORCH_INDEX_URL``. Then, so that the layer is small and
+works for any user at run time:
 
 - each environment also *imports* its release (a ``.pth`` naming the tree): the CPU image's
-  stand-in for an installed vLLM (``VLLM_REPRO_VLLM=installed:<env>/bin/python``, gpu-verify);
+  stand-in for an installed vLLM (``gpu-judge`` finds it through ``baked.json``);
 - torch's C++ headers, C++ test binaries and protoc are removed (the scheduler never compiles:
   the worker runs with ``TORCHDYNAMO_DISABLE=1``);
 - identical files are hardlinked, uv's cache is dropped (bytecode is left to the Dockerfile's
   warm-up run, which compiles exactly what a run imports: compiling everything would add
   about 590 MB);
-- what the lab writes at run time (locks, vLLM's cache dir, patched trees) is world-writable.
+- what the lab writes at run time (locks, vLLM's cache dir, patched trees) is world-writable;
+- ``baked.json`` lists each release with its kind (slice or full), tree and environment.
 
-Exits 3 with the lab's one-line message when a release cannot be fetched or built.
+Exits with the lab's exit code and one line when a release cannot be fetched or built.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -40,18 +48,38 @@ def say(msg: str) -> None:
     print(f"bake: {msg}", flush=True)
 
 
-def bake(version: str) -> Path:
+def tree_kind(version: str) -> str:
+    """``slice`` when a committed slice of ``version`` is recorded as equivalent to the full
+    tree, else ``full`` (the rule of ``vllm_repro.lab.resolve_tree`` for ``auto``)."""
+    from vllm_repro.slicing.spec import spec_path
+
+    try:
+        spec = json.loads(spec_path(version).read_text())
+    except (OSError, ValueError):
+        return "full"
+    return "slice" if spec.get("equivalence", {}).get("equal") is True else "full"
+
+
+def bake(version: str) -> dict:
     from vllm_repro.sources.env import prepare_env
     from vllm_repro.sources.sdist import extract_tree, fetch_sdist
 
     t = time.perf_counter()
     release = fetch_sdist(version)
-    tree = extract_tree(release)
-    env = prepare_env(release, tree)
+    kind = tree_kind(version)
+    if kind == "slice":
+        from vllm_repro.slicing.spec import load_spec, materialise, slice_env
+
+        spec = load_spec(version)
+        env = slice_env(spec, materialise(spec, release), say)
+    else:
+        env = prepare_env(release, extract_tree(release))
     site = next(env.root.glob("lib/python3*/site-packages"))
-    (site / "vllm-repro-release.pth").write_text(f"{tree}\n")
-    say(f"vLLM {version}: tree {tree}, environment {env.root} ({time.perf_counter() - t:.0f}s)")
-    return site
+    (site / "vllm-repro-release.pth").write_text(f"{env.tree}\n")
+    say(f"vLLM {version}: {kind} tree {env.tree}, environment {env.root} "
+        f"({time.perf_counter() - t:.0f}s)")
+    return {"kind": kind, "tree": str(env.tree), "env": str(env.root), "python": str(env.python),
+            "site": str(site)}
 
 
 def prune_torch(site: Path) -> None:
@@ -100,13 +128,14 @@ def main(versions: list[str]) -> int:
         return 2
     cache = cache_dir()
     try:
-        sites = [bake(v) for v in versions]
+        baked = {v: bake(v) for v in versions}
     except LabError as exc:
         print(f"bake: error: {exc}", file=sys.stderr)
         return exc.exit_code
     t = time.perf_counter()
-    for site in sites:
-        prune_torch(site)
+    for info in baked.values():
+        prune_torch(Path(info["site"]))
+    (cache / "baked.json").write_text(json.dumps(baked, indent=1))
     shutil.rmtree(cache / "uv", ignore_errors=True)
     for log in (cache / "envs").glob("*.build.log"):
         log.unlink()

@@ -110,7 +110,7 @@ def test_make_cpu_repro_gives_the_same_table_natively_and_in_the_image(cpu_image
 def test_scenario_edit_does_not_rebuild_the_releases(cpu_image, tmp_path):
     image, settings, _ = cpu_image
     ctx = tmp_path / "ctx"
-    keep = ["pyproject.toml", "README.md", ".dockerignore", "src", "scenarios", "tests", "images"]
+    keep = ["pyproject.toml", "README.md", ".dockerignore", "src", "scenarios", "tests", "images", "slices"]
     for rel in keep:
         src = ROOT / rel
         if src.is_dir():
@@ -150,11 +150,13 @@ def test_scenario_edit_does_not_rebuild_the_releases(cpu_image, tmp_path):
 
 
 STANDIN = """\
-# A stand-in for vllm/vllm-openai (no registry here): vLLM 0.10.1.1 installed in the interpreter
-# `python3` finds first, which is what the CUDA Dockerfile expects of its base.
+# A stand-in for vllm/vllm-openai (no registry here): vLLM 0.10.2 (baked as its full tree: a
+# slice's stubs would also stub the lab's own packages) installed in the interpreter `python3`
+# finds first, which is what the CUDA Dockerfile expects of its base.
 FROM {cpu}
 USER 0
-ENV PATH=/opt/vllm-repro/cache/envs/0.10.1.1/bin:$PATH
+RUN ln -s "$(python3 -c 'import json; print(json.load(open("/opt/vllm-repro/cache/baked.json"))["0.10.2"]["env"])')" /opt/standin
+ENV PATH=/opt/standin/bin:$PATH
 RUN python3 -m ensurepip >/dev/null && python3 -c "import importlib.util as u; assert u.find_spec('vllm')"
 ENTRYPOINT []
 """
@@ -170,7 +172,7 @@ def test_cuda_dockerfile_on_a_stand_in_base(cpu_image, tmp_path):
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         t = time.perf_counter()
         proc = subprocess.run(["docker", "build", "-f", "images/cuda/Dockerfile", "-t", tag,
-                               "--build-arg", f"BASE_IMAGE={base_tag}", "--build-arg", "VLLM_VERSION=0.10.1.1",
+                               "--build-arg", f"BASE_IMAGE={base_tag}", "--build-arg", "VLLM_VERSION=0.10.2",
                                "."], cwd=ROOT, capture_output=True, text=True, timeout=3600)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         print(f"\nCUDA Dockerfile on the stand-in base: {time.perf_counter() - t:.0f}s", file=sys.stderr)
@@ -178,8 +180,8 @@ def test_cuda_dockerfile_on_a_stand_in_base(cpu_image, tmp_path):
                               "--reports", "/tmp/r"], capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout + run.stderr
         rows = table(run.stdout)
-        assert rows[1:] == ["vllm-23347-priority-preempt-scheduled 0.10.1.1 crash crash AssertionError "
-                            "vllm/v1/core/sched/scheduler.py:schedule @3 yes"], run.stdout  # installed only
+        assert rows[1:] == ["vllm-23347-priority-preempt-scheduled 0.10.2 clean clean (2 finished, 31 steps) "
+                            "yes"], run.stdout  # the installed release only
         suite = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", tag,
                                 "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "shared or gpu",
                                 "/opt/vllm-repro/lab/tests/shared"], capture_output=True, text=True, timeout=600)

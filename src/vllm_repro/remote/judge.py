@@ -68,7 +68,11 @@ def find_installed(release: str) -> InstalledVllm:
         candidates.append(named)
     else:
         candidates.append(Path(sys.executable))
-        candidates.append(cache_dir() / "envs" / release / "bin" / "python")
+        try:  # the CPU image: images/cpu/bake.py lists each baked release's environment
+            baked = json.loads((cache_dir() / "baked.json").read_text())
+            candidates.append(Path(baked[release]["python"]))
+        except (OSError, ValueError, KeyError):
+            candidates.append(cache_dir() / "envs" / release / "bin" / "python")
     errors = []
     for py in candidates:
         if not py.exists():
