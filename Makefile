@@ -72,9 +72,14 @@ cpu-repro-native: venv
 # so paths and the table read as they do natively); reports owned by the caller.
 cpu-repro-docker:
 	@$(DOCKER) info >/dev/null 2>&1 || { echo "cpu-repro: no Docker engine answers ($(DOCKER) info failed); RUNNER=native runs it here" >&2; exit 3; }
-	@$(DOCKER) image inspect $(CPU_IMAGE) >/dev/null 2>&1 || { \
+	@created=$$($(DOCKER) image inspect -f '{{.Created}}' $(CPU_IMAGE) 2>/dev/null); \
+	if [ -z "$$created" ]; then \
 	  echo "cpu-repro: building $(CPU_IMAGE) first (once; make images)" >&2; \
-	  $(MAKE) --no-print-directory image-cpu || exit 3; }
+	  $(MAKE) --no-print-directory image-cpu >&2 || exit 3; \
+	elif [ -n "$$(find src images slices pyproject.toml -newermt "$$created" -not -path '*/__pycache__*' -print -quit 2>/dev/null)" ]; then \
+	  echo "cpu-repro: the lab changed since $(CPU_IMAGE) was built; updating it (make images)" >&2; \
+	  $(MAKE) --no-print-directory image-cpu >&2 || exit 3; \
+	fi
 	@mkdir -p $(REPORTS); start=$$(date +%s); \
 	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
 	  -v "$(CURDIR):$(CURDIR):ro" -v "$(abspath $(REPORTS)):$(abspath $(REPORTS))" -w "$(CURDIR)" \
