@@ -28,6 +28,7 @@ REMOTE ?=
 PATCH ?=
 GPU_IMAGE ?=
 GPU ?=
+GPU_MODEL ?=
 VLLM ?=
 
 .PHONY: venv cpu-repro cpu-repro-native cpu-repro-docker test test-unit bench clean help \
@@ -124,7 +125,8 @@ lint-images: venv
 gpu-verify: venv
 	@[ -n "$(REMOTE)" ] && [ -n "$(PATCH)" ] || { echo "gpu-verify: give REMOTE=host PATCH=fix.diff [SCENARIO=... VLLM=... GPU_IMAGE=... GPU=none]" >&2; exit 2; }
 	$(REPRO) gpu-verify $(SCENARIO) --remote $(REMOTE) --patch $(PATCH) --reports $(REPORTS) \
-	  $(if $(VLLM),--vllm $(VLLM)) $(if $(GPU_IMAGE),--gpu-image $(GPU_IMAGE)) $(if $(GPU),--gpu $(GPU))
+	  $(if $(VLLM),--vllm $(VLLM)) $(if $(GPU_IMAGE),--gpu-image $(GPU_IMAGE)) $(if $(GPU),--gpu $(GPU)) \
+	  $(if $(GPU_MODEL),--model $(GPU_MODEL))
 
 test: venv
 	$(BIN)/python -m pytest -q --junitxml=$(REPORTS)/junit.xml tests

@@ -1,10 +1,11 @@
 #!/bin/sh
 # Runs on the GPU host, started over SSH by `vllm-repro gpu-verify` (src/vllm_repro/remote/ship.py):
 #
-#   sh remote-run.sh WORK IMAGE GPUS NAME
+#   sh remote-run.sh WORK IMAGE GPUS NAME [MODEL_DIR]
 #
 # WORK holds the uploaded bundle (WORK/bundle); IMAGE is the CUDA image (or a stand-in); GPUS is
-# "all" (docker run --gpus all) or "none"; NAME names the container. The container runs
+# "all" (docker run --gpus all) or "none"; NAME names the container; MODEL_DIR, a model folder on
+# this host, is mounted read-only at /models/<its name> (the gpu replay tests). The container runs
 # `vllm-repro gpu-judge /bundle --out /out` as root (it patches the installed vLLM in place);
 # nothing is bind-mounted, files go in and out with `docker cp`, so everything left in WORK
 # belongs to the SSH user and the client can remove it.
@@ -15,7 +16,7 @@
 # WORK is removed after 15 minutes unless the client comes back for it first. A client that comes
 # back sends TERM to WORK/script.pid (the same clean-up, if this side had not noticed yet).
 set -u
-work=$1 image=$2 gpus=$3 name=$4
+work=$1 image=$2 gpus=$3 name=$4 model=${5:-}
 log="$work/run.log"
 : >>"$log"
 echo $$ >"$work/script.pid"
@@ -50,9 +51,15 @@ finish() { kill "$watch_pid" 2>/dev/null; kill "$stdin_pid" 2>/dev/null; exit "$
 
 gpu_flag=""
 [ "$gpus" = none ] || gpu_flag="--gpus all"
+if [ -n "$model" ]; then
+  [ -f "$model/config.json" ] || { say "model folder $model has no config.json"; finish 3; }
+  set -- -v "$model:/models/$(basename "$model"):ro"
+else
+  set --
+fi
 remove
 # shellcheck disable=SC2086
-if ! docker create --name "$name" $gpu_flag --user 0 --entrypoint vllm-repro "$image" \
+if ! docker create --name "$name" $gpu_flag "$@" --user 0 --entrypoint vllm-repro "$image" \
     gpu-judge /bundle --out /out >>"$log" 2>&1; then
   say "docker create failed for image $image: $(tail -n 1 "$log")"
   finish 3

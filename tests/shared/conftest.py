@@ -8,7 +8,8 @@ absent. Settings (environment variables):
 - ``VLLM_REPRO_CATALOG``: scenario folders to run (``os.pathsep``-separated); default the
   checkout's ``scenarios/`` (the catalog).
 - ``VLLM_REPRO_FIXED``: names of scenarios (comma-separated) whose bug a patch applied to this
-  vLLM should fix: on their reproducing releases they must now run clean.
+  vLLM should fix: on their reproducing releases they must now run clean. Test modules that know
+  this declare ``FIX_AWARE = True``; the others are skipped then (they expect pristine vLLM).
 - ``VLLM_REPRO_SUITE_REPORTS``: where the runs' reports go (default: a temporary folder).
 - ``VLLM_REPRO_MODEL``: a model folder for the ``gpu`` replay tests (default: the first of
   ``/models/*`` holding a ``config.json``).
@@ -28,6 +29,20 @@ def pytest_configure(config):
     # registered here too, so that the bundle's copy of this folder runs without pyproject.toml
     config.addinivalue_line("markers", "shared: runs in both images (CPU slice and CUDA full vLLM)")
     config.addinivalue_line("markers", "gpu: needs a GPU and full vLLM")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With a fix applied (``VLLM_REPRO_FIXED``), a test module that does not declare
+    ``FIX_AWARE = True`` expects the pristine release and would fail for the right reason: it is
+    skipped, saying so (gpu-verify runs the whole suite on the pristine vLLM first)."""
+    fixed = fixed_names()
+    if not fixed:
+        return
+    skip = pytest.mark.skip(reason=f"expects pristine vLLM; a fix for {', '.join(sorted(fixed))} is "
+                                   "applied (this suite ran on the pristine vLLM before it)")
+    for item in items:
+        if not getattr(item.module, "FIX_AWARE", False):
+            item.add_marker(skip)
 
 
 def catalog_dirs() -> list[Path]:

@@ -12,6 +12,7 @@ import pytest
 from .conftest import catalog_files, fixed_names
 
 pytestmark = pytest.mark.shared
+FIX_AWARE = True  # honours VLLM_REPRO_FIXED (see conftest.py)
 
 
 def _cases() -> list[tuple]:

@@ -20,6 +20,7 @@ import pytest
 from .conftest import catalog_files, fixed_names, model_dir
 
 pytestmark = pytest.mark.gpu
+FIX_AWARE = True  # honours VLLM_REPRO_FIXED (see conftest.py)
 REPLAY = Path(__file__).resolve().parent / "replay_engine.py"
 
 

@@ -21,6 +21,7 @@ def register(app: typer.Typer) -> None:
         bundle: Optional[Path] = typer.Option(None, "--bundle", help="Ship this `vllm-repro verify` bundle as it is (no CPU run here)."),
         gpu_image: Optional[str] = typer.Option(None, "--gpu-image", envvar="GPU_IMAGE", help="Run this image instead of building the CUDA image there."),
         gpu: str = typer.Option("all", "--gpu", envvar="GPU", help="all: check for and use the host's GPUs; none: neither (testing)."),
+        model: Optional[str] = typer.Option(None, "--model", envvar="GPU_MODEL", help="A model folder on the GPU host (config.json, weights): the gpu replay tests run the real engine on it."),
         ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", envvar="VLLM_REPRO_SSH_CONFIG", help="ssh config file (default ~/.ssh/config)."),
         accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Trust and record an unknown host key (never a changed one)."),
         reports: Path = typer.Option(Path("reports"), help="Results go to reports/gpu/<host>/<run>/."),
@@ -46,7 +47,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(EXIT_MISMATCH)
         rid = run_id(bundle)
         ship = Ship(host=remote, bundle=bundle, local=local_dir(reports.resolve(), remote, rid),
-                    gpu=gpu, gpu_image=gpu_image, ssh_config=ssh_config,
+                    gpu=gpu, gpu_image=gpu_image, model=model, ssh_config=ssh_config,
                     accept_new_host_key=accept_new_host_key, run_id=rid)
         code = _ship_with_progress(ship, verbose)
         _print_outcome(ship, code, out, err)

@@ -46,6 +46,7 @@ class Ship:
     local: Path
     gpu: str = "all"
     gpu_image: str | None = None
+    model: str | None = None
     ssh_config: Path | None = None
     accept_new_host_key: bool = False
     connect_timeout: int = 15
@@ -363,7 +364,8 @@ def ship_bundle(ship: Ship, say: Say, on_line: Callable[[str], None]) -> int:
         say(f"running the shared suite in {ship.image} on {ship.host}")
         res = _run(conn, " ".join(shlex.quote(a) for a in (
             "sh", f"{work}/remote-run.sh", work, ship.image, "none" if ship.gpu == "none" else "all",
-            container)), "running the shared suite", timeout=6 * 3600, out_stream=stream)
+            container, ship.model or "")), "running the shared suite", timeout=6 * 3600,
+            out_stream=stream)
         code = res.exited if res.exited in (EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_ENV) else EXIT_ENV
         summary["remote_exit"] = res.exited
         fetch(conn, work, ship.local, say)
