@@ -37,6 +37,7 @@ PHASE = "[gpu-judge]"
 
 
 def phase(msg: str) -> None:
+    """Print a progress line the client shows as the current phase (stdout, flushed)."""
     print(f"{PHASE} {msg}", flush=True)
 
 
@@ -148,6 +149,8 @@ def run_suite(suite: Path, scenarios: Path, out: Path, label: str, fixed: str | 
 
 
 def scenario_result(out: Path, label: str, name: str, release: str) -> dict:
+    """The outcome of ``name`` on ``release`` in the suite run ``label`` (from its
+    ``result.json``), or ``outcome: missing`` when the suite did not run it."""
     from ..verdict import describe_observed
 
     try:

@@ -196,6 +196,8 @@ def _tar(paths: list[tuple[Path, str]]) -> bytes:
 
 
 def lab_context_hash() -> str:
+    """12 hex digits of sha256 over the CUDA image's build context (:data:`LAB_CONTEXT`): the
+    tag suffix that says whether the image on the host was built from this lab."""
     h = hashlib.sha256()
     for rel in LAB_CONTEXT:
         p = REPO / rel
@@ -454,6 +456,8 @@ def _read_json(path: Path) -> dict | None:
 
 
 def run_id(bundle: Path) -> str:
+    """``<bundle id>-<YYYYmmdd-HHMMSS>`` (local time): names the remote work folder, the
+    container and the local results folder of one run."""
     return f"{bundle.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -461,4 +465,5 @@ _SAFE_HOST = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def local_dir(reports: Path, host: str, rid: str) -> Path:
+    """``reports/gpu/<host>/<run>/`` (the host name made safe for a folder name)."""
     return reports / "gpu" / _SAFE_HOST.sub("_", host) / rid
