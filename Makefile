@@ -76,10 +76,10 @@ cpu-repro-docker:
 	@created=$$($(DOCKER) image inspect -f '{{.Created}}' $(CPU_IMAGE) 2>/dev/null); \
 	if [ -z "$$created" ]; then \
 	  echo "cpu-repro: building $(CPU_IMAGE) first (once; make images)" >&2; \
-	  $(MAKE) --no-print-directory image-cpu >&2 || exit 3; \
+	  $(MAKE) --no-print-directory image-cpu >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
 	elif [ -n "$$(find src images slices pyproject.toml -newermt "$$created" -not -path '*/__pycache__*' -print -quit 2>/dev/null)" ]; then \
 	  echo "cpu-repro: the lab changed since $(CPU_IMAGE) was built; updating it (make images)" >&2; \
-	  $(MAKE) --no-print-directory image-cpu >&2 || exit 3; \
+	  $(MAKE) --no-print-directory image-cpu >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
 	fi
 	@mkdir -p $(REPORTS); start=$$(date +%s); \
 	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
