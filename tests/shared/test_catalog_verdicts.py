@@ -54,7 +54,7 @@ def catalog_runs(suite_reports):
 
 
 @pytest.mark.parametrize("path,version", _cases())
-def test_catalog_entry_keeps_its_verdict(path, version, catalog_runs, record_property):
+def test_catalog_entry_keeps_its_verdict(path, version, catalog_runs, request):
     from vllm_repro.scenario import load_scenario
 
     name = load_scenario(path).name
@@ -62,8 +62,8 @@ def test_catalog_entry_keeps_its_verdict(path, version, catalog_runs, record_pro
         pytest.fail(f"{name}: {version}")  # version holds why no release could be chosen
     item = catalog_runs[(name, version)]
     v, res = item.verdict, item.result
-    record_property("observed", v.observed)
-    record_property("expected", v.expected)
+    # JUnit properties (written with junit_family xunit1, as gpu-judge runs it)
+    request.node.user_properties += [("observed", v.observed), ("expected", v.expected)]
     assert res.get("outcome") != "error", f"the lab failed: {v.observed}"
     if name in fixed_names() and item.scenario.vllm.expectation_for(version) == "reproduce":
         # a patch for this bug is applied to this vLLM: it must now run clean, audit included

@@ -38,7 +38,7 @@ def _missing() -> str | None:
 
 
 @pytest.mark.parametrize("path", catalog_files(), ids=lambda p: p.stem)
-def test_workload_replays_on_the_real_engine(path, record_property):
+def test_workload_replays_on_the_real_engine(path, request):
     why = _missing()
     if why:
         pytest.skip(why)
@@ -51,7 +51,7 @@ def test_workload_replays_on_the_real_engine(path, record_property):
         sc.child_payload()), capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    record_property("replay", json.dumps(got))
+    request.node.user_properties.append(("replay", json.dumps(got)))
     kind = sc.vllm.expectation_for(inst.release)
     if kind == "reproduce" and sc.name not in fixed_names() and sc.expect and sc.expect.outcome == "crash":
         assert got["outcome"] == "crash", f"expected {sc.expect.exception} on {inst.release}, got {got}"
