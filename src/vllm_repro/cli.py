@@ -43,7 +43,7 @@ def verdict_table(verdicts) -> Table:
 
 def _print_results(items, as_json: bool, sched_log: bool) -> int:
     from .report.sched_log import sched_log_lines
-    from .verdict import exit_code
+    from .verdict import exit_code, findings_lines
 
     verdicts = [i.verdict for i in items]
     if sched_log:
@@ -56,6 +56,8 @@ def _print_results(items, as_json: bool, sched_log: bool) -> int:
         print(json.dumps([v.as_dict() for v in verdicts], indent=1))
     else:
         out.print(verdict_table(verdicts))
+        for line in findings_lines(verdicts):
+            out.print(line, highlight=False, markup=False)
         for v in verdicts:
             if v.reason and v.ok is False:
                 err.print(f"[red]{v.scenario} on {v.vllm}: {v.reason}[/red]", highlight=False)

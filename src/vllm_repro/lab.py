@@ -24,7 +24,7 @@ from .settings import cache_dir
 from .sources.env import ReleaseEnv, prepare_env
 from .sources.installed import check_release, installed
 from .sources.sdist import extract_tree, fetch_sdist, validate_version
-from .verdict import Verdict, judge
+from .verdict import Verdict, audit_keeps_going, judge
 
 Say = Callable[[str], None]
 
@@ -131,8 +131,11 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
             for item in items:
                 out = reports / item.scenario.name / version
                 item.report_dir = out
+                # a verdict about a run's end (clean, or an expected crash/stall) needs the run
+                # to reach it: the audit then collects violations instead of stopping
                 item.result = worker.run(item.scenario.child_payload(), out, audit=audit,
-                                         keep_going=keep_going)
+                                         keep_going=keep_going or audit_keeps_going(
+                                             item.scenario, version))
                 item.result["engine_log"] = str(log)
     except LabError as exc:
         for item in items:
@@ -185,7 +188,18 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
             res = dict(item.result)
             res["verdict"] = item.verdict.as_dict()
             (item.report_dir / "result.json").write_text(json.dumps(res, indent=1, default=str))
+            _timeline(item, res, say)
     return items
+
+
+def _timeline(item: RunItem, result: dict, say: Say) -> None:
+    """``timeline.png`` next to the run's trace (a failed picture never fails the run)."""
+    from .report.timeline import write_timeline
+
+    try:
+        write_timeline(item.report_dir, result)
+    except Exception as exc:  # noqa: BLE001 - matplotlib or a damaged trace
+        say(f"{item.scenario.name} on {item.version}: no timeline.png ({type(exc).__name__}: {exc})")
 
 
 def releases_for(scenario: Scenario, requested: list[str]) -> list[str]:

@@ -2,6 +2,15 @@
 
 A scenario's ``expect`` applies on the releases it ``reproduces_on``; on ``clean_on`` releases
 the expectation is ``clean``; elsewhere there is none (observed only, ``ok`` is ``None``).
+
+Audit findings that are not the scenario's bug (issue #3): ``clean_on`` requires no crash, no
+stall, a run to its end and none of the expected signature (``expect.code`` when the scenario
+expects a violation); other violations do not flip ``ok``: they are shown as ``also: CODE @step``
+in the observed column, listed in ``result.json`` and counted in a summary line under the table
+(:func:`findings_lines`). Likewise a crash or stall expected on ``reproduces_on`` is judged on
+the crash or stall, with the audit's earlier findings shown as ``also``. For these verdicts the
+lab audits in keep-going mode (:func:`audit_keeps_going`): a verdict about the end of a run needs
+the run to reach it.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ class Verdict:
     outcome: str
     reason: str = ""
     error_kind: str | None = None
+    also: list[dict] | None = None  # audit findings that are not the scenario's bug
 
     @property
     def ok_text(self) -> str:
@@ -33,9 +43,72 @@ class Verdict:
         return {True: "yes", False: "NO", None: "-"}[self.ok]
 
     def as_dict(self) -> dict:
-        return {"scenario": self.scenario, "vllm": self.vllm, "expected": self.expected,
-                "observed": self.observed, "ok": self.ok, "outcome": self.outcome,
-                "reason": self.reason}
+        d = {"scenario": self.scenario, "vllm": self.vllm, "expected": self.expected,
+             "observed": self.observed, "ok": self.ok, "outcome": self.outcome,
+             "reason": self.reason}
+        if self.also:
+            d["also"] = [{k: v.get(k) for k in ("code", "step", "requests", "blocks", "message")}
+                         for v in self.also]
+        return d
+
+
+def _at(violations: list[dict], limit: int = 3) -> str:
+    """``REQ_STATE @3, KV_LEAK @9 (+2)``: the first findings, by code and step."""
+    shown = ", ".join(f"{v['code']} @{v['step']}" for v in violations[:limit])
+    extra = f" (+{len(violations) - limit})" if len(violations) > limit else ""
+    return shown + extra
+
+
+def _ran(result: dict) -> str:
+    n = len(result.get("finished") or {})
+    steps = result.get("steps")
+    if result.get("limit_reached") or result.get("unfinished"):
+        return f"max_steps {steps} reached, {n} finished"
+    return f"{n} finished, {steps} steps"
+
+
+def audit_keeps_going(scenario: Scenario, version: str) -> bool:
+    """Whether the audit must collect violations and let the run go on (rather than stop at
+    the first) for the verdict on ``version`` to be about the run's end: a ``clean_on`` release,
+    or a ``reproduces_on`` release whose expected outcome is a crash or a stall."""
+    kind = scenario.vllm.expectation_for(version)
+    if kind == "clean":
+        return True
+    exp = scenario.expect
+    return kind == "reproduce" and exp is not None and exp.outcome != "violation"
+
+
+def _signature(scenario: Scenario, violations: list[dict]) -> list[dict]:
+    """The violations that are the scenario's own bug: its ``expect`` is a violation (with
+    ``code``, ``message``, ``step`` where given)."""
+    exp = scenario.expect
+    if exp is None or exp.outcome != "violation":
+        return []
+    out = []
+    for x in violations:
+        if exp.code and x["code"] != exp.code:
+            continue
+        if exp.message and not re.search(exp.message, x.get("message", "")):
+            continue
+        out.append(x)
+    return out
+
+
+def findings_lines(verdicts: list["Verdict"]) -> list[str]:
+    """The summary printed under the verdict table: how many runs have audit findings that are
+    not their scenario's bug, and each finding (code, step, message)."""
+    runs = [v for v in verdicts if v.also]
+    if not runs:
+        return []
+    total = sum(len(v.also) for v in runs)
+    lines = [f"also: {total} audit finding(s) in {len(runs)} run(s) outside the scenarios' own "
+             "bugs (reported, not counted against ok; see result.json):"]
+    for v in runs:
+        for x in v.also[:5]:
+            lines.append(f"  {v.scenario} on {v.vllm}: {x['code']} @{x['step']}: {x['message']}")
+        if len(v.also) > 5:
+            lines.append(f"  {v.scenario} on {v.vllm}: ... {len(v.also) - 5} more")
+    return lines
 
 
 def describe_observed(result: dict) -> str:
@@ -77,11 +150,14 @@ def _matches_where(expected: str, where: dict | None) -> bool:
 
 
 def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
-    """The verdict for one (scenario, release) run."""
+    """The verdict for one (scenario, release) run (see the module's rules for audit
+    findings that are not the scenario's bug)."""
     outcome = result.get("outcome", "error")
     observed = describe_observed(result)
     kind = scenario.vllm.expectation_for(version)
     exp = scenario.expect
+    violations = result.get("violations") or []
+    stopped = (result.get("audit") or {}).get("stopped")
     if kind == "reproduce" and exp is not None:
         expected = exp.outcome
     elif kind == "reproduce":
@@ -96,17 +172,46 @@ def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
         v.error_kind = (result.get("error") or {}).get("kind", "lab")
         v.reason = "the lab or the input failed; not a reproduction"
         return v
+    if result.get("planted"):
+        v.ok = False
+        v.reason = (f"faults were planted into vLLM by a test plug-in ({result['planted']}); "
+                    "not an observation of the release")
+        return v
+    if outcome == "violation" and violations and not stopped:
+        # the audit collected violations and the run went on to its end
+        v.observed = f"violation {_at(violations)}, ran to the end ({_ran(result)})"
     if kind is None:
         v.ok = None
         return v
     if kind == "clean":
-        v.ok = outcome == "clean"
-        if not v.ok:
-            v.reason = f"expected clean on {version}, observed {outcome}"
+        sig = _signature(scenario, violations)
+        if outcome == "clean":
+            v.ok = True
+        elif outcome == "violation" and not stopped and not sig:
+            v.ok = True
+            v.also = violations
+            v.observed = f"ran to the end ({_ran(result)}); also: {_at(violations)}"
+        else:
+            v.ok = False
+            if outcome == "violation" and sig:
+                v.reason = (f"the scenario's own bug ({_at(sig)}) shows on {version}, a clean_on "
+                            "release")
+            elif outcome == "violation":
+                v.reason = (f"the audit stopped the run at step {stopped['step']} "
+                            f"({stopped['code']}) before its end; a clean verdict needs the whole "
+                            "run (--keep-going)")
+            else:
+                v.reason = f"expected clean on {version}, observed {outcome}"
+            if violations and outcome != "violation":
+                v.also = violations
+                v.observed = f"{observed}; also: {_at(violations)}"
         return v
     if exp is None:
         v.ok = outcome != "clean"
         return v
+    if exp.outcome != "violation" and violations and outcome != "violation":
+        v.also = violations
+        v.observed = f"{observed}; also: {_at(violations)}"
     reasons = []
     if outcome != exp.outcome:
         reasons.append(f"outcome {outcome} != {exp.outcome}")

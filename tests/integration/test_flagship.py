@@ -27,7 +27,10 @@ def test_make_cpu_repro_table_reproduces_on_0_10_1_1_and_clean_on_0_10_2(cli, tm
     assert set(rows) == {"0.10.1.1", "0.10.2"}
     assert "crash AssertionError vllm/v1/core/sched/scheduler.py:schedule @3" in rows["0.10.1.1"]
     assert rows["0.10.1.1"].rstrip().endswith("yes")
-    assert "clean (2 finished" in rows["0.10.2"] and rows["0.10.2"].rstrip().endswith("yes")
+    # the fix holds (no crash, both finish); the audit's finding of the residual defect at
+    # step 3 is reported as 'also' without failing the clean_on verdict (issue #3)
+    assert "ran to the end (2 finished" in rows["0.10.2"] and "also: REQ_STATE @3" in rows["0.10.2"]
+    assert rows["0.10.2"].rstrip().endswith("yes")
 
     bad = reports / "vllm-23347-priority-preempt-scheduled" / "0.10.1.1"
     result = json.loads((bad / "result.json").read_text())
@@ -58,7 +61,11 @@ def test_other_releases_follow_the_bug_range(cli, tmp_path):
         assert verdicts[v]["outcome"] == "crash" and verdicts[v]["ok"] is True
         assert "AssertionError vllm/v1/core/sched/scheduler.py:schedule @3" in verdicts[v]["observed"]
     for v in ("0.11.0", "0.33.0"):
-        assert verdicts[v]["outcome"] == "clean" and verdicts[v]["ok"] is True
+        assert verdicts[v]["ok"] is True
+    # 0.11.0 keeps 0.10.2's residual defect (REQ_STATE at step 3, see the audit); 0.33 pops it
+    assert verdicts["0.11.0"]["outcome"] == "violation"
+    assert [a["code"] for a in verdicts["0.11.0"]["also"]] == ["REQ_STATE"]
+    assert verdicts["0.33.0"]["outcome"] == "clean"
 
 
 def test_0_9_0_front_door_refuses_priorities_and_lab_refuses_too(cli, tmp_path):

@@ -109,7 +109,7 @@ class Worker:
                  "--model-dir", str(self.model_dir), "--reply-fd", str(w)],
                 stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                 pass_fds=(w,),
-                env=child_environment(self.env, self.extra_path, self.extra_env), text=True,
+                env=self._environment(), text=True,
                 cwd=str(self.env.tree or self.log_path.parent))
         except OSError as exc:
             os.close(r)
@@ -122,6 +122,14 @@ class Worker:
             self.close()
             raise EnvError(f"vLLM {self.env.version}: {self.hello.get('error')} (log: {self.log_path})")
 
+    def _environment(self) -> dict[str, str]:
+        """:func:`child_environment` plus one string-hash seed for every run: with prefix
+        caching, which cached blocks vLLM evicts (and so the prefix-cache contents) otherwise
+        varies between two runs of one scenario (seen on 0.10.1.1), although what it schedules
+        does not. Only the engine worker gets it: vLLM's own tests check the random seeding."""
+        return {**child_environment(self.env, self.extra_path, self.extra_env),
+                "PYTHONHASHSEED": "0"}
+
     def _read(self, what: str) -> dict:
         line = self._replies.readline()
         if not line:
@@ -132,12 +140,19 @@ class Worker:
         return json.loads(line)
 
     def run(self, scenario: dict, out_dir: Path | None, audit: bool = True,
-            keep_going: bool = False) -> dict:
-        """Run one scenario payload; returns the worker's result dict."""
+            keep_going: bool = False, *, plant: str | None = None,
+            plant_args: dict | None = None) -> dict:
+        """Run one scenario payload; returns the worker's result dict.
+
+        ``plant`` (tests only): ``/abs/path/plant_*.py:function`` that patches a fault into the
+        release for this run (:mod:`vllm_repro.audit.plant`); the result is marked ``planted``.
+        """
         assert self.proc and self.proc.stdin
+        options = {"audit": audit, "keep_going": keep_going}
+        if plant:
+            options.update(plant=plant, plant_args=plant_args or {})
         job = {"id": scenario["name"], "scenario": scenario,
-               "out_dir": str(out_dir) if out_dir else None,
-               "options": {"audit": audit, "keep_going": keep_going}}
+               "out_dir": str(out_dir) if out_dir else None, "options": options}
         try:
             self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()

@@ -57,10 +57,17 @@ def describe_exception(exc: BaseException, vllm_root: Path, step: int, phase: st
     }
 
 
+class _NeverRaised(BaseException):
+    """Stands in for an observer's ``stop_exception`` when it has none."""
+
+
 class StepLoop:
-    """One scenario run. ``observer`` (the auditor, issue #3) gets ``attach(loop)``,
-    ``after_schedule(step, so)``, ``after_update(step, so)`` and ``finish(loop)`` calls and may
-    stop the run by returning violations."""
+    """One scenario run. ``observer`` (the auditor, :class:`vllm_repro.audit.Auditor`) gets
+    ``attach(loop)``, ``after_schedule(step, so, scheduled)``, ``after_update(step, so, line)``
+    and ``finish(loop, outcome)`` calls and may stop the run by returning True. Optional:
+    ``annotate(line)`` adds fields to each trace line before it is written; ``stop_exception``
+    (a ``BaseException`` it raises from inside a vLLM call to stop there); ``violations`` and
+    ``summary()`` go into the result."""
 
     def __init__(self, adapter: V1Adapter, scenario: dict, trace: Callable[[dict], None] | None = None,
                  observer: Any = None):
@@ -118,9 +125,11 @@ class StepLoop:
         if self.observer is not None:
             self.observer.attach(self)
         result: dict[str, Any] = {"outcome": "clean"}
+        stop_exc = getattr(self.observer, "stop_exception", None) or _NeverRaised
         idle = 0
         step = 0
         t1 = time.perf_counter()
+        c1 = time.process_time()
         for step in range(1, max_steps + 1):
             self.step = step
             line: dict[str, Any] = {"step": step, "added": [], "aborted": []}
@@ -143,10 +152,11 @@ class StepLoop:
                 so = sched.schedule()
                 scheduled = self._lab(a.scheduled, so)
                 line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
-                if self.observer is not None and self.observer.after_schedule(step, so, scheduled):
+                if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
+                                                           scheduled):
                     result = {"outcome": "violation"}
                     self._state(line)
-                    self.trace(line)
+                    self._emit(line)
                     break
                 req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
                                                      getattr(so, "finished_req_ids", ()))
@@ -157,20 +167,25 @@ class StepLoop:
                 a.deliver_drafts(sched, req_ids, drafts)
             except (RefusedByRelease, AdapterError):
                 raise
+            except stop_exc:  # the observer stopped the run inside a vLLM call (audit hook)
+                result = {"outcome": "violation"}
+                self._state(line)
+                self._emit(line)
+                break
             except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
                 result = {"outcome": "crash", "crash": describe_exception(exc, a.vllm_file, step, phase)}
                 line["crash"] = {k: result["crash"][k] for k in ("type", "message", "where", "phase")}
                 self._state(line)
-                self.trace(line)
+                self._emit(line)
                 break
             newly = self._collect_finished()
             line["finished"] = newly
             self._state(line)
-            if self.observer is not None and self.observer.after_update(step, so, line):
+            if self.observer is not None and self._lab(self.observer.after_update, step, so, line):
                 result = {"outcome": "violation"}
-                self.trace(line)
+                self._emit(line)
                 break
-            self.trace(line)
+            self._emit(line)
             unfinished = [rid for rid in self.created if rid not in self.finished]
             if step >= last_add and not unfinished:
                 break
@@ -183,10 +198,15 @@ class StepLoop:
                     "free_blocks": line.get("free_blocks")}}
                 break
         run_s = time.perf_counter() - t1
+        run_cpu_s = time.process_time() - c1
         if self.observer is not None:
             fin = self.observer.finish(self, result["outcome"])
             if fin and result["outcome"] == "clean":
                 result["outcome"] = "violation"
+            if getattr(self.observer, "violations", None):
+                result["violations"] = list(self.observer.violations)
+            if hasattr(self.observer, "summary"):
+                result["audit"] = self.observer.summary()
         unfinished = [r["id"] for r in self.sc["requests"] if r["id"] not in self.finished]
         result.update({
             "steps": step,
@@ -194,9 +214,17 @@ class StepLoop:
             "unfinished": unfinished,
             "limit_reached": result["outcome"] == "clean" and bool(unfinished),
             "timing": {"build_s": round(build_s, 4), "run_s": round(run_s, 4),
+                       "run_cpu_s": round(run_cpu_s, 4),
                        "steps_per_s": round(step / run_s, 1) if run_s > 0 else None},
         })
         return result
+
+    def _emit(self, line: dict) -> None:
+        """Write one trace line, with the observer's fields (``annotate``) added."""
+        annotate = getattr(self.observer, "annotate", None)
+        if annotate is not None:
+            annotate(line)
+        self.trace(line)
 
     @staticmethod
     def _lab(fn, *args):

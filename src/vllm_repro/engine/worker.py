@@ -2,7 +2,8 @@
 scenarios sent to it.
 
 Protocol: one JSON object a line on stdin, ``{"id": ..., "scenario": {...}, "out_dir": path or
-null, "options": {"audit": bool, "keep_going": bool}}``; one JSON reply a line on the file
+null, "options": {"audit": bool, "keep_going": bool}}`` (tests only: ``"plant"``, ``"plant_args"``,
+see :mod:`vllm_repro.audit.plant`); one JSON reply a line on the file
 descriptor given by ``--reply-fd`` (stdout and stderr are vLLM's log). The first reply, id
 ``"hello"``, reports the release and the import time, or an ``error`` if vLLM cannot be imported.
 
@@ -66,7 +67,31 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:
                 observer = None
         out_dir = Path(job["out_dir"]) if job.get("out_dir") else None
-        result = run_scenario(adapter, job["scenario"], out_dir, observer=observer)
+        ctx = None
+        if opts.get("plant"):  # the audit's tests plant a fault into vLLM for this run only
+            from ..audit.plant import PlantContext, WithPlant, load_plant
+
+            ctx = PlantContext(adapter)
+            try:
+                load_plant(opts["plant"])(ctx, **(opts.get("plant_args") or {}))
+            except Exception as exc:  # noqa: BLE001 - a broken test plug-in
+                ctx.restore()
+                _reply(reply, {"id": job.get("id"), "result": {
+                    "outcome": "error", "planted": {"plant": opts["plant"]},
+                    "scenario": job["scenario"].get("name"), "vllm": adapter.version,
+                    "error": {"kind": "lab", "message": f"plant: {type(exc).__name__}: {exc}"}}})
+                continue
+            observer = WithPlant(ctx, observer)
+        try:
+            result = run_scenario(adapter, job["scenario"], out_dir, observer=observer)
+        finally:
+            if ctx is not None:
+                ctx.restore()
+        if ctx is not None:
+            result["planted"] = {"plant": opts["plant"], "args": opts.get("plant_args") or {},
+                                 "notes": ctx.notes}
+            if out_dir is not None:
+                (out_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
         _reply(reply, {"id": job.get("id"), "result": result})
     return 0
 

@@ -1,6 +1,8 @@
 """The seeds' scheduler state line, printed whenever the state changes.
 
-``[SCHED] step=3 waiting=[L] running=[H] preempted=[L] free_blocks=0`` from ``trace.jsonl``.
+``[SCHED] step=3 waiting=[L] running=[H] preempted=[L] free_blocks=0`` from ``trace.jsonl``;
+a step where the audit found a violation is always printed, followed by one
+``[AUDIT] step=3 REQ_STATE (after schedule): L is in num_scheduled_tokens ...`` line per finding.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ def _ids(xs) -> str:
 
 def sched_log_lines(trace: Path) -> Iterator[str]:
     """One line per step whose waiting / running / preempted / free-block state differs from the
-    previous step's, plus the step that crashed or broke an invariant."""
+    previous step's, plus the step that crashed or broke an invariant (with an ``[AUDIT]`` line
+    per violation found at that step)."""
     last = None
     with open(trace) as f:
         for raw in f:
@@ -27,9 +30,13 @@ def sched_log_lines(trace: Path) -> Iterator[str]:
             if line.get("crash"):
                 c = line["crash"]
                 marker = f" CRASH {c['type']} in {c['phase']}"
-            elif line.get("violations"):
-                marker = " VIOLATION " + ",".join(v["code"] for v in line["violations"])
+            vs = line.get("violations") or []
+            if vs and not marker:
+                marker = " VIOLATION " + ",".join(dict.fromkeys(v["code"] for v in vs))
             if state != last or marker:
                 yield (f"[SCHED] step={line['step']} waiting={_ids(state[0])} running={_ids(state[1])} "
                        f"preempted={_ids(state[2])} free_blocks={state[3]}{marker}")
+                for v in vs:
+                    where = f" ({v['phase']})" if v.get("phase") else ""
+                    yield f"[AUDIT] step={line['step']} {v['code']}{where}: {v['message']}"
             last = state

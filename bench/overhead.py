@@ -1,0 +1,77 @@
+"""The audit's cost: one workload run with and without the audit in one worker process.
+
+    python bench/overhead.py                    # vLLM 0.33.0, fcfs and prefix caching on
+    python bench/overhead.py --vllm 0.11.0 --no-cache --repeat 5
+
+The workload is the stress generator's (256 requests, mixed short and long prompts, aborts,
+early EOS) on a 2,000-block pool. Steps/s counts the step loop only (schedule, the fake model,
+update_from_output, and the audit when on), best of ``--repeat`` runs each, alternating;
+by wall clock and by the worker's CPU time in the loop (steady when other processes load the
+machine). Prints steps/s with and without the audit and their ratio (goal, issue #3: >= 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from vllm_repro.engine.host import Worker  # noqa: E402
+from vllm_repro.lab import prepare_release  # noqa: E402
+from vllm_repro.scenario.schema import Scenario  # noqa: E402
+
+
+def workload(policy: str, caching: bool, blocks: int) -> dict:
+    spec = importlib.util.spec_from_file_location("stress_gen", ROOT / "scenarios/stress/generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    sc = gen.build(policy, caching, seed=7)
+    sc["name"] = "bench-overhead"
+    sc["config"]["num_gpu_blocks"] = blocks
+    return Scenario.model_validate(sc).child_payload()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vllm", default="0.33.0")
+    ap.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
+    ap.add_argument("--no-cache", action="store_true", help="prefix caching off")
+    ap.add_argument("--blocks", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    payload = workload(args.policy, not args.no_cache, args.blocks)
+    env = prepare_release(args.vllm)
+    best = {False: 0.0, True: 0.0}
+    best_cpu = {False: 0.0, True: 0.0}
+    steps = None
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, \
+            Worker(env, Path(tmp) / "engine.log") as worker:
+        for i in range(args.repeat):
+            for audit in (False, True):
+                res = worker.run(payload, None, audit=audit, keep_going=True)
+                if res["outcome"] not in ("clean", "violation"):
+                    sys.exit(f"run failed: {res['outcome']} {res.get('error') or res.get('crash')}")
+                steps = res["steps"]
+                best[audit] = max(best[audit], res["timing"]["steps_per_s"])
+                cpu = res["timing"].get("run_cpu_s")
+                if cpu:
+                    best_cpu[audit] = max(best_cpu[audit], steps / cpu)
+                if audit and res.get("violations"):
+                    print(f"  (audit findings: {res['audit']['by_code']})")
+    print(f"vLLM {args.vllm}, {args.policy}, prefix caching {'off' if args.no_cache else 'on'}, "
+          f"256 requests, {args.blocks} blocks, {steps} steps, best of {args.repeat}:")
+    print("                    wall clock     CPU time")
+    print(f"  without audit: {best[False]:8.1f} steps/s {best_cpu[False]:8.1f} steps/s")
+    print(f"  with audit:    {best[True]:8.1f} steps/s {best_cpu[True]:8.1f} steps/s")
+    ratio, ratio_cpu = best[True] / best[False], (best_cpu[True] / best_cpu[False]
+                                                  if best_cpu[False] else float("nan"))
+    print(f"  ratio:         {ratio:8.2f}         {ratio_cpu:8.2f}          (goal >= 0.5)")
+
+
+if __name__ == "__main__":
+    main()

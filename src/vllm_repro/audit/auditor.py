@@ -1,0 +1,298 @@
+"""The auditor: the step loop's observer that checks every invariant after every vLLM call.
+
+Protocol (``vllm_repro.engine.loop.StepLoop``): ``attach(loop)`` once the scheduler is built;
+``after_schedule(step, scheduler_output, scheduled)`` and ``after_update(step,
+scheduler_output, trace_line)`` return True to stop the run; ``annotate(line)`` adds the audit's
+figures and the step's violations to each trace line; ``finish(loop, outcome)`` returns True if
+violations were found; ``violations`` and ``summary()`` go into ``result.json``.
+``stop_exception`` is raised from inside a vLLM call when a hook catches a violation and the run
+is not ``keep_going``: the loop ends the run there with outcome ``violation``.
+
+Runs inside release environments: standard library + the release's own objects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from collections import Counter
+from itertools import compress
+
+from .books import Books
+from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, check_end_of_run,
+                     check_free_queue, check_leaks, check_refcounts, used_blocks)
+from .codes import KV_CODES, NO_PROGRESS, make_violation, names
+from .hooks import PoolHooks
+
+_AUDIT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class AuditStop(BaseException):
+    """Raised inside a vLLM call to stop the run at a violation. A ``BaseException``, so that
+    vLLM's own ``except Exception`` handlers never swallow it."""
+
+    def __init__(self, violation: dict):
+        super().__init__(violation.get("message", ""))
+        self.violation = violation
+
+
+class Auditor:
+    """Checks a run's live vLLM objects every step (see :mod:`vllm_repro.audit.checks`).
+
+    ``adapter``: the engine adapter (for the release's ``RequestStatus`` and the vLLM root, so
+    that stacks name ``vllm/...`` files). ``keep_going``: collect every violation instead of
+    stopping at the first. ``max_records``: distinct violations kept (repeats of the same code,
+    requests and blocks are counted on the first record, not stored again).
+    """
+
+    stop_exception = AuditStop
+    #: every ``full_every``-th check compares the KV books block by block (see _kv_checks)
+    full_every = 16
+
+    def __init__(self, adapter, keep_going: bool = False, max_records: int = 200):
+        self.adapter = adapter
+        self.keep_going = keep_going
+        self.max_records = max_records
+        self.violations: list[dict] = []
+        self._keys: dict[tuple, dict] = {}
+        self._step_new: list[dict] = []
+        self._figures: tuple | None = None  # (refs, held ids, free count, hash snapshot)
+        self._fig_step: int | None = None  # the step whose books _figures describe
+        self._fingerprint: tuple | None = None  # (hook calls/free/map keys, refs, held ids, hashes)
+        self.dropped = 0
+        self.checks = 0
+        self.stopped: dict | None = None
+        self.loop = None
+        self.books: Books | None = None
+        self.hooks: PoolHooks | None = None
+        self.hook_names: list[str] = []
+        self._last_progress = 0
+        self._vllm_root = str(getattr(adapter, "vllm_file", "") or "")
+
+    # ---- observer protocol ----------------------------------------------------------------
+    def attach(self, loop) -> None:
+        self.loop = loop
+        self.books = Books(loop.scheduler)
+        self.req_checks = RequestChecks(self.books)
+        self.hash_check = RequestHashCheck(self.books)
+        self.map_check = PrefixMapCheck(self.books)
+        self.hooks = PoolHooks(self.books, self._hook_report)
+        self.hook_names = list(self.hooks.install())
+
+    def after_schedule(self, step: int, so, scheduled) -> bool:
+        found = self._kv_checks(scheduled_ids=so.num_scheduled_tokens)
+        found += self.req_checks.check("schedule", so, scheduled)
+        return self._record_all(found, step, "after schedule")
+
+    def after_update(self, step: int, so, line: dict) -> bool:
+        found = self._kv_checks(quick=True)
+        found += self.req_checks.check("update", so)
+        if (line.get("finished") or any(n > 0 for n in (line.get("scheduled") or {}).values())):
+            self._last_progress = step
+        return self._record_all(found, step, "after update_from_output")
+
+    def annotate(self, line: dict) -> None:
+        """Add ``line["audit"]`` (figures, blocks) and ``line["violations"]`` (this step's)."""
+        if self.books is not None:
+            if self._figures is None or self._fig_step != line.get("step") or line.get("crash") \
+                    or self._step_new:
+                # the books moved since the last full comparison (frees verified inside
+                # free_blocks) or the step ended inside a vLLM call (a crash, a hook's stop):
+                # read them as they are now
+                b = self.books
+                self._figures = (b.refs(), b.held_ids(), b.num_free(),
+                                 self.map_check.snapshot(full=False))
+            line["audit"] = self._compute_figures(*self._figures)
+            self._fig_step = None
+        if self._step_new:
+            line["violations"] = [{"code": v["code"], "phase": v["phase"], "message": v["message"],
+                                   "requests": v["requests"], "blocks": v["blocks"]}
+                                  for v in self._step_new]
+        self._step_new = []
+
+    def finish(self, loop, outcome: str) -> bool:
+        """End-of-run checks: after a clean run where every request finished, every block is
+        back (``KV_LEAK``); after a stall, a ``NO_PROGRESS`` record; after a crash, the KV
+        cache's books as vLLM left them. Returns True if any violation was recorded."""
+        if self.hooks is not None:
+            self.hooks.uninstall()
+        if self.books is None:
+            return bool(self.violations)
+        step = getattr(loop, "step", 0)
+        unfinished = [rid for rid in loop.created if rid not in loop.finished]
+        if outcome == "clean" and not unfinished and self.stopped is None:
+            refs = self.books.refs()
+            free, _ = self.books.free_list()
+            found = check_end_of_run(self.books, refs, free) + self.map_check.check(full=True)
+            self._record_all(found, step, "end of run", stop=False)
+        elif outcome == "stall":
+            self._record_all([self._no_progress(loop, step)], self._last_progress + 1,
+                             "stall", stop=False)
+        elif outcome == "crash":
+            found = [v for v in self._kv_checks(with_leaks=False) if v["code"] in KV_CODES]
+            self._record_all(found, step, "after crash", stop=False)
+        return bool(self.violations)
+
+    def summary(self) -> dict:
+        """The ``audit`` section of ``result.json``."""
+        by_code = Counter(v["code"] for v in self.violations)
+        return {"keep_going": self.keep_going, "stopped": self.stopped, "checks": self.checks,
+                "by_code": dict(by_code), "distinct": len(self.violations), "dropped": self.dropped,
+                "hooks": self.hook_names,
+                "hook_calls": dict(self.hooks.calls) if self.hooks else {}}
+
+    # ---- checks ---------------------------------------------------------------------------
+    def _kv_checks(self, with_leaks: bool = True, quick: bool = False,
+                   scheduled_ids=None) -> list[dict]:
+        """The KV cache's books (KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP).
+
+        Every check reads all ref counts, the block tables and (with prefix caching) every
+        block's hash at C speed, and compares every block's ref count with the references
+        held to it. The free queue's links are walked every ``full_every``-th check and whenever
+        its count is not the number of ref-0 blocks; only blocks whose hash changed are looked
+        up in the hash map (all of them every 64 checks). When nothing moved since the last
+        check (hook calls, counts, tables, hashes) the comparisons are skipped. Leaks are
+        checked every time. ``quick`` (after ``update_from_output``): when the call did not
+        go through the block pool at all (no hook call since the last check), only leaks are
+        checked; a write to a block outside the pool's entry points is then caught at the next
+        check, after the next ``schedule()``.
+        """
+        if self.hooks is not None and self.hooks.error is not None:
+            raise RuntimeError("the audit failed inside a block-pool hook (a lab bug):\n"
+                               + self.hooks.error)
+        b = self.books
+        self.checks += 1
+        requests = b.scheduler.requests
+        # pool calls other than frees verified block by block right after they ran
+        calls = (sum(self.hooks.calls.values()) - self.hooks.verified_frees) if self.hooks else 0
+        if quick and self._fingerprint is not None and calls == self._fingerprint[0][0] \
+                and self.checks % self.full_every != 1:
+            if self.hooks is None or self.hooks.verified_frees == self._fingerprint[4]:
+                self._fig_step = getattr(self.loop, "step", None)  # the books did not move
+            return check_leaks(b, requests, getattr(self.loop, "finished", {})) if with_leaks else []
+        full = self.checks % self.full_every == 1 or self._fingerprint is None
+        refs = b.refs()
+        ids = b.held_ids()
+        snap = self.map_check.snapshot(full=full)
+        nfree = b.num_free()
+        fp = (calls, nfree, snap[1])
+        last = self._fingerprint
+        found: list[dict] = []
+        if with_leaks:  # ownership changes without the pool (a request finishing)
+            found += check_leaks(b, requests, getattr(self.loop, "finished", {}))
+        if not full and fp == last[0] and refs == last[1] and ids == last[2] and snap[0] == last[3] \
+                and (self.hooks is None or self.hooks.verified_frees == last[4]):
+            # the pool, the tables and the hashes are as the last check left them
+            self._fig_step = getattr(self.loop, "step", None)
+            return found
+        found += check_refcounts(b, refs, ids)
+        if full or not self._queue_counts_agree(refs, nfree):
+            found += check_free_queue(b, refs)[0]
+        found += self.map_check.check(full=False, snap=snap)
+        if scheduled_ids is not None or full:  # blocks get cached inside schedule()
+            found += self.hash_check.check(requests, None if full else scheduled_ids)
+        self._fingerprint = (fp, refs, ids, snap[0], self.hooks.verified_frees if self.hooks else 0)
+        self._figures = (refs, ids, nfree, snap)  # turned into figures once a step (annotate)
+        self._fig_step = getattr(self.loop, "step", None)
+        return found
+
+    def _queue_counts_agree(self, refs: list[int], nfree: int) -> bool:
+        """The free queue counts exactly the non-null ref-0 blocks, and the null block is not
+        linked into it."""
+        b = self.books
+        null = b.null_id
+        nzero = refs.count(0) - (1 if null is not None and refs[null] == 0 else 0)
+        nb = b.null
+        return nfree == nzero and (nb is None or (nb.prev_free_block is None
+                                                  and nb.next_free_block is None))
+
+    def _compute_figures(self, refs: list[int], ids: list[int], nfree: int, snap) -> dict:
+        """The trace line's ``audit`` figures: ``free`` (the free queue's count), ``used``
+        (non-null blocks with ref_cnt > 0), ``total`` (num_gpu_blocks), ``refs_held``
+        (block-table references), with prefix caching ``cached_free`` (ref-0 blocks still
+        holding a cached prefix) and ``hash_entries`` (keys in the hash map); in blocks."""
+        b = self.books
+        null = b.null_id
+        fig = {"free": nfree, "used": used_blocks(refs, null), "total": b.num_blocks,
+               "refs_held": len(ids) - (ids.count(null) if null is not None else 0)}
+        if b.caching:
+            hashes, nkeys = snap
+            # hashes are non-empty bytes or tuples: truthy; None is not
+            hashed = len(list(filter(None, hashes)))
+            fig["cached_free"] = hashed - len(list(filter(None, compress(hashes, refs))))
+            fig["hash_entries"] = nkeys
+        return fig
+
+    def _no_progress(self, loop, step: int) -> dict:
+        waiting, running, _ = self.adapter.queues(loop.scheduler)
+        unfinished = [rid for rid in loop.created if rid not in loop.finished]
+        since = self._last_progress + 1
+        nfree = self.books.num_free()
+        return make_violation(NO_PROGRESS, (
+            f"no token scheduled and no request finished for {step - since + 1} steps "
+            f"(steps {since}-{step}) while {names(unfinished)} are unfinished (waiting: "
+            f"{names(waiting) if waiting else 'none'}; running: "
+            f"{names(running) if running else 'none'}); {nfree} of "
+            f"{self.books.num_blocks - 1} usable blocks free; expected progress every step"),
+            requests=unfinished)
+
+    # ---- recording ------------------------------------------------------------------------
+    def _record(self, v: dict, step: int, phase: str) -> bool:
+        """Store ``v`` unless it repeats a stored one; True if it is new."""
+        v["step"] = step
+        v["phase"] = v.get("phase") or phase
+        key = (v["code"], tuple(v["requests"]), tuple(v["blocks"]),
+               re.sub(r"\d+", "#", v["message"]))
+        first = self._keys.get(key)
+        if first is not None:
+            first["repeats"] = first.get("repeats", 0) + 1
+            first["last_step"] = step
+            return False
+        if len(self.violations) >= self.max_records:
+            self.dropped += 1
+            return False
+        self._keys[key] = v
+        self.violations.append(v)
+        self._step_new.append(v)
+        return True
+
+    def _record_all(self, found: list[dict], step: int, phase: str, stop: bool = True) -> bool:
+        new = [v for v in found if self._record(v, step, phase)]
+        if new and stop and not self.keep_going:
+            self.stopped = {"step": step, "code": new[0]["code"], "phase": phase}
+            return True
+        return False
+
+    def _hook_report(self, code: str, message: str, requests, blocks) -> None:
+        step = getattr(self.loop, "step", 0)
+        stack, call = self._stack()
+        v = make_violation(code, message, requests=requests, blocks=blocks, step=step,
+                           phase=f"in {call}" if call else "in a vLLM call", stack=stack)
+        if self._record(v, step, v["phase"]) and not self.keep_going:
+            self.stopped = {"step": step, "code": code, "phase": v["phase"]}
+            raise AuditStop(v)
+
+    def _stack(self) -> tuple[list[str], str | None]:
+        """The caller's stack, outermost first, from the step loop down to the hooked call
+        (the audit's own frames left out), and the outermost vLLM function on it."""
+        frames = traceback.extract_stack()
+        out = []
+        outer_call = None
+        started = False
+        for fs in frames:
+            path = os.path.abspath(fs.filename)
+            if path.startswith(_AUDIT_DIR):
+                continue
+            if fs.name == "run" and path.endswith(os.path.join("engine", "loop.py")):
+                started = True
+                out = []
+            shown = path
+            if self._vllm_root and path.startswith(self._vllm_root + os.sep):
+                shown = "vllm/" + path[len(self._vllm_root) + 1:]
+                if outer_call is None:
+                    outer_call = fs.name
+            out.append(f"{shown}:{fs.lineno} in {fs.name}" + (f": {fs.line}" if fs.line else ""))
+        if not started:
+            out = out[-16:]
+        return out[-24:], outer_call

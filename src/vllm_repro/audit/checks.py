@@ -1,0 +1,644 @@
+"""The invariants of DESIGN.md as checks over a release's live objects (found by :class:`Books`).
+
+Each check returns violation records (:func:`~vllm_repro.audit.codes.make_violation`) without
+``step``/``phase``; the :class:`~vllm_repro.audit.auditor.Auditor` fills those in. Runs inside
+release environments (standard library only). The fast paths compare whole lists built by
+C-level ``map``/``Counter`` and only walk block by block when something disagrees.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import compress, count, repeat
+from operator import attrgetter, is_not
+
+from .books import HOLDING_WAIT_STATUSES, Books, block_hash_of
+from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT, REQ_STATE,
+                    make_violation, names)
+
+_bid = attrgetter("block_id")
+_ref = attrgetter("ref_cnt")
+_rid = attrgetter("request_id")
+
+
+def used_blocks(refs: list[int], null: int | None) -> int:
+    """Non-null blocks with ``ref_cnt`` != 0 (a count below 0 is a KV_REFCOUNT finding)."""
+    return len(refs) - refs.count(0) - (1 if null is not None and refs[null] != 0 else 0)
+
+
+_hash_of = attrgetter("_block_hash")  # KVCacheBlock._block_hash, 0.8 to 0.33
+MAX_PER_CHECK = 20  # block-level findings reported per check and step (the rest are counted)
+
+
+def _req_ids(holders: list[str]) -> list[str]:
+    """Request ids from holder labels (``A``, ``A[g1]``; ``deferred-free@3`` is not one)."""
+    out = []
+    for h in holders:
+        if h.startswith(("deferred-free@", "cow-copy[")):
+            continue
+        out.append(h.split("[g", 1)[0])
+    return out
+
+
+def status_name(req) -> str:
+    st = getattr(req, "status", None)
+    return getattr(st, "name", str(st))
+
+
+def is_finished_status(name: str) -> bool:
+    return name.startswith("FINISHED")
+
+
+# ---- KV cache books ------------------------------------------------------------------------
+
+def check_refcounts(books: Books, refs: list[int], held: Counter | list[int]) -> list[dict]:
+    """KV_REFCOUNT: every non-null block's ``ref_cnt`` equals the references held to it (block
+    tables of every group, deferred frees, copy-on-write endpoints) and is never below 0.
+
+    Mirrors the bookkeeping of ``BlockPool.get_new_blocks`` / ``touch`` / ``free_blocks``
+    (``vllm/v1/core/block_pool.py``) against ``SingleTypeKVCacheManager.req_to_blocks``.
+    ``held``: a ``Counter`` of block id -> references, or the list of held block ids.
+    """
+    n = books.num_blocks
+    null = books.null_id
+    if isinstance(held, list):  # the held block ids
+        if not books.caching:
+            # without prefix caching no block is shared: the held ids are distinct and are
+            # exactly the ids whose ref_cnt is not 0, each of which is 1
+            ids = set(held)
+            nz = set(compress(count(), refs))
+            ones = refs.count(1)
+            if null is not None:
+                ids.discard(null)
+                if refs[null]:
+                    nz.discard(null)
+                    ones -= refs[null] == 1
+            if ones == len(nz) and ids == nz and len(held) - held.count(null) == len(ids):
+                return []
+        held = Counter(held)
+    # at C speed: the held count of every block id, in id order, against the ref counts
+    expected = list(map(held.get, range(n), repeat(0)))
+    if null is not None:
+        expected[null] = refs[null]  # the null block's ref_cnt is not maintained
+    nonzero = n - refs.count(0) - (1 if null is not None and refs[null] != 0 else 0)
+    outside = len(held) - (1 if null in held else 0) != nonzero if expected == refs else True
+    if expected == refs and not outside:
+        return []
+    foreign = [bid for bid in held if not (0 <= bid < n)]
+    if foreign:
+        who = books.holders_of(foreign[:MAX_PER_CHECK])
+        return [make_violation(KV_REFCOUNT, (
+            f"block id {bid} is held by {names(who[bid])} but is not one of the pool's {n} "
+            f"blocks (expected ids 0..{n - 1})"), requests=_req_ids(who[bid]), blocks=[])
+            for bid in foreign[:MAX_PER_CHECK]]
+    bad = [i for i in range(n) if refs[i] != expected[i]]
+    who = books.holders_of(bad[:MAX_PER_CHECK])
+    out = []
+    for i in bad[:MAX_PER_CHECK]:
+        holders = who[i]
+        if refs[i] < 0:
+            msg = (f"block {i} ref_cnt {refs[i]} is below 0 (held by {names(holders)}; "
+                   f"expected {expected[i]})")
+        else:
+            msg = f"block {i} ref_cnt {refs[i]} but held by {names(holders)} (expected {expected[i]})"
+        out.append(make_violation(KV_REFCOUNT, msg, requests=_req_ids(holders), blocks=[i]))
+    if len(bad) > MAX_PER_CHECK:
+        out[-1]["message"] += f"; {len(bad) - MAX_PER_CHECK} more blocks disagree"
+    return out
+
+
+def check_free_queue(books: Books, refs: list[int]) -> tuple[list[dict], list]:
+    """KV_FREE_QUEUE: the free queue holds exactly the non-null blocks with ``ref_cnt`` 0, each
+    once, its links end, its count is right, and free + used == ``num_gpu_blocks``.
+
+    Mirrors ``FreeKVCacheBlockQueue`` (``vllm/v1/core/kv_cache_utils.py``) as used by
+    ``BlockPool``. Walks the queue's links (cost: the number of free blocks). Returns the
+    findings and the walked free list (head first).
+    """
+    out = []
+    n = books.num_blocks
+    null = books.null_id
+    free, ended = books.free_list()
+    ids = list(map(_bid, free))
+    nfree = books.num_free()
+    if not ended:
+        out.append(make_violation(KV_FREE_QUEUE, (
+            f"the free queue's links do not end: more than {n + 1} blocks walked from its head "
+            f"(a cycle); expected at most {n - 1}"), blocks=ids[:MAX_PER_CHECK]))
+        return out, free
+    seen = set(ids)
+    if len(seen) != len(ids):
+        dups = [b for b, c in Counter(ids).items() if c > 1]
+        out.append(make_violation(KV_FREE_QUEUE, (
+            f"block {names(dups)} linked more than once in the free queue (expected once)"),
+            blocks=dups))
+    if nfree != len(ids):
+        out.append(make_violation(KV_FREE_QUEUE, (
+            f"the free queue counts {nfree} free blocks (num_free_blocks) but links {len(ids)}"),
+            blocks=[]))
+    if any(map(_ref, free)) or (null is not None and null in seen) or \
+            (ids and (min(ids) < 0 or max(ids) >= n)):
+        held_in_queue = [i for i in ids if i == null or not (0 <= i < n) or refs[i] != 0]
+    else:
+        held_in_queue = []
+    if held_in_queue:
+        who = books.holders_of(held_in_queue[:MAX_PER_CHECK])
+        for i in held_in_queue[:MAX_PER_CHECK]:
+            if i == null:
+                msg = f"the null block {i} is in the free queue (expected never to be)"
+            elif not (0 <= i < n):
+                msg = f"block id {i} in the free queue is not one of the pool's {n} blocks"
+            else:
+                msg = (f"block {i} is in the free queue with ref_cnt {refs[i]} (held by "
+                       f"{names(who.get(i, []))}; expected ref_cnt 0 for a free block)")
+            out.append(make_violation(KV_FREE_QUEUE, msg, requests=_req_ids(who.get(i, [])),
+                                      blocks=[i]))
+    nzero = refs.count(0) - (1 if null is not None and refs[null] == 0 else 0)
+    if nzero != len(seen) - len(set(held_in_queue)):
+        lost = [i for i in range(n) if i != null and refs[i] == 0 and i not in seen]
+        for i in lost[:MAX_PER_CHECK]:
+            out.append(make_violation(KV_FREE_QUEUE, (
+                f"block {i} has ref_cnt 0 but is not in the free queue (expected a ref-0 block "
+                f"to be free; found it neither free nor held)"), blocks=[i]))
+    used = used_blocks(refs, null) + (1 if null is not None else 0)
+    if not out and nfree + used != n:
+        out.append(make_violation(KV_FREE_QUEUE, (
+            f"free {nfree} + used {used} != num_gpu_blocks {n}"), blocks=[]))
+    return out, free
+
+
+def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[dict]:
+    """KV_LEAK: no block-table entry with real (non-null) blocks for a request that finished,
+    was aborted or preempted, or waits without a reason to hold KV (a KV connector load, a paused
+    stream, the release's ``kv_holding_waiting`` queue).
+
+    Mirrors ``Scheduler._free_request`` / ``_preempt_request`` -> ``KVCacheManager.free``.
+    """
+    out = []
+    null = books.null_id
+    holding_ok = set()
+    q = getattr(books.scheduler, "kv_holding_waiting", None)
+    if q is not None:
+        from .books import iter_queue
+
+        holding_ok = {r.request_id for r in iter_queue(q)}
+    multi = len(books.managers) > 1
+    running = set(map(_rid, books.scheduler.running))
+    for g, table in enumerate(books.tables()):
+        for rid in [r for r in table if r not in running]:
+            blocks = table[rid]
+            if not blocks:
+                continue
+            real = [b.block_id for b in blocks if b.block_id != null]
+            if not real:
+                continue
+            req = requests.get(rid)
+            where = f" (KV cache group {g})" if multi else ""
+            shown = ", ".join(map(str, real[:12])) + (" ..." if len(real) > 12 else "")
+            if req is None:
+                how = finished.get(rid, "finished")
+                msg = (f"{rid} is gone from the scheduler ({how}) but still holds block(s) "
+                       f"{shown}{where}; expected its blocks freed")
+            else:
+                st = status_name(req)
+                if st == "RUNNING" or st in HOLDING_WAIT_STATUSES or rid in holding_ok:
+                    continue
+                if is_finished_status(st):
+                    msg = f"{rid} finished ({st}) but still holds block(s) {shown}{where}"
+                elif st == "PREEMPTED":
+                    msg = (f"{rid} was preempted (status PREEMPTED) but still holds block(s) "
+                           f"{shown}{where}; expected preemption to free them")
+                else:
+                    msg = (f"{rid} waits (status {st}) but holds block(s) {shown}{where}; "
+                           f"expected no KV blocks before it is scheduled")
+            out.append(make_violation(KV_LEAK, msg, requests=[rid], blocks=real))
+    return out
+
+
+def check_end_of_run(books: Books, refs: list[int], free: list) -> list[dict]:
+    """KV_LEAK at the end of a run where every request finished: every non-null block's
+    ``ref_cnt`` is 0 and the free queue holds all ``num_gpu_blocks - 1`` of them."""
+    out = []
+    null = books.null_id
+    n = books.num_blocks
+    held = [i for i, r in enumerate(refs) if i != null and r != 0]
+    if held:
+        who = books.holders_of(held)
+        by: dict[tuple, list[int]] = {}
+        for i in held:
+            by.setdefault(tuple(who[i]), []).append(i)
+        for holders, bids in by.items():
+            out.append(make_violation(KV_LEAK, (
+                f"every request finished but block(s) {', '.join(map(str, bids[:12]))} still have "
+                f"ref_cnt {', '.join(str(refs[i]) for i in bids[:12])} (held by "
+                f"{names(holders)}); expected 0"), requests=_req_ids(list(holders)), blocks=bids))
+    expected_free = n - (1 if null is not None else 0)
+    if len(free) != expected_free and not held:
+        out.append(make_violation(KV_LEAK, (
+            f"every request finished but the free queue holds {len(free)} blocks; expected all "
+            f"{expected_free} back"), blocks=[]))
+    return out
+
+
+def _plain_hash(key):
+    """The block hash without its KV cache group (``BlockHashWithGroupId``: a namedtuple with
+    ``block_hash`` in 0.9/0.10, bytes ending in a 4-byte group id in 0.11+)."""
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key[:-4])
+    inner = getattr(key, "block_hash", None)
+    if inner is not None and hasattr(key, "group_id"):
+        return inner
+    return key
+
+
+def _maps_to(val, bid: int) -> bool:
+    """Whether a hash map value (a block, or a dict ``block_id -> block``) holds block ``bid``."""
+    if val is None:
+        return False
+    if isinstance(val, dict):
+        return bid in val
+    return getattr(val, "block_id", None) == bid
+
+
+class PrefixMapCheck:
+    """KV_PREFIX_MAP: every entry of ``BlockPool.cached_block_hash_to_block`` maps a hash to
+    blocks that carry that hash (or list it among their secondary hashes), never the null block;
+    every block with a hash is in the map under it; with prefix caching off the map is empty.
+
+    Mirrors ``BlockPool.cache_full_blocks`` / ``_maybe_evict_cached_block``. Incremental: each
+    check reads every block's hash (C-level) and compares the list with the last one; only the
+    blocks whose hash changed are looked up in the map. The whole map is walked on the first
+    check, whenever its size changes while no block's hash did, every ``full_every`` checks and
+    on demand (``full=True``, at the end of a run).
+    """
+
+    def __init__(self, books: Books, full_every: int = 64):
+        self.books = books
+        self.full_every = full_every
+        self.last: list | None = None
+        self.last_keys = -1
+        self.n = 0
+        self.hashes: list = []
+        self._nones: list = []
+
+    def _inner(self):
+        m = self.books.pool.cached_block_hash_to_block
+        return m if isinstance(m, dict) else getattr(m, "_cache", None)
+
+    def snapshot(self, full: bool = True) -> tuple[list, int]:
+        """(every block's hash, by block id; the number of keys in the hash map). With prefix
+        caching off the hashes are only read when ``full`` (they must all be None; between full
+        reads the map's size stands for them)."""
+        inner = self._inner()
+        nkeys = len(inner) if inner is not None else -1
+        if not self.books.caching and not full:
+            return self._none, nkeys
+        return list(map(_hash_of, self.books.blocks)), nkeys
+
+    @property
+    def _none(self) -> list:
+        n = self.books.num_blocks
+        if len(self._nones) != n:
+            self._nones = [None] * n
+        return self._nones
+
+    def check(self, full: bool = False, snap: tuple[list, int] | None = None) -> list[dict]:
+        books = self.books
+        inner = self._inner()
+        self.hashes = hashes = snap[0] if snap is not None else list(map(_hash_of, books.blocks))
+        if inner is None:
+            return []
+        self.n += 1
+        nkeys = len(inner)
+        if not books.caching:
+            if nkeys or hashes.count(None) != len(hashes):
+                hashed = [i for i, h in enumerate(hashes) if h is not None]
+                return [make_violation(KV_PREFIX_MAP, (
+                    f"prefix caching is off but the hash map has {nkeys} entries and "
+                    f"{len(hashed)} blocks carry a hash (expected none)"), blocks=hashed[:MAX_PER_CHECK])]
+            return []
+        last = self.last
+        unchanged = last is not None and hashes == last
+        due = full or last is None or self.n % self.full_every == 0 or \
+            (unchanged and nkeys != self.last_keys)
+        self.last, self.last_keys = hashes, nkeys
+        if due:
+            return self._full(inner, hashes)
+        if unchanged:
+            return []
+        sec = books.secondary_hashes()
+        null = books.null_id
+        out = []
+        for bid in compress(count(), map(is_not, hashes, last)):
+            h, o = hashes[bid], last[bid]
+            if bid == null and h is not None:
+                out.append(make_violation(KV_PREFIX_MAP, (
+                    "the null block carries a prefix-cache hash (expected never cached)"), blocks=[bid]))
+                continue
+            if h is not None and not _maps_to(inner.get(h), bid):
+                out.append(self._unmapped(bid))
+            if o is not None and o != h and _maps_to(inner.get(o), bid) and o not in sec.get(bid, ()):
+                out.append(make_violation(KV_PREFIX_MAP, (
+                    f"block {bid} is in the hash map under a hash it does not carry (the block "
+                    f"has {'no hash' if h is None else 'another hash'}; expected the map key)"),
+                    blocks=[bid]))
+            if len(out) >= MAX_PER_CHECK:
+                break
+        return out
+
+    def _unmapped(self, bid: int) -> dict:
+        return make_violation(KV_PREFIX_MAP, (
+            f"block {bid} carries a hash (ref_cnt {self.books.blocks[bid].ref_cnt}) but the hash "
+            f"map does not map that hash to it (expected every hashed block in the map)"),
+            blocks=[bid])
+
+    def _full(self, inner: dict, hashes: list) -> list[dict]:
+        books = self.books
+        sec = books.secondary_hashes()
+        null = books.null_id
+        out = []
+        for key, val in inner.items():
+            blocks = list(val.values()) if isinstance(val, dict) else [val]
+            if not blocks:
+                out.append(make_violation(KV_PREFIX_MAP, "a hash map entry with no block", blocks=[]))
+            for b in blocks:
+                bid = b.block_id
+                if bid == null:
+                    out.append(make_violation(KV_PREFIX_MAP, (
+                        "the null block is in the prefix-cache hash map (expected never cached)"),
+                        blocks=[bid]))
+                    continue
+                h = hashes[bid] if 0 <= bid < len(hashes) else None
+                if h is not key and h != key and key not in sec.get(bid, ()):
+                    out.append(make_violation(KV_PREFIX_MAP, (
+                        f"block {bid} is in the hash map under a hash it does not carry (the block "
+                        f"has {'no hash' if h is None else 'another hash'}; expected the map key)"),
+                        blocks=[bid]))
+            if len(out) >= MAX_PER_CHECK:
+                return out
+        for bid, h in enumerate(hashes):
+            if h is not None and not _maps_to(inner.get(h), bid):
+                out.append(self._unmapped(bid))
+                if len(out) >= MAX_PER_CHECK:
+                    break
+        return out
+
+
+class RequestHashCheck:
+    """KV_PREFIX_MAP, request side: the i-th cached block of a request's table carries the
+    request's i-th block hash (``Request.block_hashes``, 0.10.1+, or
+    ``KVCacheManager.req_to_block_hashes``, older), for ``i < num_cached_block[request]``.
+
+    Incremental: each (group, request) table is verified once per block. Skipped where a cache
+    block spans several hash blocks (0.33's ``hash_block_size`` != the group's block size).
+    """
+
+    def __init__(self, books: Books):
+        self.books = books
+        self.done: dict[tuple[int, str], tuple[int, int]] = {}
+        hbs = getattr(books.pool, "hash_block_size", None)
+        self.groups = [g for g, m in enumerate(books.managers)
+                       if hasattr(m, "num_cached_block")
+                       and (hbs is None or getattr(m, "block_size", hbs) == hbs)]
+
+    def check(self, requests: dict, only=None) -> list[dict]:
+        """``only``: the request ids to look at (those scheduled in the step: a request's
+        blocks are cached when ``schedule()`` allocates for it); None for all."""
+        if not self.books.caching:
+            return []
+        out = []
+        kvm = self.books.kvm
+        side = getattr(kvm, "req_to_block_hashes", None)
+        null = self.books.null_id
+        for g in self.groups:
+            m = self.books.managers[g]
+            counts = m.num_cached_block
+            pairs = counts.items() if only is None else \
+                [(rid, counts[rid]) for rid in only if rid in counts]
+            for rid, k in pairs:
+                table = m.req_to_blocks.get(rid)
+                req = requests.get(rid)
+                if not table or req is None:
+                    continue
+                key = (g, rid)
+                lid, start = self.done.get(key, (id(table), 0))
+                if lid != id(table) or start > k:
+                    start = 0
+                if start >= k:
+                    continue
+                req_hashes = getattr(req, "block_hashes", None)
+                if req_hashes is None and side is not None:
+                    req_hashes = side.get(rid)
+                if req_hashes is None:
+                    continue
+                for i in range(start, min(k, len(table), len(req_hashes))):
+                    b = table[i]
+                    if b.block_id == null:
+                        continue
+                    h = block_hash_of(b)
+                    if h is None:
+                        continue  # a hit block re-cached later; the map check covers it
+                    if _plain_hash(h) != req_hashes[i]:
+                        out.append(make_violation(KV_PREFIX_MAP, (
+                            f"block {b.block_id} is {rid}'s cached block #{i} but carries another "
+                            f"hash than {rid}'s block hash #{i} (expected the same content hash)"),
+                            requests=[rid], blocks=[b.block_id]))
+                self.done[key] = (id(table), k)
+        return out
+
+
+# ---- requests and the batch ----------------------------------------------------------------
+
+class RequestChecks:
+    """REQ_STATE and BATCH_LIMIT over the scheduler's queues, requests and output.
+
+    Mirrors ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``: running/waiting queues,
+    ``_update_after_schedule``, the token and sequence budgets) and ``update_from_output``.
+    Keeps, per request, the last ``num_computed_tokens`` and status seen, so that a count moving
+    backwards is told apart from a preemption or rejected draft tokens.
+    """
+
+    def __init__(self, books: Books):
+        self.books = books
+        self.last: dict[str, tuple[int, str]] = {}   # rid -> (num_computed_tokens, status)
+        self.preempted_now: set[str] = set()  # PREEMPTED now, not PREEMPTED at the last look
+        self._names: dict = {}  # RequestStatus member -> name
+
+    def where(self) -> tuple[dict[str, str], dict[str, list[str]]]:
+        """(request id -> its queue, request id -> every queue it is in, for ids in more than
+        one place)."""
+        where: dict[str, str] = {}
+        queues = self.books.queues()
+        listed = [(name, list(map(_rid, reqs))) for name, reqs in queues]
+        total = sum(len(ids) for _, ids in listed)
+        for name, ids in reversed(listed):  # earlier queues overwrite: running wins
+            where.update(zip(ids, repeat(name)))
+        dups: dict[str, list[str]] = {}
+        if total != len(where):
+            seen: dict[str, list[str]] = {}
+            for name, reqs in queues:
+                for r in reqs:
+                    seen.setdefault(r.request_id, []).append(name)
+            dups = {rid: qs for rid, qs in seen.items() if len(qs) > 1}
+        return where, dups
+
+    def _name(self, status) -> str:
+        name = self._names.get(status)
+        if name is None:
+            name = self._names[status] = getattr(status, "name", str(status))
+        return name
+
+    def check(self, phase: str, so=None, scheduled=None) -> list[dict]:
+        """``phase``: ``schedule`` (after ``schedule()``, with its output ``so`` and the
+        adapter's ``scheduled`` list) or ``update`` (after ``update_from_output``)."""
+        s = self.books.scheduler
+        requests = s.requests
+        out: list[dict] = []
+        self.preempted_now = set()
+        where, dups = self.where()
+        name = self._name
+        by_rid: dict[str, list[str]] = {}  # rid -> problems (one REQ_STATE record per request)
+        for rid, qs in dups.items():
+            by_rid.setdefault(rid, []).append(
+                f"{rid} is in {' and '.join(qs)} (expected in exactly one queue)")
+        for rid in where.keys() - requests.keys():
+            by_rid.setdefault(rid, []).append(
+                f"{rid} is in {where[rid]} but not in scheduler.requests")
+        for rid in requests.keys() - where.keys():
+            st = name(requests[rid].status)
+            if not st.startswith("FINISHED") and st != "WAITING_FOR_STREAMING_REQ":
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} (status {st}) is in scheduler.requests but in no queue (expected in "
+                    "running or waiting)")
+        spec = (getattr(so, "scheduled_spec_decode_tokens", None) or {}) if so is not None else {}
+        nst = getattr(so, "num_scheduled_tokens", None) or {}
+        last = self.last
+        names_of = self._names
+        if phase == "update":
+            # update_from_output only touches the requests it was given (the others keep the
+            # status and count the after-schedule check saw); finished ones leave the dict
+            for rid in last.keys() - requests.keys():
+                del last[rid]
+            new_last = last
+            items = [(rid, requests[rid]) for rid in nst if rid in requests]
+        else:
+            new_last = {}
+            items = requests.items()
+        for rid, req in items:
+            status = req.status
+            st = names_of.get(status) or name(status)
+            q = where.get(rid)
+            if q == "running":
+                if st != "RUNNING":
+                    by_rid.setdefault(rid, []).append(
+                        f"{rid} is in running with status {st} (expected RUNNING)")
+            elif q is not None and (st == "RUNNING" or st.startswith("FINISHED")):
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} is in {q} with status {st} (expected a waiting status or PREEMPTED)")
+            nct = req.num_computed_tokens
+            prev = last.get(rid)
+            new_last[rid] = (nct, st)  # (when new_last is last, prev was read first)
+            if st == "PREEMPTED" and (prev is None or prev[1] != "PREEMPTED"):
+                self.preempted_now.add(rid)
+            if prev is not None and nct == prev[0]:
+                continue  # unchanged since the last look: bounds held then
+            ntok = req.num_tokens
+            if nct < 0 or nct > ntok:
+                upper = ntok + max(len(getattr(req, "spec_token_ids", None) or ()),
+                                   len(spec.get(rid, ()))) + \
+                    (getattr(req, "num_output_placeholders", 0) or 0)
+                if nct < 0 or nct > upper:
+                    by_rid.setdefault(rid, []).append(
+                        f"{rid} num_computed_tokens {nct} is outside 0..{upper} (num_tokens {ntok})")
+            if prev is None or st != "RUNNING" or prev[1] != "RUNNING":
+                continue  # new, preempted, resumed or waiting: no continuity to check
+            if nct < prev[0]:
+                allowed = len(spec[rid]) + 1 if phase == "update" and spec.get(rid) else 0
+                if prev[0] - nct > allowed:
+                    by_rid.setdefault(rid, []).append(
+                        f"{rid} num_computed_tokens went from {prev[0]} to {nct} without a "
+                        f"preemption (expected never to move backwards"
+                        + (f" by more than {allowed} rejected draft tokens)" if allowed else ")"))
+            elif phase == "schedule" and rid not in nst:
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} num_computed_tokens went from {prev[0]} to {nct} in a step that did "
+                    "not schedule it (expected unchanged)")
+        self.last = new_last
+        if so is not None and phase == "schedule":
+            out += self._check_output(so, scheduled, where, by_rid)
+        for rid, problems in by_rid.items():
+            out.append(make_violation(REQ_STATE, "; ".join(problems), requests=[rid]))
+        return out
+
+    def _check_output(self, so, scheduled, where, by_rid) -> list[dict]:
+        s = self.books.scheduler
+        requests = s.requests
+        out = []
+        nst = so.num_scheduled_tokens
+        new_ids = [nr.req_id for nr in so.scheduled_new_reqs]
+        cached = so.scheduled_cached_reqs
+        cached_ids = list(cached.req_ids) if hasattr(cached, "req_ids") else [c.req_id for c in cached]
+        listed = Counter(new_ids + cached_ids)
+        for rid, c in listed.items():
+            if c > 1:
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} is listed {c} times in one scheduler output (scheduled_new_reqs + "
+                    "scheduled_cached_reqs; expected once)")
+            if rid not in nst:
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} is in the output's request data but has no num_scheduled_tokens entry")
+        before = {x.req_id: x.num_computed_before for x in (scheduled or [])}
+        for rid, n in nst.items():
+            if n <= 0:
+                out.append(make_violation(BATCH_LIMIT, (
+                    f"{rid} is scheduled with {n} tokens (expected > 0)"), requests=[rid]))
+            req = requests.get(rid)
+            if req is None:
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} is in num_scheduled_tokens but not in scheduler.requests")
+                continue
+            st = self._name(req.status)
+            q = where.get(rid)
+            if st != "RUNNING" or q != "running":
+                q = q or "no queue"
+                if st == "PREEMPTED" and rid in self.preempted_now:
+                    by_rid.setdefault(rid, []).insert(0,
+                        f"{rid} is in num_scheduled_tokens but was preempted in the same step "
+                        f"(status PREEMPTED, in {q})")
+                else:
+                    by_rid.setdefault(rid, []).insert(0,
+                        f"{rid} is in num_scheduled_tokens with status {st} (in {q}); expected "
+                        "RUNNING, in running")
+                continue
+            if rid not in listed:
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} is in num_scheduled_tokens but in neither scheduled_new_reqs nor "
+                    "scheduled_cached_reqs")
+            b = before.get(rid)
+            if b is not None and req.num_computed_tokens != b + n:
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} num_computed_tokens is {req.num_computed_tokens} after schedule(); "
+                    f"expected {b} + {n} scheduled = {b + n}")
+        total = sum(nst.values())
+        limit = self.books.max_tokens
+        if limit is not None and total > limit:
+            out.append(make_violation(BATCH_LIMIT, (
+                f"{total} tokens scheduled in one step, over max_num_batched_tokens {limit}"),
+                requests=list(nst)))
+        tot = getattr(so, "total_num_scheduled_tokens", total)
+        if tot != total:
+            out.append(make_violation(BATCH_LIMIT, (
+                f"total_num_scheduled_tokens is {tot} but the per-request counts sum to {total}"),
+                requests=list(nst)))
+        seqs = self.books.max_seqs
+        if seqs is not None:
+            active = getattr(s, "max_num_active_reqs", None) or seqs
+            if len(s.running) > active:
+                out.append(make_violation(BATCH_LIMIT, (
+                    f"{len(s.running)} requests running, over max_num_seqs {active}"),
+                    requests=[r.request_id for r in s.running]))
+            if len(nst) > seqs:
+                out.append(make_violation(BATCH_LIMIT, (
+                    f"{len(nst)} requests scheduled in one step, over max_num_seqs {seqs}"),
+                    requests=list(nst)))
+        return out

@@ -1,0 +1,65 @@
+"""The invariant codes of DESIGN.md and the violation record.
+
+Runs inside release environments: standard library only.
+"""
+
+from __future__ import annotations
+
+KV_DOUBLE_FREE = "KV_DOUBLE_FREE"
+KV_REFCOUNT = "KV_REFCOUNT"
+KV_FREE_QUEUE = "KV_FREE_QUEUE"
+KV_LEAK = "KV_LEAK"
+KV_PREFIX_MAP = "KV_PREFIX_MAP"
+REQ_STATE = "REQ_STATE"
+BATCH_LIMIT = "BATCH_LIMIT"
+NO_PROGRESS = "NO_PROGRESS"
+
+#: code -> what it means (README's audit section says the same).
+CODES: dict[str, str] = {
+    KV_DOUBLE_FREE: "a block freed while no one holds the reference being given back "
+                    "(ref_cnt already 0, or the free would drop ref_cnt below the number of "
+                    "block tables still holding it); caught inside BlockPool.free_blocks",
+    KV_REFCOUNT: "a block's ref_cnt below 0, or not equal to the number of block-table "
+                 "references across requests and KV cache groups",
+    KV_FREE_QUEUE: "the free queue and the ref counts disagree: a held block in the queue, a "
+                   "ref-0 block outside it, a broken link, or free + used != num_gpu_blocks",
+    KV_LEAK: "blocks held by a finished, aborted or preempted request; at the end of a run, "
+             "a block not back in the free queue",
+    KV_PREFIX_MAP: "the prefix-cache hash map and the blocks' hashes disagree",
+    REQ_STATE: "a request in two queues, status and queue disagree, a scheduled request that "
+               "is not running or is scheduled twice, num_computed_tokens out of bounds or "
+               "moving backwards without a preemption",
+    BATCH_LIMIT: "scheduled tokens over max_num_batched_tokens, running over max_num_seqs, a "
+                 "scheduled count <= 0, or a total that is not the sum of its parts",
+    NO_PROGRESS: "unfinished requests and nothing scheduled or finished for stall_steps steps",
+}
+
+#: codes about the KV cache's own books (checked again after a crash)
+KV_CODES = (KV_DOUBLE_FREE, KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP)
+
+
+def make_violation(code: str, message: str, *, requests=(), blocks=(), step: int | None = None,
+                   phase: str = "", stack: list[str] | None = None) -> dict:
+    """A violation record as it appears in ``result.json`` (``violations[i]``).
+
+    ``message`` says what was expected and what was found, e.g. ``block 7 ref_cnt 0 but held by
+    A and B (expected 2)``; ``requests`` are request ids, ``blocks`` block ids (ints);
+    ``phase`` the vLLM call it was found in or after (``schedule``, ``after schedule``...);
+    ``stack`` the Python stack of the caller for violations caught inside a call (hooks).
+    """
+    if code not in CODES:
+        raise ValueError(f"unknown violation code {code!r}")
+    return {"code": code, "step": step, "phase": phase, "requests": sorted(set(map(str, requests))),
+            "blocks": sorted(set(int(b) for b in blocks)), "message": message, "stack": stack}
+
+
+def names(ids) -> str:
+    """``A``, ``A and B``, ``A, B and C`` (at most 6 named, then ``and N more``)."""
+    ids = [str(i) for i in ids]
+    if not ids:
+        return "nobody"
+    if len(ids) > 6:
+        return ", ".join(ids[:6]) + f" and {len(ids) - 6} more"
+    if len(ids) == 1:
+        return ids[0]
+    return ", ".join(ids[:-1]) + " and " + ids[-1]

@@ -1,0 +1,148 @@
+"""Faults planted into a real vLLM release, one per audit code (test-only plug-in).
+
+Loaded by the engine worker inside the release environment (standard library + vLLM only) when
+a test passes ``plant="<this file>:<function>"`` to ``Worker.run``. Each function patches the
+release through ``ctx.patch`` (undone after the run) and records in ``ctx.note`` the step, the
+request and the blocks it broke, which the tests compare with what the audit reports.
+"""
+
+from __future__ import annotations
+
+
+def _after_schedule_at(ctx, step: int, action) -> None:
+    """Run ``action(scheduler)`` right after the ``schedule()`` call of ``step``."""
+    Scheduler = ctx.find("vllm.v1.core.sched.scheduler:Scheduler", "vllm.v1.core.scheduler:Scheduler")
+    orig = Scheduler.schedule
+
+    def schedule(self, *args, **kwargs):
+        so = orig(self, *args, **kwargs)
+        if ctx.step == step and "step" not in ctx.notes:
+            ctx.note("step", step)
+            action(self)
+        return so
+
+    ctx.patch(Scheduler, "schedule", schedule)
+
+
+def double_free(ctx, request: str = "A") -> None:
+    """KV_DOUBLE_FREE: when ``request`` is freed, its blocks are given back to the pool a second
+    time through ``BlockPool.free_blocks`` (a caller that kept the list and freed it again)."""
+    KVCacheManager = ctx.find("vllm.v1.core.kv_cache_manager:KVCacheManager")
+    orig = KVCacheManager.free
+
+    def free(self, req, *args, **kwargs):
+        if getattr(req, "request_id", None) != request or "blocks" in ctx.notes:
+            return orig(self, req, *args, **kwargs)
+        blocks = ctx.blocks_of(self, request)
+        out = orig(self, req, *args, **kwargs)
+        ctx.note("step", ctx.step)
+        ctx.note("request", request)
+        ctx.note("blocks", sorted(b.block_id for b in blocks))
+        self.block_pool.free_blocks(list(reversed(blocks)))  # the fault: freed again
+        return out
+
+    ctx.patch(KVCacheManager, "free", free)
+
+
+def extra_ref(ctx, at_step: int = 3, request: str = "A") -> None:
+    """KV_REFCOUNT: after ``schedule()`` of ``at_step``, one of ``request``'s blocks gets a
+    reference that no block table holds (a ``touch`` without the table entry)."""
+    def action(s):
+        b = ctx.blocks_of(s.kv_cache_manager, request)[0]
+        b.ref_cnt += 1
+        ctx.note("request", request)
+        ctx.note("blocks", [b.block_id])
+
+    _after_schedule_at(ctx, at_step, action)
+
+
+def drop_from_free_queue(ctx, at_step: int = 3) -> None:
+    """KV_FREE_QUEUE: after ``schedule()`` of ``at_step`` the free queue's head block is unlinked
+    and counted out, though nobody takes it (ref_cnt stays 0)."""
+    def action(s):
+        b = s.kv_cache_manager.block_pool.free_block_queue.popleft()
+        ctx.note("blocks", [b.block_id])
+
+    _after_schedule_at(ctx, at_step, action)
+
+
+def keep_blocks_of(ctx, request: str = "B") -> None:
+    """KV_LEAK: when ``request`` finishes, ``KVCacheManager.free`` does nothing: its blocks stay
+    in its block table (ref counts and tables still agree; only the owner is gone)."""
+    KVCacheManager = ctx.find("vllm.v1.core.kv_cache_manager:KVCacheManager")
+    orig = KVCacheManager.free
+
+    def free(self, req, *args, **kwargs):
+        if getattr(req, "request_id", None) == request and "step" not in ctx.notes:
+            ctx.note("step", ctx.step)
+            ctx.note("request", request)
+            ctx.note("blocks", sorted(b.block_id for b in ctx.blocks_of(self, request)))
+            return None  # the fault: nothing freed
+        return orig(self, req, *args, **kwargs)
+
+    ctx.patch(KVCacheManager, "free", free)
+
+
+def unhash_cached_block(ctx, at_step: int = 3) -> None:
+    """KV_PREFIX_MAP: after ``schedule()`` of ``at_step`` a cached block loses its hash while the
+    prefix-cache map still maps the hash to it."""
+    def action(s):
+        pool = s.kv_cache_manager.block_pool
+        b = next(b for b in pool.blocks if getattr(b, "_block_hash", None) is not None)
+        b.reset_hash()
+        ctx.note("blocks", [b.block_id])
+
+    _after_schedule_at(ctx, at_step, action)
+
+
+def two_queues(ctx, at_step: int = 3, request: str = "A") -> None:
+    """REQ_STATE: after ``schedule()`` of ``at_step`` a running request is also appended to the
+    waiting queue."""
+    def action(s):
+        req = s.requests[request]
+        add = getattr(s.waiting, "add_request", None) or s.waiting.append
+        add(req)
+        ctx.note("request", request)
+
+    _after_schedule_at(ctx, at_step, action)
+
+
+def lift_token_budget(ctx, at_step: int = 3) -> None:
+    """BATCH_LIMIT: during ``schedule()`` of ``at_step`` the scheduler's token budgets
+    (``max_num_scheduled_tokens``, and the input budget 0.33 reads from
+    ``scheduler_config.max_num_batched_tokens``) are 100x the configured limit."""
+    Scheduler = ctx.find("vllm.v1.core.sched.scheduler:Scheduler", "vllm.v1.core.scheduler:Scheduler")
+    orig = Scheduler.schedule
+
+    def schedule(self, *args, **kwargs):
+        if ctx.step != at_step:
+            return orig(self, *args, **kwargs)
+        saved = self.max_num_scheduled_tokens
+        cfg = self.scheduler_config
+        saved_cfg = cfg.max_num_batched_tokens
+        self.max_num_scheduled_tokens = saved * 100
+        object.__setattr__(cfg, "max_num_batched_tokens", saved_cfg * 100)
+        ctx.note("step", at_step)
+        ctx.note("limit", saved)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            self.max_num_scheduled_tokens = saved
+            object.__setattr__(cfg, "max_num_batched_tokens", saved_cfg)
+
+    ctx.patch(Scheduler, "schedule", schedule)
+
+
+def refuse_allocations(ctx, from_step: int = 3) -> None:
+    """NO_PROGRESS: from ``from_step`` on ``KVCacheManager.allocate_slots`` finds no room for
+    anybody (returns None), so every request is preempted and none can be scheduled again."""
+    KVCacheManager = ctx.find("vllm.v1.core.kv_cache_manager:KVCacheManager")
+    orig = KVCacheManager.allocate_slots
+
+    def allocate_slots(self, *args, **kwargs):
+        if ctx.step >= from_step:
+            ctx.notes.setdefault("step", ctx.step)
+            return None
+        return orig(self, *args, **kwargs)
+
+    ctx.patch(KVCacheManager, "allocate_slots", allocate_slots)
