@@ -31,7 +31,7 @@ GPU ?=
 GPU_MODEL ?=
 VLLM ?=
 
-.PHONY: venv cpu-repro cpu-repro-native cpu-repro-docker test test-unit bench clean help \
+.PHONY: venv cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
 	images image-cpu image-cuda stage-images lint-images bench-image gpu-verify
 
 help:
@@ -55,7 +55,10 @@ REPRO_ARGS = $(if $(filter all,$(CATALOG)),catalog run,run $(SCENARIO)) --report
 cpu-repro:
 	@runner="$(RUNNER)"; \
 	if [ "$$runner" = auto ]; then \
-	  if $(DOCKER) info >/dev/null 2>&1; then runner=docker; else runner=native; fi; \
+	  if $(DOCKER) info >/dev/null 2>&1; then \
+	    if $(MAKE) --no-print-directory ensure-image; then runner=docker; else \
+	      echo "cpu-repro: the CPU image could not be built here; running natively instead" >&2; runner=native; fi; \
+	  else runner=native; fi; \
 	fi; \
 	case "$$runner" in \
 	  docker) echo "cpu-repro: runner docker, image $(CPU_IMAGE) (RUNNER=native runs it here)" >&2; \
@@ -71,7 +74,15 @@ cpu-repro-native: venv
 
 # The image's lab and releases, this checkout's scenarios (mounted read-only at the same path,
 # so paths and the table read as they do natively); reports owned by the caller.
-cpu-repro-docker:
+cpu-repro-docker: ensure-image
+	@mkdir -p $(REPORTS); start=$$(date +%s); \
+	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
+	  -v "$(CURDIR):$(CURDIR):ro" -v "$(abspath $(REPORTS)):$(abspath $(REPORTS))" -w "$(CURDIR)" \
+	  $(CPU_IMAGE) $(REPRO_ARGS); rc=$$?; \
+	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall (in $(CPU_IMAGE))"; exit $$rc
+
+# The CPU image, built if missing or older than the lab's sources (exit 3 when it cannot be).
+ensure-image:
 	@$(DOCKER) info >/dev/null 2>&1 || { echo "cpu-repro: no Docker engine answers ($(DOCKER) info failed); RUNNER=native runs it here" >&2; exit 3; }
 	@created=$$($(DOCKER) image inspect -f '{{.Created}}' $(CPU_IMAGE) 2>/dev/null); \
 	if [ -z "$$created" ]; then \
@@ -81,11 +92,6 @@ cpu-repro-docker:
 	  echo "cpu-repro: the lab changed since $(CPU_IMAGE) was built; updating it (make images)" >&2; \
 	  $(MAKE) --no-print-directory image-cpu >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
 	fi
-	@mkdir -p $(REPORTS); start=$$(date +%s); \
-	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
-	  -v "$(CURDIR):$(CURDIR):ro" -v "$(abspath $(REPORTS)):$(abspath $(REPORTS))" -w "$(CURDIR)" \
-	  $(CPU_IMAGE) $(REPRO_ARGS); rc=$$?; \
-	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall (in $(CPU_IMAGE))"; exit $$rc
 
 # ---- images -------------------------------------------------------------------------------
 images: image-cpu
