@@ -15,13 +15,34 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_WHEEL_DIR ?=
 export TORCH_VERSION TORCH_INDEX_URL TORCH_WHEEL_DIR
+# Images (README "Images"): the CPU image stands in for the CUDA one everywhere but a GPU host.
+CPU_IMAGE ?= vllm-repro-cpu:latest
+CUDA_IMAGE ?= vllm-repro-cuda:$(VLLM_VERSION)
+VLLM_VERSION ?= 0.10.1.1
+VLLM_VERSIONS ?= catalog
+BASE_IMAGE ?=
+EXTRA_CA_CERT ?=
+DOCKER ?= docker
+DOCKER_BUILD_FLAGS ?=
+# cpu-repro runs in the CPU image when a Docker engine answers, else here; RUNNER=docker|native
+RUNNER ?= auto
+# gpu-verify (README "GPU verification")
+REMOTE ?=
+PATCH ?=
+GPU_IMAGE ?=
+GPU ?=
+GPU_MODEL ?=
+VLLM ?=
 
-.PHONY: venv cpu-repro test test-unit bench clean help
+.PHONY: venv cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
+	images image-cpu image-cuda stage-images lint-images bench-image gpu-verify
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
 	@echo "make cpu-repro CATALOG=all   the whole catalog (each entry also on NEWEST=$(NEWEST))"
 	@echo "make test        unit tests and the real-release scenario tests"
+	@echo "make images      the CPU image (Docker); make cpu-repro RUNNER=docker|native"
+	@echo "make gpu-verify REMOTE=host PATCH=fix.diff SCENARIO=...   confirm a fix on a GPU host"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,12 +53,90 @@ $(VENV)/.installed: pyproject.toml $(BIN)/python
 
 venv: $(VENV)/.installed
 
-cpu-repro: venv
-	@start=$$(date +%s); \
-	if [ "$(CATALOG)" = "all" ]; then \
-	  $(REPRO) catalog run --also-on $(NEWEST) $(if $(JOBS),--jobs $(JOBS)) --reports $(REPORTS); \
-	else $(REPRO) run $(SCENARIO) $(if $(JOBS),--jobs $(JOBS)) --reports $(REPORTS); fi; rc=$$?; \
+REPRO_ARGS = $(if $(filter all,$(CATALOG)),catalog run --also-on $(NEWEST),run $(SCENARIO)) \
+  $(if $(JOBS),--jobs $(JOBS)) --reports $(abspath $(REPORTS))
+
+cpu-repro:
+	@runner="$(RUNNER)"; \
+	if [ "$$runner" = auto ]; then \
+	  if $(DOCKER) info >/dev/null 2>&1; then \
+	    if $(MAKE) --no-print-directory ensure-image; then runner=docker; else \
+	      echo "cpu-repro: the CPU image could not be built here; running natively instead" >&2; runner=native; fi; \
+	  else runner=native; fi; \
+	fi; \
+	case "$$runner" in \
+	  docker) echo "cpu-repro: runner docker, image $(CPU_IMAGE) (RUNNER=native runs it here)" >&2; \
+	          exec $(MAKE) --no-print-directory cpu-repro-docker;; \
+	  native) echo "cpu-repro: runner native (RUNNER=docker runs it in $(CPU_IMAGE))" >&2; \
+	          exec $(MAKE) --no-print-directory cpu-repro-native;; \
+	  *) echo "cpu-repro: RUNNER=$$runner: expected docker, native or auto" >&2; exit 2;; \
+	esac
+
+cpu-repro-native: venv
+	@start=$$(date +%s); $(REPRO) $(REPRO_ARGS); rc=$$?; \
 	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall"; exit $$rc
+
+# The image's lab and releases, this checkout's scenarios (mounted read-only at the same path,
+# so paths and the table read as they do natively); reports owned by the caller.
+cpu-repro-docker: ensure-image
+	@mkdir -p $(REPORTS); start=$$(date +%s); \
+	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
+	  -v "$(CURDIR):$(CURDIR):ro" -v "$(abspath $(REPORTS)):$(abspath $(REPORTS))" -w "$(CURDIR)" \
+	  $(CPU_IMAGE) $(REPRO_ARGS); rc=$$?; \
+	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall (in $(CPU_IMAGE))"; exit $$rc
+
+# The CPU image, built if missing or older than the lab's sources (exit 3 when it cannot be).
+ensure-image:
+	@$(DOCKER) info >/dev/null 2>&1 || { echo "cpu-repro: no Docker engine answers ($(DOCKER) info failed); RUNNER=native runs it here" >&2; exit 3; }
+	@created=$$($(DOCKER) image inspect -f '{{.Created}}' $(CPU_IMAGE) 2>/dev/null); \
+	if [ -z "$$created" ]; then \
+	  echo "cpu-repro: building $(CPU_IMAGE) first (once; make images)" >&2; \
+	  $(MAKE) --no-print-directory image-cpu >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
+	elif [ -n "$$(find src images slices pyproject.toml -newermt "$$created" -not -path '*/__pycache__*' -print -quit 2>/dev/null)" ]; then \
+	  echo "cpu-repro: the lab changed since $(CPU_IMAGE) was built; updating it (make images)" >&2; \
+	  $(MAKE) --no-print-directory image-cpu >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
+	fi
+
+# ---- images -------------------------------------------------------------------------------
+images: image-cpu
+
+# A build argument cannot read a host path: the CA bundle and the torch wheel are staged into
+# images/stage/ (hardlinked when possible) and passed as folders of the build context.
+stage-images:
+	@rm -f images/stage/ca/*.pem images/stage/wheels/*.whl
+	@if [ -n "$(EXTRA_CA_CERT)" ]; then \
+	  [ -f "$(EXTRA_CA_CERT)" ] || { echo "images: EXTRA_CA_CERT=$(EXTRA_CA_CERT): no such file" >&2; exit 2; }; \
+	  cp "$(EXTRA_CA_CERT)" images/stage/ca/extra-ca.pem; echo "images: trusting $(EXTRA_CA_CERT)"; fi
+	@if [ -n "$(TORCH_WHEEL_DIR)" ]; then \
+	  for w in "$(TORCH_WHEEL_DIR)"/torch-$(TORCH_VERSION)+cpu-*.whl; do [ -f "$$w" ] || continue; \
+	    ln -f "$$w" images/stage/wheels/ 2>/dev/null || cp "$$w" images/stage/wheels/; \
+	    echo "images: torch from $$w"; done; fi
+
+image-cpu: stage-images
+	@start=$$(date +%s); \
+	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
+	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
+	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \
+	echo "images: $(CPU_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CPU_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"
+
+# On a GPU host only (it starts from vllm/vllm-openai:v$(VLLM_VERSION), several GB); README "Images".
+image-cuda:
+	$(DOCKER) build -f images/cuda/Dockerfile -t $(CUDA_IMAGE) --build-arg VLLM_VERSION=$(VLLM_VERSION) .
+
+# size, build time cold/warm, cpu-repro wall time in the image and natively (COLD=1: no-cache build)
+bench-image: venv
+	$(BIN)/python bench/image.py $(if $(COLD),--cold)
+
+lint-images: venv
+	$(BIN)/hadolint images/cpu/Dockerfile images/cuda/Dockerfile
+
+# ---- GPU verification ---------------------------------------------------------------------
+gpu-verify: venv
+	@[ -n "$(REMOTE)" ] && [ -n "$(PATCH)" ] || { echo "gpu-verify: give REMOTE=host PATCH=fix.diff [SCENARIO=... VLLM=... GPU_IMAGE=... GPU=none]" >&2; exit 2; }
+	$(REPRO) gpu-verify $(SCENARIO) --remote $(REMOTE) --patch $(PATCH) --reports $(REPORTS) \
+	  $(if $(VLLM),--vllm $(VLLM)) $(if $(GPU_IMAGE),--gpu-image $(GPU_IMAGE)) $(if $(GPU),--gpu $(GPU)) \
+	  $(if $(GPU_MODEL),--model $(GPU_MODEL))
 
 test: venv
 	$(BIN)/python -m pytest -q --junitxml=$(REPORTS)/junit.xml tests

@@ -22,6 +22,7 @@ from .errors import EnvError, LabError
 from .scenario.schema import Scenario
 from .settings import cache_dir
 from .sources.env import ReleaseEnv, prepare_env
+from .sources.installed import check_release, installed
 from .sources.sdist import extract_tree, fetch_sdist, validate_version
 from .verdict import Verdict, audit_keeps_going, judge
 
@@ -83,17 +84,26 @@ def prepare_release(version: str, say: Say = lambda s: None,
     hash or install failures.
     """
     validate_version(version)
+    inst = installed()
+    if inst is not None:  # VLLM_REPRO_VLLM=installed: no sdist, tree or environment to build
+        check_release(inst, version)
+        return ReleaseEnv(version, None, inst.python.parent.parent, interpreter=inst.python)
     t = time.perf_counter()
     kind = resolve_tree(version, tree)
-    with release_lock(version):
-        release = fetch_sdist(version, progress=progress)
-        if kind == "slice":
-            from .slicing.spec import load_spec, materialise, slice_env
+    try:
+        with release_lock(version):
+            release = fetch_sdist(version, progress=progress)
+            if kind == "slice":
+                from .slicing.spec import load_spec, materialise, slice_env
 
-            spec = load_spec(version)
-            env = slice_env(spec, materialise(spec, release), say)
-        else:
-            env = prepare_env(release, extract_tree(release))
+                spec = load_spec(version)
+                env = slice_env(spec, materialise(spec, release), say)
+            else:
+                env = prepare_env(release, extract_tree(release))
+    except PermissionError as exc:  # e.g. the CPU image's cache, read-only with its baked releases
+        raise EnvError(f"vLLM {version} ({kind} tree) is not ready in the cache {cache_dir()} and it "
+                       f"cannot be written ({exc.strerror}: {exc.filename}); in the CPU image only the "
+                       "releases baked into it run (make images VLLM_VERSIONS=...)") from None
     say(f"vLLM {version}: {kind} tree ready in {time.perf_counter() - t:.1f}s ({env.root})")
     return env
 
@@ -146,6 +156,13 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     """
     prepare = prepare or (lambda v: prepare_release(v, say, tree=tree))
     reports = reports.resolve()
+    try:
+        reports.mkdir(parents=True, exist_ok=True)
+        if not os.access(reports, os.W_OK):
+            raise PermissionError(13, "not writable", str(reports))
+    except OSError:  # a bind mount in a container, most often: say so before any run
+        raise EnvError(f"cannot write reports to {reports} as uid {os.getuid()} (in a container: "
+                       "mount a folder that user may write, or run it with --user)") from None
     by_version: dict[str, list[RunItem]] = {}
     for item in items:
         by_version.setdefault(item.version, []).append(item)
@@ -187,10 +204,15 @@ def _timeline(item: RunItem, result: dict, say: Say) -> None:
 
 def releases_for(scenario: Scenario, requested: list[str]) -> list[str]:
     """The releases to run: ``--vllm`` values if given, else the scenario's concrete
-    ``reproduces_on`` and ``clean_on`` releases. Raises :class:`EnvError`-free
+    ``reproduces_on`` and ``clean_on`` releases; in installed mode the installed release. Raises :class:`EnvError`-free
     :class:`~vllm_repro.errors.InputError` when neither names one."""
     from .errors import InputError
 
+    inst = installed()
+    if inst is not None:  # installed mode runs the installed release, and only that one
+        for v in requested:
+            check_release(inst, validate_version(v))
+        return [inst.release]
     if requested:
         return [validate_version(v) for v in requested]
     versions = scenario.vllm.concrete()

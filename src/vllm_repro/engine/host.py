@@ -46,7 +46,9 @@ def child_environment(env: ReleaseEnv, extra_path: tuple[str, ...] = (),
     child = {k: v for k, v in os.environ.items()
              if not k.startswith(("PYTHON", "VIRTUAL_ENV", "VLLM_"))}
     child.update({
-        "PYTHONPATH": os.pathsep.join([*extra_path, str(lab_path()), str(env.tree)]),
+        # an installed vLLM (no tree) is found by the interpreter itself
+        "PYTHONPATH": os.pathsep.join([*extra_path, str(lab_path())]
+                                      + ([str(env.tree)] if env.tree else [])),
         "PYTHONNOUSERSITE": "1",
         "PYTHONUNBUFFERED": "1",
         "VLLM_TARGET_DEVICE": "cpu",
@@ -107,7 +109,8 @@ class Worker:
                  "--model-dir", str(self.model_dir), "--reply-fd", str(w)],
                 stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                 pass_fds=(w,),
-                env=self._environment(), text=True, cwd=str(self.env.tree))
+                env=self._environment(), text=True,
+                cwd=str(self.env.tree or self.log_path.parent))
         except OSError as exc:
             os.close(r)
             os.close(w)

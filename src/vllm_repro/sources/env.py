@@ -111,15 +111,21 @@ def release_requirements(tree: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class ReleaseEnv:
-    """A ready environment: the release, its tree (goes on PYTHONPATH) and the interpreter."""
+    """A ready environment: the release, its tree (goes on PYTHONPATH) and the interpreter.
+
+    ``tree`` is ``None`` for an installed vLLM (``VLLM_REPRO_VLLM=installed``, see
+    :mod:`vllm_repro.sources.installed`): the interpreter imports vLLM by itself, and
+    ``interpreter`` names it when it is not ``root/bin/python``.
+    """
 
     version: str
-    tree: Path
+    tree: Path | None
     root: Path
+    interpreter: Path | None = None
 
     @property
     def python(self) -> Path:
-        return self.root / "bin" / "python"
+        return self.interpreter or self.root / "bin" / "python"
 
     def freeze(self) -> list[str]:
         try:

@@ -14,6 +14,7 @@ place, so an interrupted run never leaves a partial file where a good one is exp
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -187,8 +188,13 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
             if not any(rel.startswith("vllm/") for _, rel in members):
                 raise EnvError(f"{release.sdist.name} holds no vllm/ package")
             for m, rel in members:
-                m = m.replace(name=rel)
-                tf.extract(m, tmp, filter="data")
+                if hasattr(tarfile, "data_filter"):
+                    tf.extract(m.replace(name=rel), tmp, filter="data")
+                else:  # Python < 3.11.4 / 3.10.12 (Debian 12's 3.11.2): no filters; members are
+                    m = copy.copy(m)  # already checked by _safe_members (no links, no escapes)
+                    m.name = rel
+                    m.mode &= 0o755
+                    tf.extract(m, tmp, set_attrs=False)
         write_dist_info(tmp, release.version)
         (tmp / ".extracted.json").write_text(json.dumps({"sha256": release.sha256, "parts": parts}))
         if target.exists():

@@ -128,6 +128,9 @@ def _write_bundle(ver: Verification, scenario_path: Path, patch: Path, others: l
     if shared.is_dir():
         shutil.copytree(shared, b / "tests" / "shared",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in ("__init__.py", "conftest.py"):  # the package the shared tests live in
+            if (shared.parent / name).is_file():
+                shutil.copy2(shared.parent / name, b / "tests" / name)
     (b / "release.txt").write_text(ver.version + "\n")
     (b / "verdict.json").write_text(json.dumps(ver.as_dict(), indent=1))
     manifest = {}

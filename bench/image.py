@@ -1,0 +1,101 @@
+"""The CPU image in numbers (prints them; not a test): size and its layers, build time cold and
+warm, `make cpu-repro` wall time in the image (and natively, for comparison) cold and warm.
+
+    python bench/image.py             # warm build (nothing changed) + cpu-repro runs
+    python bench/image.py --cold      # also a build without the layer cache, and a native run
+                                      # on an empty cache (both take minutes)
+
+Needs a Docker engine (on this workplace's machines: eval "$(../shared/tools/docker-host.sh)"
+first, which also gives BASE_IMAGE, EXTRA_CA_CERT and TORCH_WHEEL_DIR). Goal (issue #7): the
+image <= 1.5 GB.
+
+"cold" build: `docker build --no-cache` (the base image present: it cannot be pulled here);
+"warm" build: the same build again, every layer cached. "cold" cpu-repro in the image: the first
+run after that cold build (every run is a fresh container); "warm": the median of the next runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sh(cmd: list[str], env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return dt, proc
+
+
+def build(image: str, no_cache: bool) -> float:
+    extra = ["DOCKER_BUILD_FLAGS=--no-cache"] if no_cache else []
+    dt, _ = sh(["make", "--no-print-directory", "image-cpu", f"CPU_IMAGE={image}", *extra])
+    return dt
+
+
+def cpu_repro(runner: str, image: str, env: dict | None = None) -> float:
+    dt, _ = sh(["make", "--no-print-directory", "cpu-repro", f"RUNNER={runner}", f"CPU_IMAGE={image}",
+                f"REPORTS={tempfile.mkdtemp(prefix='bench-image-')}"], env=env)
+    return dt
+
+
+def layers(image: str) -> list[tuple[int, str]]:
+    out = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{json .}}", image],
+                         capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        d = json.loads(line)
+        size = d["Size"]
+        mult = {"GB": 1e9, "MB": 1e6, "kB": 1e3, "B": 1}
+        num = next((float(size[: -len(u)]) * m for u, m in mult.items() if size.endswith(u)), 0.0)
+        if num >= 1e6:
+            rows.append((int(num), d["CreatedBy"].replace("/bin/bash -o pipefail -c ", "")[:90]))
+    return rows[::-1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cold", action="store_true", help="also build without the cache and run natively on an empty cache")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--image", default=os.environ.get("CPU_IMAGE", "vllm-repro-cpu:latest"))
+    args = ap.parse_args()
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        sys.exit("no Docker engine answers (here: eval \"$(../shared/tools/docker-host.sh)\")")
+    lines = []
+    if args.cold:
+        lines.append(f"build cold (--no-cache, base present): {build(args.image, True):.0f} s")
+        lines.append(f"make cpu-repro in the image, cold (first run after that build): "
+                     f"{cpu_repro('docker', args.image):.1f} s")
+    else:
+        build(args.image, False)  # make sure it is there and current
+    lines.append(f"build warm (nothing changed): {build(args.image, False):.1f} s")
+    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", args.image],
+                              capture_output=True, text=True, check=True).stdout)
+    head = [f"image {args.image}: {size / 1e9:.2f} GB (goal <= 1.5 GB); layers of 1 MB or more:"]
+    head += [f"    {n / 1e6:7.0f} MB  {what}" for n, what in layers(args.image)]
+    lines[:0] = head
+    warm = [cpu_repro("docker", args.image) for _ in range(args.repeat)]
+    lines.append(f"make cpu-repro in the image, warm: median {statistics.median(warm):.1f} s "
+                 f"(min {min(warm):.1f}, max {max(warm):.1f}, {args.repeat} runs)")
+    if args.cold:
+        env = dict(os.environ, VLLM_REPRO_CACHE=tempfile.mkdtemp(prefix="bench-cold-cache-"))
+        lines.append(f"make cpu-repro natively, cold (empty cache): {cpu_repro('native', args.image, env):.1f} s")
+    nat = [cpu_repro("native", args.image) for _ in range(args.repeat)]
+    lines.append(f"make cpu-repro natively, warm: median {statistics.median(nat):.1f} s "
+                 f"(min {min(nat):.1f}, max {max(nat):.1f})")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

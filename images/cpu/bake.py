@@ -1,0 +1,163 @@
+"""Bake vLLM releases into the CPU image's cache (run by images/cpu/Dockerfile, as root).
+
+    PYTHONPATH=/tmp/bake VLLM_REPRO_SLICES=/tmp/bake/slices python bake.py 0.10.1.1 0.10.2
+
+For each release, with the lab's own builders (``vllm_repro.sources`` and
+``vllm_repro.slicing.spec``, nothing else of the lab): fetch the sdist (sha256 checked), then
+
+- the release's slice, where a committed ``slices/<version>.json`` records that it is equivalent
+  to the full tree (what ``--tree auto`` picks; the image runs with ``VLLM_REPRO_TREE=auto``):
+  only the traced files and the traced, pinned distributions (plus stubs);
+- else the full tree and the release's own requirements.
+
+Torch comes from ``TORCH_WHEEL_DIR`` or ``TORCH_INDEX_URL``. Then, so that the layer is small and
+works for any user at run time:
+
+- each environment also *imports* its release (a ``.pth`` naming the tree): the CPU image's
+  stand-in for an installed vLLM (``gpu-judge`` finds it through ``baked.json``);
+- torch's C++ headers, C++ test binaries and protoc are removed (the scheduler never compiles:
+  the worker runs with ``TORCHDYNAMO_DISABLE=1``);
+- identical files are hardlinked, uv's cache is dropped (bytecode is left to the Dockerfile's
+  warm-up run, which compiles exactly what a run imports: compiling everything would add
+  about 590 MB);
+- what the lab writes at run time (locks, vLLM's cache dir, patched trees) is world-writable;
+- ``baked.json`` lists each release with its kind (slice or full), tree and environment.
+
+Exits with the lab's exit code and one line when a release cannot be fetched or built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import time
+from pathlib import Path
+
+#: Parts of a torch install the lab never uses (relative to site-packages/torch).
+TORCH_PRUNE = ("include", "test", "share/cmake")
+TORCH_BIN_KEEP = {"torch_shm_manager"}
+#: Cache folders written at run time, by whatever user the container runs as.
+RUNTIME_DIRS = ("locks", "vllm-cache", "patched", "labpath")
+
+
+def say(msg: str) -> None:
+    print(f"bake: {msg}", flush=True)
+
+
+def tree_kind(version: str) -> str:
+    """``slice`` when a committed slice of ``version`` is recorded as equivalent to the full
+    tree, else ``full`` (the rule of ``vllm_repro.lab.resolve_tree`` for ``auto``)."""
+    from vllm_repro.slicing.spec import spec_path
+
+    try:
+        spec = json.loads(spec_path(version).read_text())
+    except (OSError, ValueError):
+        return "full"
+    return "slice" if spec.get("equivalence", {}).get("equal") is True else "full"
+
+
+def bake(version: str) -> dict:
+    from vllm_repro.sources.env import prepare_env
+    from vllm_repro.sources.sdist import extract_tree, fetch_sdist
+
+    t = time.perf_counter()
+    release = fetch_sdist(version)
+    kind = tree_kind(version)
+    if kind == "slice":
+        from vllm_repro.slicing.spec import load_spec, materialise, slice_env
+
+        spec = load_spec(version)
+        env = slice_env(spec, materialise(spec, release), say)
+    else:
+        env = prepare_env(release, extract_tree(release))
+    site = next(env.root.glob("lib/python3*/site-packages"))
+    (site / "vllm-repro-release.pth").write_text(f"{env.tree}\n")
+    say(f"vLLM {version}: {kind} tree {env.tree}, environment {env.root} "
+        f"({time.perf_counter() - t:.0f}s)")
+    return {"kind": kind, "tree": str(env.tree), "env": str(env.root), "python": str(env.python),
+            "site": str(site)}
+
+
+def prune_torch(site: Path) -> None:
+    torch = site / "torch"
+    for part in TORCH_PRUNE:
+        shutil.rmtree(torch / part, ignore_errors=True)
+    bindir = torch / "bin"
+    if bindir.is_dir():
+        for f in bindir.iterdir():
+            if f.name not in TORCH_BIN_KEEP:
+                shutil.rmtree(f) if f.is_dir() and not f.is_symlink() else f.unlink()
+
+
+def dedupe(root: Path) -> int:
+    """Hardlink identical regular files below ``root``; returns the bytes saved."""
+    by_size: dict[int, dict[int, Path]] = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_size > 0:
+                by_size.setdefault(st.st_size, {}).setdefault(st.st_ino, p)
+    saved = 0
+    for size, inodes in by_size.items():
+        if len(inodes) < 2:
+            continue
+        first: dict[tuple, Path] = {}
+        for p in inodes.values():
+            key = (hashlib.sha256(p.read_bytes()).digest(), p.lstat().st_mode)
+            keep = first.setdefault(key, p)
+            if keep is p:
+                continue
+            tmp = p.with_name(p.name + ".dedupe")
+            os.link(keep, tmp)
+            os.replace(tmp, p)
+            saved += size
+    return saved
+
+
+def main(versions: list[str]) -> int:
+    from vllm_repro.errors import LabError
+    from vllm_repro.settings import cache_dir
+
+    if not versions:
+        say("no release given")
+        return 2
+    cache = cache_dir()
+    try:
+        baked = {v: bake(v) for v in versions}
+    except LabError as exc:
+        print(f"bake: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    t = time.perf_counter()
+    for info in baked.values():
+        prune_torch(Path(info["site"]))
+    (cache / "baked.json").write_text(json.dumps(baked, indent=1))
+    shutil.rmtree(cache / "uv", ignore_errors=True)
+    for log in (cache / "envs").glob("*.build.log"):
+        log.unlink()
+    saved = dedupe(cache)
+    say(f"pruned and deduplicated in {time.perf_counter() - t:.0f}s "
+        f"({saved / 1e6:.0f} MB shared by hardlinks)")
+    for name in RUNTIME_DIRS:
+        (cache / name).mkdir(exist_ok=True)
+    for dirpath, dirs, files in os.walk(cache):
+        for n in dirs + files:
+            p = Path(dirpath, n)
+            if not p.is_symlink():
+                mode = p.lstat().st_mode
+                p.chmod(mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+                        | (stat.S_IXGRP | stat.S_IXOTH if mode & stat.S_IXUSR else 0))
+    for name in RUNTIME_DIRS:
+        d = cache / name
+        for p in [d, *d.rglob("*")]:
+            if not p.is_symlink():
+                p.chmod(0o1777 if p.is_dir() else 0o666)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

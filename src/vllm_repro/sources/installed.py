@@ -1,0 +1,132 @@
+"""An installed vLLM instead of a release's sdist: ``VLLM_REPRO_VLLM=installed``.
+
+The CUDA image is vLLM's own server image: the full vLLM of one release is installed in its
+Python, and there is no sdist, tree or per-release environment to build. In installed mode the
+lab's worker runs with that interpreter and imports *its* vLLM; every run is on the installed
+release, whatever the scenario names.
+
+``VLLM_REPRO_VLLM``:
+
+- unset or ``release``: the default, each release from its sdist in its own environment;
+- ``installed``: the vLLM this interpreter (the lab's own) imports;
+- ``installed:/path/to/python``: the vLLM another interpreter imports (the CPU image uses this
+  to stand in for the CUDA one: each baked release environment imports its tree).
+
+Nothing here imports vLLM: the interpreter is asked where the package is and which version its
+metadata names, in a subprocess, so probing is cheap and never initialises CUDA.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from ..errors import EnvError, InputError
+
+MODE_VAR = "VLLM_REPRO_VLLM"
+
+_PROBE = r"""
+import importlib.metadata as md, importlib.util as u, json, sys
+spec = u.find_spec("vllm")
+try:
+    version = md.version("vllm")
+except md.PackageNotFoundError:
+    version = None
+loc = list(spec.submodule_search_locations or []) if spec else []
+print(json.dumps({"found": spec is not None, "version": version, "package_dir": loc[0] if loc else None,
+                  "python": sys.executable}))
+"""
+
+
+@dataclass(frozen=True)
+class InstalledVllm:
+    """The vLLM an interpreter imports.
+
+    ``version`` as installed (``0.10.1.1+cu128``); ``release`` its public part (``0.10.1.1``);
+    ``package_dir`` the ``vllm`` package folder; ``root`` the folder a patch's ``vllm/...`` paths
+    are relative to (site-packages, or a release tree).
+    """
+
+    python: Path
+    version: str
+    release: str
+    package_dir: Path
+
+    @property
+    def root(self) -> Path:
+        return self.package_dir.parent
+
+
+def installed_python() -> Path | None:
+    """The interpreter named by ``VLLM_REPRO_VLLM`` (``installed`` -> this one), or ``None`` in
+    the default release mode. Raises :class:`InputError` for any other value."""
+    raw = os.environ.get(MODE_VAR, "").strip()
+    if raw in ("", "release"):
+        return None
+    if raw == "installed":
+        return Path(sys.executable)
+    if raw.startswith("installed:") and raw[len("installed:"):]:
+        return Path(raw[len("installed:"):])
+    raise InputError(f"{MODE_VAR}={raw!r}: expected 'release', 'installed' or "
+                     "'installed:/path/to/python'")
+
+
+@functools.lru_cache(maxsize=8)
+def probe(python: Path) -> InstalledVllm:
+    """Ask ``python`` (a subprocess, about 0.1 s; vLLM is located, never imported) which vLLM
+    it has. Raises :class:`EnvError` when the interpreter cannot run or has no vLLM."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONNOUSERSITE"] = "1"
+    try:
+        proc = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True,
+                              env=env, timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EnvError(f"installed mode: cannot run {python}: {exc}") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EnvError(f"installed mode: {python} failed to probe for vLLM: {tail}")
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not info["found"] or not info["package_dir"]:
+        raise EnvError(f"installed mode: {python} has no vLLM installed (import vllm would fail); "
+                       f"unset {MODE_VAR} to run releases from their sdists")
+    if not info["version"]:
+        raise EnvError(f"installed mode: the vLLM at {info['package_dir']} has no package metadata "
+                       "(no vllm-*.dist-info), so its release is unknown")
+    try:
+        release = Version(info["version"]).public
+    except InvalidVersion:
+        raise EnvError(f"installed mode: vLLM version {info['version']!r} is not a version") from None
+    return InstalledVllm(Path(python), info["version"], release, Path(info["package_dir"]))
+
+
+def installed() -> InstalledVllm | None:
+    """The installed vLLM when ``VLLM_REPRO_VLLM`` asks for one, else ``None``."""
+    py = installed_python()
+    return probe(py) if py is not None else None
+
+
+def installed_release() -> str | None:
+    """The installed release (``0.10.1.1``) when ``VLLM_REPRO_VLLM`` asks for an installed vLLM,
+    else ``None``: what a test asks to know which release this run can have. Raises
+    :class:`EnvError` when the named interpreter has no vLLM."""
+    inst = installed()
+    return inst.release if inst else None
+
+
+def check_release(inst: InstalledVllm, version: str) -> None:
+    """Raise :class:`InputError` unless ``version`` is the installed release (an installed vLLM
+    can run no other)."""
+    try:
+        same = Version(version).public == inst.release
+    except InvalidVersion:
+        same = False
+    if not same:
+        raise InputError(f"installed mode: {inst.python} has vLLM {inst.version}, so vLLM {version} "
+                         f"cannot run here (unset {MODE_VAR} to run releases from their sdists)")
