@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 REPRO := $(BIN)/vllm-repro
 SCENARIO ?= scenarios/vllm-23347-priority-preempt-scheduled.yaml
 CATALOG ?=
+# CATALOG=all also runs every entry on the newest release (it must be clean there)
+NEWEST ?= 0.33.0
+JOBS ?=
 REPORTS ?= reports
 # Torch source (see README): a local wheelhouse, or PyTorch's CPU index.
 TORCH_VERSION ?= 2.13.0
@@ -36,7 +39,7 @@ VLLM ?=
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
-	@echo "make cpu-repro CATALOG=all   the whole catalog"
+	@echo "make cpu-repro CATALOG=all   the whole catalog (each entry also on NEWEST=$(NEWEST))"
 	@echo "make test        unit tests and the real-release scenario tests"
 	@echo "make images      the CPU image (Docker); make cpu-repro RUNNER=docker|native"
 	@echo "make gpu-verify REMOTE=host PATCH=fix.diff SCENARIO=...   confirm a fix on a GPU host"
@@ -50,7 +53,8 @@ $(VENV)/.installed: pyproject.toml $(BIN)/python
 
 venv: $(VENV)/.installed
 
-REPRO_ARGS = $(if $(filter all,$(CATALOG)),catalog run,run $(SCENARIO)) --reports $(abspath $(REPORTS))
+REPRO_ARGS = $(if $(filter all,$(CATALOG)),catalog run --also-on $(NEWEST),run $(SCENARIO)) \
+  $(if $(JOBS),--jobs $(JOBS)) --reports $(abspath $(REPORTS))
 
 cpu-repro:
 	@runner="$(RUNNER)"; \

@@ -15,6 +15,20 @@ import typer
 DEFAULT_DIR = Path("scenarios")
 
 
+def log_signature(path: Path) -> tuple[str | None, dict | None, bool]:
+    """The triage signature of a catalog ``<name>.log`` (:func:`vllm_repro.triage.triage_log`):
+    ``(exception type, innermost vLLM frame {"module", "function", "line"}, cut)``. ``cut`` is
+    True when the excerpt marks elided frames with ``[...]`` (the issue's traceback was not
+    available whole): its innermost frame is then an outer frame of the crash. Raises
+    :class:`~vllm_repro.errors.InputError` when triage finds no crash in it."""
+    from .triage import triage_log
+
+    report, _ = triage_log(path)
+    cut = any(line.strip().endswith("[...]") for line in Path(path).read_text().splitlines()
+              if not line.lstrip().startswith("#"))
+    return report.exception_type, report.last_vllm_frame, cut
+
+
 def catalog_files(directory: Path = DEFAULT_DIR) -> list[Path]:
     """The catalog's scenario files, sorted by name (sub-folders excluded)."""
     return sorted(p for p in directory.glob("*.yaml") if p.is_file())
@@ -42,6 +56,7 @@ def register(app: typer.Typer) -> None:
         """List the catalog: entry, issue, releases and the last verdict on each."""
         if ctx.invoked_subcommand:
             return
+        from rich.markup import escape
         from rich.table import Table
 
         from .cli import out
@@ -55,7 +70,7 @@ def register(app: typer.Typer) -> None:
             concrete = sc.vllm.concrete()
             lasts = "; ".join(f"{v}: {last_verdict(reports, sc.name, v)}" for v in concrete)
             t.add_row(sc.name, sc.vllm.issue or "-", ", ".join(sc.vllm.reproduces_on),
-                      ", ".join(sc.vllm.clean_on), lasts)
+                      ", ".join(sc.vllm.clean_on), escape(lasts))
         out.print(t)
 
     @cat.command("run")

@@ -37,6 +37,7 @@ def _run(cli, version, tree, reports):
         res.pop("verdict", None)  # compared through the CLI's verdict above
         # tracebacks name the tree: trees/<version>/ (full) or slices/<version>-<key>/ (slice)
         text = re.sub(r'[^\s"\']*/(?:trees|slices)/[^/\s"\']+/', "<tree>/", json.dumps(res, sort_keys=True))
+        text = re.sub(r'[^\s"\'\\]*/site-packages/', "<site-packages>/", text)  # full vs slice env
         trace = (d / "trace.jsonl").read_text() if (d / "trace.jsonl").is_file() else None
         out[name] = (v["outcome"], v["observed"], v["ok"], text, trace)
     return proc.returncode, out

@@ -29,6 +29,7 @@ def pytest_configure(config):
     # registered here too, so that the bundle's copy of this folder runs without pyproject.toml
     config.addinivalue_line("markers", "shared: runs in both images (CPU slice and CUDA full vLLM)")
     config.addinivalue_line("markers", "gpu: needs a GPU and full vLLM")
+    config.addinivalue_line("markers", "slow: builds a vLLM environment or runs real releases")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -83,3 +84,25 @@ def suite_reports(tmp_path_factory) -> Path:
     path = Path(raw) if raw else tmp_path_factory.mktemp("suite-reports")
     path.mkdir(parents=True, exist_ok=True)
     return path.resolve()
+
+
+@pytest.fixture(scope="session")
+def catalog_runs(suite_reports):
+    """Every (entry, release) of the catalog, run once: ``{(name, version): RunItem}`` (shared by
+    the modules that judge the catalog, so that it runs once per session)."""
+    from vllm_repro.lab import RunItem, releases_for, run_matrix
+    from vllm_repro.report.index import write_index
+    from vllm_repro.scenario import load_scenario
+
+    from vllm_repro.errors import LabError
+
+    items = []
+    for path in catalog_files():
+        sc = load_scenario(path)
+        try:
+            items += [RunItem(sc, v) for v in releases_for(sc, [])]
+        except LabError:
+            continue  # reported by its own case
+    run_matrix(items, suite_reports)
+    write_index(suite_reports)
+    return {(i.scenario.name, i.version): i for i in items}

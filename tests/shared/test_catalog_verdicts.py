@@ -32,27 +32,6 @@ def _cases() -> list[tuple]:
     return cases
 
 
-@pytest.fixture(scope="session")
-def catalog_runs(suite_reports):
-    """Every (entry, release) of the catalog, run once: ``{(name, version): RunItem}``."""
-    from vllm_repro.lab import RunItem, releases_for, run_matrix
-    from vllm_repro.report.index import write_index
-    from vllm_repro.scenario import load_scenario
-
-    from vllm_repro.errors import LabError
-
-    items = []
-    for path in catalog_files():
-        sc = load_scenario(path)
-        try:
-            items += [RunItem(sc, v) for v in releases_for(sc, [])]
-        except LabError:
-            continue  # reported by its own case
-    run_matrix(items, suite_reports)
-    write_index(suite_reports)
-    return {(i.scenario.name, i.version): i for i in items}
-
-
 @pytest.mark.parametrize("path,version", _cases())
 def test_catalog_entry_keeps_its_verdict(path, version, catalog_runs, request):
     from vllm_repro.scenario import load_scenario

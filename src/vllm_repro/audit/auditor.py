@@ -74,7 +74,8 @@ class Auditor:
     def attach(self, loop) -> None:
         self.loop = loop
         self.books = Books(loop.scheduler)
-        self.req_checks = RequestChecks(self.books)
+        self.req_checks = RequestChecks(
+            self.books, getattr(self.adapter, "computed_advanced_in_schedule", True))
         self.hash_check = RequestHashCheck(self.books)
         self.map_check = PrefixMapCheck(self.books)
         self.hooks = PoolHooks(self.books, self._hook_report)

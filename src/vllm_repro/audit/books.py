@@ -4,7 +4,8 @@ Runs inside release environments (standard library only). Nothing compares versi
 each probe names the vLLM source it follows:
 
 - the block pool: ``KVCacheManager.block_pool`` (0.8 to 0.33; 0.9.2+ also
-  ``KVCacheCoordinator.block_pool``), ``vllm/v1/core/block_pool.py:BlockPool``.
+  ``KVCacheCoordinator.block_pool``), ``vllm/v1/core/block_pool.py:BlockPool``; in 0.6.x/0.7.x
+  ``KVCacheManager.block_pool`` is the list of blocks and the manager keeps the rest itself.
 - the block tables (``req_to_blocks``: request id -> blocks), one per KV cache group:
   ``KVCacheCoordinator.single_type_managers[i]`` (0.9.2+, ``kv_cache_coordinator.py``),
   ``KVCacheManager.single_type_manager`` (0.9.0/0.9.1), or the ``KVCacheManager`` itself (0.8.x).
@@ -69,7 +70,14 @@ class Books:
             self.managers = [kvm]
         if not all(hasattr(m, "req_to_blocks") for m in self.managers):
             raise AttributeError("no req_to_blocks block table found on the KV cache managers")
-        self.blocks = self.pool.blocks
+        if isinstance(self.pool, list):
+            # 0.6.x/0.7.x: the KVCacheManager keeps the pool itself (``block_pool`` is the list of
+            # KVCacheBlocks; ``free_block_queue``, ``cached_block_hash_to_block`` and
+            # ``enable_caching`` are its own attributes; no null block) - kv_cache_manager.py
+            self.blocks = self.pool
+            self.pool = kvm
+        else:
+            self.blocks = self.pool.blocks
         self.num_blocks = len(self.blocks)
         self.null = getattr(self.pool, "null_block", None)
         self.null_id = self.null.block_id if self.null is not None else None

@@ -5,12 +5,25 @@ here compares version numbers: every difference between releases is found by loo
 module, an attribute or a parameter, and the first working form is used. What it builds mirrors
 ``vllm/v1/engine/core.py:EngineCore.__init__`` (configs, KV-cache config, block hasher,
 ``Scheduler``) and ``EngineCore.preprocess_add_request`` / ``Processor.process_inputs`` (the
-``Request``), for the V1 engine from 0.8.0 to 0.33.0.
+``Request``), for the V1 engine from 0.6.5 (opt-in then, ``VLLM_USE_V1=1``) to 0.33.0.
 
 Probes (each names the vLLM source it follows):
 
 - scheduler module: ``vllm/v1/core/sched/scheduler.py`` (0.8+), else ``vllm/v1/core/scheduler.py``;
   the class from ``SchedulerConfig.get_scheduler_cls()`` where the release has it.
+- the scheduler's constructor: ``Scheduler(vllm_config, kv_cache_config, ...)`` (0.8+), or the
+  first V1 generation's ``Scheduler(scheduler_config, [model_config,] cache_config, lora_config)``
+  (0.6.5 to 0.7.x), which builds its own single-group ``KVCacheManager`` from ``CacheConfig``:
+  there the lab builds no ``KVCacheConfig`` (the module ``vllm/v1/kv_cache_interface.py`` may
+  not even exist) and refuses ``kv_cache_groups``.
+- the request's prompt: ``Request(prompt_token_ids=...)``, or ``Request(inputs=token_inputs(...))``
+  as ``Request.from_engine_core_request`` does in 0.6.x.
+- scheduled requests: ``SchedulerOutput.scheduled_cached_reqs`` (one ``CachedRequestData``, or a
+  list of them up to 0.9.1), or the first generation's ``scheduled_resumed_reqs`` +
+  ``scheduled_running_reqs``.
+- sampled tokens: ``ModelRunnerOutput.sampled_token_ids`` as one list per request (0.8+, numpy
+  arrays where annotated so), or one token per request (``List[int]``, 0.6.x/0.7.x; the scheduler
+  ignores the entry of a request still in prefill, so a step cannot say "no token" there).
 - constructors are called with the keyword arguments they accept (``inspect.signature``):
   ``Scheduler(block_size=...)``, ``Request(block_hasher=..., eos_token_id=..., multi_modal_*)``,
   ``FullAttentionSpec(use_mla=...)``, ``KVCacheConfig(tensors= | kv_cache_tensors=)``,
@@ -18,6 +31,9 @@ Probes (each names the vLLM source it follows):
 - block hashing: ``get_request_block_hasher`` + ``init_none_hash`` (0.10.1+, request-side), else
   the KV cache manager hashes by itself.
 - ``register_all_kvcache_specs(vllm_config)`` (0.33) before the scheduler is built.
+- where ``num_computed_tokens`` advances: in ``schedule()`` (0.8+), or in
+  ``update_from_output`` (0.6.x/0.7.x, whose source adds the scheduled count there); the audit
+  reads it from ``computed_advanced_in_schedule``.
 - draft tokens: ``ModelRunnerOutput.spec_token_ids`` (<= 0.10.1) or
   ``Scheduler.update_draft_token_ids(DraftTokenIds)`` (0.10.2+).
 - the CPU platform: the tree's ``vllm-X+cpu.dist-info`` makes ``vllm.platforms`` pick the CPU
@@ -134,13 +150,22 @@ class V1Adapter:
         self.RequestStatus = _import("vllm.v1.request:RequestStatus")
         self.SamplingParams = _import("vllm.sampling_params:SamplingParams", "vllm:SamplingParams")
         self.ModelRunnerOutput = _import("vllm.v1.outputs:ModelRunnerOutput")
-        self.KVCacheConfig = _import("vllm.v1.kv_cache_interface:KVCacheConfig")
+        self.KVCacheConfig = _try_import("vllm.v1.kv_cache_interface:KVCacheConfig")
         self.KVCacheGroupSpec = _try_import("vllm.v1.kv_cache_interface:KVCacheGroupSpec")
-        self.FullAttentionSpec = _import("vllm.v1.kv_cache_interface:FullAttentionSpec")
+        self.FullAttentionSpec = _try_import("vllm.v1.kv_cache_interface:FullAttentionSpec")
         self.SlidingWindowSpec = _try_import("vllm.v1.kv_cache_interface:SlidingWindowSpec")
         self.StructuredOutputManager = _try_import("vllm.v1.structured_output:StructuredOutputManager")
         self.DraftTokenIds = _try_import("vllm.v1.outputs:DraftTokenIds")
         self._mro_fields, _ = params_of(self.ModelRunnerOutput)
+        ann = str(getattr(self.ModelRunnerOutput, "__annotations__", {}).get("sampled_token_ids", ""))
+        #: True where ModelRunnerOutput carries one sampled token per request (List[int]):
+        #: no spec decode, and no way to say "no token" for a request that has finished prefill
+        self.one_token_per_request = ann.replace(" ", "").lower() in ("list[int]", "typing.list[int]")
+        self._sampled_ndarray = "ndarray" in ann
+        #: whether Scheduler.schedule() advances num_computed_tokens by the scheduled count
+        #: (0.8+: in schedule() or _update_after_schedule) or update_from_output does (0.6.x/0.7.x)
+        self.computed_advanced_in_schedule = not _source_has(
+            getattr(self.Scheduler, "update_from_output", None), "num_computed_tokens +=")
         self._register_model()
 
     # ---- environment -------------------------------------------------------------------------
@@ -236,15 +261,18 @@ class V1Adapter:
                 extra["device_config"] = call_supported(c.DeviceConfig, device="cpu")
             except Exception:  # noqa: BLE001 - keep the release's default
                 pass
+        if hasattr(c, "ObservabilityConfig"):
+            # EngineArgs.create_engine_config always fills it in; some releases' VllmConfig
+            # leave it None otherwise, and the stat loggers read it
+            try:
+                extra["observability_config"] = call_supported(c.ObservabilityConfig)
+            except Exception:  # noqa: BLE001 - keep the release's default
+                pass
         vllm_config = call_supported(
             c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
             cache_config=cache_config, speculative_config=spec_config, **extra)
         # what the GPU worker would have reported after profiling
         cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
-        kv_cache_config = self._kv_cache_config(cfg, torch)
-        register = _try_import("vllm.v1.core.single_type_kv_cache_manager:register_all_kvcache_specs")
-        if register is not None:
-            register(vllm_config)
         sched_cls = self.Scheduler
         get_cls = getattr(vllm_config.scheduler_config, "get_scheduler_cls", None)
         if callable(get_cls) and not cfg["async_scheduling"]:
@@ -253,10 +281,24 @@ class V1Adapter:
                 sched_cls = chosen
         elif cfg["async_scheduling"]:
             sched_cls = _import("vllm.v1.core.sched.async_scheduler:AsyncScheduler")
+        takes_kv_config = "kv_cache_config" in params_of(sched_cls)[0]
+        if takes_kv_config:
+            kv_cache_config = self._kv_cache_config(cfg, torch)
+        else:
+            # 0.6.x/0.7.x: Scheduler builds KVCacheManager(num_gpu_blocks, block_size, ...) itself
+            kv_cache_config = None
+            groups = cfg.get("kv_cache_groups") or []
+            if len(groups) > 1 or any(g["type"] != "full" for g in groups):
+                raise RefusedByRelease(
+                    f"config.kv_cache_groups: vLLM {self.version}'s Scheduler builds one "
+                    "full-attention KV cache from CacheConfig; it has no KV cache groups")
+        register = _try_import("vllm.v1.core.single_type_kv_cache_manager:register_all_kvcache_specs")
+        if register is not None:
+            register(vllm_config)
         block_size = cfg["block_size"]
         hash_block_size = block_size
         resolve = _try_import("vllm.v1.core.kv_cache_utils:resolve_kv_cache_block_sizes")
-        if resolve is not None:
+        if resolve is not None and kv_cache_config is not None:
             try:
                 block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
             except Exception:  # noqa: BLE001 - keep the scenario's block size
@@ -266,7 +308,10 @@ class V1Adapter:
         scheduler = call_supported(
             sched_cls, vllm_config=vllm_config, kv_cache_config=kv_cache_config,
             structured_output_manager=som, log_stats=True, block_size=block_size,
-            hash_block_size=hash_block_size, include_finished_set=False)
+            hash_block_size=hash_block_size, include_finished_set=False,
+            # the first V1 generation (0.6.5 to 0.7.x) takes the configs one by one
+            scheduler_config=vllm_config.scheduler_config, model_config=vllm_config.model_config,
+            cache_config=vllm_config.cache_config, lora_config=None)
         self.block_hasher = self._block_hasher(vllm_config, hash_block_size)
         self.vllm_config = vllm_config
         return vllm_config, scheduler
@@ -292,8 +337,9 @@ class V1Adapter:
             names = [f"model.layers.{layer + i}.self_attn.attn" for i in range(g.get("num_layers", 1))]
             layer += len(names)
             specs.append((names, spec))
-        if self.KVCacheGroupSpec is None:
-            raise AdapterError("this release's KVCacheConfig has no KVCacheGroupSpec")
+        if self.KVCacheGroupSpec is None or self.KVCacheConfig is None:
+            raise AdapterError("this release's Scheduler takes a KVCacheConfig, but "
+                               "vllm.v1.kv_cache_interface has no KVCacheConfig/KVCacheGroupSpec")
         group_specs = [self.KVCacheGroupSpec(names, spec) for names, spec in specs]
         return call_supported(self.KVCacheConfig, num_blocks=cfg["num_gpu_blocks"], tensors={},
                               kv_cache_tensors=[], kv_cache_groups=group_specs)
@@ -346,6 +392,14 @@ class V1Adapter:
             kwargs["mm_features"] = []
             if "multi_modal_hashes" not in names:
                 kwargs["mm_features"] = None
+        if "inputs" in names and "prompt_token_ids" not in names:
+            # 0.6.x: Request.from_engine_core_request wraps the prompt in token_inputs(...)
+            token_inputs = _import("vllm.inputs:token_inputs", "vllm.inputs.data:token_inputs")
+            kwargs["inputs"] = call_supported(
+                token_inputs, prompt_token_ids=list(prompt), prompt=None, multi_modal_data=None,
+                multi_modal_inputs=None, multi_modal_hashes=None, multi_modal_placeholders=None,
+                mm_processor_kwargs=None)
+        kwargs.setdefault("prompt", None)
         request = call_supported(self.Request, **kwargs)
         return request
 
@@ -393,7 +447,10 @@ class V1Adapter:
         for nr in so.scheduled_new_reqs:
             before[nr.req_id] = nr.num_computed_tokens
             new_ids.add(nr.req_id)
-        cached = so.scheduled_cached_reqs
+        cached = getattr(so, "scheduled_cached_reqs", None)
+        if cached is None:  # 0.6.x/0.7.x: resumed and running requests listed apart
+            cached = [*getattr(so, "scheduled_resumed_reqs", []),
+                      *getattr(so, "scheduled_running_reqs", [])]
         if isinstance(cached, list):  # <= 0.9.1: one CachedRequestData per request
             for cr in cached:
                 before[cr.req_id] = cr.num_computed_tokens
@@ -408,16 +465,27 @@ class V1Adapter:
 
     def model_output(self, req_ids: list[str], sampled: list[list[int]],
                      drafts: list[list[int]] | None):
-        """``ModelRunnerOutput`` for ``req_ids`` (ordered as scheduled)."""
-        sampled_field = sampled
-        ann = str(getattr(self.ModelRunnerOutput, "__annotations__", {}).get("sampled_token_ids", ""))
-        if "ndarray" in ann:
+        """``ModelRunnerOutput`` for ``req_ids`` (ordered as scheduled).
+
+        ``sampled``: the tokens of each request this step (``[]``: none, e.g. a partial prefill).
+        Where the release takes one token per request (0.6.x/0.7.x) a request without a token
+        gets the placeholder id 0, which that scheduler ignores for a request still in prefill
+        (as the GPU runner's sampled token is ignored there); more than one token is an
+        :class:`AdapterError` (no spec decode in that API)."""
+        sampled_field: list = sampled
+        if self.one_token_per_request:
+            if any(len(s) > 1 for s in sampled):
+                raise AdapterError(f"vLLM {self.version}'s ModelRunnerOutput takes one sampled "
+                                   "token per request (no spec decode)")
+            sampled_field = [s[0] if s else 0 for s in sampled]
+        elif self._sampled_ndarray:
             import numpy as np
 
             sampled_field = [np.array(s, dtype=np.int32) for s in sampled]
         kwargs = dict(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                       sampled_token_ids=sampled_field, logprobs=None, prompt_logprobs_dict={},
-                      pooler_output=[], num_nans_in_logits=None)
+                      pooler_output=[], num_nans_in_logits=None,
+                      logprob_token_ids_cpu=None, logprobs_cpu=None)
         if "spec_token_ids" in self._mro_fields:
             kwargs["spec_token_ids"] = drafts
         return call_supported(self.ModelRunnerOutput, **kwargs)
@@ -429,6 +497,61 @@ class V1Adapter:
             return
         if self.DraftTokenIds is not None and hasattr(scheduler, "update_draft_token_ids"):
             scheduler.update_draft_token_ids(self.DraftTokenIds(req_ids, drafts))
+
+    def stat_logger(self, vllm_config):
+        """The front end's stat loggers, as ``AsyncLLM`` builds them when stats are logged
+        (``disable_log_stats: false``): ``StatLoggerManager(vllm_config, engine_idxs=[0])`` (0.10+,
+        logging + Prometheus), else ``LoggingStatLogger`` and ``PrometheusStatLogger`` one by one
+        (0.8/0.9). Returns a callable ``record(scheduler_stats)`` (``vllm/v1/metrics/loggers.py``;
+        iteration stats come from the detokenizing output processor, which the lab does not run,
+        so they are None). Raises :class:`AdapterError` where the release has no V1 stat
+        loggers."""
+        try:
+            loggers_mod = importlib.import_module("vllm.v1.metrics.loggers")
+        except Exception as exc:  # noqa: BLE001 - e.g. a slice without the metrics modules
+            raise AdapterError(f"vLLM {self.version}'s stat loggers (vllm.v1.metrics.loggers, for "
+                               f"config.disable_log_stats: false) do not import: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        manager_cls = getattr(loggers_mod, "StatLoggerManager", None)
+        if manager_cls is not None:
+            manager = call_supported(manager_cls, vllm_config=vllm_config, engine_idxs=[0],
+                                     custom_stat_loggers=None, enable_default_loggers=True)
+            loggers = [manager]
+        else:
+            classes = [_try_import("vllm.v1.metrics.loggers:LoggingStatLogger"),
+                       _try_import("vllm.v1.metrics.loggers:PrometheusStatLogger")]
+            if None in classes:
+                raise AdapterError(f"vLLM {self.version} has no V1 stat loggers "
+                                   "(config.disable_log_stats: false)")
+            loggers = [call_supported(cls, vllm_config=vllm_config, engine_index=0,
+                                      engine_indexes=[0]) for cls in classes]
+
+        def record(scheduler_stats) -> None:
+            for lg in loggers:
+                call_supported(lg.record, scheduler_stats=scheduler_stats, iteration_stats=None,
+                               mm_cache_stats=None, engine_idx=0)
+        return record
+
+    @staticmethod
+    def scheduler_stats(engine_core_outputs) -> list:
+        """The ``SchedulerStats`` that ``update_from_output`` attached to its outputs
+        (``dict[int, EngineCoreOutputs]`` 0.9+, one ``EngineCoreOutputs`` 0.8, a list of
+        ``EngineCoreOutput`` before)."""
+        if isinstance(engine_core_outputs, dict):
+            outs = list(engine_core_outputs.values())
+        elif isinstance(engine_core_outputs, (list, tuple)):
+            outs = []
+        else:
+            outs = [engine_core_outputs]
+        return [st for o in outs if (st := getattr(o, "scheduler_stats", None)) is not None]
+
+    def has_work(self, scheduler) -> bool:
+        """Whether ``EngineCore.step`` would call ``schedule()`` now: ``Scheduler.has_requests()``
+        (unfinished requests, or finished ids still to tell the runner; 0.10+), else
+        ``has_unfinished_requests()`` (0.6 to 0.9). An idle engine does not schedule (0.7.0's
+        ``schedule()`` even fails on an empty batch)."""
+        probe = getattr(scheduler, "has_requests", None) or scheduler.has_unfinished_requests
+        return bool(probe())
 
     def abort(self, scheduler, req_ids: list[str]) -> None:
         """``EngineCore.abort_requests``: finish as aborted."""
@@ -465,6 +588,14 @@ class V1Adapter:
         preempted = [rid for rid in waiting
                      if getattr(scheduler.requests.get(rid), "status", None) == preempted_status]
         return waiting, running, preempted
+
+
+def _source_has(fn, text: str) -> bool:
+    """Whether the source of ``fn`` contains ``text`` (False when it has no readable source)."""
+    try:
+        return text in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
 
 def _iter_queue(q):

@@ -4,9 +4,11 @@ Mirrors ``vllm/v1/engine/core.py:EngineCore.step`` with the executor replaced by
 :class:`~vllm_repro.engine.fake_runner.FakeModelRunner`::
 
     requests at_step n added (EngineCore.add_request), aborts applied (abort_requests)
+    if nothing is left to schedule: the step is idle          # EngineCore.step's early return
     scheduler_output = scheduler.schedule()                  # step n
     model_output = fake_runner.execute(scheduler_output)
     scheduler.update_from_output(scheduler_output, model_output)
+    stat_loggers.record(scheduler_stats)                     # disable_log_stats: false
     scheduler.update_draft_token_ids(drafts)                 # spec decode, 0.10.2+
 
 Runs inside the release environment (standard library + vLLM only). Returns a result dict (the
@@ -98,7 +100,7 @@ class StepLoop:
         t0 = time.perf_counter()
         try:
             _, self.scheduler = a.build(self.cfg)
-        except AdapterError:
+        except (AdapterError, RefusedByRelease):
             raise
         except Exception as exc:
             # Raised inside vLLM (config validation, the CPU platform's checks): the release
@@ -113,8 +115,22 @@ class StepLoop:
                     f"{type(exc).__name__}: {first}") from exc
             raise AdapterError(f"building vLLM {a.version}'s scheduler failed: "
                                f"{type(exc).__name__}: {first}") from exc
+        model = self.sc.get("model") or {}
+        if getattr(a, "one_token_per_request", False):
+            if model.get("empty_at"):
+                raise RefusedByRelease(
+                    f"model.empty_at: vLLM {a.version}'s ModelRunnerOutput holds one sampled token "
+                    "per request and its scheduler appends it once prefill is done; a step "
+                    "without a token cannot be expressed there")
+            if self.cfg.get("num_speculative_tokens"):
+                raise RefusedByRelease(
+                    f"config.num_speculative_tokens: vLLM {a.version}'s V1 scheduler has no "
+                    "speculative decoding")
         for r in self.sc["requests"]:
             a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
+        record_stats = None
+        if not self.cfg.get("disable_log_stats", True):
+            record_stats = self._lab(a.stat_logger, a.vllm_config)
         build_s = time.perf_counter() - t0
         sched = self.scheduler
         runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
@@ -148,23 +164,35 @@ class StepLoop:
                 for e in self.events_by_step.get(step, []):
                     a.abort(sched, e["abort"])
                     line["aborted"].extend(e["abort"])
-                phase = "schedule"
-                so = sched.schedule()
-                scheduled = self._lab(a.scheduled, so)
-                line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
-                if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
-                                                           scheduled):
-                    result = {"outcome": "violation"}
-                    self._state(line)
-                    self._emit(line)
-                    break
-                req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
-                                                     getattr(so, "finished_req_ids", ()))
-                mro = self._lab(a.model_output, req_ids, sampled, drafts)
-                phase = "update_from_output"
-                sched.update_from_output(so, mro)
-                phase = "update_draft_token_ids"
-                a.deliver_drafts(sched, req_ids, drafts)
+                so = None
+                if not a.has_work(sched):
+                    # EngineCore.step returns without scheduling when there is nothing to do
+                    line["scheduled"] = {}
+                    line["idle"] = True
+                else:
+                    phase = "schedule"
+                    so = sched.schedule()
+                    scheduled = self._lab(a.scheduled, so)
+                    line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
+                    if self.observer is not None and self._lab(self.observer.after_schedule, step,
+                                                               so, scheduled):
+                        result = {"outcome": "violation"}
+                        self._state(line)
+                        self._emit(line)
+                        break
+                    req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled,
+                                                         sched.requests,
+                                                         getattr(so, "finished_req_ids", ()))
+                    mro = self._lab(a.model_output, req_ids, sampled, drafts)
+                    phase = "update_from_output"
+                    engine_core_outputs = sched.update_from_output(so, mro)
+                    if record_stats is not None:
+                        # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
+                        phase = "record_stats"
+                        for stats in a.scheduler_stats(engine_core_outputs):
+                            record_stats(stats)
+                    phase = "update_draft_token_ids"
+                    a.deliver_drafts(sched, req_ids, drafts)
             except (RefusedByRelease, AdapterError):
                 raise
             except stop_exc:  # the observer stopped the run inside a vLLM call (audit hook)
@@ -181,7 +209,8 @@ class StepLoop:
             newly = self._collect_finished()
             line["finished"] = newly
             self._state(line)
-            if self.observer is not None and self._lab(self.observer.after_update, step, so, line):
+            if (self.observer is not None and so is not None
+                    and self._lab(self.observer.after_update, step, so, line)):
                 result = {"outcome": "violation"}
                 self._emit(line)
                 break

@@ -116,6 +116,11 @@ class SchedulerSettings(Strict):
     speculative_method: Literal["ngram"] = "ngram"
     async_scheduling: bool = False
     kv_cache_groups: list[KVCacheGroup] | None = None
+    #: vLLM's engine argument: false (as ``vllm serve`` runs) makes the front end record every
+    #: step's ``SchedulerStats`` with the release's own stat loggers (``StatLoggerManager``:
+    #: logging + Prometheus), as ``AsyncLLM``'s output handler does; true (the ``LLM`` class's
+    #: default, and the lab's) records nothing.
+    disable_log_stats: bool = True
 
     @model_validator(mode="after")
     def _limits(self):

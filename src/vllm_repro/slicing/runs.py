@@ -324,6 +324,9 @@ def normalise_result(result: dict, tree: Path) -> dict:
         text = text.replace(root, "<tree>")
     # the lab's own frames: their line numbers move with the lab, not with vLLM
     text = re.sub(r'(vllm_repro/[\w/]+\.py\\", line )\d+', r"\1?", text)
+    # third-party frames (a crash raised inside prometheus_client, say) name the environment:
+    # the full one and the slice's are different folders holding the same pinned packages
+    text = re.sub(r'[^\s"\'\\]*/site-packages/', "<site-packages>/", text)
     return json.loads(text)
 
 

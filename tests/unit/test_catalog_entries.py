@@ -1,0 +1,108 @@
+"""The catalog's files as a user reads them, without running vLLM: every entry says what it
+reproduces and where, its releases are consistent with its own ranges, and its crash log excerpt
+(where there is one) shows the exception the entry expects."""
+
+from __future__ import annotations
+
+import pytest
+from packaging.version import InvalidVersion, Version
+
+from vllm_repro.catalog import catalog_files, log_signature
+from vllm_repro.scenario import load_scenario
+
+from ..conftest import SCENARIOS
+
+ENTRIES = catalog_files(SCENARIOS)
+NEWEST = "0.33.0"
+
+
+def _concrete(values):
+    out = []
+    for v in values:
+        try:
+            out.append(Version(v))
+        except InvalidVersion:
+            continue
+    return out
+
+
+def test_catalog_holds_the_issue_4_entries():
+    names = {load_scenario(p).vllm.issue for p in ENTRIES}
+    for issue in ("23347", "29747", "45856", "11562", "26372"):
+        assert f"vllm-project/vllm#{issue}" in names
+
+
+@pytest.mark.parametrize("path", ENTRIES, ids=lambda p: p.stem)
+def test_entry_names_its_bug_and_releases(path):
+    sc = load_scenario(path)
+    assert sc.name == path.stem, "the file name is the entry name (reports/<name>/...)"
+    assert sc.vllm.issue and sc.vllm.issue.startswith("vllm-project/vllm#")
+    assert len(sc.description.split()) >= 40, "the description says what goes wrong and where"
+    assert "vllm/" in sc.description or ".py" in sc.description or "Scheduler" in sc.description
+    assert sc.expect is not None and sc.expect.outcome != "clean"
+    assert _concrete(sc.vllm.reproduces_on), "at least one concrete buggy release is run"
+    assert _concrete(sc.vllm.clean_on), "at least one concrete fixed release is run"
+    # each concrete release falls under the expectation the file gives it, never both
+    for v in _concrete(sc.vllm.reproduces_on):
+        assert sc.vllm.expectation_for(str(v)) == "reproduce"
+    for v in _concrete(sc.vllm.clean_on):
+        assert sc.vllm.expectation_for(str(v)) == "clean"
+    # the bug was fixed: every buggy release comes before every fixed one
+    assert max(_concrete(sc.vllm.reproduces_on)) < min(_concrete(sc.vllm.clean_on))
+
+
+@pytest.mark.parametrize("path", [p for p in ENTRIES if p.stem != "vllm-23347-priority-preempt-scheduled"],
+                         ids=lambda p: p.stem)
+def test_new_entries_are_clean_on_the_newest_release_by_their_own_words(path):
+    sc = load_scenario(path)
+    assert NEWEST in sc.vllm.clean_on
+    assert sc.vllm.expectation_for(NEWEST) == "clean"
+
+
+LOGS = [p.with_suffix(".log") for p in ENTRIES if p.with_suffix(".log").is_file()]
+
+
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: p.stem)
+def test_log_excerpt_triages_to_the_expected_exception(log):
+    """`vllm-repro triage` on the excerpt names the exception the entry expects; a whole
+    traceback also names the innermost frame the entry expects."""
+    sc = load_scenario(log.with_suffix(".yaml"))
+    exc_type, frame, cut = log_signature(log)
+    assert sc.expect.outcome == "crash"
+    assert exc_type == sc.expect.exception
+    assert frame is not None, "the excerpt quotes vLLM frames"
+    if not cut:
+        expected_file, _, expected_func = sc.expect.where.partition(":")
+        assert (frame["module"], frame["function"]) == (expected_file, expected_func)
+
+
+def test_log_signature_marks_cut_excerpts(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text(
+        "# a note, ignored: [...]\n"
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138] Traceback (most recent call last):\n"
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138]   File "
+        "\"/usr/lib/python3.12/site-packages/vllm/v1/core/sched/scheduler.py\", line 467, "
+        "in schedule\n"
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138]   [...]\n"
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138] ValueError: Cannot get 3 free "
+        "blocks from the pool\n")
+    exc_type, frame, cut = log_signature(log)
+    assert exc_type == "ValueError" and cut
+    assert (frame["module"], frame["function"]) == ("vllm/v1/core/sched/scheduler.py", "schedule")
+    whole = tmp_path / "y.log"
+    whole.write_text(log.read_text().replace(
+        "(EngineCore pid=7) ERROR 06-16 07:42:55 [core.py:1138]   [...]\n", ""))
+    assert log_signature(whole)[2] is False
+
+
+def test_catalog_command_lists_every_entry_with_its_releases(cli, tmp_path):
+    proc = cli("catalog", "--reports", str(tmp_path / "none"))
+    assert proc.returncode == 0, proc.stderr
+    for p in ENTRIES:
+        sc = load_scenario(p)
+        row = next((ln for ln in proc.stdout.splitlines() if ln.strip().startswith(sc.name)), None)
+        assert row is not None, f"{sc.name} missing from `vllm-repro catalog`"
+        assert sc.vllm.issue in row
+        for v in _concrete(sc.vllm.reproduces_on + sc.vllm.clean_on):
+            assert f"{v}: never run" in row
