@@ -73,3 +73,18 @@ def test_0_10_2_residual_defect_found_at_step_3_and_run_completes(flagship_run):
     assert step3["violations"][0]["code"] == "REQ_STATE"
     assert ("[AUDIT] step=3 REQ_STATE (after schedule): L is in num_scheduled_tokens but was "
             "preempted in the same step (status PREEMPTED, in waiting)") in proc.stdout
+
+
+def test_audit_reads_a_priority_heap_with_tied_keys_and_reports_vllms_crash(cli, tmp_path):
+    """The audit lists the waiting queue after every step; with two tied requests in the
+    priority heap, iterating it raises TypeError (vLLM #29747). The audit must read the heap's
+    raw entries (tuples on these releases) and leave the crash to vLLM's own pop_request,
+    reported as a reproduction, not as a lab error (exit 3)."""
+    from ..conftest import ROOT
+
+    proc = cli("run", str(ROOT / "tests" / "data" / "priority-tie-waiting.yaml"), "--vllm", "0.11.0",
+               "--reports", str(tmp_path), "--json")
+    assert proc.returncode != 3, proc.stdout + proc.stderr
+    (verdict,) = json.loads(proc.stdout)
+    assert verdict["outcome"] == "crash", verdict
+    assert "TypeError vllm/v1/core/sched/request_queue.py:pop_request" in verdict["observed"]

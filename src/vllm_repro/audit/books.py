@@ -28,6 +28,8 @@ from collections import Counter
 from itertools import chain
 from operator import attrgetter
 
+from ..engine.adapter import iter_queue
+
 _ref = attrgetter("ref_cnt")
 _bid = attrgetter("block_id")
 
@@ -36,15 +38,6 @@ WAITING_QUEUES = ("waiting", "skipped_waiting", "kv_holding_waiting")
 #: waiting statuses under which a request may legitimately hold KV blocks (a KV connector's
 #: async load, a paused streaming session)
 HOLDING_WAIT_STATUSES = ("WAITING_FOR_REMOTE_KVS", "WAITING_FOR_STREAMING_REQ")
-
-
-def iter_queue(q) -> list:
-    """Requests in a queue: a list, a deque, or vLLM's ``RequestQueue`` (``FCFSRequestQueue`` is
-    a deque; ``PriorityRequestQueue`` iterates its heap in policy order)."""
-    try:
-        return list(q)
-    except TypeError:
-        return list(getattr(q, "_heap", []))
 
 
 class Books:

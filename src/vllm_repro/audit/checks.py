@@ -179,7 +179,7 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
     holding_ok = set()
     q = getattr(books.scheduler, "kv_holding_waiting", None)
     if q is not None:
-        from .books import iter_queue
+        from ..engine.adapter import iter_queue
 
         holding_ok = {r.request_id for r in iter_queue(q)}
     multi = len(books.managers) > 1

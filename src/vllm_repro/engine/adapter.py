@@ -579,10 +579,10 @@ class V1Adapter:
         """(waiting ids, running ids, preempted ids) — preempted are waiting with status
         PREEMPTED (``Scheduler._preempt_request``)."""
         waiting_q = scheduler.waiting
-        waiting = [r.request_id for r in _iter_queue(waiting_q)]
+        waiting = [r.request_id for r in iter_queue(waiting_q)]
         skipped = getattr(scheduler, "skipped_waiting", None)
         if skipped is not None:
-            waiting += [r.request_id for r in _iter_queue(skipped)]
+            waiting += [r.request_id for r in iter_queue(skipped)]
         running = [r.request_id for r in scheduler.running]
         preempted_status = self.RequestStatus.PREEMPTED
         preempted = [rid for rid in waiting
@@ -598,10 +598,12 @@ def _source_has(fn, text: str) -> bool:
         return False
 
 
-def _iter_queue(q):
+def iter_queue(q) -> list:
     """Requests in a waiting queue: a deque, a list, or vLLM's ``RequestQueue`` (heap for the
-    priority policy; iterating it yields requests in policy order). A heap left unordered by a
-    crash inside ``heapq`` is read raw, entry by entry."""
+    priority policy; iterating it yields requests in policy order). A heap that cannot be
+    iterated (``TypeError`` comparing two ``Request`` objects with equal keys, vLLM #29747) is
+    read raw: its entries are requests or ``(priority, arrival_time, request)`` tuples,
+    depending on the release (vllm/v1/core/sched/request_queue.py, PriorityRequestQueue)."""
     try:
         return list(q)
     except Exception:  # noqa: BLE001 - e.g. TypeError comparing Requests in a broken heap
