@@ -87,3 +87,18 @@ def test_plain_fcfs_runs_on_0_8_5_and_0_9_0(cli, tmp_path):
         assert res["vllm"] == v
         assert res["finished"] == {"A": "FINISHED_LENGTH_CAPPED", "B": "FINISHED_STOPPED",
                                    "C": "FINISHED_ABORTED"}
+
+
+def test_a_configuration_vllms_own_validators_refuse_is_an_input_error(cli, tmp_path):
+    """vLLM 0.33.0's SchedulerConfig (a pydantic dataclass) refuses a long-prefill threshold over
+    max_model_len: its ValidationError comes out of pydantic, and it is the input that is wrong,
+    so exit 2 with vLLM's reason, never a lab error (3), a crash or clean."""
+    bad = tmp_path / "lpt.yaml"
+    bad.write_text("name: lpt\nconfig: {block_size: 16, num_gpu_blocks: 4, max_model_len: 48,"
+                   " long_prefill_token_threshold: 64}\n"
+                   "requests:\n  - {id: A, at_step: 1, prompt_len: 10, max_tokens: 3}\n")
+    proc = cli("run", str(bad), "--vllm", "0.33.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("vLLM 0.33.0 refuses this configuration: ValidationError: 1 validation error for "
+            "SchedulerConfig") in proc.stdout
+    assert "long_prefill_token_threshold (64) cannot be greater than the max_model_len (48)" in proc.stdout

@@ -18,6 +18,8 @@ def test_every_drawn_scenario_is_valid_and_fits_its_pool(sc):
     for r in s.requests:
         assert r.prompt_len + r.max_tokens <= s.config.max_model_len <= usable_tokens
     assert s.vllm.reproduces_on == ["0.10.1.1"]
+    # vLLM's SchedulerConfig refuses a larger threshold: such a draw would be a wasted example
+    assert (s.config.long_prefill_token_threshold or 0) <= s.config.max_model_len
 
 
 @given(scenarios(LADDER[0]))
@@ -40,3 +42,15 @@ def test_signatures():
     assert signature({"outcome": "stall", "stall": {}}) == "stall"
     assert signature({"outcome": "clean"}) is None
     assert signature({"outcome": "error", "error": {}}) is None, "a lab error is never a finding"
+
+
+def test_search_time_must_be_a_positive_duration():
+    import pytest
+
+    from vllm_repro.errors import InputError
+    from vllm_repro.fuzz.cli import parse_duration
+
+    assert parse_duration("2m") == 120 and parse_duration("90") == 90
+    for bad in ("0s", "0", "soon", "-5s"):
+        with pytest.raises(InputError, match="--time"):
+            parse_duration(bad)

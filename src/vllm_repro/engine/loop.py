@@ -107,9 +107,13 @@ class StepLoop:
             # refuses this configuration, an input error. Raised in the lab: a lab error.
             tb = traceback.extract_tb(exc.__traceback__)
             innermost = tb[-1].filename if tb else ""
-            first = " ".join(str(exc).strip().splitlines()[:3])
-            if vllm_frames(exc.__traceback__, a.vllm_file) and str(a.vllm_file.resolve()) in str(
-                    Path(innermost).resolve()):
+            first = " ".join(" ".join(str(exc).strip().splitlines()[:3]).split())
+            # vLLM's config classes are pydantic dataclasses: their validators' errors come out
+            # of pydantic as a ValidationError naming the vLLM config class
+            refused_by_config = (type(exc).__name__ == "ValidationError"
+                                 and type(exc).__module__.startswith("pydantic"))
+            if refused_by_config or vllm_frames(exc.__traceback__, a.vllm_file) and str(
+                    a.vllm_file.resolve()) in str(Path(innermost).resolve()):
                 raise RefusedByRelease(
                     f"config: vLLM {a.version} refuses this configuration: "
                     f"{type(exc).__name__}: {first}") from exc

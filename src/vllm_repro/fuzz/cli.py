@@ -16,7 +16,10 @@ def parse_duration(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if not m:
         raise InputError(f"--time {text!r}: give a duration like 60s, 2m or 1h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if seconds <= 0:
+        raise InputError(f"--time {text!r}: the search needs some time; give e.g. 60s")
+    return seconds
 
 
 def register(app: typer.Typer) -> None:
@@ -76,8 +79,14 @@ def register(app: typer.Typer) -> None:
             if camp.fatal:
                 out.print(f"[red]a search process failed[/red]: {camp.fatal[0].splitlines()[0]}")
                 raise typer.Exit(EXIT_ENV)
-            if camp.errors:
-                _say(f"{sum(1 for _ in camp.errors)} lab errors (not findings), e.g. {camp.errors[0][:200]}")
+            n_errors = camp.by_outcome.get("error", 0)
+            if n_errors:
+                _say(f"{n_errors} lab errors (not findings; the first few are in {reports / '_fuzz'}), "
+                     f"e.g. {(camp.errors or ['?'])[0][:200]}")
+            if camp.examples == 0 and not camp.findings:
+                out.print(f"[red]searched nothing[/red]: 0 examples ran in {seconds:g}s; "
+                          "give --time more")
+                raise typer.Exit(EXIT_ENV)
             for sig, f in camp.findings.items():
                 path, test = write_finding(f, vllm, out_dir)
                 out.print(f"[red]{sig}[/red]: {len(f.scenario['requests'])} requests after shrinking, "

@@ -103,10 +103,10 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
 
     env = ReleaseEnv(env_dict["version"], Path(env_dict["tree"]), Path(env_dict["root"]))
     t0 = time.perf_counter()
-    deadline = t0 + cfg.time_s
     stats = {"examples": 0, "errors": 0, "by_outcome": {}}
     try:
         with Worker(env, Path(log_dir) / f"fuzz-{cfg.version}-{index}.log") as worker:
+            deadline = time.perf_counter() + cfg.time_s  # search time: from vLLM imported
             seen: set[str] = set()
             chunk = 0
             while time.perf_counter() < deadline:

@@ -76,7 +76,9 @@ def scenarios(draw, profile: Profile = DEFAULT, version: str | None = None) -> d
         "enable_chunked_prefill": True,
         "enable_prefix_caching": profile.prefix_caching and draw(st.booleans()),
         "policy": policy,
-        "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 16, 64])),
+        # vLLM's SchedulerConfig refuses a threshold over max_model_len
+        "long_prefill_token_threshold": draw(st.sampled_from(
+            [t for t in (0, 0, 16, 64) if t <= max_model_len])),
     }
     if spec:
         config["num_speculative_tokens"] = draw(st.integers(1, 4))
