@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from .engine.host import Worker
-from .errors import EnvError, LabError
+from .errors import EnvError, InputError, LabError
 from .scenario.schema import Scenario
 from .settings import cache_dir
 from .sources.env import ReleaseEnv, prepare_env
@@ -99,13 +99,32 @@ def prepare_release(version: str, say: Say = lambda s: None,
                 spec = load_spec(version)
                 env = slice_env(spec, materialise(spec, release), say)
             else:
-                env = prepare_env(release, extract_tree(release))
+                tree_dir = extract_tree(release)
+                require_v1_scheduler(version, tree_dir)
+                env = prepare_env(release, tree_dir)
     except PermissionError as exc:  # e.g. the CPU image's cache, read-only with its baked releases
         raise EnvError(f"vLLM {version} ({kind} tree) is not ready in the cache {cache_dir()} and it "
                        f"cannot be written ({exc.strerror}: {exc.filename}); in the CPU image only the "
                        "releases baked into it run (make images VLLM_VERSIONS=...)") from None
     say(f"vLLM {version}: {kind} tree ready in {time.perf_counter() - t:.1f}s ({env.root})")
     return env
+
+
+#: Where a release keeps the V1 engine's scheduler (one of them) and KV-cache manager: 0.6.5 to
+#: 0.7.x ``vllm/v1/core/scheduler.py``, later ``vllm/v1/core/sched/scheduler.py``.
+V1_SCHEDULER_FILES = ("vllm/v1/core/sched/scheduler.py", "vllm/v1/core/scheduler.py")
+V1_KV_CACHE_MANAGER = "vllm/v1/core/kv_cache_manager.py"
+
+
+def require_v1_scheduler(version: str, tree: Path) -> None:
+    """Probe the extracted sdist for the V1 scheduler and KV-cache manager the lab drives, before
+    an environment is built for it. Raises :class:`InputError` for a release without them
+    (vLLM before 0.6.5: only the V0 engine)."""
+    if (tree / V1_KV_CACHE_MANAGER).is_file() and any((tree / f).is_file() for f in V1_SCHEDULER_FILES):
+        return
+    raise InputError(f"--vllm {version}: this release has no V1 engine scheduler "
+                     f"({V1_SCHEDULER_FILES[0]} or {V1_SCHEDULER_FILES[1]}, with {V1_KV_CACHE_MANAGER}), "
+                     "which the lab drives; pick a release with the V1 engine (0.6.5 or later)")
 
 
 @contextmanager

@@ -139,3 +139,24 @@ def test_old_requirements_layout(tmp_path):
     files = requirement_files(tmp_path)
     assert [f.name for f in files] == ["requirements-common.txt", "requirements-cpu.txt"]
     assert release_requirements(tmp_path) == ["numpy"]
+
+
+def test_a_release_without_the_v1_scheduler_is_refused_before_its_environment(tmp_path):
+    """vLLM before 0.6.5 has only the V0 engine: refused (exit 2) by probing the extracted sdist,
+    before an environment is built for it."""
+    import pytest
+
+    from vllm_repro.errors import InputError
+    from vllm_repro.lab import require_v1_scheduler
+
+    old = tmp_path / "old"
+    (old / "vllm/core").mkdir(parents=True)
+    (old / "vllm/core/scheduler.py").write_text("")
+    with pytest.raises(InputError, match=r"--vllm 0\.5\.0: this release has no V1 engine scheduler"):
+        require_v1_scheduler("0.5.0", old)
+    for sched in ("vllm/v1/core/scheduler.py", "vllm/v1/core/sched/scheduler.py"):
+        new = tmp_path / sched.replace("/", "_")
+        (new / sched).parent.mkdir(parents=True)
+        (new / sched).write_text("")
+        (new / "vllm/v1/core/kv_cache_manager.py").write_text("")
+        require_v1_scheduler("0.x", new)
