@@ -44,6 +44,14 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
     (("config: {num_gpu_blocks: 8}", "config: {}"), "config.num_gpu_blocks", "missing"),
     (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, policy: lifo}"), "config.policy",
      "fcfs"),
+    # a wrong type is refused, not coerced (true would become max_num_seqs 1)
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, max_num_seqs: true}"),
+     "config.max_num_seqs", "write a plain int value"),
+    (("config: {num_gpu_blocks: 8}", 'config: {num_gpu_blocks: 8, max_num_seqs: "2"}'),
+     "config.max_num_seqs", "valid integer"),
+    # block 0 is the null block: one block leaves nothing to allocate
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 1}"), "config.num_gpu_blocks",
+     "use a value of at least 2"),
 ])
 def test_bad_field_is_one_line_naming_file_and_field(tmp_path, mutation, field, words):
     old, new = mutation
@@ -60,6 +68,11 @@ def test_bad_field_is_one_line_naming_file_and_field(tmp_path, mutation, field, 
 def test_missing_file(tmp_path):
     with pytest.raises(InputError, match="no such scenario file"):
         load_scenario(tmp_path / "nope.yaml")
+
+
+def test_folder_is_not_a_scenario_file(tmp_path):
+    with pytest.raises(InputError, match="is a folder, not a scenario file"):
+        load_scenario(tmp_path)
 
 
 def test_not_a_mapping(tmp_path):

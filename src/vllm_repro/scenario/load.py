@@ -51,8 +51,15 @@ def _fix_hint(err: dict) -> str:
         return "remove it or check its spelling against the scenario format (README)"
     if kind == "missing":
         return "add it"
-    if kind in ("greater_than_equal", "greater_than"):
-        return "use a positive value"
+    ctx = err.get("ctx") or {}
+    if kind == "greater_than_equal":
+        return f"use a value of at least {ctx.get('ge')}"
+    if kind == "greater_than":
+        return f"use a value above {ctx.get('gt')}"
+    if kind == "literal_error":
+        return "use one of the values listed"
+    if kind.endswith("_type"):
+        return f"write a plain {kind.removesuffix('_type').replace('_', ' ')} value (no quotes, no true/false for numbers)"
     return ""
 
 
@@ -86,6 +93,8 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises :class:`InputError` for a missing or unreadable
     file, invalid YAML, or any schema violation."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p}: is a folder, not a scenario file; give a file such as scenarios/<name>.yaml")
     if not p.is_file():
         raise InputError(f"{p}: no such scenario file; give a path such as scenarios/<name>.yaml")
     try:

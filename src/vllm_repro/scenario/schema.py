@@ -24,7 +24,10 @@ NonNegInt = Annotated[int, Field(ge=0)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    """Unknown fields are errors, and so are values of the wrong type: ``true`` or ``"2"`` for a
+    count is refused, not coerced to 1 or 2 (YAML ints are still fine where floats go)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, strict=True)
 
 
 def _check_release(value: str) -> str:
@@ -104,7 +107,8 @@ class SchedulerSettings(Strict):
     """vLLM's scheduler and cache config, under vLLM's own names."""
 
     block_size: PosInt = 16
-    num_gpu_blocks: PosInt
+    #: block 0 is vLLM's null block (never handed out), so the pool needs at least 2
+    num_gpu_blocks: Annotated[int, Field(ge=2)]
     max_num_seqs: PosInt = 16
     max_num_batched_tokens: PosInt = 2048
     max_model_len: PosInt = 2048
