@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
         only: List[str] = typer.Option([], "--only", help="Entry names to run (default: all)."),
         extra: List[str] = typer.Option([], "--also-on", help="Also run every entry on these releases."),
         audit: bool = typer.Option(True, "--audit/--no-audit"),
-        jobs: Optional[int] = typer.Option(None),
+        jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: CPUs, max 4)."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Run every catalog entry on its own releases (and --also-on ones); print the table."""

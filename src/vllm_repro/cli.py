@@ -72,19 +72,18 @@ def run(
     audit: bool = typer.Option(True, "--audit/--no-audit", help="Check invariants every step."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Collect all violations, not just the first."),
     sched_log: bool = typer.Option(False, "--sched-log", help="Print [SCHED] state lines when the state changes."),
-    jobs: Optional[int] = typer.Option(None, help="Releases run in parallel (default: CPUs, max 4)."),
+    jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: CPUs, max 4)."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
     tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto (default: "
-                                       "VLLM_REPRO_TREE, else auto: the committed slice where "
-                                       "it is proven equivalent)."),
+                                       "VLLM_REPRO_TREE, else full; auto: the committed slice "
+                                       "where it is proven equivalent)."),
 ) -> None:
     """Run scenario(s) on vLLM release(s) and print the verdict table."""
     from .lab import RunItem, releases_for, run_matrix
     from .report.index import write_index
-    from .scenario import load_scenario
 
     t0 = time.perf_counter()
-    loaded = [load_scenario(p) for p in scenarios]
+    loaded = unique_scenarios(scenarios)
     items = [RunItem(sc, v) for sc in loaded for v in releases_for(sc, vllm)]
     _check_tree(tree)
     run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=_say, tree=tree)
@@ -102,6 +101,26 @@ def _check_tree(tree: Optional[str]) -> None:
         raise InputError(f"--tree {tree!r}: expected one of {', '.join(TREES)}")
 
 
+def unique_scenarios(paths: List[Path]) -> list:
+    """Load each scenario file once (a file given twice runs once). Raises :class:`InputError`
+    when two files share a ``name:``: their reports (reports/<name>/<version>/) would collide."""
+    from .errors import InputError
+    from .scenario import load_scenario
+
+    by_name: dict[str, tuple[Path, object]] = {}
+    seen: set[Path] = set()
+    for p in paths:
+        if Path(p).resolve() in seen:
+            continue
+        seen.add(Path(p).resolve())
+        sc = load_scenario(p)
+        if sc.name in by_name:
+            raise InputError(f"{p}: name: {sc.name!r} is also the name of {by_name[sc.name][0]}; "
+                             "reports/<name>/<version>/ would collide; rename one")
+        by_name[sc.name] = (p, sc)
+    return [sc for _, sc in by_name.values()]
+
+
 @app.command()
 def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build."),
             tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto")) -> None:
@@ -111,7 +130,7 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
     _check_tree(tree)
     for v in versions:
         env = prepare_release(v, _say, tree=tree)
-        out.print(f"vLLM {v}: {env.python} (tree {env.tree})")
+        out.print(f"vLLM {env.version}: {env.python} (tree {env.tree})")
 
 
 #: Feature modules that add their commands with ``register(app)`` (imports stay lazy inside).

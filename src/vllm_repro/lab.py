@@ -83,7 +83,7 @@ def prepare_release(version: str, say: Say = lambda s: None,
     ``slice`` without a committed slice) and :class:`~vllm_repro.errors.EnvError` for network,
     hash or install failures.
     """
-    validate_version(version)
+    version = validate_version(version)
     inst = installed()
     if inst is not None:  # VLLM_REPRO_VLLM=installed: no sdist, tree or environment to build
         check_release(inst, version)
@@ -233,7 +233,7 @@ def releases_for(scenario: Scenario, requested: list[str]) -> list[str]:
             check_release(inst, validate_version(v))
         return [inst.release]
     if requested:
-        return [validate_version(v) for v in requested]
+        return list(dict.fromkeys(validate_version(v) for v in requested))  # once each
     versions = scenario.vllm.concrete()
     if not versions:
         raise InputError(f"{scenario.name}: vllm.reproduces_on / clean_on name no release; "

@@ -115,10 +115,21 @@ def test_cli_bad_version_string_exit_2(tmp_path, cli, root):
     proc = cli("run", str(root / "scenarios/vllm-23347-priority-preempt-scheduled.yaml"),
                "--vllm", "banana", "--reports", str(tmp_path / "r"))
     assert proc.returncode == 2
-    assert "'banana' is not a version" in proc.stderr
+    assert "'banana' is not a vLLM version number" in proc.stderr
 
 
 def test_cli_usage_error_exit_2(cli):
     proc = cli("run", "--no-such-option")
     assert proc.returncode == 2
     assert "No such option" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_two_files_with_one_name_exit_2_before_running(tmp_path, cli, root):
+    """Their reports would share reports/<name>/<version>/: refused, naming both files."""
+    flagship = root / "scenarios/vllm-23347-priority-preempt-scheduled.yaml"
+    twin = tmp_path / "twin.yaml"
+    twin.write_text(flagship.read_text())
+    proc = cli("run", str(flagship), str(twin), "--vllm", "0.10.2", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2
+    assert f"{twin}: name: 'vllm-23347-priority-preempt-scheduled' is also the name of {flagship}" in proc.stderr
+    assert not (tmp_path / "r").exists()

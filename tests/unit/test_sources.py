@@ -160,3 +160,16 @@ def test_a_release_without_the_v1_scheduler_is_refused_before_its_environment(tm
         (new / sched).write_text("")
         (new / "vllm/v1/core/kv_cache_manager.py").write_text("")
         require_v1_scheduler("0.x", new)
+
+
+def test_version_strings_are_taken_as_the_index_spells_them():
+    import pytest
+
+    from vllm_repro.errors import InputError
+    from vllm_repro.sources.sdist import validate_version
+
+    assert validate_version(" 0.10.2 ") == "0.10.2"
+    assert validate_version("v0.10.1.1") == "0.10.1.1"
+    for bad in ("garbage", "", "vv1"):
+        with pytest.raises(InputError, match="is not a vLLM version number"):
+            validate_version(bad)

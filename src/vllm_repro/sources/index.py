@@ -168,6 +168,9 @@ def find_sdist(version: str, project: str = "vllm", settings: IndexSettings | No
 
         try:
             want = Version(version)
+            same = [v for v in releases if _same_version(v, want)]
+            if same:  # 0.10.2.0 is 0.10.2 under PEP 440; the cache is keyed by the index's name
+                raise InputError(f"vLLM {version} is published as {same[0]}; use --vllm {same[0]}")
             known = sorted(releases, key=lambda v: abs(_vkey(v) - _vkey(str(want))))[:3]
         except InvalidVersion:
             known = []
@@ -185,6 +188,15 @@ def find_sdist(version: str, project: str = "vllm", settings: IndexSettings | No
         size=f.get("size"),
         upload_time=_parse_time(f.get("upload-time")),
     )
+
+
+def _same_version(name: str, want) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(name) == want
+    except InvalidVersion:
+        return False
 
 
 def _vkey(v: str) -> float:

@@ -221,11 +221,15 @@ def write_dist_info(tree: Path, version: str) -> Path:
 
 
 def validate_version(version: str) -> str:
-    """Reject strings that cannot be a release version before touching the network."""
+    """The release string as the index spells it, from what a user typed: surrounding spaces and
+    a tag's leading ``v`` (``v0.10.2``) dropped. Raises :class:`InputError` for a string that
+    cannot be a version, before touching the network."""
     from packaging.version import InvalidVersion, Version
 
+    text = version.strip()
+    text = text[1:] if text[:1] in ("v", "V") and text[1:2].isdigit() else text
     try:
-        Version(version)
+        Version(text)
     except InvalidVersion as exc:
-        raise InputError(f"--vllm {version!r} is not a version number (e.g. 0.10.1.1)") from exc
-    return version
+        raise InputError(f"{version!r} is not a vLLM version number (e.g. 0.10.1.1)") from exc
+    return text
