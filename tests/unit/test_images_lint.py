@@ -58,4 +58,4 @@ def test_catalog_release_list_for_the_image():
     assert "0.10.1.1" in proc.stdout.split()
     proc = subprocess.run([sys.executable, str(ROOT / "images/cpu/releases.py"), str(ROOT / "scenarios"),
                            "not-a-version"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "not a version number" in proc.stderr
+    assert proc.returncode == 2 and "not a vLLM version number" in proc.stderr
