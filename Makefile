@@ -72,9 +72,13 @@ cpu-repro:
 	  *) echo "cpu-repro: RUNNER=$$runner: expected docker, native or auto" >&2; exit 2;; \
 	esac
 
+# make turns any failing recipe into its own exit 2: name the tool's code (README, exit codes)
+SAY_EXIT = case $$rc in 0) ;; 1) echo "cpu-repro: exit 1 (mismatch: an observation differs from its expectation)" >&2;; \
+  2) echo "cpu-repro: exit 2 (input error)" >&2;; *) echo "cpu-repro: exit $$rc (environment or lab error)" >&2;; esac
+
 cpu-repro-native: venv
 	@start=$$(date +%s); $(REPRO) $(REPRO_ARGS); rc=$$?; \
-	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall"; exit $$rc
+	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall"; $(SAY_EXIT); exit $$rc
 
 # The image's lab and releases, this checkout's scenarios (mounted read-only at the same path,
 # so paths and the table read as they do natively); reports owned by the caller.
@@ -83,7 +87,7 @@ cpu-repro-docker: ensure-image
 	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
 	  -v "$(CURDIR):$(CURDIR):ro" -v "$(abspath $(REPORTS)):$(abspath $(REPORTS))" -w "$(CURDIR)" \
 	  $(CPU_IMAGE) $(REPRO_ARGS); rc=$$?; \
-	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall (in $(CPU_IMAGE))"; exit $$rc
+	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall (in $(CPU_IMAGE))"; $(SAY_EXIT); exit $$rc
 
 # The CPU image, built if missing or older than the lab's sources (exit 3 when it cannot be).
 ensure-image:

@@ -71,11 +71,11 @@ def _verify_here(scenario, patch, vllm, reports, say, out) -> Path:
     from ..errors import EXIT_MISMATCH, InputError
     from ..scenario import load_scenario
     from ..verify.core import verify
+    from ..verify.patch import require_patch_file
 
     if scenario is None or patch is None:
         raise InputError("give SCENARIO and --patch FIX.diff (or --bundle DIR from `vllm-repro verify`)")
-    if not patch.is_file():
-        raise InputError(f"{patch}: no such patch file")
+    require_patch_file(patch)
     if vllm is None:
         sc = load_scenario(scenario)
         concrete = [v for v in sc.vllm.concrete() if sc.vllm.expectation_for(v) == "reproduce"]

@@ -22,9 +22,9 @@ def register(app: typer.Typer) -> None:
         from ..cli import _say, out
         from ..errors import EXIT_MISMATCH, InputError
         from .core import verify as run_verify
+        from .patch import require_patch_file
 
-        if not patch.is_file():
-            raise InputError(f"{patch}: no such patch file; give --patch path/to/fix.diff")
+        require_patch_file(patch)
         ver = run_verify(scenario, patch, vllm, reports.resolve(), catalog=catalog, say=_say)
         t = Table(box=None, header_style="bold")
         for col in ("scenario", "vllm", "before", "after"):

@@ -22,6 +22,14 @@ from ..settings import cache_dir
 _HEADER = re.compile(r"^(?:\+\+\+|---) (\S+)")
 
 
+def require_patch_file(patch: Path) -> None:
+    """Raises :class:`InputError` when ``patch`` is missing or a folder (one line, with the fix)."""
+    if patch.is_dir():
+        raise InputError(f"{patch}: is a folder, not a patch file; give --patch path/to/fix.diff")
+    if not patch.is_file():
+        raise InputError(f"{patch}: no such patch file; give --patch path/to/fix.diff")
+
+
 def patch_files(patch: Path) -> list[str]:
     """The files a unified diff touches, as ``vllm/...`` paths.
 
