@@ -12,6 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
 FLAGSHIP = SCENARIOS / "vllm-23347-priority-preempt-scheduled.yaml"
+# the folder that holds crashlogs/ (real vLLM crash logs with their answers): VLLM_REPRO_SHARED,
+# else ../shared beside the checkout
+SHARED = Path(os.environ.get("VLLM_REPRO_SHARED") or ROOT.parent / "shared").expanduser()
+CRASHLOGS = SHARED / "crashlogs"
+SHARED_HINT = "set VLLM_REPRO_SHARED=/path/to/shared (the folder that holds crashlogs/)"
+NO_CRASHLOGS = f"no crash logs in {CRASHLOGS}; {SHARED_HINT}"
 
 
 @pytest.fixture

@@ -67,6 +67,55 @@ BAD_INPUTS = {
     "utf16": (CRASH.encode("utf-16"), "UTF-16"),
 }
 
+# documentation that talks about signals (a README, an issue write-up): it names SIGSEGV, fatal
+# signals and worker processes, quotes what crash logs print, and shows no crash
+SIGNAL_PROSE = """\
+## When a worker dies
+
+vLLM runs the model in worker processes. When one of them hits SIGSEGV (a segmentation fault
+in a CUDA kernel or in NCCL), the engine core notices a fatal signal from worker processes and
+shuts down; a SIGKILL from the OOM killer ends the run the same way. The exit is read from
+faulthandler, `*** SIGSEGV received`, `terminate called`, exit codes -9/-11/-6, 137/139/134,
+the OOM killer. A bare `Killed` right after "Got fatal signal from worker processes"
+is vLLM killing its own processes, not the OOM killer.
+Killed workers are not restarted: a process that received signal 11 and exited with code 139
+leaves no Python traceback, only Python's Fatal Python error: Segmentation fault banner.
+Segmentation faults show as signal:SIGSEGV.
+"""
+
+# the same crash as a real log: faulthandler's banner and the dying thread's stack, then the shell
+SEGFAULT = (
+    "INFO 06-01 00:00:00 [core.py:61] Initializing a V1 LLM engine (v0.9.2) with config: model='m'\n"
+    "(VllmWorker rank=0 pid=226) Fatal Python error: Segmentation fault\n"
+    "(VllmWorker rank=0 pid=226)\n"
+    "(VllmWorker rank=0 pid=226) Current thread 0x00007f0000000002 (most recent call first):\n"
+    f"(VllmWorker rank=0 pid=226)   File \"{SP}/vllm/distributed/device_communicators/"
+    "pynccl_wrapper.py\", line 290 in ncclAllReduce\n"
+    f"(VllmWorker rank=0 pid=226)   File \"{SP}/vllm/v1/worker/gpu_model_runner.py\", line 1441 "
+    "in execute_model\n"
+    "(VllmWorker rank=0 pid=226)\n"
+    "Segmentation fault (core dumped)\n"
+)
+
+
+def test_prose_about_signals_is_no_crash_but_a_segfault_log_is(tmp_path):
+    doc = tmp_path / "notes.md"
+    doc.write_text(SIGNAL_PROSE)
+    p = run(str(doc))
+    err = p.stderr.decode()
+    assert p.returncode == 2, p.stdout.decode()
+    assert "no crash found" in err and len(err.strip().splitlines()) == 1, err
+
+    log = tmp_path / "segv.log"
+    log.write_text(SEGFAULT)
+    p = run(str(log), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["exit_kind"] == "signal:SIGSEGV"
+    assert d["signal"]["source"] == "faulthandler" and d["signal"]["log_line"] == 2
+    assert d["last_vllm_frame"]["module"] == "vllm/distributed/device_communicators/pynccl_wrapper.py"
+    assert d["last_vllm_frame"]["function"] == "ncclAllReduce"
+
 
 @pytest.mark.parametrize("kind", sorted(BAD_INPUTS))
 def test_bad_input_is_one_line_and_exit_2(tmp_path, kind):

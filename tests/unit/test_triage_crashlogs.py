@@ -1,4 +1,5 @@
-"""Every real crash log in ../shared/crashlogs triages to its .expected.json answer.
+"""Every real crash log in the shared crashlogs/ folder (``$VLLM_REPRO_SHARED/crashlogs``, else
+``../shared/crashlogs`` beside the checkout) triages to its .expected.json answer.
 
 Compared: exception type, first message line, innermost vLLM frame (module, function), stage,
 exit kind and release (`also_acceptable` answers accepted; when the release is not printed in
@@ -15,12 +16,11 @@ import pytest
 
 from vllm_repro.triage import triage_log
 
-from ..conftest import ROOT
+from ..conftest import CRASHLOGS, NO_CRASHLOGS
 
-CRASHLOGS = ROOT.parent / "shared" / "crashlogs"
 LOGS = sorted(CRASHLOGS.glob("*.log")) if CRASHLOGS.is_dir() else []
 
-pytestmark = pytest.mark.skipif(not LOGS, reason=f"no crash logs in {CRASHLOGS}")
+pytestmark = pytest.mark.skipif(not LOGS, reason=NO_CRASHLOGS)
 
 STATE_KEYS = ("running", "waiting", "swapped", "pending", "kv_cache_usage_pct",
               "cpu_kv_cache_usage_pct", "prefix_cache_hit_rate_pct", "num_gpu_blocks",

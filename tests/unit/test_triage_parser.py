@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from vllm_repro.errors import InputError
 from vllm_repro.triage import triage_log
 from vllm_repro.triage.frames import vllm_module
 
@@ -243,6 +244,13 @@ def test_faulthandler_death_in_a_ray_worker(tmp_path, kind, sig):
     ("Aborted (core dumped)", "SIGABRT"),
     ("[12345.678] Out of memory: Killed process 4242 (python3) total-vm:99999kB", "SIGKILL"),
     ("Killed", "SIGKILL"),
+    ("Process 1234 died with signal 11", "SIGSEGV"),
+    ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 17 got signal: 11",
+     "SIGSEGV"),
+    ("[host:31797:0:31797] Caught signal 11 (Segmentation fault: address not mapped to object)",
+     "SIGSEGV"),
+    ("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+     "{'EngineCore_DP0': -9}", "SIGKILL"),
 ])
 def test_signal_deaths_and_exit_codes(tmp_path, line, sig):
     d = tri(tmp_path, f"""
@@ -252,6 +260,19 @@ def test_signal_deaths_and_exit_codes(tmp_path, line, sig):
         """)
     assert d["exit_kind"] == f"signal:{sig}"
     assert d["stage"] == "engine-build"  # from how far the log got
+
+
+@pytest.mark.parametrize("line", [
+    "faulthandler, `*** SIGSEGV received`, `terminate called`, exit codes -9/-11/-6, 137/139/134,",
+    "When a worker process gets a fatal signal from the driver (SIGSEGV, SIGKILL), it exits.",
+    "Segmentation faults in worker processes show as signal:SIGSEGV.",
+    "Killed workers are not restarted by vLLM.",
+    "A process that received signal 11 and exited with code 139 leaves no traceback.",
+    "the pod was OOMKilled, and Python's Fatal Python error: Segmentation fault banner is missing",
+])
+def test_prose_that_names_a_signal_is_not_one(tmp_path, line):
+    with pytest.raises(InputError, match="no crash found"):
+        tri(tmp_path, line + "\n")
 
 
 def test_killed_after_vllms_own_fatal_signal_notice_is_not_a_sigkill(tmp_path):

@@ -15,10 +15,11 @@ from vllm_repro.triage import triage_log
 from vllm_repro.triage.dump import parse_repr, read_config, read_scheduler_output, read_stats
 from vllm_repro.triage.scenario import draft_scenario
 
-from ..conftest import ROOT
+from ..conftest import CRASHLOGS, SHARED_HINT
 
-LOG_009 = next(iter(sorted((ROOT.parent / "shared" / "crashlogs").glob("009-*.log"))), None)
-needs_009 = pytest.mark.skipif(LOG_009 is None, reason="../shared/crashlogs/009-*.log absent")
+LOG_009 = next(iter(sorted(CRASHLOGS.glob("009-*.log"))), None)
+needs_009 = pytest.mark.skipif(LOG_009 is None,
+                               reason=f"{CRASHLOGS / '009-*.log'} absent; {SHARED_HINT}")
 
 # vLLM 0.9.x: one CachedRequestData per request, a numpy grammar bitmask over two lines
 DUMP_09 = (

@@ -12,7 +12,8 @@
   ``terminate called after throwing`` (SIGABRT), shell reports (``Segmentation fault (core
   dumped)``, ``Killed``), exit codes (-9/-11/-6, 137/139/134), the kernel OOM killer; and vLLM's
   own ``Got fatal signal from worker processes`` notice, after which a bare ``Killed`` is vLLM
-  killing its own process group, not a SIGKILL from outside.
+  killing its own process group, not a SIGKILL from outside. Each is read only in the shape a
+  dying process prints it (see ``_LEAD``), never from prose that mentions a signal.
 - CUDA error lines outside tracebacks, the vLLM version strings, scheduler stats lines
   (V1 ``loggers.py`` and V0 ``metrics.py``), ``# GPU blocks`` / KV cache size lines, preemption
   warnings, the server arguments, the ``dump_input.py`` dump (config string, SchedulerOutput,
@@ -129,27 +130,45 @@ _FAULT_HEADER = re.compile(
     r"\(most recent call first\):")
 
 # ---- signals and CUDA -----------------------------------------------------------------------
-_FATAL_PY = re.compile(r"Fatal Python error: (Segmentation fault|Aborted|Bus error|"
+# Signal evidence is read only in the shapes a dying process prints, never from a bare mention
+# of a signal: a whole line (faulthandler, the shell), a machine-made tail (absl's "received at
+# time=", torch's "received by PID"), a key=value exit code, or a short clause at the start of a
+# line that ends at the signal or code ("Process 1234 got signal: 11", "Worker proc X exited with
+# exit code -9"). Prose about signals ("a SIGSEGV in a worker", "exit codes -9/-11") is not one.
+# A line's lead: "[host:pid:tid] ", glog's "[time E pid] logging.cc:484: ", "SomeError: "
+_LEAD = r"^(?:\[[^\]]{1,160}\]:?\s*){0,4}(?:[\w.<>-]{1,120}(?::\d+)?:\s*)?"
+_CLAUSE = _LEAD + r"(?:[^\s!?`]*[^\s.!?`]\s+){0,6}?"  # + up to six words, none ending a sentence
+_END = r"(?=\s*(?:$|[.,;:()\[\]]))"
+_FATAL_PY = re.compile(_LEAD + r"(?:Fatal Python error: (Segmentation fault|Aborted|Bus error|"
                        r"Floating point exception|Illegal instruction)"
-                       r"|!!+ (Segfault|Aborted|Bus error) encountered")
-_SIG_RECEIVED = re.compile(
-    r"\*\*\* (SIG[A-Z]+) received"
-    r"|(?:received|caught|got) (?:fatal )?signal:? ?(SIG[A-Z]+|\d+)"
-    r"|signal (\d+) \((SIG[A-Z]+)\)"
-    r"|killed by signal:? ?(SIG[A-Z]+|\d+)"
-    r"|<Signals\.(SIG[A-Z]+): \d+>", re.I)
-_SHELL = re.compile(r"^(?:[\w/.-]+: line \d+: +\d+ +)?(Segmentation fault|Aborted|Bus error|"
-                    r"Floating point exception|Illegal instruction|Killed)(?: \(core dumped\))?"
-                    r"(?:\s+\S.*)?$")
-_TERMINATE = re.compile(r"terminate called (?:after throwing an instance of|without an active "
-                        r"exception|recursively)")
-_EXIT_CODE = re.compile(
-    r"(?:exit[ _]?code|exitcode|exit status|return[ _]?code|returncode|exited with(?: code)?|"
-    r"died with(?: exit)? code|terminated with(?: exit)? code)[ =:]*\(?(-?\d{1,3})\b", re.I)
-_OOM_KILL = re.compile(r"Out of memory: Killed process|oom-kill|OOMKilled|oom_reaper|"
-                       r"Memory cgroup out of memory|killed due to (?:memory pressure|the node "
-                       r"running low on memory)", re.I)
-_SELF_KILL = re.compile(r"fatal signal from worker processes", re.I)
+                       r"|!!+ (Segfault|Aborted|Bus error) encountered(?: !+)?)\s*$")
+_SIG_SHAPES = (
+    re.compile(r"\*\*\* (SIG[A-Z]+) (?:\(@0x[0-9a-fA-F]+\) )?received (?:at time=|by PID )"),
+    re.compile(r"\bSignal \d+ \((SIG[A-Z]+)\) received by PID \d"),  # torch elastic
+    re.compile(r"<Signals\.(SIG[A-Z]+): \d+>"),  # subprocess: died with <Signals.SIGSEGV: 11>
+    re.compile(_CLAUSE + r"(?:received|caught|got|killed by|died with|died of|terminated by) "
+               r"(?:fatal )?signal:? ?(?:Signals\.)?(SIG[A-Z]+|\d{1,2})" + _END, re.I),
+)
+_NAMES = (r"(Segmentation fault|Aborted|Bus error|Floating point exception|Illegal instruction"
+          r"|Killed)")
+_SHELL = re.compile(r"^(?:[\w/.-]+: line \d+: +\d+ +" + _NAMES + r"(?:\s+\(core dumped\))?"
+                    r"(?:\s+\S.*)?|" + _NAMES + r"(?: \(core dumped\))?)\s*$")
+_TERMINATE = re.compile(_LEAD + r"terminate called (?:after throwing an instance of|without an "
+                        r"active exception|recursively)")
+_EXIT_KEY = r"(?:exit[ _]?code|exitcode|exit[ _]status|return[ _]?code|returncode)"
+_EXIT_SHAPES = (
+    re.compile(r"\b" + _EXIT_KEY + r"\s*[=:]\s*\(?(-?\d{1,3})\b", re.I),  # exitcode=-11
+    re.compile(r"non-zero exit status (-?\d{1,3})\b"),  # subprocess.CalledProcessError
+    re.compile(r"Failed core proc\(s\): \{[^}]*?:\s*(-\d{1,3})\b"),  # vLLM V1 engine startup
+    re.compile(_CLAUSE + r"(?:(?:exited|terminated|died|finished|failed|stopped|crashed|completed)"
+               r" with (?:an? )?(?:(?:exit|return) )?(?:code|status)|exited with|" + _EXIT_KEY
+               + r")[ =:]*\(?(-?\d{1,3})" + _END, re.I),
+)
+_OOM_KILL = re.compile(r"Out of memory: Kill(?:ed)? process \d|\boom-kill:|invoked oom-killer:|"
+                       r"oom_reaper: reaped process \d|Memory cgroup out of memory: Kill|"
+                       r"\b[Rr]eason[\"']?\s*[:=]\s*[\"']?OOMKilled\b|\"OOMKilled\": ?true|"
+                       r"was killed due to (?:memory pressure|the node running low on memory)")
+_SELF_KILL = re.compile(r"got fatal signal from worker processes, shutting down", re.I)
 _DIED = re.compile(r"\b(?:Engine core proc|Worker proc|Worker process|Engine process|"
                    r"EngineCore)\b[^.]{0,60}? died unexpectedly|worker died or was killed", re.I)
 CUDA_RE = re.compile(
@@ -548,7 +567,7 @@ class LogScanner:
                 return True
         if ("SIG" in st or "ignal" in st or "Fatal Python" in st or "terminate called" in st
                 or "xit" in st or "eturn" in st or "emory" in st or "OOM" in st or "oom" in st
-                or "died with" in st or "terminated with" in st
+                or "died with" in st or "terminated with" in st or "proc(s)" in st
                 or (level is None and len(st) < 160)):
             self._signal_line(lineno, proc, level, st)
         if "fatal signal" in st and _SELF_KILL.search(st) and len(self.self_kill_lines) < 16:
@@ -563,20 +582,20 @@ class LogScanner:
         return False
 
     def _signal_line(self, lineno: int, proc: str, level: str | None, st: str) -> None:
+        """Record the fatal signal or signal exit code ``st`` shows, if it is printed in one of
+        the shapes above (the first that matches wins)."""
         m = _FATAL_PY.search(st)
         if m:
             self._record_signal(_FATAL_NAMES[m.group(1) or m.group(2)], "faulthandler", lineno,
                                 proc, st)
             return
-        m = _SIG_RECEIVED.search(st)
-        if m:
-            tok = next(g for g in m.groups() if g)
-            if m.group(3):
-                tok = m.group(4)
-            name = _sig_name(tok)
-            if name:
-                self._record_signal(name, "fatal-signal", lineno, proc, st)
-            return
+        for rx in _SIG_SHAPES:
+            m = rx.search(st)
+            if m:
+                name = _sig_name(next(g for g in m.groups() if g))
+                if name:
+                    self._record_signal(name, "fatal-signal", lineno, proc, st)
+                return
         if _TERMINATE.search(st):
             self._record_signal("SIGABRT", "c++-abort", lineno, proc, st)
             return
@@ -584,16 +603,18 @@ class LogScanner:
             self._record_signal("SIGKILL", "oom-killer", lineno, proc, st)
             return
         if level is None and (m := _SHELL.match(st)):
-            name = _FATAL_NAMES[m.group(1)]
+            name = _FATAL_NAMES[m.group(1) or m.group(2)]
             if not (name == "SIGKILL" and st == "Killed" and self.self_kill_lines):
                 # (a bare Killed after vLLM's notice is vLLM killing its own process group)
                 self._record_signal(name, "shell", lineno, proc, st)
             return
-        m = _EXIT_CODE.search(st)
-        if m:
-            name = _exit_code_signal(int(m.group(1)))
-            if name:
-                self._record_signal(name, "exit-code", lineno, proc, st)
+        for rx in _EXIT_SHAPES:
+            m = rx.search(st)
+            if m:
+                name = _exit_code_signal(int(m.group(1)))
+                if name:
+                    self._record_signal(name, "exit-code", lineno, proc, st)
+                return
 
     def _dump_line(self, lineno: int, key, st: str) -> bool:
         """Read a dump_input.py line; True when it was one."""
