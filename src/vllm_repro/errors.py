@@ -37,3 +37,10 @@ class EnvError(LabError):
     docker or ssh trouble. Exit code 3."""
 
     exit_code = EXIT_ENV
+
+
+class IndexUnreachable(EnvError):
+    """The package index (or the file server it points to) could not be reached at all: no
+    answer, DNS, TLS or connection failure. An :class:`EnvError` (exit code 3); apart so that a
+    caller that steps around a release whose own environment fails (``bisect``) still stops
+    when the network is what failed."""

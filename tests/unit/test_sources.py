@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from vllm_repro.errors import EnvError, InputError
+from vllm_repro.errors import EnvError, IndexUnreachable, InputError
 from vllm_repro.sources import sdist as sd
 from vllm_repro.sources.env import release_requirements, requirement_files
 from vllm_repro.sources.index import find_sdist
@@ -71,7 +71,7 @@ def test_unreachable_index_is_env_error(monkeypatch):
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
     use_index(monkeypatch, f"http://127.0.0.1:{port}/simple")
-    with pytest.raises(EnvError, match="unreachable"):
+    with pytest.raises(IndexUnreachable, match="unreachable"):  # an EnvError (exit 3)
         sd.fetch_sdist("9.9.9")
 
 

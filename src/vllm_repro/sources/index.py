@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from html.parser import HTMLParser
 
-from ..errors import EnvError, InputError
+from ..errors import EnvError, IndexUnreachable, InputError
 from ..settings import IndexSettings
 
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -54,7 +54,9 @@ def ssl_context(settings: IndexSettings) -> ssl.SSLContext:
 
 
 def open_url(url: str, settings: IndexSettings, accept: str | None = None):
-    """``urllib`` GET with the index's CA bundle; raises :class:`EnvError` on any network failure."""
+    """``urllib`` GET with the index's CA bundle; raises :class:`IndexUnreachable` (an
+    :class:`EnvError`) on any network failure; an HTTP error status is raised as urllib's
+    ``HTTPError`` for the caller to judge."""
     req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
         if url.startswith("file:"):
@@ -64,7 +66,7 @@ def open_url(url: str, settings: IndexSettings, accept: str | None = None):
         raise
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise EnvError(f"the package index is unreachable: GET {url} failed: {reason}") from exc
+        raise IndexUnreachable(f"the package index is unreachable: GET {url} failed: {reason}") from exc
 
 
 class _Anchors(HTMLParser):
