@@ -141,6 +141,7 @@ COMMAND_MODULES = (
     "vllm_repro.slicing.cli",
     "vllm_repro.verify.cli",
     "vllm_repro.remote.cli",
+    "vllm_repro.bisect.cli",
 )
 
 

@@ -1,0 +1,113 @@
+"""The classifier :func:`~vllm_repro.bisect.search.bisect_releases` runs: one release through
+the lab's own runner (:func:`vllm_repro.lab.run_matrix`), judged by the verdict module.
+
+A release is ``bad`` when the verdict is ok with the release framed as a ``reproduces_on``
+release (the scenario's ``expect`` observed, the lab's judgement for ``reproduces_on``),
+``good`` when it is ok framed as a ``clean_on`` release, ``skip`` otherwise. The scenario's
+own release lists are not consulted: each release is judged under both framings. The audit runs
+as the lab runs it under each framing (:func:`vllm_repro.verdict.audit_keeps_going`); where
+the two differ (an expected ``violation``: stop at the first, versus a clean verdict that needs
+the whole run) the release is run a second time, framed as clean.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Literal
+
+from ..errors import IndexUnreachable, InputError
+from ..scenario.schema import Scenario
+from ..verdict import Verdict, audit_keeps_going, judge
+from .search import BAD, GOOD, SKIP, Observation
+
+Say = Callable[[str], None]
+
+
+def require_expectation(scenario: Scenario, source: str | Path) -> None:
+    """Raises :class:`InputError` when the scenario gives nothing to tell a bad release from a
+    good one: no ``expect``, or ``expect.outcome: clean``."""
+    if scenario.expect is None:
+        raise InputError(f"{source}: expect: missing; bisect tells a bad release by the scenario's "
+                         "expected reproduction: add expect: {outcome: crash|violation|stall, ...}")
+    if scenario.expect.outcome == "clean":
+        raise InputError(f"{source}: expect.outcome: clean cannot tell a bad release from a good "
+                         "one; give the outcome the buggy releases show (crash, violation or stall)")
+
+
+def framed(scenario: Scenario, version: str, kind: Literal["reproduce", "clean"]) -> Scenario:
+    """A copy of ``scenario`` whose only release is ``version``, listed under ``reproduces_on``
+    (kind ``reproduce``) or ``clean_on`` (kind ``clean``): the verdict module then judges that
+    release as the lab judges those lists."""
+    refs = scenario.vllm.model_copy(update={"reproduces_on": [version] if kind == "reproduce" else [],
+                                            "clean_on": [version] if kind == "clean" else []})
+    return scenario.model_copy(update={"vllm": refs})
+
+
+class ReleaseClassifier:
+    """Classifies one release at a time by running ``scenario`` on it (a callable for
+    :func:`~vllm_repro.bisect.search.bisect_releases`). Reports go to
+    ``reports/<scenario>/<version>/`` as for ``vllm-repro run``; ``result.json`` carries the
+    verdict that decided. Raises :class:`IndexUnreachable` (exit code 3) when a release could not
+    be fetched because the index did not answer; any other lab or input error on a release makes
+    it ``skip``.
+    """
+
+    def __init__(self, scenario: Scenario, reports: Path, say: Say = lambda s: None,
+                 tree: str | None = None):
+        require_expectation(scenario, scenario.name)
+        self.scenario = scenario
+        self.reports = reports
+        self.say = say
+        self.tree = tree
+        self._unreachable: IndexUnreachable | None = None
+
+    def _prepare(self, version: str):
+        from ..lab import prepare_release
+
+        try:
+            return prepare_release(version, self.say, tree=self.tree)
+        except IndexUnreachable as exc:
+            self._unreachable = exc  # run_matrix turns it into an error row; stop instead
+            raise
+
+    def _run(self, scenario: Scenario, version: str):
+        from ..lab import RunItem, run_matrix
+
+        item = RunItem(scenario, version)
+        self._unreachable = None
+        run_matrix([item], self.reports, jobs=1, say=self.say, prepare=self._prepare)
+        if self._unreachable is not None:
+            raise self._unreachable
+        return item
+
+    def __call__(self, version: str) -> Observation:
+        as_bad = framed(self.scenario, version, "reproduce")
+        item = self._run(as_bad, version)
+        bad = item.verdict
+        if bad.outcome == "error":
+            return Observation(SKIP, bad.observed, reason="the lab or the input failed",
+                               error_kind=bad.error_kind)
+        if bad.ok:
+            return Observation(BAD, bad.observed)
+        as_good = framed(self.scenario, version, "clean")
+        if audit_keeps_going(as_good, version) == audit_keeps_going(as_bad, version):
+            good = judge(as_good, version, item.result)  # the same run, judged as clean_on
+            _record_verdict(item.report_dir, good)
+        else:
+            good = self._run(as_good, version).verdict
+        if good.ok:
+            return Observation(GOOD, good.observed)
+        return Observation(SKIP, bad.observed, reason=f"not the expected reproduction: {bad.reason}; "
+                                                      f"not clean: {good.reason}",
+                           error_kind=good.error_kind)
+
+
+def _record_verdict(report_dir: Path | None, verdict: Verdict) -> None:
+    """Put ``verdict`` into the run's ``result.json`` (the one that decided the release)."""
+    if report_dir is None or not (report_dir / "result.json").is_file():
+        return
+    path = report_dir / "result.json"
+    res = json.loads(path.read_text())
+    res["verdict"] = verdict.as_dict()
+    path.write_text(json.dumps(res, indent=1, default=str))
