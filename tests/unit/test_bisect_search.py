@@ -117,16 +117,21 @@ def test_adjacent_endpoints_run_only_the_endpoints():
 
 def test_endpoint_that_does_not_show_its_state_is_an_input_error_naming_what_was_observed():
     fake = Fake({v: GOOD for v in SPAN})
-    with pytest.raises(InputError, match=r"^--bad 0\.9\.0 does not reproduce the scenario's expected "
-                                         r"bug: observed clean \(2 finished\); pass --bad a release "
-                                         "that reproduces it$"):
+    with pytest.raises(InputError, match=r"^--bad 0\.9\.0 runs clean, it does not reproduce the "
+                                         r"scenario's expected bug: observed clean \(2 finished\); "
+                                         "pass --bad a release that reproduces it$"):
         bisect_releases(SPAN, "0.9.0", "0.11.0", fake)
     assert fake.asked == ["0.9.0"], "nothing else is run once an endpoint fails"
     fake = Fake({v: BAD for v in SPAN})
-    with pytest.raises(InputError, match=r"^--good 0\.11\.0 does not run clean: observed crash "
-                                         r"AssertionError @3; pass --good a release where it runs clean$"):
+    with pytest.raises(InputError, match=r"^--good 0\.11\.0 reproduces the bug, it does not run "
+                                         r"clean: observed crash AssertionError @3; pass --good a "
+                                         "release where it runs clean$"):
         bisect_releases(SPAN, "0.9.0", "0.11.0", fake)
     assert fake.asked == ["0.9.0", "0.11.0"]
+    fake = Fake({v: (SKIP if v == "0.11.0" else BAD) for v in SPAN})  # refused there (exit 2)
+    with pytest.raises(InputError, match=r"^--good 0\.11\.0 does not run clean: observed error: no "
+                                         r"priority; pass --good"):
+        bisect_releases(SPAN, "0.9.0", "0.11.0", fake)
 
 
 def test_endpoint_whose_environment_failed_is_an_environment_error():

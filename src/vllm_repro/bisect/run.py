@@ -86,8 +86,7 @@ class ReleaseClassifier:
         item = self._run(as_bad, version)
         bad = item.verdict
         if bad.outcome == "error":
-            return Observation(SKIP, bad.observed, reason="the lab or the input failed",
-                               error_kind=bad.error_kind)
+            return Observation(SKIP, bad.observed, error_kind=bad.error_kind)
         if bad.ok:
             return Observation(BAD, bad.observed)
         as_good = framed(self.scenario, version, "clean")

@@ -139,9 +139,11 @@ def _endpoint_error(flag: str, release: str, want: State, obs: Observation) -> E
                         f"failed: {obs.observed}")
     if want == BAD:
         claim = "does not reproduce the scenario's expected bug"
+        claim = f"runs clean, it {claim}" if obs.state == GOOD else claim
         fix = "pass --bad a release that reproduces it"
     else:
         claim = "does not run clean"
+        claim = f"reproduces the bug, it {claim}" if obs.state == BAD else claim
         fix = "pass --good a release where it runs clean"
     why = f" ({obs.reason})" if obs.reason else ""
     return InputError(f"{flag} {release} {claim}: observed {obs.observed}{why}; {fix}")
