@@ -67,3 +67,12 @@ def test_one_token_per_request_releases_refuse_empty_outputs(cli, tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = proc.stdout + proc.stderr
     assert "empty_at" in text and "0.6.6.post1" in text
+
+
+def test_a_release_without_spec_decode_in_v1_refuses_draft_tokens(cli, tmp_path):
+    """0.7.0's V1 scheduler has no draft tokens (its SpeculativeConfig is V0's): refused as
+    input (exit 2), not a lab error from building V0's config."""
+    proc = cli("run", str(DATA / "spec-accept.yaml"), "--vllm", "0.7.0", "--reports", str(tmp_path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("config.num_speculative_tokens: vLLM 0.7.0's V1 Scheduler has no speculative decoding"
+            in proc.stdout)

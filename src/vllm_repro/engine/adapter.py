@@ -251,6 +251,11 @@ class V1Adapter:
             cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
         spec_config = None
         if cfg.get("num_speculative_tokens"):
+            if not _source_has(self.Scheduler, "spec_token_ids"):
+                # 0.6.x/0.7.0: the V1 scheduler has no draft tokens (SpeculativeConfig is V0's)
+                raise RefusedByRelease(
+                    f"config.num_speculative_tokens: vLLM {self.version}'s V1 Scheduler has no "
+                    "speculative decoding (no spec_token_ids); drop it for this release")
             spec_config = call_supported(
                 c.SpeculativeConfig, model="ngram", method=cfg.get("speculative_method", "ngram"),
                 num_speculative_tokens=cfg["num_speculative_tokens"], prompt_lookup_max=4,
