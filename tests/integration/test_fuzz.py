@@ -37,3 +37,18 @@ def test_0_10_2_has_no_such_failure(cli, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no failure found" in proc.stdout
     assert not found.exists() or not list(found.glob("*.yaml"))
+
+
+def test_draws_only_what_the_release_accepts(cli, tmp_path):
+    """0.6.6.post1 refuses priorities, draft tokens and empty outputs: the campaign says so and
+    draws without them (no example is wasted as a lab error); forcing one of them is exit 2."""
+    proc = cli("fuzz", "--vllm", "0.6.6.post1", "--time", "3s", "--workers", "1", "--seed", "3",
+               "--out", str(tmp_path / "found"), "--reports", str(tmp_path / "r"))
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert ("vLLM 0.6.6.post1 refuses priority, spec decode, empty outputs: fuzz draws without "
+            "them") in proc.stderr
+    assert "lab errors" not in proc.stderr and "error " not in proc.stdout
+    forced = cli("fuzz", "--vllm", "0.6.6.post1", "--time", "3s", "--workers", "1", "--policy",
+                 "priority", "--out", str(tmp_path / "found2"), "--reports", str(tmp_path / "r"))
+    assert forced.returncode == 2, forced.stdout + forced.stderr
+    assert "--policy priority: requests[A].priority: vLLM 0.6.6.post1's V1 Request has no priority" in forced.stderr

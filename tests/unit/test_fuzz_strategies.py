@@ -54,3 +54,19 @@ def test_search_time_must_be_a_positive_duration():
     for bad in ("0s", "0", "soon", "-5s"):
         with pytest.raises(InputError, match="--time"):
             parse_duration(bad)
+
+
+def test_profile_fits_what_the_release_refuses():
+    import pytest
+
+    from vllm_repro.errors import InputError
+    from vllm_repro.fuzz.search import fit_profile
+
+    refused = {"priority": "no priority", "spec decode": "no drafts", "empty outputs": "one token"}
+    p = fit_profile(LADDER[-1], refused)
+    assert p.policies == ("fcfs",) and not p.spec_decode and not p.empty_outputs
+    assert fit_profile(LADDER[-1], {}) == LADDER[-1]
+    with pytest.raises(InputError, match="--policy priority: no priority"):
+        fit_profile(LADDER[-1].with_policy("priority"), refused)
+    with pytest.raises(InputError, match="--spec: no drafts"):
+        fit_profile(LADDER[-1], refused, spec_forced=True)

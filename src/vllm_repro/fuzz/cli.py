@@ -57,7 +57,8 @@ def register(app: typer.Typer) -> None:
         for profile in levels:
             profile = profile.with_policy(policy).with_spec(spec)
             cfg = SearchConfig(version=vllm, profile=profile, seed=seed, time_s=seconds,
-                               stop_on_first=first or ladder, target=target, audit=audit)
+                               stop_on_first=first or ladder, target=target, audit=audit,
+                               spec_forced=bool(spec))
 
             def view(camp, profile=profile):
                 t = Table(box=None, title=f"fuzz vLLM {vllm} · {profile.name} · seed {seed}")
@@ -76,12 +77,18 @@ def register(app: typer.Typer) -> None:
                 camp = run_campaign(cfg, env, workers, reports.resolve() / "_fuzz",
                                     on_update=lambda c: live.update(view(c)))
             out.print()
+            for note in dict.fromkeys(camp.notes):
+                _say(note)
+            if camp.input_errors:
+                raise InputError(camp.input_errors[0])
             if camp.fatal:
                 out.print(f"[red]a search process failed[/red]: {camp.fatal[0].splitlines()[0]}")
                 raise typer.Exit(EXIT_ENV)
             n_errors = camp.by_outcome.get("error", 0)
             if n_errors:
-                _say(f"{n_errors} lab errors (not findings; the first few are in {reports / '_fuzz'}), "
+                kept = reports.resolve() / "_fuzz" / "lab-errors.txt"
+                kept.write_text("".join(f"{e}\n" for e in camp.errors))
+                _say(f"{n_errors} lab errors (not findings; the first few in {kept}), "
                      f"e.g. {(camp.errors or ['?'])[0][:200]}")
             if camp.examples == 0 and not camp.findings:
                 out.print(f"[red]searched nothing[/red]: 0 examples ran in {seconds:g}s; "

@@ -17,11 +17,12 @@ import queue as queue_mod
 import re
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
+from ..errors import InputError
 from .strategies import Profile, scenarios
 
 CHUNK = 40
@@ -88,6 +89,57 @@ class SearchConfig:
     stop_on_first: bool = False
     target: str | None = None  # only count failures whose signature contains this
     audit: bool = True
+    spec_forced: bool = False  # --spec: refused spec decode is an input error, not dropped
+
+
+#: Features a release may refuse (vLLM 0.6.x has no priorities in its V1 Request, 0.6.x/0.7.0 no
+#: draft tokens and one sampled token per request), each probed with a one-request scenario.
+_PROBE_BASE = {"name": "probe", "config": {"num_gpu_blocks": 8, "max_model_len": 64},
+               "requests": [{"id": "A", "at_step": 1, "prompt_len": 4, "max_tokens": 2}],
+               "model": {"token": 100}}
+PROBES = {
+    "priority": {"config": {"policy": "priority"}, "priority": 1},
+    "spec decode": {"config": {"num_speculative_tokens": 1}},
+    "empty outputs": {"model": {"empty_at": {"A": [9]}}},
+}
+
+
+def refused_features(worker) -> dict[str, str]:
+    """``{feature: the release's refusal}`` for the :data:`PROBES` the release refuses as input
+    (the same refusals ``vllm-repro run`` gives, exit 2), so that a campaign does not spend its
+    time on scenarios the release cannot run."""
+    from ..scenario import parse_scenario
+
+    refused = {}
+    for feature, probe in PROBES.items():
+        sc = json.loads(json.dumps(_PROBE_BASE))
+        sc["config"].update(probe.get("config", {}))
+        sc["model"].update(probe.get("model", {}))
+        if "priority" in probe:
+            sc["requests"][0]["priority"] = probe["priority"]
+        result = worker.run(parse_scenario(sc, f"<probe {feature}>").child_payload(), None, audit=False)
+        err = result.get("error") or {}
+        if result.get("outcome") == "error" and err.get("kind") == "input":
+            refused[feature] = err.get("message", "")
+    return refused
+
+
+def fit_profile(profile: Profile, refused: dict[str, str], spec_forced: bool = False) -> Profile:
+    """``profile`` without what the release refuses. Raises :class:`InputError` when what is left
+    cannot be drawn (``--policy priority`` on a release without priorities, ``--spec`` on one
+    without draft tokens)."""
+    if spec_forced and "spec decode" in refused:
+        raise InputError(f"--spec: {refused['spec decode']}")
+    if "priority" in refused:
+        policies = tuple(p for p in profile.policies if p != "priority")
+        if not policies:
+            raise InputError(f"--policy priority: {refused['priority']}")
+        profile = replace(profile, policies=policies)
+    if "spec decode" in refused:
+        profile = replace(profile, spec_decode=False)
+    if "empty outputs" in refused:
+        profile = replace(profile, empty_outputs=False)
+    return profile
 
 
 def _chunk_seed(base: int, worker: int, chunk: int) -> int:
@@ -106,6 +158,11 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
     stats = {"examples": 0, "errors": 0, "by_outcome": {}}
     try:
         with Worker(env, Path(log_dir) / f"fuzz-{cfg.version}-{index}.log") as worker:
+            refused = refused_features(worker)
+            profile = fit_profile(cfg.profile, refused, spec_forced=cfg.spec_forced)
+            if refused and index == 0:
+                out.put(("note", index, "vLLM {} refuses {}: fuzz draws without {}".format(
+                    cfg.version, ", ".join(refused), "them" if len(refused) > 1 else "it")))
             deadline = time.perf_counter() + cfg.time_s  # search time: from vLLM imported
             seen: set[str] = set()
             chunk = 0
@@ -135,7 +192,7 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                         state["last"] = (sc, result)
                         raise _Found(sig)
 
-                test = given(scenarios(cfg.profile, cfg.version))(run_one)
+                test = given(scenarios(profile, cfg.version))(run_one)
                 test = settings(max_examples=CHUNK, database=None, deadline=None, derandomize=False,
                                 phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
                                 suppress_health_check=list(HealthCheck), print_blob=False)(test)
@@ -152,6 +209,8 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                     if cfg.stop_on_first:
                         break
             out.put(("progress", index, dict(stats)))
+    except InputError as exc:  # reported to the parent, which exits 2
+        out.put(("input", index, str(exc)))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which exits 3
         out.put(("fatal", index, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
     finally:
@@ -167,6 +226,8 @@ class Campaign:
     by_outcome: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     fatal: list[str] = field(default_factory=list)
+    input_errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
 
@@ -209,6 +270,10 @@ def run_campaign(cfg: SearchConfig, env, workers: int, log_dir: Path, on_update=
             camp.errors.append(payload)
         elif kind == "fatal":
             camp.fatal.append(payload)
+        elif kind == "input":
+            camp.input_errors.append(payload)
+        elif kind == "note":
+            camp.notes.append(payload)
         elif kind == "done":
             waiting.discard(idx)
         camp.examples = sum(st["examples"] for st in per_worker.values())
