@@ -151,3 +151,31 @@ def test_recorded_equivalence_lists_both_sets_and_no_difference(version):
     assert eq["scenarios"] >= 1 and eq["scenarios_differing"] == []
     assert eq["equal"] is True
     assert load_spec(version)["reference"]["tests_passed"] == sorted(full)
+
+
+def test_recheck_reruns_only_differing_tests_and_keeps_real_differences(monkeypatch, tmp_path):
+    """A test that failed on one side only (a timeout under a traced, loaded run) is rerun on
+    both sides: if the rerun agrees it is flaky and both take the rerun's outcome; a
+    difference that repeats stays a difference."""
+    from types import SimpleNamespace
+
+    from vllm_repro.slicing import slicer
+
+    rerun = {"full": {"t::flaky": "passed", "t::real": "passed"},
+             "other": {"t::flaky": "passed", "t::real": "failed"}}
+    asked = []
+
+    def fake_run(env, work, say=None, nodeids=None, **kw):
+        asked.append((env.version, sorted(nodeids)))
+        return SimpleNamespace(outcomes=rerun[env.version])
+
+    monkeypatch.setattr(slicer.runs, "run_core_tests", fake_run)
+    full = {"tests": {"t::flaky": "failed", "t::real": "passed", "t::same": "passed"}}
+    other = {"tests": {"t::flaky": "passed", "t::real": "failed", "t::same": "passed"}}
+    flaky = slicer.recheck(full, other, SimpleNamespace(version="full"),
+                           SimpleNamespace(version="other"), tmp_path, lambda s: None)
+    assert asked == [("full", ["t::flaky", "t::real"]), ("other", ["t::flaky", "t::real"])]
+    assert flaky == {"t::flaky": {"first": ["failed", "passed"], "rerun": ["passed", "passed"]}}
+    assert full["tests"]["t::flaky"] == other["tests"]["t::flaky"] == "passed"
+    assert full["tests"]["t::real"] == "passed" and other["tests"]["t::real"] == "failed"
+    assert slicer.compare({**full, "scenarios": {}}, {**other, "scenarios": {}})["only_full"] == ["t::real"]

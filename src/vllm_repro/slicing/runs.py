@@ -260,15 +260,18 @@ def parse_junit(path: Path) -> dict[str, str]:
 
 def run_core_tests(env: ReleaseEnv, work: Path, trace_dir: Path | None = None,
                    calls: bool = False, say: Say = lambda s: None,
-                   timeout: int = 3600, extra_env: dict[str, str] | None = None) -> TestRun:
-    """Run the release's core CPU tests (:func:`core_test_selection`) from ``env.tree`` in
-    ``env``; returns the outcome of every test. ``trace_dir``: trace the run there.
-    Raises :class:`EnvError` when pytest itself cannot start or reports nothing."""
+                   timeout: int = 3600, extra_env: dict[str, str] | None = None,
+                   nodeids: list[str] | None = None) -> TestRun:
+    """Run the release's core CPU tests (:func:`core_test_selection`, or only ``nodeids``) from
+    ``env.tree`` in ``env``; returns the outcome of every test. ``trace_dir``: trace the run
+    there. Raises :class:`EnvError` when pytest itself cannot start or reports nothing."""
     import time
 
     overlay = pytest_overlay(env, say)
     hub, _ = hub_dir(env, say)
     args, selection = core_test_selection(env.tree)
+    if nodeids:
+        args, selection = list(nodeids), f"{len(nodeids)} test(s) rerun"
     work.mkdir(parents=True, exist_ok=True)
     junit = work / "junit.xml"
     junit.unlink(missing_ok=True)
