@@ -57,7 +57,10 @@ def child_environment(env: ReleaseEnv, extra_path: tuple[str, ...] = (),
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-cache"),
+        # one per environment: vLLM's model-info cache (modelinfos/<module>-<class>.json) is
+        # named without the release, so a shared root lets one release overwrite another's
+        # entries, and lets a slice lean on what its full tree cached
+        "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-cache" / (env.root.name if env.root else env.version)),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "OMP_NUM_THREADS": "1",
         # torch.compile decorators run at import in some releases; the scheduler never compiles,

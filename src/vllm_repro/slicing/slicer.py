@@ -52,7 +52,11 @@ def run_both(env: ReleaseEnv, scenarios: list[Path], work: Path, traced: bool, c
         shutil.rmtree(work)
     work.mkdir(parents=True)
     trace = work / "trace" if traced else None
-    extra = {"VLLM_REPRO_SLICE_LOG": str(log)} if log else None
+    # a cold vLLM cache for every run: what vLLM otherwise reads from its model-info cache (the
+    # model-inspection subprocess and the modules it imports) must be traced and must work
+    extra = {"VLLM_CACHE_ROOT": str(work / "vllm-cache")}
+    if log:
+        extra["VLLM_REPRO_SLICE_LOG"] = str(log)
     t0 = time.perf_counter()
     try:
         scen = runs.run_scenarios(env, scenarios, work / "scenarios", trace_dir=trace,
