@@ -103,9 +103,32 @@ def params_of(fn: Callable) -> tuple[set[str], bool]:
     return names, var_kw
 
 
+def init_params(cls: type) -> tuple[set[str], bool]:
+    """``params_of`` for a class's constructor, looking through ``__init__(self, *args,
+    **kwargs)`` wrappers to the first class in the MRO that names its parameters.
+
+    vLLM's ``AsyncScheduler.__init__(self, *args, **kwargs)`` (0.17 onward) only forwards to
+    ``Scheduler.__init__``: read as "takes any keyword", it made the lab pass the first V1
+    generation's keywords, which ``Scheduler`` rejects (the async-scheduling defect)."""
+    for klass in getattr(cls, "__mro__", (cls,)):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            sig = inspect.signature(init)
+        except (TypeError, ValueError):
+            continue
+        kinds = {p.kind for p in list(sig.parameters.values())[1:]}
+        if kinds and kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+            continue  # a pure forwarder: look at the base class
+        return params_of(init)
+    return params_of(cls)
+
+
 def call_supported(fn: Callable, /, **kwargs):
-    """Call ``fn`` with the subset of ``kwargs`` it accepts (drift in optional parameters)."""
-    names, var_kw = params_of(fn)
+    """Call ``fn`` with the subset of ``kwargs`` it accepts (drift in optional parameters).
+    For a class, its effective constructor (:func:`init_params`) decides."""
+    names, var_kw = init_params(fn) if isinstance(fn, type) else params_of(fn)
     if not var_kw:
         kwargs = {k: v for k, v in kwargs.items() if k in names}
     return fn(**kwargs)
@@ -221,7 +244,44 @@ class V1Adapter:
         scheduler class the config selects. Raises :class:`AdapterError` when the release's
         constructors cannot be satisfied.
         """
+        vllm_config, sched_cls = self.build_vllm_config(cfg)
+        return vllm_config, self._build_scheduler(cfg, vllm_config, sched_cls)
+
+    #: the vLLM config classes a scenario's pass-through fields may belong to, in lookup order
+    PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig")
+
+    def config_fields(self, class_name: str) -> set[str]:
+        """The field names of the release's ``vllm.config.<class_name>`` (dataclass fields or
+        constructor parameters); empty where the release has no such class."""
+        cls = getattr(self.config_mod, class_name, None)
+        if cls is None:
+            return set()
+        fields = set(getattr(cls, "__dataclass_fields__", {}) or {})
+        fields |= set(getattr(cls, "model_fields", {}) or {})
+        return fields | init_params(cls)[0]
+
+    def route_passthrough(self, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Which vLLM config class takes each pass-through field: ``{class name: {field: value}}``.
+        Raises :class:`RefusedByRelease` for a field none of :data:`PASSTHROUGH_CLASSES` has."""
+        routed: dict[str, dict[str, Any]] = {}
+        for key, value in (cfg.get("passthrough") or {}).items():
+            for cls_name in self.PASSTHROUGH_CLASSES:
+                if key in self.config_fields(cls_name):
+                    routed.setdefault(cls_name, {})[key] = value
+                    break
+            else:
+                raise RefusedByRelease(
+                    f"config.{key}: vLLM {self.version} has no such field in "
+                    f"{', '.join(self.PASSTHROUGH_CLASSES)}; check the name against that "
+                    "release's vllm/config, or drop it for this release")
+        return routed
+
+    def build_vllm_config(self, cfg: dict[str, Any]) -> tuple[Any, type]:
+        """``(vllm_config, scheduler class)`` as ``EngineArgs.create_engine_config`` would make
+        them for the scenario's ``config`` (``num_gpu_blocks`` already set on the cache config
+        when the scenario gives it). Pass-through fields go to their config class as written."""
         c = self.config_mod
+        routed = self.route_passthrough(cfg)
         torch = importlib.import_module("torch")
         max_model_len = cfg["max_model_len"]
         try:
@@ -245,10 +305,13 @@ class V1Adapter:
         )
         if cfg["long_prefill_token_threshold"] == 0:
             sched_kwargs.pop("long_prefill_token_threshold")
-        scheduler_config = call_supported(c.SchedulerConfig, **sched_kwargs)
-        cache_config = call_supported(
-            c.CacheConfig, block_size=cfg["block_size"], gpu_memory_utilization=0.9, swap_space=0,
-            cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
+        sched_kwargs.update(routed.get("SchedulerConfig", {}))
+        scheduler_config = self._strict_call(c.SchedulerConfig, sched_kwargs,
+                                             routed.get("SchedulerConfig", {}))
+        cache_kwargs = dict(block_size=cfg["block_size"], gpu_memory_utilization=0.9, swap_space=0,
+                            cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
+        cache_kwargs.update(routed.get("CacheConfig", {}))
+        cache_config = self._strict_call(c.CacheConfig, cache_kwargs, routed.get("CacheConfig", {}))
         spec_config = None
         if cfg.get("num_speculative_tokens"):
             if not _source_has(self.Scheduler, "spec_token_ids"):
@@ -256,11 +319,20 @@ class V1Adapter:
                 raise RefusedByRelease(
                     f"config.num_speculative_tokens: vLLM {self.version}'s V1 Scheduler has no "
                     "speculative decoding (no spec_token_ids); drop it for this release")
-            spec_config = call_supported(
-                c.SpeculativeConfig, model="ngram", method=cfg.get("speculative_method", "ngram"),
-                num_speculative_tokens=cfg["num_speculative_tokens"], prompt_lookup_max=4,
-                prompt_lookup_min=1)
+            spec_kwargs = dict(model="ngram", method=cfg.get("speculative_method", "ngram"),
+                               num_speculative_tokens=cfg["num_speculative_tokens"],
+                               prompt_lookup_max=4, prompt_lookup_min=1)
+            spec_kwargs.update(routed.get("SpeculativeConfig", {}))
+            spec_config = self._strict_call(c.SpeculativeConfig, spec_kwargs,
+                                            routed.get("SpeculativeConfig", {}))
+        elif routed.get("SpeculativeConfig"):
+            raise RefusedByRelease(
+                f"config.{next(iter(routed['SpeculativeConfig']))}: a SpeculativeConfig field "
+                "needs num_speculative_tokens (spec decode on)")
         extra = {}
+        if routed.get("ParallelConfig"):
+            extra["parallel_config"] = self._strict_call(
+                c.ParallelConfig, dict(routed["ParallelConfig"]), routed["ParallelConfig"])
         if hasattr(c, "DeviceConfig"):  # 0.8.x leaves it None unless EngineArgs fills it in
             try:
                 extra["device_config"] = call_supported(c.DeviceConfig, device="cpu")
@@ -276,8 +348,10 @@ class V1Adapter:
         vllm_config = call_supported(
             c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
             cache_config=cache_config, speculative_config=spec_config, **extra)
-        # what the GPU worker would have reported after profiling
-        cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
+        # what the GPU worker would have reported after profiling (at level engine-core,
+        # EngineCore._initialize_kv_caches sets it from the fake executor's figures instead)
+        if cfg.get("num_gpu_blocks") is not None:
+            cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
         sched_cls = self.Scheduler
         get_cls = getattr(vllm_config.scheduler_config, "get_scheduler_cls", None)
         if callable(get_cls) and not cfg["async_scheduling"]:
@@ -285,8 +359,34 @@ class V1Adapter:
             if isinstance(chosen, type):
                 sched_cls = chosen
         elif cfg["async_scheduling"]:
-            sched_cls = _import("vllm.v1.core.sched.async_scheduler:AsyncScheduler")
-        takes_kv_config = "kv_cache_config" in params_of(sched_cls)[0]
+            sched_cls = _try_import("vllm.v1.core.sched.async_scheduler:AsyncScheduler")
+            if sched_cls is None:
+                raise RefusedByRelease(
+                    f"config.async_scheduling: vLLM {self.version} has no AsyncScheduler "
+                    "(vllm/v1/core/sched/async_scheduler.py); drop it for this release")
+        current = getattr(vllm_config.scheduler_config, "scheduler_cls", None)
+        if isinstance(current, str) and not current.startswith("vllm.v1."):
+            # EngineArgs.create_engine_config swaps V0's default scheduler class for the V1 one
+            # (or AsyncScheduler) the engine then resolves; EngineCore reads it from the config
+            vllm_config.scheduler_config.scheduler_cls = (
+                f"{sched_cls.__module__}.{sched_cls.__qualname__}")
+        self.vllm_config = vllm_config
+        return vllm_config, sched_cls
+
+    def _strict_call(self, cls, kwargs: dict, passthrough: dict):
+        """``call_supported`` that never drops a pass-through field silently."""
+        names, var_kw = init_params(cls)
+        missing = [k for k in passthrough if k not in names and not var_kw]
+        if missing:
+            raise RefusedByRelease(f"config.{missing[0]}: vLLM {self.version}'s {cls.__name__} "
+                                   "does not take it as a constructor argument")
+        return call_supported(cls, **kwargs)
+
+    def _build_scheduler(self, cfg: dict[str, Any], vllm_config, sched_cls):
+        """The scheduler as ``EngineCore.__init__`` builds it, on a ``KVCacheConfig`` with
+        ``num_gpu_blocks`` blocks (level scheduler: no profiling)."""
+        torch = importlib.import_module("torch")
+        takes_kv_config = "kv_cache_config" in init_params(sched_cls)[0]
         if takes_kv_config:
             kv_cache_config = self._kv_cache_config(cfg, torch)
         else:
@@ -319,7 +419,7 @@ class V1Adapter:
             cache_config=vllm_config.cache_config, lora_config=None)
         self.block_hasher = self._block_hasher(vllm_config, hash_block_size)
         self.vllm_config = vllm_config
-        return vllm_config, scheduler
+        return scheduler
 
     def _attention_spec(self, cls, cfg, torch, **extra):
         return call_supported(cls, block_size=cfg["block_size"], num_kv_heads=1, head_size=1,

@@ -69,7 +69,8 @@ class FakeModelRunner:
             if s.req_id in self.accept:
                 n_acc = min(self.accept[s.req_id], n_acc)
             tokens = list(s.spec_tokens[:n_acc]) + [self.token]
-            outputs = _num_output_tokens(req)
+            # async scheduling: tokens still in flight count as output (Request's placeholders)
+            outputs = _num_output_tokens(req) + (getattr(req, "num_output_placeholders", 0) or 0)
             eos = self.eos_at.get(s.req_id)
             if eos is not None:
                 for i in range(len(tokens)):

@@ -103,22 +103,7 @@ class StepLoop:
         except (AdapterError, RefusedByRelease):
             raise
         except Exception as exc:
-            # Raised inside vLLM (config validation, the CPU platform's checks): the release
-            # refuses this configuration, an input error. Raised in the lab: a lab error.
-            tb = traceback.extract_tb(exc.__traceback__)
-            innermost = tb[-1].filename if tb else ""
-            first = " ".join(" ".join(str(exc).strip().splitlines()[:3]).split())
-            # vLLM's config classes are pydantic dataclasses: their validators' errors come out
-            # of pydantic as a ValidationError naming the vLLM config class
-            refused_by_config = (type(exc).__name__ == "ValidationError"
-                                 and type(exc).__module__.startswith("pydantic"))
-            if refused_by_config or vllm_frames(exc.__traceback__, a.vllm_file) and str(
-                    a.vllm_file.resolve()) in str(Path(innermost).resolve()):
-                raise RefusedByRelease(
-                    f"config: vLLM {a.version} refuses this configuration: "
-                    f"{type(exc).__name__}: {first}") from exc
-            raise AdapterError(f"building vLLM {a.version}'s scheduler failed: "
-                               f"{type(exc).__name__}: {first}") from exc
+            raise self.refusal(exc) from exc
         model = self.sc.get("model") or {}
         if getattr(a, "one_token_per_request", False):
             if model.get("empty_at"):
@@ -166,8 +151,9 @@ class StepLoop:
                     line["added"].append(r["id"])
                 phase = "abort"
                 for e in self.events_by_step.get(step, []):
-                    a.abort(sched, e["abort"])
-                    line["aborted"].extend(e["abort"])
+                    if e.get("abort"):
+                        a.abort(sched, e["abort"])
+                        line["aborted"].extend(e["abort"])
                 so = None
                 if not a.has_work(sched):
                     # EngineCore.step returns without scheduling when there is nothing to do
@@ -252,6 +238,26 @@ class StepLoop:
         })
         return result
 
+    def refusal(self, exc: Exception) -> Exception:
+        """What a failure to build the release's configs or scheduler means. Raised inside
+        vLLM (config validation, the CPU platform's checks): the release refuses this
+        configuration, an input error (:class:`RefusedByRelease`, quoting vLLM). Raised in the
+        lab: a lab error (:class:`AdapterError`)."""
+        a = self.adapter
+        tb = traceback.extract_tb(exc.__traceback__)
+        innermost = tb[-1].filename if tb else ""
+        first = " ".join(" ".join(str(exc).strip().splitlines()[:3]).split())
+        # vLLM's config classes are pydantic dataclasses: their validators' errors come out
+        # of pydantic as a ValidationError naming the vLLM config class
+        refused_by_config = (type(exc).__name__ == "ValidationError"
+                             and type(exc).__module__.startswith("pydantic"))
+        if refused_by_config or vllm_frames(exc.__traceback__, a.vllm_file) and str(
+                a.vllm_file.resolve()) in str(Path(innermost).resolve()):
+            return RefusedByRelease(f"config: vLLM {a.version} refuses this configuration: "
+                                    f"{type(exc).__name__}: {first}")
+        return AdapterError(f"building vLLM {a.version}'s scheduler failed: "
+                            f"{type(exc).__name__}: {first}")
+
     def _emit(self, line: dict) -> None:
         """Write one trace line, with the observer's fields (``annotate``) added."""
         annotate = getattr(self.observer, "annotate", None)
@@ -308,7 +314,12 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
             trace_f.write(json.dumps(line, default=str) + "\n")
 
     try:
-        loop = StepLoop(adapter, scenario, write, observer)
+        if scenario.get("level") == "engine-core":
+            from .core_loop import EngineCoreLoop
+
+            loop: StepLoop = EngineCoreLoop(adapter, scenario, write, observer)
+        else:
+            loop = StepLoop(adapter, scenario, write, observer)
         result = loop.run()
     except RefusedByRelease as exc:
         result = {"outcome": "error", "error": {"kind": "input", "message": str(exc)}}
@@ -325,6 +336,7 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         if trace_f is not None:
             trace_f.close()
     result["scenario"] = scenario["name"]
+    result.setdefault("level", scenario.get("level", "scheduler"))
     result["vllm"] = adapter.version
     result["python"] = sys.version.split()[0]
     if out_dir is not None:

@@ -104,11 +104,29 @@ class KVCacheGroup(Strict):
 
 
 class SchedulerSettings(Strict):
-    """vLLM's scheduler and cache config, under vLLM's own names."""
+    """vLLM's scheduler and cache config, under vLLM's own names.
+
+    The fields below are the lab's own (typed and checked here). Any other key is a config field
+    of the release under test (``SchedulerConfig``, ``CacheConfig``, ``ParallelConfig`` or
+    ``SpeculativeConfig``: ``max_num_partial_prefills``, ``num_gpu_blocks_override``, ...): it is
+    handed to that class as written and vLLM's own validators judge it; a field the release does
+    not have is an input error naming the field and the release (``engine/adapter.py``).
+    """
+
+    # unknown keys pass through to the release's config classes (see the docstring)
+    model_config = ConfigDict(extra="allow", frozen=False, strict=True)
 
     block_size: PosInt = 16
-    #: block 0 is vLLM's null block (never handed out), so the pool needs at least 2
-    num_gpu_blocks: Annotated[int, Field(ge=2)]
+    #: block 0 is vLLM's null block (never handed out), so the pool needs at least 2. At
+    #: ``level: engine-core`` the fake executor reports the memory these blocks take
+    #: (``num_gpu_blocks`` x page size x layers) and vLLM's own start-up sizes the pool from it.
+    num_gpu_blocks: Annotated[int, Field(ge=2)] | None = None
+    #: ``level: engine-core`` only: the bytes the fake executor's ``determine_available_memory``
+    #: reports (what profiling would find free for the KV cache); vLLM sizes the pool from it.
+    kv_cache_memory_bytes: NonNegInt | None = None
+    #: ``level: engine-core`` only: the executor's ``max_concurrent_batches`` (pipeline depth;
+    #: > 1 makes EngineCore use ``step_with_batch_queue``), where the release reads it there.
+    max_concurrent_batches: PosInt | None = None
     max_num_seqs: PosInt = 16
     max_num_batched_tokens: PosInt = 2048
     max_model_len: PosInt = 2048
@@ -128,6 +146,14 @@ class SchedulerSettings(Strict):
 
     @model_validator(mode="after")
     def _limits(self):
+        if self.num_gpu_blocks is None and self.kv_cache_memory_bytes is None:
+            raise ValueError("config needs num_gpu_blocks (the KV pool in blocks) or, at level "
+                             "engine-core, kv_cache_memory_bytes (the memory start-up sizes it from)")
+        for key, value in (self.model_extra or {}).items():
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not a vLLM config field name")
+            if isinstance(value, (dict, list)):
+                raise ValueError(f"{key}: only plain values pass through to vLLM's config classes")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when enable_chunked_prefill is "
@@ -170,10 +196,40 @@ class RequestSpec(Strict):
 
 
 class Event(Strict):
-    """Something done to the engine just before step ``at_step``: abort requests by id."""
+    """Something done to the engine at step ``at_step``: one of
+
+    - ``abort: [ids]`` (``EngineCore.abort_requests``); ``when: before_step`` (default) just before
+      the step, or ``in_flight`` (``level: engine-core``) while that step's batch is executing,
+      as the engine's input thread delivers it (``EngineCore.aborts_queue`` where the release
+      has one, else only while a batch-queue step is in flight);
+    - ``reset_prefix_cache: true`` (``EngineCore.reset_prefix_cache``; with
+      ``reset_running_requests: true`` where the release takes it);
+    - ``pause: true`` / ``resume: true`` (``EngineCore.pause_scheduler`` / ``resume_scheduler``).
+
+    The last three are engine-core calls (``level: engine-core``); a release that lacks the call
+    is refused with exit 2 naming it.
+    """
 
     at_step: PosInt
-    abort: list[str] = Field(min_length=1)
+    abort: list[str] | None = Field(default=None, min_length=1)
+    when: Literal["before_step", "in_flight"] = "before_step"
+    reset_prefix_cache: bool = False
+    reset_running_requests: bool = False
+    pause: bool = False
+    resume: bool = False
+
+    @model_validator(mode="after")
+    def _one_action(self):
+        actions = [k for k in ("abort", "reset_prefix_cache", "pause", "resume")
+                   if getattr(self, k)]
+        if len(actions) != 1:
+            raise ValueError("an event does exactly one of abort: [ids], reset_prefix_cache: true, "
+                             f"pause: true, resume: true (this one: {actions or 'none'})")
+        if self.when == "in_flight" and not self.abort:
+            raise ValueError("`when: in_flight` applies to abort only")
+        if self.reset_running_requests and not self.reset_prefix_cache:
+            raise ValueError("`reset_running_requests` goes with reset_prefix_cache: true")
+        return self
 
 
 class SpecDecode(Strict):
@@ -218,11 +274,14 @@ class Expect(Strict):
     message: str | None = None
     code: str | None = None
     step: PosInt | None = None
+    #: where the crash happened: ``engine-build`` (vLLM's start-up: config checks, KV cache
+    #: sizing), ``add_request``, ``schedule``, ``update_from_output``, ``step`` ...
+    phase: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.outcome != "crash" and (self.exception or self.where):
-            raise ValueError("`exception` and `where` only apply to outcome: crash")
+        if self.outcome != "crash" and (self.exception or self.where or self.phase):
+            raise ValueError("`exception`, `where` and `phase` only apply to outcome: crash")
         if self.outcome != "violation" and self.code:
             raise ValueError("`code` only applies to outcome: violation")
         if self.message:
@@ -239,21 +298,18 @@ class Scenario(Strict):
     name: str = Field(min_length=1)
     description: str = ""
     vllm: VllmRefs = Field(default_factory=VllmRefs)
+    #: ``scheduler``: the release's Scheduler driven step by step as ``EngineCore.step`` does;
+    #: ``engine-core``: the release's own ``EngineCore`` built and driven with a fake executor
     level: Literal["scheduler", "engine-core"] = "scheduler"
-
-    @field_validator("level")
-    @classmethod
-    def _level(cls, v: str) -> str:
-        if v == "engine-core":
-            raise ValueError("level engine-core (EngineCore with a fake executor) is not built yet; "
-                             "use level: scheduler, which drives the real Scheduler as EngineCore.step does")
-        return v
     config: SchedulerSettings
     requests: list[RequestSpec] = Field(min_length=1)
     events: list[Event] = Field(default_factory=list)
     model: ModelBehaviour = Field(default_factory=ModelBehaviour)
     limits: Limits = Field(default_factory=Limits)
     expect: Expect | None = None
+    #: what the fixed releases (``clean_on``) must do; default: run clean. E.g. the fix refuses the
+    #: config at start-up: ``{outcome: crash, phase: engine-build, exception: ValueError}``
+    fixed: Expect | None = None
 
     @field_validator("name")
     @classmethod
@@ -273,8 +329,20 @@ class Scenario(Strict):
                 raise ValueError(
                     f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
                     f"config.max_model_len {self.config.max_model_len}")
+        engine_only = {"kv_cache_memory_bytes": self.config.kv_cache_memory_bytes,
+                       "max_concurrent_batches": self.config.max_concurrent_batches}
+        if self.level == "scheduler":
+            for key, value in engine_only.items():
+                if value is not None:
+                    raise ValueError(f"config.{key} applies to level: engine-core (the fake "
+                                     "executor reports it); add `level: engine-core`")
+            if self.config.num_gpu_blocks is None:
+                raise ValueError("config.num_gpu_blocks is required at level: scheduler")
         for i, e in enumerate(self.events):
-            for rid in e.abort:
+            if self.level == "scheduler" and (e.when == "in_flight" or not e.abort):
+                raise ValueError(f"events[{i}]: in-flight aborts, reset_prefix_cache and "
+                                 "pause/resume are EngineCore calls; add `level: engine-core`")
+            for rid in e.abort or ():
                 if rid not in ids:
                     raise ValueError(f"events[{i}].abort: unknown request id {rid!r}")
         for key in ("eos_at", "empty_at"):
@@ -288,5 +356,9 @@ class Scenario(Strict):
         return self
 
     def child_payload(self) -> dict:
-        """The plain-JSON form the engine worker receives (no pydantic on that side)."""
-        return self.model_dump(mode="json")
+        """The plain-JSON form the engine worker receives (no pydantic on that side). The config
+        keys that pass through to vLLM's config classes are under ``config["passthrough"]``."""
+        data = self.model_dump(mode="json")
+        extra = set(self.config.model_extra or {})
+        data["config"]["passthrough"] = {k: data["config"].pop(k) for k in sorted(extra)}
+        return data

@@ -1,0 +1,440 @@
+"""``level: engine-core``: a scenario driven through the release's own ``EngineCore``.
+
+vLLM builds and runs everything above the executor here; the lab only supplies the executor's
+worker (:mod:`vllm_repro.engine.executor`) and calls what vLLM's own engine process calls:
+
+    EngineCore(vllm_config, executor_class=FakeExecutor, log_stats=True)   # start-up:
+        # KV cache specs + free memory -> get_kv_cache_config(s) -> vLLM's capacity checks ->
+        # num_gpu_blocks -> Scheduler (or AsyncScheduler) -> batch queue (max_concurrent_batches)
+    per step n (what EngineCoreProc.run_busy_loop does between its input queue and its outputs):
+        engine.add_request(*engine.preprocess_add_request(EngineCoreRequest(...)))  # at_step n
+        engine.abort_requests(ids) / reset_prefix_cache() / pause_scheduler() ...    # events
+        EngineCoreProc._process_engine_step(engine)   # step_fn = step | step_with_batch_queue,
+                                                      # then post_step (drafts) where it exists
+
+The scheduler's own ``schedule`` and ``update_from_output`` are observed (wrapped on the
+instance, calling vLLM's methods unchanged) so that the audit sees every call, and the trace
+records which batch was scheduled and which was applied in each engine step: with async
+scheduling or a batch queue they differ.
+
+A vLLM exception inside ``EngineCore.__init__`` is a ``crash`` with phase ``engine-build``;
+a crash in a step writes vLLM's own crash dump (``dump_engine_exception``) and the
+"EngineCore encountered a fatal error" log line to the engine log, as production does.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import traceback
+from typing import Any
+
+from .adapter import (AdapterError, RefusedByRelease, _import, _try_import, call_supported,
+                      init_params, iter_queue)
+from .executor import FakeWorker, available_memory, kv_cache_spec, make_executor_class
+from .fake_runner import FakeModelRunner
+from .loop import StepLoop, _NeverRaised, describe_exception, vllm_frames
+
+
+class EngineCoreLoop(StepLoop):
+    """One scenario run at ``level: engine-core`` (see the module docstring). The observer
+    protocol is :class:`~vllm_repro.engine.loop.StepLoop`'s; ``self.scheduler`` is the
+    engine's own scheduler once it is built."""
+
+    level = "engine-core"
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def _build_engine(self, runner: FakeModelRunner):
+        a = self.adapter
+        cfg = self.cfg
+        vllm_config, _ = self._config_or_refusal(lambda: a.build_vllm_config(cfg))
+        specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
+        memory = available_memory(cfg, bytes_per_block)
+        split = hasattr(_import("vllm.v1.executor.abstract:Executor"), "sample_tokens")
+        self.worker = FakeWorker(specs, memory, self._make_output, self._on_execute, split)
+        multiproc = _try_import("vllm.v1.executor.multiproc_executor:MultiprocExecutor")
+        depth = cfg.get("max_concurrent_batches")
+        if depth is None and multiproc is not None and isinstance(
+                getattr(multiproc, "max_concurrent_batches", None), property):
+            # what the deployment's executor (vLLM's MultiprocExecutor) reports for this config
+            depth = multiproc.max_concurrent_batches.fget
+        executor_cls = self._lab(make_executor_class, self.worker, depth)
+        engine_cls = _import("vllm.v1.engine.core:EngineCore")
+        self.vllm_config = vllm_config
+        try:
+            engine = call_supported(engine_cls, vllm_config=vllm_config,
+                                    executor_class=executor_cls, log_stats=True,
+                                    executor_fail_callback=None)
+        except (AdapterError, RefusedByRelease):
+            raise
+        except Exception as exc:
+            if not vllm_frames(exc.__traceback__, a.vllm_file) or _raised_in_lab(exc):
+                raise AdapterError(f"building vLLM {a.version}'s EngineCore failed in the lab: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            raise _EngineBuildCrash(exc) from exc
+        self.engine = engine
+        self.scheduler = engine.scheduler
+        if not hasattr(engine, "step_fn"):  # <= 0.10: EngineCoreProc.__init__ picks it
+            engine.step_fn = engine.step if engine.batch_queue is None else engine.step_with_batch_queue
+        if not hasattr(engine, "output_queue"):
+            engine.output_queue = queue.Queue()  # EngineCoreProc's, read by _process_engine_step
+        want = cfg.get("max_concurrent_batches")
+        got = getattr(engine, "batch_queue_size", 1)
+        if want is not None and got != want:
+            raise RefusedByRelease(
+                f"config.max_concurrent_batches: vLLM {a.version}'s EngineCore sizes its batch "
+                f"queue from its config ({got}), not from the executor; use "
+                "pipeline_parallel_size / async_scheduling on this release")
+        a.block_hasher = getattr(engine, "request_block_hasher", None)
+        a.vllm_config = vllm_config
+        self._proc_step = _process_engine_step()
+        self._observe_scheduler()
+
+    def _config_or_refusal(self, build):
+        try:
+            return build()
+        except (AdapterError, RefusedByRelease):
+            raise
+        except Exception as exc:
+            raise self.refusal(exc) from exc
+
+    # ---- what the worker computes -------------------------------------------------------------
+    def _make_output(self, so):
+        a = self.adapter
+        scheduled = a.scheduled(so)
+        req_ids, sampled, drafts = self.runner.execute(
+            self.step, scheduled, self.scheduler.requests, getattr(so, "finished_req_ids", ()))
+        output = a.model_output(req_ids, sampled, drafts)
+        draft_ids = None
+        if drafts is not None and a.DraftTokenIds is not None and "spec_token_ids" not in a._mro_fields:
+            draft_ids = a.DraftTokenIds(req_ids, drafts)
+        return output, draft_ids
+
+    def _on_execute(self, so) -> None:
+        """A batch starts executing: in-flight aborts arrive now, as the engine's input thread
+        would deliver them (``EngineCore.aborts_queue``, processed before ``update_from_output``)."""
+        ids = self._in_flight.pop(self.step, None)
+        if ids:
+            self.engine.aborts_queue.put_nowait(list(ids))
+
+    # ---- observation of vLLM's own scheduler calls --------------------------------------------
+    def _observe_scheduler(self) -> None:
+        sched = self.scheduler
+        schedule, update = sched.schedule, sched.update_from_output
+        loop = self
+
+        def observed_schedule(*args, **kwargs):
+            loop._phase = "schedule"
+            so = schedule(*args, **kwargs)
+            scheduled = loop._lab(loop.adapter.scheduled, so)
+            loop._line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
+            loop._scheduled_so.append(so)
+            if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
+                                                       so, scheduled):
+                raise _ObserverStop()
+            loop._phase = "execute_model"
+            return so
+
+        def observed_update(so, *args, **kwargs):
+            loop._phase = "update_from_output"
+            out = update(so, *args, **kwargs)
+            loop._updated_so.append(so)
+            loop._phase = "step"
+            return out
+
+        sched.schedule = observed_schedule
+        sched.update_from_output = observed_update
+
+    # ---- the run ----------------------------------------------------------------------------
+    def run(self) -> dict:
+        a = self.adapter
+        t0 = time.perf_counter()
+        self.runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
+        self.step = 0
+        self._line: dict[str, Any] = {}
+        self._in_flight: dict[int, list[str]] = {}
+        self._scheduled_so: list = []
+        self._updated_so: list = []
+        self._phase = "engine-build"
+        try:
+            self._build_engine(self.runner)
+        except _EngineBuildCrash as crash:
+            exc = crash.__cause__
+            result = {"outcome": "crash",
+                      "crash": describe_exception(exc, a.vllm_file, 0, "engine-build")}
+            self._log_fatal(exc, None)
+            result.update(steps=0, finished={}, unfinished=[r["id"] for r in self.sc["requests"]],
+                          limit_reached=False, level=self.level,
+                          timing={"build_s": round(time.perf_counter() - t0, 4)})
+            self.trace({"step": 0, "phase": "engine-build", "crash": {
+                k: result["crash"][k] for k in ("type", "message", "where", "phase")}})
+            return result
+        engine = self.engine
+        self._check_events()
+        for r in self.sc["requests"]:
+            a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
+        record_stats = None
+        if not self.cfg.get("disable_log_stats", True):
+            record_stats = self._lab(a.stat_logger, self.vllm_config)
+        build_s = time.perf_counter() - t0
+        limits = self.sc.get("limits") or {}
+        max_steps = limits.get("max_steps", 500)
+        stall_steps = limits.get("stall_steps", 20)
+        last_add = max([*self.requests_by_step, *self.events_by_step, 0])
+        if self.observer is not None:
+            self.observer.attach(self)
+        result: dict[str, Any] = {"outcome": "clean"}
+        stop_exc = getattr(self.observer, "stop_exception", None) or _NeverRaised
+        idle = 0
+        step = 0
+        t1 = time.perf_counter()
+        c1 = time.process_time()
+        for step in range(1, max_steps + 1):
+            self.step = step
+            line: dict[str, Any] = {"step": step, "added": [], "aborted": [], "scheduled": {}}
+            self._line = line
+            self._scheduled_so, self._updated_so = [], []
+            self._phase = "add_request"
+            last_so = None
+            try:
+                for r in self.requests_by_step.get(step, []):
+                    self._add(r)
+                    line["added"].append(r["id"])
+                self._phase = "events"
+                for e in self.events_by_step.get(step, []):
+                    self._event(e, line)
+                if self._has_work():
+                    self._phase = "step"
+                    self._proc_step(engine)
+                    if not self._scheduled_so:
+                        line["idle"] = not self._updated_so
+                    line["applied"] = len(self._updated_so)
+                    if record_stats is not None:
+                        self._phase = "record_stats"
+                        while not engine.output_queue.empty():
+                            _, outs = engine.output_queue.get_nowait()
+                            for stats in a.scheduler_stats({0: outs}):
+                                record_stats(stats)
+                    else:
+                        _drain(engine.output_queue)
+                else:
+                    line["idle"] = True
+                last_so = (self._updated_so or self._scheduled_so or [None])[-1]
+            except (RefusedByRelease, AdapterError):
+                raise
+            except (stop_exc, _ObserverStop):
+                result = {"outcome": "violation"}
+                self._state(line)
+                self._emit(line)
+                break
+            except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
+                result = {"outcome": "crash",
+                          "crash": describe_exception(exc, a.vllm_file, step, self._phase)}
+                line["crash"] = {k: result["crash"][k] for k in ("type", "message", "where", "phase")}
+                self._log_fatal(exc, (self._scheduled_so or [None])[-1])
+                self._state(line)
+                self._emit(line)
+                break
+            newly = self._collect_finished()
+            line["finished"] = newly
+            self._state(line)
+            if self.observer is not None and last_so is not None:
+                if self._lab(self.observer.after_update, step, last_so, line):
+                    result = {"outcome": "violation"}
+                    self._emit(line)
+                    break
+            self._emit(line)
+            unfinished = [rid for rid in self.created if rid not in self.finished]
+            if step >= last_add and not unfinished and not self._has_work():
+                break
+            progress = bool(newly) or any(n > 0 for n in line["scheduled"].values()) \
+                or bool(self._updated_so)
+            idle = 0 if (progress or not unfinished) else idle + 1
+            if idle >= stall_steps:
+                result = {"outcome": "stall", "stall": {
+                    "step": step, "since": step - stall_steps + 1, "unfinished": unfinished,
+                    "waiting": line.get("waiting"), "running": line.get("running"),
+                    "free_blocks": line.get("free_blocks")}}
+                break
+        run_s = time.perf_counter() - t1
+        run_cpu_s = time.process_time() - c1
+        if self.observer is not None:
+            fin = self.observer.finish(self, result["outcome"])
+            if fin and result["outcome"] == "clean":
+                result["outcome"] = "violation"
+            if getattr(self.observer, "violations", None):
+                result["violations"] = list(self.observer.violations)
+            if hasattr(self.observer, "summary"):
+                result["audit"] = self.observer.summary()
+        unfinished = [r["id"] for r in self.sc["requests"] if r["id"] not in self.finished]
+        result.update({
+            "steps": step,
+            "finished": dict(self.finished),
+            "unfinished": unfinished,
+            "limit_reached": result["outcome"] == "clean" and bool(unfinished),
+            "level": self.level,
+            "engine": {"num_gpu_blocks": getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
+                       "batch_queue_size": getattr(engine, "batch_queue_size", 1),
+                       "step_fn": getattr(engine.step_fn, "__name__", str(engine.step_fn)),
+                       "scheduler": type(self.scheduler).__name__},
+            "timing": {"build_s": round(build_s, 4), "run_s": round(run_s, 4),
+                       "run_cpu_s": round(run_cpu_s, 4),
+                       "steps_per_s": round(step / run_s, 1) if run_s > 0 else None},
+        })
+        try:
+            engine.shutdown()
+        except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
+            pass
+        return result
+
+    def _has_work(self) -> bool:
+        """Whether vLLM's busy loop would step now: unfinished requests (or finished ids still
+        to send) in the scheduler, or a batch in flight in the batch queue."""
+        if self.adapter.has_work(self.scheduler):
+            return True
+        return bool(getattr(self.engine, "batch_queue", None))
+
+    def _add(self, r: dict) -> None:
+        a = self.adapter
+        engine = self.engine
+        ecr = self._lab(self._engine_core_request, r)
+        self.order += 1
+        if hasattr(engine, "preprocess_add_request"):
+            req, wave = engine.preprocess_add_request(ecr)
+            engine.add_request(req, wave)
+        else:  # <= 0.9: EngineCore.add_request takes the EngineCoreRequest itself
+            engine.add_request(ecr)
+            req = self.scheduler.requests.get(r["id"])
+        self.created[r["id"]] = req if req is not None else self.scheduler.requests.get(r["id"])
+        del a  # the adapter's request maker is the scheduler level's; here EngineCore makes it
+
+    def _engine_core_request(self, r: dict):
+        """An ``EngineCoreRequest`` (``vllm/v1/engine/__init__.py``) as the front end's
+        ``Processor.process_inputs`` makes it for a token-id prompt."""
+        a = self.adapter
+        ecr_cls = _import("vllm.v1.engine:EngineCoreRequest")
+        sp = call_supported(a.SamplingParams, max_tokens=r["max_tokens"], ignore_eos=False,
+                            temperature=0.0)
+        if hasattr(sp, "update_from_generation_config"):
+            try:
+                sp.update_from_generation_config({}, 2)
+            except TypeError:
+                pass
+        arrival = r["arrival_time"] if r.get("arrival_time") is not None else float(self.order)
+        values = dict(
+            request_id=r["id"], prompt_token_ids=self.prompt_of(r), mm_features=None,
+            mm_inputs=None, mm_kwargs=None, mm_hashes=None, mm_placeholders=None,
+            sampling_params=sp, pooling_params=None, eos_token_id=2, arrival_time=arrival,
+            lora_request=None, cache_salt=None, data_parallel_rank=None, prompt_embeds=None,
+            client_index=0, current_wave=0, priority=r.get("priority", 0), trace_headers=None,
+            external_req_id=r["id"], resumable=False, reasoning_ended=None)
+        fields = getattr(ecr_cls, "__struct_fields__", None)
+        if fields is None:
+            return call_supported(ecr_cls, **values)
+        if r.get("priority") and "priority" not in fields:
+            raise RefusedByRelease(f"requests[{r['id']}].priority: vLLM {a.version}'s "
+                                   "EngineCoreRequest has no priority; use priority 0")
+        return ecr_cls(**{k: values.get(k) for k in fields if k in values})
+
+    # ---- events -----------------------------------------------------------------------------
+    def _check_events(self) -> None:
+        """Refuse, before the run, an event whose EngineCore call the release lacks."""
+        engine = self.engine
+        for e in self.sc.get("events", []):
+            if e.get("when") == "in_flight" and not hasattr(engine, "aborts_queue") \
+                    and getattr(engine, "batch_queue", None) is None:
+                raise RefusedByRelease(
+                    f"events[at_step {e['at_step']}].when: in_flight: vLLM "
+                    f"{self.adapter.version}'s EngineCore takes aborts only between steps (no "
+                    "aborts_queue, no batch queue); use when: before_step on this release")
+            for key, method in (("reset_prefix_cache", "reset_prefix_cache"),
+                                ("pause", "pause_scheduler"), ("resume", "resume_scheduler")):
+                if e.get(key) and not hasattr(engine, method):
+                    raise RefusedByRelease(
+                        f"events[at_step {e['at_step']}].{key}: vLLM {self.adapter.version}'s "
+                        f"EngineCore has no {method}()")
+            if e.get("reset_running_requests") and "reset_running_requests" not in init_params_fn(
+                    engine.reset_prefix_cache):
+                raise RefusedByRelease(
+                    f"events[at_step {e['at_step']}].reset_running_requests: vLLM "
+                    f"{self.adapter.version}'s reset_prefix_cache() does not take it")
+
+    def _event(self, e: dict, line: dict) -> None:
+        engine = self.engine
+        if e.get("abort"):
+            if e.get("when") == "in_flight" and hasattr(engine, "aborts_queue"):
+                self._in_flight.setdefault(self.step, []).extend(e["abort"])
+            else:
+                # before the step; with a batch queue the previous batch is still in flight
+                engine.abort_requests(list(e["abort"]))
+            line["aborted"].extend(e["abort"])
+        elif e.get("reset_prefix_cache"):
+            kwargs = {"reset_running_requests": True} if e.get("reset_running_requests") else {}
+            line["reset_prefix_cache"] = engine.reset_prefix_cache(**kwargs)
+        elif e.get("pause"):
+            call_supported(engine.pause_scheduler)
+            line["paused"] = True
+        elif e.get("resume"):
+            engine.resume_scheduler()
+            line["resumed"] = True
+
+    # ---- the crash dump ----------------------------------------------------------------------
+    def _log_fatal(self, exc: BaseException, so) -> None:
+        """What production logs when EngineCore dies: vLLM's ``dump_engine_exception`` (the
+        "Dumping scheduler output ..." lines) and ``run_engine_core``'s "EngineCore encountered
+        a fatal error." with the traceback, through vLLM's own logger (the engine log)."""
+        logger = logging.getLogger("vllm.v1.engine.core")
+        dump = _try_import("vllm.logging_utils.dump_input:dump_engine_exception")
+        sched = getattr(self, "scheduler", None)
+        if dump is not None and getattr(self, "vllm_config", None) is not None:
+            try:
+                stats = sched.make_stats() if sched is not None and so is not None else None
+                dump(self.vllm_config, so, stats)
+            except Exception:  # noqa: BLE001 - the dump is exception-free in vLLM; keep going
+                pass
+        logger.error("EngineCore encountered a fatal error.\n%s",
+                     "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        for h in logging.getLogger("vllm").handlers:
+            try:
+                h.flush()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class _EngineBuildCrash(Exception):
+    """vLLM raised inside ``EngineCore.__init__`` (its ``__cause__``): a start-up crash."""
+
+
+class _ObserverStop(BaseException):
+    """The observer asked to stop from inside an observed scheduler call."""
+
+
+def init_params_fn(fn) -> set[str]:
+    from .adapter import params_of
+
+    return params_of(fn)[0]
+
+
+def _process_engine_step():
+    """vLLM's ``EngineCoreProc._process_engine_step`` (``step_fn``, outputs to the output queue,
+    ``post_step`` where the release has it), called on the plain ``EngineCore``."""
+    proc = _import("vllm.v1.engine.core:EngineCoreProc")
+    fn = getattr(proc, "_process_engine_step", None)
+    if fn is None:
+        raise AdapterError("vLLM's EngineCoreProc has no _process_engine_step")
+    return fn
+
+
+def _drain(q) -> None:
+    while not q.empty():
+        q.get_nowait()
+
+
+def _raised_in_lab(exc: BaseException) -> bool:
+    """Whether the innermost frame of ``exc`` lies in the lab's own package (the fake)."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    return bool(tb) and "/vllm_repro/" in tb[-1].filename
+
+
+__all__ = ["EngineCoreLoop", "iter_queue", "init_params"]

@@ -1,0 +1,186 @@
+"""The fake executor of ``level: engine-core``: where the lab's fakes stop under vLLM's EngineCore.
+
+vLLM's ``EngineCore(vllm_config, executor_class, log_stats)`` builds ``executor_class(vllm_config)``
+and talks to it only: KV cache specs and free memory at start-up (``_initialize_kv_caches``),
+``initialize_from_config``, then ``execute_model`` (and ``sample_tokens`` where the release splits
+sampling off), ``take_draft_token_ids``, ``max_concurrent_batches``, ``collective_rpc``,
+``check_health`` and ``shutdown``.
+
+The executor here is the release's own single-process executor (``UniProcExecutor``, found by
+probing ``vllm/v1/executor/uniproc_executor.py`` or ``vllm/v1/executor/abstract.py``), so its
+``collective_rpc``, its futures for ``non_block=True`` and its result handling are vLLM's code.
+Only its worker is replaced: :class:`FakeWorker` answers the worker methods
+(``vllm/v1/worker/gpu_worker.py:Worker``) with what a GPU would have reported or computed. Its
+tokens come from :class:`~vllm_repro.engine.fake_runner.FakeModelRunner`, the same runner the
+scheduler level uses, so both levels emit the same tokens.
+
+Runs inside the release environment (standard library + vLLM).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .adapter import AdapterError, V1Adapter, _try_import
+from .fake_runner import FakeModelRunner
+
+#: worker methods a GPU worker answers with nothing the engine core reads (set-up, profiling)
+_NO_OPS = ("init_worker", "init_device", "load_model", "initialize_cache", "profile", "sleep",
+           "wake_up", "reset_mm_cache", "reset_encoder_cache", "execute_dummy_batch",
+           "set_kv_cache_layout", "update_max_model_len", "shutdown", "check_health",
+           "save_sharded_state", "init_kv_output_aggregator")
+
+
+class FakeWorker:
+    """What ``vllm/v1/worker/gpu_worker.py:Worker`` answers, without a GPU.
+
+    ``kv_cache_spec``: ``{layer name: KVCacheSpec}`` (the model's attention layers);
+    ``available_memory``: bytes free for the KV cache after profiling (int);
+    ``on_execute(scheduler_output)``: called when a batch starts executing (the lab's hook for
+    in-flight events), before the output is computed; ``make_output(scheduler_output)`` returns
+    ``(ModelRunnerOutput, DraftTokenIds or None)`` for it.
+    ``split_sampling``: the release's executor has ``sample_tokens``: ``execute_model`` returns
+    None and ``sample_tokens`` the output, as ``GPUModelRunner`` does there.
+    """
+
+    def __init__(self, kv_cache_spec: dict, available_memory: int,
+                 make_output: Callable, on_execute: Callable | None, split_sampling: bool):
+        self.kv_cache_spec = kv_cache_spec
+        self.available_memory = available_memory
+        self.make_output = make_output
+        self.on_execute = on_execute
+        self.split_sampling = split_sampling
+        self.kv_cache_configs: Any = None
+        self._pending: list = []
+        self._drafts = None
+        self.executed = 0
+
+    def __getattr__(self, name: str):
+        if name in _NO_OPS:
+            return lambda *a, **k: None
+        raise AttributeError(name)
+
+    # ---- start-up (EngineCore._initialize_kv_caches) ----------------------------------------
+    def get_kv_cache_spec(self) -> dict:
+        return self.kv_cache_spec
+
+    def determine_available_memory(self) -> int:
+        return self.available_memory
+
+    def get_supported_kv_cache_layouts(self):
+        return None
+
+    def initialize_from_config(self, kv_cache_config) -> None:
+        self.kv_cache_configs = kv_cache_config
+
+    def compile_or_warm_up_model(self):
+        ct = _try_import("vllm.v1.worker.worker_base:CompilationTimes",
+                         "vllm.v1.outputs:CompilationTimes", "vllm.config:CompilationTimes")
+        if ct is not None:
+            try:
+                return ct(language_model=0.0, encoder=0.0)
+            except TypeError:
+                return None
+        return None
+
+    def get_supported_tasks(self):
+        return ("generate",)
+
+    def get_kv_connector_handshake_metadata(self):
+        return None
+
+    # ---- steps -----------------------------------------------------------------------------
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        self.executed += 1
+        if self.on_execute is not None:
+            self.on_execute(scheduler_output)
+        output, drafts = self.make_output(scheduler_output)
+        self._drafts = drafts
+        if self.split_sampling:
+            self._pending.append(output)
+            return None
+        return output
+
+    def sample_tokens(self, grammar_output=None, *args, **kwargs):
+        if not self._pending:
+            raise AdapterError("sample_tokens called with no executed batch pending")
+        return self._pending.pop(0)
+
+    def take_draft_token_ids(self):
+        drafts, self._drafts = self._drafts, None
+        return drafts
+
+
+def executor_base():
+    """The release's single-process executor class (``UniProcExecutor``), whose worker the lab
+    replaces. Raises :class:`AdapterError` where none is found."""
+    cls = _try_import("vllm.v1.executor.uniproc_executor:UniProcExecutor",
+                      "vllm.v1.executor.abstract:UniProcExecutor")
+    if cls is None:
+        raise AdapterError("the release has no V1 UniProcExecutor "
+                           "(vllm/v1/executor/uniproc_executor.py or abstract.py)")
+    return cls
+
+
+def make_executor_class(worker: FakeWorker, max_concurrent_batches: int | Callable | None) -> type:
+    """A subclass of the release's ``UniProcExecutor`` whose ``_init_executor`` installs
+    ``worker`` as its driver worker (no device, no model load). ``max_concurrent_batches``
+    overrides the executor's pipeline depth where given (EngineCore then uses its batch
+    queue): a number, or a property getter such as vLLM's own
+    ``MultiprocExecutor.max_concurrent_batches`` (2 with async scheduling, else the pipeline
+    size), evaluated on this executor's config."""
+    base = executor_base()
+
+    def _init_executor(self) -> None:
+        self.driver_worker = worker
+
+    def check_health(self) -> None:
+        return None
+
+    ns: dict[str, Any] = {"_init_executor": _init_executor, "check_health": check_health,
+                          "__doc__": "vllm-repro's fake executor: the release's UniProcExecutor "
+                                     "with a FakeWorker (no GPU)."}
+    if max_concurrent_batches is not None:
+        ns["max_concurrent_batches"] = property(
+            max_concurrent_batches if callable(max_concurrent_batches)
+            else (lambda self: max_concurrent_batches))
+    return type("FakeExecutor", (base,), ns)
+
+
+def kv_cache_spec(adapter: V1Adapter, cfg: dict) -> tuple[dict, int]:
+    """``({layer name: KVCacheSpec}, bytes per block summed over the layers)`` for the scenario's
+    ``kv_cache_groups`` (default: one full-attention layer), with the same specs the scheduler
+    level builds (``V1Adapter._kv_cache_config``)."""
+    torch = __import__("torch")
+    groups = cfg.get("kv_cache_groups") or [{"type": "full", "num_layers": 1}]
+    specs: dict = {}
+    per_block = 0
+    layer = 0
+    for g in groups:
+        if g["type"] == "sliding_window":
+            if adapter.SlidingWindowSpec is None:
+                raise AdapterError("this release has no SlidingWindowSpec (kv_cache_groups)")
+            from .adapter import call_supported
+
+            spec = call_supported(adapter.SlidingWindowSpec, block_size=cfg["block_size"],
+                                  num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                  use_mla=False, sliding_window=g["sliding_window"])
+        else:
+            spec = adapter._attention_spec(adapter.FullAttentionSpec, cfg, torch)
+        for i in range(g.get("num_layers", 1)):
+            specs[f"model.layers.{layer + i}.self_attn.attn"] = spec
+        per_block = max(per_block, spec.page_size_bytes)
+        layer += g.get("num_layers", 1)
+    return specs, per_block * layer
+
+
+def available_memory(cfg: dict, bytes_per_block: int) -> int:
+    """What ``determine_available_memory`` reports: ``kv_cache_memory_bytes`` when the scenario
+    gives it, else the memory of ``num_gpu_blocks`` blocks (so a scheduler-level pool is kept)."""
+    if cfg.get("kv_cache_memory_bytes") is not None:
+        return int(cfg["kv_cache_memory_bytes"])
+    return int(cfg["num_gpu_blocks"]) * bytes_per_block
+
+
+__all__ = ["FakeWorker", "FakeModelRunner", "make_executor_class", "kv_cache_spec",
+           "available_memory", "executor_base"]
