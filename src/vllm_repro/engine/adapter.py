@@ -162,6 +162,8 @@ class V1Adapter:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("VLLM_USE_V1", "1")
         self.model_dir = Path(model_dir)
+        #: where the lab undid a CPU-platform rule that a GPU platform does not have
+        self.platform_notes: list[str] = []
         import vllm  # noqa: F401  (the release under test)
 
         self.vllm_file = Path(sys.modules["vllm"].__file__).parent
@@ -364,6 +366,22 @@ class V1Adapter:
                 raise RefusedByRelease(
                     f"config.async_scheduling: vLLM {self.version} has no AsyncScheduler "
                     "(vllm/v1/core/sched/async_scheduler.py); drop it for this release")
+        if cfg["async_scheduling"] and getattr(vllm_config.scheduler_config, "async_scheduling",
+                                                True) is False:
+            # the CPU platform's check_and_update_config turns async scheduling off ("not
+            # required on CPU", vllm/platforms/cpu.py); the GPU platform being debugged keeps
+            # what the user asked for, and VllmConfig's own async checks above already ran
+            vllm_config.scheduler_config.async_scheduling = True
+            self.platform_notes.append("async_scheduling kept on (the CPU platform turns it off)")
+        if cfg["async_scheduling"] and spec_config is not None:
+            args_cls = _try_import("vllm.engine.arg_utils:EngineArgs")
+            if _source_has(getattr(args_cls, "create_engine_config", None),
+                           "speculative decoding is not supported with"):
+                # EngineArgs.create_engine_config refuses it there (not the config classes)
+                raise RefusedByRelease(
+                    f"config.async_scheduling: vLLM {self.version}'s EngineArgs refuses "
+                    "speculative decoding with async scheduling (\"Currently, speculative "
+                    "decoding is not supported with async scheduling.\"); drop one of them")
         current = getattr(vllm_config.scheduler_config, "scheduler_cls", None)
         if isinstance(current, str) and not current.startswith("vllm.v1."):
             # EngineArgs.create_engine_config swaps V0's default scheduler class for the V1 one

@@ -432,9 +432,13 @@ def _drain(q) -> None:
 
 
 def _raised_in_lab(exc: BaseException) -> bool:
-    """Whether the innermost frame of ``exc`` lies in the lab's own package (the fake)."""
+    """Whether ``exc`` is the fake's failure rather than vLLM's: raised in the lab's own package,
+    or vLLM reaching for something the fake executor or worker lacks."""
     tb = traceback.extract_tb(exc.__traceback__)
-    return bool(tb) and "/vllm_repro/" in tb[-1].filename
+    if tb and "/vllm_repro/" in tb[-1].filename:
+        return True
+    return isinstance(exc, (AttributeError, NotImplementedError)) and any(
+        name in str(exc) for name in ("FakeExecutor", "FakeWorker", "is not implemented"))
 
 
 __all__ = ["EngineCoreLoop", "iter_queue", "init_params"]

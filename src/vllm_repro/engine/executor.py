@@ -68,7 +68,10 @@ class FakeWorker:
         return self.available_memory
 
     def get_supported_kv_cache_layouts(self):
-        return None
+        """Every layout the release defines (``vllm/v1/kv_cache_layout.py:KVCacheLayout``), in
+        its order: the fake device stores nothing, so any layout fits; vLLM picks one."""
+        layout = _try_import("vllm.v1.kv_cache_layout:KVCacheLayout")
+        return [m.name for m in layout] if layout is not None else None
 
     def initialize_from_config(self, kv_cache_config) -> None:
         self.kv_cache_configs = kv_cache_config
@@ -96,7 +99,9 @@ class FakeWorker:
             self.on_execute(scheduler_output)
         output, drafts = self.make_output(scheduler_output)
         self._drafts = drafts
-        if self.split_sampling:
+        if self.split_sampling and getattr(scheduler_output, "total_num_scheduled_tokens", 1) > 0:
+            # GPUModelRunner.execute_model returns None and keeps the logits for sample_tokens;
+            # with nothing scheduled it returns its empty output at once
             self._pending.append(output)
             return None
         return output
@@ -132,6 +137,10 @@ def make_executor_class(worker: FakeWorker, max_concurrent_batches: int | Callab
     base = executor_base()
 
     def _init_executor(self) -> None:
+        # what the release's _init_executor sets besides the worker, for a text-only model
+        # whose worker returns finished outputs (no AsyncModelRunnerOutput to wait on)
+        self.mm_receiver_cache = None
+        self.async_output_thread = None
         self.driver_worker = worker
 
     def check_health(self) -> None:

@@ -135,7 +135,10 @@ class SchedulerSettings(Strict):
     policy: Literal["fcfs", "priority"] = "fcfs"
     long_prefill_token_threshold: NonNegInt = 0
     num_speculative_tokens: PosInt | None = None
-    speculative_method: Literal["ngram"] = "ngram"
+    #: the drafter (vLLM's ``SpeculativeConfig.method``): ``ngram`` (CPU n-gram proposer) or
+    #: ``ngram_gpu`` (the GPU one, the method async scheduling accepts from 0.20); either way the
+    #: drafts come from the fake model runner, as a drafter at the executor boundary
+    speculative_method: Literal["ngram", "ngram_gpu"] = "ngram"
     async_scheduling: bool = False
     kv_cache_groups: list[KVCacheGroup] | None = None
     #: vLLM's engine argument: false (as ``vllm serve`` runs) makes the front end record every
