@@ -183,6 +183,13 @@ def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
     if kind is None:
         v.ok = None
         return v
+    if kind == "clean" and getattr(scenario, "fixed", None) is not None:
+        # the fix does something other than run clean (e.g. refuses the config at start-up)
+        v.expected = scenario.fixed.outcome
+        reasons = _compare(scenario.fixed, outcome, result)
+        v.ok = not reasons
+        v.reason = "; ".join(f"fixed release: {r}" for r in reasons)
+        return v
     if kind == "clean":
         sig = _signature(scenario, violations)
         if outcome == "clean":
@@ -212,6 +219,15 @@ def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
     if exp.outcome != "violation" and violations and outcome != "violation":
         v.also = violations
         v.observed = f"{observed}; also: {_at(violations)}"
+    reasons = _compare(exp, outcome, result)
+    v.ok = not reasons
+    v.reason = "; ".join(reasons)
+    return v
+
+
+def _compare(exp, outcome: str, result: dict) -> list[str]:
+    """Why ``result`` does not show ``exp`` (an ``Expect``: the scenario's ``expect`` on its
+    buggy releases, or its ``fixed`` on the fixed ones); empty when it does."""
     reasons = []
     if outcome != exp.outcome:
         reasons.append(f"outcome {outcome} != {exp.outcome}")
@@ -236,9 +252,9 @@ def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
             reasons.append(f"no violation at step {exp.step}")
     elif outcome == "stall" and exp.step and result["stall"]["step"] != exp.step:
         reasons.append(f"stall step {result['stall']['step']} != {exp.step}")
-    v.ok = not reasons
-    v.reason = "; ".join(reasons)
-    return v
+    if outcome == "crash" and getattr(exp, "phase", None) and result["crash"].get("phase") != exp.phase:
+        reasons.append(f"phase {result['crash'].get('phase')} != {exp.phase}")
+    return reasons
 
 
 def exit_code(verdicts: list[Verdict]) -> int:

@@ -157,6 +157,7 @@ class EngineCoreLoop(StepLoop):
         self._scheduled_so: list = []
         self._updated_so: list = []
         self._phase = "engine-build"
+        self._reach: dict[str, int] = {}
         try:
             self._build_engine(self.runner)
         except _EngineBuildCrash as crash:
@@ -248,8 +249,11 @@ class EngineCoreLoop(StepLoop):
             unfinished = [rid for rid in self.created if rid not in self.finished]
             if step >= last_add and not unfinished and not self._has_work():
                 break
-            progress = bool(newly) or any(n > 0 for n in line["scheduled"].values()) \
-                or bool(self._updated_so)
+            # progress: a request finished, or some request got further than it ever was
+            # (computed + output tokens above its high-water mark). Scheduled tokens alone are
+            # not: a prompt that is prefilled, preempted and prefilled again forever (a
+            # livelock) schedules tokens every step and never gets anywhere
+            progress = bool(newly) or self._advanced()
             idle = 0 if (progress or not unfinished) else idle + 1
             if idle >= stall_steps:
                 result = {"outcome": "stall", "stall": {
@@ -287,6 +291,17 @@ class EngineCoreLoop(StepLoop):
         except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
             pass
         return result
+
+    def _advanced(self) -> bool:
+        """Whether any live request's computed + output tokens passed its high-water mark."""
+        moved = False
+        for rid, req in self.scheduler.requests.items():
+            reach = (getattr(req, "num_computed_tokens", 0) or 0) + len(
+                getattr(req, "output_token_ids", ()) or ())
+            if reach > self._reach.get(rid, -1):
+                self._reach[rid] = reach
+                moved = True
+        return moved
 
     def _has_work(self) -> bool:
         """Whether vLLM's busy loop would step now: unfinished requests (or finished ids still
