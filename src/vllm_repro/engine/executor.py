@@ -185,7 +185,14 @@ def kv_cache_spec(adapter: V1Adapter, cfg: dict) -> tuple[dict, int]:
             specs[f"model.layers.{layer + i}.self_attn.attn"] = spec
         per_block = max(per_block, spec.page_size_bytes)
         layer += g.get("num_layers", 1)
-    return specs, per_block * layer
+    # bytes one block takes across the layers that share it, as get_kv_cache_config divides
+    # the memory: one KV cache type -> every layer holds its own copy of each block
+    # (_get_kv_cache_config_uniform_type); several types of one page size -> each block spans
+    # one layer of every group, groups padded to the same size
+    # (_get_kv_cache_config_uniform_page_size)
+    if len({g["type"] for g in groups}) == 1:
+        return specs, per_block * layer
+    return specs, per_block * max(g.get("num_layers", 1) for g in groups)
 
 
 def available_memory(cfg: dict, bytes_per_block: int) -> int:
