@@ -1,6 +1,6 @@
 """Bake vLLM releases into the CPU image's cache (run by images/cpu/Dockerfile, as root).
 
-    PYTHONPATH=/tmp/bake VLLM_REPRO_SLICES=/tmp/bake/slices python bake.py 0.10.1.1 0.10.2
+    PYTHONPATH=/tmp/bake VLLM_REPRO_SLICES=/tmp/bake/slices python bake.py 0.10.1.1 0.10.2 0.33.0:engine-core
 
 For each release, with the lab's own builders (``vllm_repro.sources`` and
 ``vllm_repro.slicing.spec``, nothing else of the lab): fetch the sdist (sha256 checked), then
@@ -60,13 +60,14 @@ def tree_kind(version: str) -> str:
     return "slice" if spec.get("equivalence", {}).get("equal") is True else "full"
 
 
-def bake(version: str) -> dict:
+def bake(version: str, kind: str | None = None) -> dict:
+    """Bake ``version``'s ``kind`` of tree (default :func:`tree_kind`)."""
     from vllm_repro.sources.env import prepare_env
     from vllm_repro.sources.sdist import extract_tree, fetch_sdist
 
     t = time.perf_counter()
     release = fetch_sdist(version)
-    kind = tree_kind(version)
+    kind = kind or tree_kind(version)
     if kind == "slice":
         from vllm_repro.slicing.spec import load_spec, materialise, slice_env
 
@@ -127,8 +128,18 @@ def main(versions: list[str]) -> int:
         say("no release given")
         return 2
     cache = cache_dir()
+    # VERSION: its tree_kind (what its scheduler-level runs use); VERSION:engine-core: the
+    # full tree, which level engine-core runs (vllm_repro.lab.resolve_tree); keyed VERSION,
+    # or VERSION:full where the release has a slice as well
+    wanted: dict[str, set[str]] = {}
+    for tok in versions:
+        v, _, level = tok.partition(":")
+        wanted.setdefault(v, set()).add(tree_kind(v) if level in ("", "scheduler") else "full")
     try:
-        baked = {v: bake(v) for v in versions}
+        baked = {}
+        for v, kinds in wanted.items():
+            for kind in sorted(kinds, reverse=True):  # slice first: it is keyed VERSION
+                baked[v if v not in baked else f"{v}:{kind}"] = bake(v, kind)
     except LabError as exc:
         print(f"bake: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -4,7 +4,9 @@
     python releases.py SCENARIOS_DIR 0.10.1.1 0.10.2    # these (validated)
 
 "catalog" means the concrete releases of the catalog's entries (``vllm.reproduces_on`` and
-``vllm.clean_on``, ranges left out), read with the lab's own scenario loader. Exit 2 with one
+``vllm.clean_on``, ranges left out), read with the lab's own scenario loader. A release that a
+``level: engine-core`` entry names is printed as ``VERSION:engine-core`` as well: bake.py then
+bakes its full tree too where the release's scheduler-level runs use a slice. Exit 2 with one
 line for a bad release or an empty list.
 """
 
@@ -29,7 +31,11 @@ def main(argv: list[str]) -> int:
         for w in wanted:
             if w == "catalog":
                 for p in catalog_files(directory):
-                    out += [v for v in load_scenario(p).vllm.concrete() if v not in out]
+                    sc = load_scenario(p)
+                    for v in sc.vllm.concrete():
+                        tok = v if sc.level == "scheduler" else f"{v}:{sc.level}"
+                        if tok not in out:
+                            out.append(tok)
             elif w not in out:
                 out.append(validate_version(w))
     except LabError as exc:

@@ -58,11 +58,17 @@ def default_tree() -> str:
     return tree
 
 
-def resolve_tree(version: str, tree: str | None) -> str:
-    """``full`` or ``slice`` for ``version`` (``auto`` looks for an equivalent committed slice)."""
+def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> str:
+    """``full`` or ``slice`` for ``version`` (``auto`` looks for an equivalent committed slice).
+
+    A slice is traced from scheduler-level runs (``vllm-repro slice``): it holds the scheduler
+    and KV-cache files, not the EngineCore, executor and config code that ``level:
+    engine-core`` runs, so ``auto`` gives engine-core runs the full tree."""
     tree = tree or default_tree()
     if tree != "auto":
         return tree
+    if level != "scheduler":
+        return "full"
     from .slicing.spec import spec_path
 
     try:
@@ -142,8 +148,8 @@ def release_lock(version: str):
 
 
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
-                 audit: bool, keep_going: bool, say: Say) -> None:
-    log = reports / "_engine" / f"{version}.log"
+                 audit: bool, keep_going: bool, say: Say, log_name: str | None = None) -> None:
+    log = reports / "_engine" / f"{log_name or version}.log"
     try:
         with Worker(env, log) as worker:
             say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")
@@ -173,7 +179,7 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     worker per release, at most ``jobs`` at a time (default: the number of CPUs, at most 4).
     An environment failure for one release marks its items ``error`` and does not stop the rest.
     """
-    prepare = prepare or (lambda v: prepare_release(v, say, tree=tree))
+    custom = prepare is not None
     reports = reports.resolve()
     try:
         reports.mkdir(parents=True, exist_ok=True)
@@ -182,23 +188,32 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     except OSError:  # a bind mount in a container, most often: say so before any run
         raise EnvError(f"cannot write reports to {reports} as uid {os.getuid()} (in a container: "
                        "mount a folder that user may write, or run it with --user)") from None
-    by_version: dict[str, list[RunItem]] = {}
+    # one worker per (release, tree): with --tree auto a release with a committed slice runs
+    # its scheduler-level scenarios in the slice and its engine-core ones in the full tree
+    groups: dict[tuple[str, str | None], list[RunItem]] = {}
     for item in items:
-        by_version.setdefault(item.version, []).append(item)
-    envs: dict[str, ReleaseEnv] = {}
-    for version in by_version:
+        kind = None if custom else resolve_tree(item.version, tree, item.scenario.level)
+        groups.setdefault((item.version, kind), []).append(item)
+    envs: dict[tuple[str, str | None], ReleaseEnv] = {}
+    for key in groups:
+        version, kind = key
         try:
-            envs[version] = prepare(version)
+            envs[key] = prepare(version) if custom else prepare_release(version, say, tree=kind)
         except LabError as exc:
-            kind = "input" if exc.exit_code == 2 else "env"
-            for item in by_version[version]:
-                item.result = {"outcome": "error", "error": {"kind": kind, "message": str(exc)},
+            code = "input" if exc.exit_code == 2 else "env"
+            for item in groups[key]:
+                item.result = {"outcome": "error", "error": {"kind": code, "message": str(exc)},
                                "scenario": item.scenario.name, "vllm": version}
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
-    runnable = [v for v in by_version if v in envs]
+    runnable = [k for k in groups if k in envs]
+    kinds_of: dict[str, int] = {}
+    for version, _ in runnable:
+        kinds_of[version] = kinds_of.get(version, 0) + 1
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(_run_release, v, envs[v], by_version[v], reports, audit,
-                               keep_going, say) for v in runnable]
+        futures = [pool.submit(_run_release, v, envs[(v, k)], groups[(v, k)], reports, audit,
+                               keep_going, say,
+                               f"{v}-{k}" if kinds_of[v] > 1 and k == "slice" else None)
+                   for v, k in runnable]
         for f in futures:
             f.result()
     for item in items:

@@ -463,7 +463,8 @@ class RequestChecks:
         #: whether schedule() itself advances num_computed_tokens by the scheduled count (0.8+);
         #: 0.6.x/0.7.x advance it in update_from_output (the adapter probes which)
         self.advanced_in_schedule = advanced_in_schedule
-        self.last: dict[str, tuple[int, str]] = {}   # rid -> (num_computed_tokens, status)
+        #: rid -> (num_computed_tokens, status, num_preemptions) at the last look
+        self.last: dict[str, tuple[int, str, int]] = {}
         self.preempted_now: set[str] = set()  # PREEMPTED now, not PREEMPTED at the last look
         self._names: dict = {}  # RequestStatus member -> name
 
@@ -540,9 +541,20 @@ class RequestChecks:
                     f"{rid} is in {q} with status {st} (expected a waiting status or PREEMPTED)")
             nct = req.num_computed_tokens
             prev = last.get(rid)
-            new_last[rid] = (nct, st)  # (when new_last is last, prev was read first)
+            # vLLM's own count (Request.num_preemptions, 0.13+; absent before): a preemption
+            # between two looks (reset_prefix_cache(reset_running_requests=True) preempts and
+            # the next schedule() resumes) leaves the status RUNNING at both
+            npre = getattr(req, "num_preemptions", 0) or 0
+            new_last[rid] = (nct, st, npre)  # (when new_last is last, prev was read first)
             if st == "PREEMPTED" and (prev is None or prev[1] != "PREEMPTED"):
                 self.preempted_now.add(rid)
+            nop = getattr(req, "num_output_placeholders", 0) or 0
+            if nop < 0:
+                # AsyncScheduler asserts it only on the frames it does not discard
+                # (vllm/v1/core/sched/async_scheduler.py:_update_request_with_output)
+                by_rid.setdefault(rid, []).append(
+                    f"{rid} num_output_placeholders is {nop} (expected >= 0: tokens in flight "
+                    "cannot be negative)")
             if prev is not None and nct == prev[0]:
                 continue  # unchanged since the last look: bounds held then
             ntok = req.num_tokens
@@ -553,7 +565,7 @@ class RequestChecks:
                 if nct < 0 or nct > upper:
                     by_rid.setdefault(rid, []).append(
                         f"{rid} num_computed_tokens {nct} is outside 0..{upper} (num_tokens {ntok})")
-            if prev is None or st != "RUNNING" or prev[1] != "RUNNING":
+            if prev is None or st != "RUNNING" or prev[1] != "RUNNING" or npre != prev[2]:
                 continue  # new, preempted, resumed or waiting: no continuity to check
             if nct < prev[0]:
                 allowed = len(spec[rid]) + 1 if phase == "update" and spec.get(rid) else 0

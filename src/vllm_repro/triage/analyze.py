@@ -173,7 +173,8 @@ def _representative(final: ExcRecord, all_recs: list[ExcRecord]) -> ExcRecord:
 def _priority(rec: ExcRecord, all_recs: list[ExcRecord], last_healthy: int | None) -> int:
     if is_wrapper(rec, all_recs):
         return 0
-    if rec.base in SECONDARY_TYPES or rec.level in ("DEBUG", "INFO", "WARNING", "WARN"):
+    if rec.base in SECONDARY_TYPES or rec.level in ("DEBUG", "INFO", "WARNING", "WARN") \
+            or rec.logging_error:
         return 1
     if last_healthy is not None and last_healthy > rec.lineno:
         return 1  # the engine served again afterwards: not what killed it

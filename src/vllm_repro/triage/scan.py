@@ -65,6 +65,9 @@ class ExcRecord:
     frames_dropped: int = 0
     tb_lineno: int | None = None
     ipython: bool = False
+    #: printed by ``logging.Handler.handleError`` ("--- Logging error ---"): a log record that
+    #: failed to format, caught by the logging module; the process went on
+    logging_error: bool = False
 
     @property
     def base(self) -> str:
@@ -300,6 +303,7 @@ class LogScanner:
     def __init__(self) -> None:
         self.lines = 0
         self.exceptions: list[ExcRecord] = []
+        self._in_logging_error = False  # inside a "--- Logging error ---" block
         self.exceptions_dropped = 0
         self.signals: list[SignalEvent] = []
         self.self_kill_lines: list[int] = []
@@ -357,6 +361,8 @@ class LogScanner:
         rec = ExcRecord(typ, msg, s.frames if not standalone else [], lineno, key[0], key[1],
                         level, standalone=standalone, frames_dropped=s.dropped,
                         tb_lineno=s.tb_lineno if not standalone else None, ipython=s.ipython)
+        if self._in_logging_error:
+            rec.logging_error = True
         if s.pending_link and s.last_exc is not None:
             rec.cause, rec.link = s.last_exc, s.pending_link
         s.pending_link = None
@@ -371,6 +377,12 @@ class LogScanner:
         """Read one log line (without its terminator)."""
         self.lines = lineno
         proc, level, site, text = normalize(raw)
+        if text.strip() == "--- Logging error ---":
+            # logging.Handler.handleError: the chain that follows, up to its closing line, is
+            # the record's formatting failure (with the exception being logged as its context)
+            self._in_logging_error = True
+        elif self._in_logging_error and text.strip().startswith("Use the traceback above"):
+            self._in_logging_error = False
         key = (proc, site)
         prev = self._prev_tb
         if prev is not None and site is None and level is None and prev[0] == lineno - 1 \
