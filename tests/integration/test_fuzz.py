@@ -51,4 +51,4 @@ def test_draws_only_what_the_release_accepts(cli, tmp_path):
     forced = cli("fuzz", "--vllm", "0.6.6.post1", "--time", "3s", "--workers", "1", "--policy",
                  "priority", "--out", str(tmp_path / "found2"), "--reports", str(tmp_path / "r"))
     assert forced.returncode == 2, forced.stdout + forced.stderr
-    assert "--policy priority: requests[A].priority: vLLM 0.6.6.post1's V1 Request has no priority" in forced.stderr
+    assert "--policy priority: vLLM 0.6.6.post1's V1 Request has no priority" in forced.stderr

@@ -192,6 +192,10 @@ class V1Adapter:
         self.computed_advanced_in_schedule = not _source_has(
             getattr(self.Scheduler, "update_from_output", None), "num_computed_tokens +=")
         self._register_model()
+        from .capabilities import probe
+
+        #: what this release supports, probed once (sent to the host in the worker's hello)
+        self.caps = probe(self)
 
     # ---- environment -------------------------------------------------------------------------
     def _version(self) -> str:
@@ -316,11 +320,10 @@ class V1Adapter:
         cache_config = self._strict_call(c.CacheConfig, cache_kwargs, routed.get("CacheConfig", {}))
         spec_config = None
         if cfg.get("num_speculative_tokens"):
-            if not _source_has(self.Scheduler, "spec_token_ids"):
+            if not self.caps.spec_decode:
                 # 0.6.x/0.7.0: the V1 scheduler has no draft tokens (SpeculativeConfig is V0's)
-                raise RefusedByRelease(
-                    f"config.num_speculative_tokens: vLLM {self.version}'s V1 Scheduler has no "
-                    "speculative decoding (no spec_token_ids); drop it for this release")
+                raise RefusedByRelease(f"config.num_speculative_tokens: "
+                                       f"{self.caps.refusal('spec decode')}; drop it for this release")
             spec_kwargs = dict(model="ngram", method=cfg.get("speculative_method", "ngram"),
                                num_speculative_tokens=cfg["num_speculative_tokens"],
                                prompt_lookup_max=4, prompt_lookup_min=1)
@@ -361,11 +364,10 @@ class V1Adapter:
             if isinstance(chosen, type):
                 sched_cls = chosen
         elif cfg["async_scheduling"]:
-            sched_cls = _try_import("vllm.v1.core.sched.async_scheduler:AsyncScheduler")
-            if sched_cls is None:
-                raise RefusedByRelease(
-                    f"config.async_scheduling: vLLM {self.version} has no AsyncScheduler "
-                    "(vllm/v1/core/sched/async_scheduler.py); drop it for this release")
+            if not self.caps.async_scheduling:
+                raise RefusedByRelease(f"config.async_scheduling: "
+                                       f"{self.caps.refusal('async scheduling')}; drop it for this release")
+            sched_cls = _import("vllm.v1.core.sched.async_scheduler:AsyncScheduler")
         if cfg["async_scheduling"] and getattr(vllm_config.scheduler_config, "async_scheduling",
                                                 True) is False:
             # the CPU platform's check_and_update_config turns async scheduling off ("not
@@ -500,10 +502,8 @@ class V1Adapter:
             except TypeError:
                 pass
         names, _ = params_of(self.Request)
-        if priority and "priority" not in names:
-            raise RefusedByRelease(
-                f"requests[{req_id}].priority: vLLM {self.version}'s V1 Request has no priority "
-                "(the engine refuses priorities); use priority 0 and policy fcfs on this release")
+        if priority and not self.caps.priority:
+            raise RefusedByRelease(f"requests[{req_id}].priority: {self.caps.refusal('priority')}")
         kwargs = dict(
             request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
             pooling_params=None, eos_token_id=EOS_TOKEN_ID, arrival_time=arrival_time,

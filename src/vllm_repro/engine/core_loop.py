@@ -48,10 +48,17 @@ class EngineCoreLoop(StepLoop):
     def _build_engine(self, runner: FakeModelRunner):
         a = self.adapter
         cfg = self.cfg
+        if not a.caps.engine_core:
+            raise RefusedByRelease(f"level: engine-core: {a.caps.refusal('engine-core')}")
+        if cfg.get("max_concurrent_batches") is not None and a.caps.batch_queue_from_config:
+            raise RefusedByRelease(
+                f"config.max_concurrent_batches: vLLM {a.version}'s EngineCore sizes its batch "
+                "queue from VllmConfig.max_concurrent_batches, not from the executor; use "
+                "pipeline_parallel_size / async_scheduling on this release")
         vllm_config, _ = self._config_or_refusal(lambda: a.build_vllm_config(cfg))
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
-        split = hasattr(_import("vllm.v1.executor.abstract:Executor"), "sample_tokens")
+        split = a.caps.split_sampling
         self.worker = FakeWorker(specs, memory, self._make_output, self._on_execute, split)
         multiproc = _try_import("vllm.v1.executor.multiproc_executor:MultiprocExecutor")
         depth = cfg.get("max_concurrent_batches")
@@ -76,7 +83,8 @@ class EngineCoreLoop(StepLoop):
         self.engine = engine
         self.scheduler = engine.scheduler
         if not hasattr(engine, "step_fn"):  # <= 0.10: EngineCoreProc.__init__ picks it
-            engine.step_fn = engine.step if engine.batch_queue is None else engine.step_with_batch_queue
+            engine.step_fn = (engine.step if getattr(engine, "batch_queue", None) is None
+                              else engine.step_with_batch_queue)
         if not hasattr(engine, "output_queue"):
             engine.output_queue = queue.Queue()  # EngineCoreProc's, read by _process_engine_step
         want = cfg.get("max_concurrent_batches")
@@ -356,6 +364,7 @@ class EngineCoreLoop(StepLoop):
     def _check_events(self) -> None:
         """Refuse, before the run, an event whose EngineCore call the release lacks."""
         engine = self.engine
+        events = self.adapter.caps.events
         for e in self.sc.get("events", []):
             if e.get("when") == "in_flight" and not hasattr(engine, "aborts_queue") \
                     and getattr(engine, "batch_queue", None) is None:
@@ -365,12 +374,11 @@ class EngineCoreLoop(StepLoop):
                     "aborts_queue, no batch queue); use when: before_step on this release")
             for key, method in (("reset_prefix_cache", "reset_prefix_cache"),
                                 ("pause", "pause_scheduler"), ("resume", "resume_scheduler")):
-                if e.get(key) and not hasattr(engine, method):
+                if e.get(key) and key not in events:
                     raise RefusedByRelease(
                         f"events[at_step {e['at_step']}].{key}: vLLM {self.adapter.version}'s "
                         f"EngineCore has no {method}()")
-            if e.get("reset_running_requests") and "reset_running_requests" not in init_params_fn(
-                    engine.reset_prefix_cache):
+            if e.get("reset_running_requests") and "reset_running_requests" not in events:
                 raise RefusedByRelease(
                     f"events[at_step {e['at_step']}].reset_running_requests: vLLM "
                     f"{self.adapter.version}'s reset_prefix_cache() does not take it")
@@ -423,12 +431,6 @@ class _EngineBuildCrash(Exception):
 
 class _ObserverStop(BaseException):
     """The observer asked to stop from inside an observed scheduler call."""
-
-
-def init_params_fn(fn) -> set[str]:
-    from .adapter import params_of
-
-    return params_of(fn)[0]
 
 
 def _process_engine_step():

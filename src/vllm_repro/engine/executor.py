@@ -160,11 +160,6 @@ def kv_cache_spec(adapter: V1Adapter, cfg: dict) -> tuple[dict, int]:
     """``({layer name: KVCacheSpec}, bytes per block summed over the layers)`` for the scenario's
     ``kv_cache_groups`` (default: one full-attention layer), with the same specs the scheduler
     level builds (``V1Adapter._kv_cache_config``)."""
-    if adapter.FullAttentionSpec is None:
-        raise AdapterError(
-            f"level engine-core covers EngineCores that size the KV cache from the executor's "
-            f"KVCacheSpecs; vLLM {adapter.version}'s first-generation V1 engine has none "
-            "(vllm/v1/kv_cache_interface.py); run this release at level: scheduler")
     torch = __import__("torch")
     groups = cfg.get("kv_cache_groups") or [{"type": "full", "num_layers": 1}]
     specs: dict = {}

@@ -124,6 +124,21 @@ class Worker:
         if not self.hello.get("ok"):
             self.close()
             raise EnvError(f"vLLM {self.env.version}: {self.hello.get('error')} (log: {self.log_path})")
+        from ..settings import cache_dir
+        from .capabilities import save
+
+        save(cache_dir(), self.capabilities)
+
+    @property
+    def capabilities(self):
+        """The release's :class:`~vllm_repro.engine.capabilities.Capabilities`, as the worker
+        probed it at start-up. Raises :class:`EnvError` before the worker has started."""
+        from .capabilities import Capabilities
+
+        raw = self.hello.get("capabilities")
+        if not raw:
+            raise EnvError(f"vLLM {self.env.version}: the worker sent no capabilities record")
+        return Capabilities.from_dict(raw)
 
     def _environment(self) -> dict[str, str]:
         """:func:`child_environment` plus one string-hash seed for every run: with prefix

@@ -105,16 +105,8 @@ class StepLoop:
         except Exception as exc:
             raise self.refusal(exc) from exc
         model = self.sc.get("model") or {}
-        if getattr(a, "one_token_per_request", False):
-            if model.get("empty_at"):
-                raise RefusedByRelease(
-                    f"model.empty_at: vLLM {a.version}'s ModelRunnerOutput holds one sampled token "
-                    "per request and its scheduler appends it once prefill is done; a step "
-                    "without a token cannot be expressed there")
-            if self.cfg.get("num_speculative_tokens"):
-                raise RefusedByRelease(
-                    f"config.num_speculative_tokens: vLLM {a.version}'s V1 scheduler has no "
-                    "speculative decoding")
+        if model.get("empty_at") and not a.caps.empty_outputs:
+            raise RefusedByRelease(f"model.empty_at: {a.caps.refusal('empty outputs')}")
         for r in self.sc["requests"]:
             a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
         record_stats = None

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     _reply(reply, {"id": "hello", "ok": True, "vllm": adapter.version,
                    "vllm_path": str(adapter.vllm_file), "import_s": round(time.perf_counter() - t0, 3),
-                   "python": sys.version.split()[0]})
+                   "python": sys.version.split()[0], "capabilities": adapter.caps.to_dict()})
     from .loop import run_scenario
 
     for raw in sys.stdin:

@@ -93,35 +93,18 @@ class SearchConfig:
 
 
 #: Features a release may refuse (vLLM 0.6.x has no priorities in its V1 Request, 0.6.x/0.7.0 no
-#: draft tokens and one sampled token per request), each probed with a one-request scenario.
-_PROBE_BASE = {"name": "probe", "config": {"num_gpu_blocks": 8, "max_model_len": 64},
-               "requests": [{"id": "A", "at_step": 1, "prompt_len": 4, "max_tokens": 2}],
-               "model": {"token": 100}}
-PROBES = {
-    "priority": {"config": {"policy": "priority"}, "priority": 1},
-    "spec decode": {"config": {"num_speculative_tokens": 1}},
-    "empty outputs": {"model": {"empty_at": {"A": [9]}}},
-}
+#: draft tokens and one sampled token per request), read from its capabilities record.
+FUZZ_FEATURES = ("priority", "spec decode", "empty outputs")
 
 
 def refused_features(worker) -> dict[str, str]:
-    """``{feature: the release's refusal}`` for the :data:`PROBES` the release refuses as input
-    (the same refusals ``vllm-repro run`` gives, exit 2), so that a campaign does not spend its
-    time on scenarios the release cannot run."""
-    from ..scenario import parse_scenario
-
-    refused = {}
-    for feature, probe in PROBES.items():
-        sc = json.loads(json.dumps(_PROBE_BASE))
-        sc["config"].update(probe.get("config", {}))
-        sc["model"].update(probe.get("model", {}))
-        if "priority" in probe:
-            sc["requests"][0]["priority"] = probe["priority"]
-        result = worker.run(parse_scenario(sc, f"<probe {feature}>").child_payload(), None, audit=False)
-        err = result.get("error") or {}
-        if result.get("outcome") == "error" and err.get("kind") == "input":
-            refused[feature] = err.get("message", "")
-    return refused
+    """``{feature: the release's refusal}`` for the :data:`FUZZ_FEATURES` the release lacks,
+    from the capabilities record the worker probed at start-up
+    (:class:`~vllm_repro.engine.capabilities.Capabilities`; the same refusals ``vllm-repro
+    run`` gives, exit 2), so that a campaign does not spend its time on scenarios the release
+    cannot run."""
+    caps = worker.capabilities
+    return {f: caps.refusal(f) for f in FUZZ_FEATURES if not caps.supports(f)}
 
 
 def fit_profile(profile: Profile, refused: dict[str, str], spec_forced: bool = False) -> Profile:

@@ -1,0 +1,233 @@
+"""What one vLLM release supports, probed once: the :class:`Capabilities` record.
+
+The worker probes it right after importing the release (``probe(adapter)``, inside the release
+environment: standard library + vLLM) and sends it in its hello; the host keeps it
+(``Worker.capabilities``) and caches it per release (``<cache>/capabilities/<version>.json``),
+so that the loop, the fuzzer and triage read one record instead of probing vLLM each in their
+own way. Every field is found by probing classes, signatures and sources of the release, never
+by comparing version numbers: vLLM's API drift lives here and in the adapter only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+#: the scenario features a release may refuse, with what a refusal says (``refusal()``)
+FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups",
+            "engine-core")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """One release's support, as probed (see :func:`probe` for the vLLM source each field reads).
+
+    ``events``: the EngineCore calls a scenario's ``events`` may make (``abort``,
+    ``abort_in_flight``, ``reset_prefix_cache``, ``reset_running_requests``, ``pause``,
+    ``resume``); ``spec_methods``: the ``SpeculativeConfig.method`` values the lab's fake drafter
+    can stand for (``ngram``, ``ngram_gpu``); ``kv_group_kinds``: KV cache spec kinds
+    (``full``, ``sliding_window``).
+    """
+
+    version: str
+    priority: bool = False
+    spec_decode: bool = False
+    spec_methods: tuple[str, ...] = ()
+    empty_outputs: bool = False
+    async_scheduling: bool = False
+    kv_cache_groups: bool = False
+    kv_group_kinds: tuple[str, ...] = ()
+    engine_core: bool = False
+    split_sampling: bool = False
+    batch_queue_from_config: bool = False
+    events: tuple[str, ...] = ()
+    structured_outputs: bool = False
+    kv_connectors: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def supports(self, feature: str) -> bool:
+        """Whether the release supports ``feature`` (one of :data:`FEATURES`)."""
+        return self.refusal(feature) is None
+
+    def refusal(self, feature: str) -> str | None:
+        """The one-line reason the release refuses ``feature``, or None when it supports it.
+        Raises :class:`KeyError` for a feature not in :data:`FEATURES`."""
+        v = self.version
+        reasons = {
+            "priority": None if self.priority else
+            f"vLLM {v}'s V1 Request has no priority (the engine refuses priorities); use "
+            "priority 0 and policy fcfs on this release",
+            "spec decode": None if self.spec_decode else
+            f"vLLM {v}'s V1 Scheduler has no speculative decoding (no spec_token_ids)",
+            "empty outputs": None if self.empty_outputs else
+            f"vLLM {v}'s ModelRunnerOutput holds one sampled token per request; a step without "
+            "a token cannot be expressed there",
+            "async scheduling": None if self.async_scheduling else
+            f"vLLM {v} has no AsyncScheduler (vllm/v1/core/sched/async_scheduler.py)",
+            "kv cache groups": None if self.kv_cache_groups else
+            f"vLLM {v}'s Scheduler builds one full-attention KV cache from CacheConfig",
+            "engine-core": None if self.engine_core else
+            f"vLLM {v}'s first-generation V1 engine (no KV cache sizing from executor specs, "
+            "or no EngineCoreProc._process_engine_step in vllm/v1/engine/core.py) runs at "
+            "level: scheduler only",
+        }
+        return reasons[feature]
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (tuples as lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Capabilities":
+        """The record from :meth:`to_dict`'s output (unknown keys ignored, for records cached
+        by an older lab). Raises :class:`KeyError` without ``version``."""
+        names = {f.name: f for f in fields(cls)}
+        kw = {}
+        for k, v in d.items():
+            if k in names:
+                kw[k] = tuple(v) if isinstance(v, list) else v
+        return cls(version=d["version"], **{k: v for k, v in kw.items() if k != "version"})
+
+
+def cache_path(cache: Path, version: str) -> Path:
+    """Where the host keeps a release's probed record."""
+    return cache / "capabilities" / f"{version}.json"
+
+
+def save(cache: Path, caps: Capabilities) -> None:
+    """Cache ``caps`` (best effort: a read-only cache, as in the CPU image, keeps nothing)."""
+    p = cache_path(cache, caps.version)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(caps.to_dict(), indent=1))
+        tmp.replace(p)
+    except OSError:
+        pass
+
+
+def load(cache: Path, version: str) -> Capabilities | None:
+    """The cached record of ``version``, or None when the release never ran here."""
+    try:
+        return Capabilities.from_dict(json.loads(cache_path(cache, version).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def probe(adapter) -> Capabilities:
+    """Probe the release the adapter imported (runs in the release environment).
+
+    Reads: ``vllm/v1/request.py:Request.__init__`` (priority); ``Scheduler`` source
+    (``spec_token_ids``) and ``ModelRunnerOutput.sampled_token_ids``' annotation (spec decode,
+    empty outputs); ``vllm/config`` ``SpeculativeConfig.method`` (draft methods);
+    ``vllm/v1/core/sched/async_scheduler.py`` (async); ``Scheduler.__init__``'s
+    ``kv_cache_config`` and ``vllm/v1/kv_cache_interface.py`` (KV groups, engine-core sizing);
+    ``vllm/v1/executor/abstract.py:Executor.sample_tokens``; ``vllm/v1/engine/core.py:EngineCore``
+    (events, batch queue); ``vllm/v1/structured_output`` and the V1 KV connector package.
+    """
+    from .adapter import _source_has, _try_import, init_params, params_of
+
+    spec = not adapter.one_token_per_request and _source_has(adapter.Scheduler, "spec_token_ids")
+    methods: list[str] = []
+    spec_cls = getattr(adapter.config_mod, "SpeculativeConfig", None)
+    if spec and spec_cls is not None:
+        ann = str(getattr(spec_cls, "__annotations__", {}).get("method", ""))
+        src_mod = _try_import("vllm.config.speculative") or adapter.config_mod
+        text = ann + " " + str(getattr(src_mod, "NgramGPUTypes", ""))
+        methods.append("ngram")
+        if "ngram_gpu" in text or _source_has(spec_cls, '"ngram_gpu"'):
+            methods.append("ngram_gpu")
+    kinds = []
+    if adapter.FullAttentionSpec is not None:
+        kinds.append("full")
+    if adapter.SlidingWindowSpec is not None:
+        kinds.append("sliding_window")
+    # EngineCore and the executor are read from their source (ast), not imported: the
+    # scheduler level never imports them (a slice may not hold them at all)
+    core = _class_source("vllm.v1.engine.core", "EngineCore")
+    events: list[str] = []
+    batch_from_config = False
+    if core is not None:
+        core_methods, init_src = core
+        events.append("abort")
+        if "aborts_queue" in init_src or "batch_queue" in init_src:
+            events.append("abort_in_flight")
+        if "reset_prefix_cache" in core_methods:
+            events.append("reset_prefix_cache")
+            if "reset_running_requests" in core_methods["reset_prefix_cache"]:
+                events.append("reset_running_requests")
+        if "pause_scheduler" in core_methods:
+            events.append("pause")
+        if "resume_scheduler" in core_methods:
+            events.append("resume")
+        batch_from_config = "vllm_config.max_concurrent_batches" in init_src
+    proc = _class_source("vllm.v1.engine.core", "EngineCoreProc")
+    executor = _class_source("vllm.v1.executor.abstract", "Executor")
+    connector = _module_exists("vllm.distributed.kv_transfer.kv_connector.v1")
+    return Capabilities(
+        version=adapter.version,
+        priority="priority" in params_of(adapter.Request)[0],
+        spec_decode=spec,
+        spec_methods=tuple(methods),
+        empty_outputs=not adapter.one_token_per_request,
+        async_scheduling=_try_import("vllm.v1.core.sched.async_scheduler:AsyncScheduler") is not None,
+        kv_cache_groups="kv_cache_config" in init_params(adapter.Scheduler)[0],
+        kv_group_kinds=tuple(kinds),
+        # EngineCore._initialize_kv_caches asks the executor for KV cache specs (0.7+, where
+        # 0.6.x asks it for a number of blocks), and the engine process steps it through
+        # EngineCoreProc._process_engine_step (0.8+; 0.7.x inlines it in run_busy_loop)
+        engine_core=core is not None and adapter.FullAttentionSpec is not None
+        and "_initialize_kv_caches" in core[0] and proc is not None
+        and "_process_engine_step" in proc[0],
+        split_sampling=executor is not None and "sample_tokens" in executor[0],
+        batch_queue_from_config=batch_from_config,
+        events=tuple(events),
+        structured_outputs=adapter.StructuredOutputManager is not None,
+        kv_connectors=connector,
+        notes=tuple(adapter.platform_notes),
+    )
+
+
+def _module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _class_source(module: str, cls: str) -> tuple[dict[str, set[str]], str] | None:
+    """``({method: its argument names}, the source of __init__)`` of class ``cls`` in
+    ``module``'s file, read with :mod:`ast` (nothing imported); None when the file or the class
+    is absent."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        text = Path(spec.origin).read_text()
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            methods: dict[str, set[str]] = {}
+            init_src = ""
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    a = item.args
+                    methods[item.name] = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+                    if item.name == "__init__":
+                        init_src = ast.get_source_segment(text, item) or ""
+            return methods, init_src
+    return None
+
+
+__all__ = ["Capabilities", "FEATURES", "probe", "save", "load", "cache_path"]

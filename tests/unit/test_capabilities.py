@@ -1,0 +1,75 @@
+"""The capabilities record a worker sends in its hello: what the loop, the fuzzer and triage
+read instead of probing vLLM themselves (no vLLM release needed)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from vllm_repro.engine.capabilities import FEATURES, Capabilities, _class_source, load, save
+from vllm_repro.fuzz.search import fit_profile, refused_features
+from vllm_repro.fuzz.strategies import DEFAULT
+
+OLD = Capabilities(version="0.6.6.post1", kv_group_kinds=("full",), events=("abort",))
+NEW = Capabilities(version="0.33.0", priority=True, spec_decode=True,
+                   spec_methods=("ngram", "ngram_gpu"), empty_outputs=True,
+                   async_scheduling=True, kv_cache_groups=True,
+                   kv_group_kinds=("full", "sliding_window"), engine_core=True,
+                   split_sampling=True, batch_queue_from_config=True,
+                   events=("abort", "abort_in_flight", "reset_prefix_cache",
+                           "reset_running_requests", "pause", "resume"))
+
+
+def test_round_trip_through_json_and_the_cache(tmp_path):
+    assert Capabilities.from_dict(NEW.to_dict()) == NEW
+    # a record cached by another lab version: unknown keys are ignored, missing ones default
+    raw = {**OLD.to_dict(), "some_future_field": True}
+    raw.pop("events")
+    assert Capabilities.from_dict(raw).events == ()
+    save(tmp_path, NEW)
+    assert load(tmp_path, "0.33.0") == NEW
+    assert load(tmp_path, "0.9.2") is None
+
+
+def test_refusals_name_the_release_and_the_fix():
+    for f in FEATURES:
+        assert NEW.supports(f) and NEW.refusal(f) is None
+        msg = OLD.refusal(f)
+        assert msg is not None and "0.6.6.post1" in msg
+    assert "level: scheduler" in OLD.refusal("engine-core")
+    with pytest.raises(KeyError):
+        OLD.refusal("time travel")
+
+
+class _Worker:
+    def __init__(self, caps):
+        self.capabilities = caps
+
+
+def test_the_fuzzer_fits_its_profile_to_the_record():
+    assert refused_features(_Worker(NEW)) == {}
+    refused = refused_features(_Worker(OLD))
+    assert set(refused) == {"priority", "spec decode", "empty outputs"}
+    prof = fit_profile(DEFAULT, refused)
+    assert "priority" not in prof.policies and not prof.spec_decode and not prof.empty_outputs
+
+
+def test_engine_classes_are_read_from_source_not_imported(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakevllm_caps"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core.py").write_text(
+        "raise RuntimeError('imported')\n"
+        "class EngineCore:\n"
+        "    def __init__(self, vllm_config):\n"
+        "        self.aborts_queue = None\n"
+        "    def reset_prefix_cache(self, reset_running_requests=False):\n"
+        "        pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    methods, init_src = _class_source("fakevllm_caps.core", "EngineCore")
+    assert methods["reset_prefix_cache"] == {"self", "reset_running_requests"}
+    assert "aborts_queue" in init_src
+    assert "fakevllm_caps.core" not in sys.modules
+    assert _class_source("fakevllm_caps.core", "Missing") is None
+    assert _class_source("fakevllm_caps.nowhere", "EngineCore") is None
