@@ -128,8 +128,8 @@ class Auditor:
             found = check_end_of_run(self.books, refs, free) + self.map_check.check(full=True)
             self._record_all(found, step, "end of run", stop=False)
         elif outcome == "stall":
-            self._record_all([self._no_progress(loop, step)], self._last_progress + 1,
-                             "stall", stop=False)
+            v = self._no_progress(loop, step)
+            self._record_all([v], self._stalled_since, "stall", stop=False)
         elif outcome == "crash":
             found = [v for v in self._kv_checks(with_leaks=False) if v["code"] in KV_CODES]
             self._record_all(found, step, "after crash", stop=False)
@@ -229,9 +229,18 @@ class Auditor:
         waiting, running, _ = self.adapter.queues(loop.scheduler)
         unfinished = [rid for rid in loop.created if rid not in loop.finished]
         since = self._last_progress + 1
+        what = "no token scheduled and no request finished"
+        stall_since = getattr(loop, "stall_since", None)
+        if stall_since is not None and since > step:
+            # tokens were scheduled every step, yet no request got further than it had been
+            # (the engine-core loop's high-water mark of computed + output tokens): a livelock
+            since = stall_since
+            what = ("tokens scheduled but no request finished or got further (computed + output "
+                    "tokens)")
         nfree = self.books.num_free()
+        self._stalled_since = since  # the record's step: the first step without progress
         return make_violation(NO_PROGRESS, (
-            f"no token scheduled and no request finished for {step - since + 1} steps "
+            f"{what} for {step - since + 1} steps "
             f"(steps {since}-{step}) while {names(unfinished)} are unfinished (waiting: "
             f"{names(waiting) if waiting else 'none'}; running: "
             f"{names(running) if running else 'none'}); {nfree} of "

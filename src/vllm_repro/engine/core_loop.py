@@ -264,36 +264,19 @@ class EngineCoreLoop(StepLoop):
             progress = bool(newly) or self._advanced()
             idle = 0 if (progress or not unfinished) else idle + 1
             if idle >= stall_steps:
+                self.stall_since = step - stall_steps + 1
                 result = {"outcome": "stall", "stall": {
                     "step": step, "since": step - stall_steps + 1, "unfinished": unfinished,
                     "waiting": line.get("waiting"), "running": line.get("running"),
                     "free_blocks": line.get("free_blocks")}}
                 break
-        run_s = time.perf_counter() - t1
-        run_cpu_s = time.process_time() - c1
-        if self.observer is not None:
-            fin = self.observer.finish(self, result["outcome"])
-            if fin and result["outcome"] == "clean":
-                result["outcome"] = "violation"
-            if getattr(self.observer, "violations", None):
-                result["violations"] = list(self.observer.violations)
-            if hasattr(self.observer, "summary"):
-                result["audit"] = self.observer.summary()
-        unfinished = [r["id"] for r in self.sc["requests"] if r["id"] not in self.finished]
-        result.update({
-            "steps": step,
-            "finished": dict(self.finished),
-            "unfinished": unfinished,
-            "limit_reached": result["outcome"] == "clean" and bool(unfinished),
-            "level": self.level,
-            "engine": {"num_gpu_blocks": getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
-                       "batch_queue_size": getattr(engine, "batch_queue_size", 1),
-                       "step_fn": getattr(engine.step_fn, "__name__", str(engine.step_fn)),
-                       "scheduler": type(self.scheduler).__name__},
-            "timing": {"build_s": round(build_s, 4), "run_s": round(run_s, 4),
-                       "run_cpu_s": round(run_cpu_s, 4),
-                       "steps_per_s": round(step / run_s, 1) if run_s > 0 else None},
-        })
+        result = self.finish_result(result, step, build_s, time.perf_counter() - t1,
+                                    time.process_time() - c1)
+        result["engine"] = {
+            "num_gpu_blocks": getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
+            "batch_queue_size": getattr(engine, "batch_queue_size", 1),
+            "step_fn": getattr(engine.step_fn, "__name__", str(engine.step_fn)),
+            "scheduler": type(self.scheduler).__name__}
         try:
             engine.shutdown()
         except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge

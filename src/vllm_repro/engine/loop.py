@@ -71,6 +71,8 @@ class StepLoop:
     (a ``BaseException`` it raises from inside a vLLM call to stop there); ``violations`` and
     ``summary()`` go into the result."""
 
+    level = "scheduler"
+
     def __init__(self, adapter: V1Adapter, scenario: dict, trace: Callable[[dict], None] | None = None,
                  observer: Any = None):
         self.adapter = adapter
@@ -203,13 +205,21 @@ class StepLoop:
             progress = bool(newly) or any(n > 0 for n in line["scheduled"].values())
             idle = 0 if (progress or not unfinished) else idle + 1
             if idle >= stall_steps:
+                self.stall_since = step - stall_steps + 1
                 result = {"outcome": "stall", "stall": {
                     "step": step, "since": step - stall_steps + 1, "unfinished": unfinished,
                     "waiting": line["waiting"], "running": line["running"],
                     "free_blocks": line.get("free_blocks")}}
                 break
-        run_s = time.perf_counter() - t1
-        run_cpu_s = time.process_time() - c1
+        return self.finish_result(result, step, build_s, time.perf_counter() - t1,
+                                  time.process_time() - c1)
+
+    def finish_result(self, result: dict, step: int, build_s: float, run_s: float,
+                      run_cpu_s: float) -> dict:
+        """The end of a run at either level: the observer's end-of-run checks (a clean run
+        with violations becomes ``violation``), then ``steps``, ``finished`` (request id ->
+        finish status), ``unfinished``, ``limit_reached`` and ``timing`` (seconds; steps/s of
+        the loop alone) added to ``result``, which is returned."""
         if self.observer is not None:
             fin = self.observer.finish(self, result["outcome"])
             if fin and result["outcome"] == "clean":
@@ -224,6 +234,7 @@ class StepLoop:
             "finished": dict(self.finished),
             "unfinished": unfinished,
             "limit_reached": result["outcome"] == "clean" and bool(unfinished),
+            "level": self.level,
             "timing": {"build_s": round(build_s, 4), "run_s": round(run_s, 4),
                        "run_cpu_s": round(run_cpu_s, 4),
                        "steps_per_s": round(step / run_s, 1) if run_s > 0 else None},

@@ -1,0 +1,90 @@
+"""Level engine-core against level scheduler on one workload, in one worker process (prints
+numbers; not a test).
+
+    python bench/engine_core.py                     # vLLM 0.33.0, fcfs, prefix caching on
+    python bench/engine_core.py --vllm 0.20.2 --async-scheduling --repeat 5
+
+The workload is the stress generator's (256 requests, mixed short and long prompts, aborts,
+early EOS) on a 2,000-block pool, the audit on at both levels. Steps/s counts the step loop
+only (at scheduler level: schedule, the fake model, update_from_output; at engine-core level:
+EngineCoreProc._process_engine_step with the fake executor), best of ``--repeat`` runs each,
+alternating, by wall clock and by the worker's CPU time in the loop. Start-up is the engine-core
+run's build time: VllmConfig, the fake executor, EngineCore.__init__ (KV cache specs, free
+memory, get_kv_cache_config, the scheduler) and adding the requests. Goal (issue #13):
+engine-core steps/s >= 0.8 x scheduler steps/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from vllm_repro.engine.host import Worker  # noqa: E402
+from vllm_repro.lab import prepare_release  # noqa: E402
+from vllm_repro.scenario.schema import Scenario  # noqa: E402
+
+
+def workload(level: str, policy: str, caching: bool, blocks: int, async_scheduling: bool) -> dict:
+    spec = importlib.util.spec_from_file_location("stress_gen", ROOT / "scenarios/stress/generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    sc = gen.build(policy, caching, seed=7)
+    sc["name"] = f"bench-{level}"
+    sc["level"] = level
+    sc["config"]["num_gpu_blocks"] = blocks
+    sc["config"]["async_scheduling"] = async_scheduling
+    return Scenario.model_validate(sc).child_payload()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vllm", default="0.33.0")
+    ap.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
+    ap.add_argument("--no-cache", action="store_true", help="prefix caching off")
+    ap.add_argument("--async-scheduling", action="store_true", help="AsyncScheduler at both levels")
+    ap.add_argument("--blocks", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    levels = ("scheduler", "engine-core")
+    payloads = {lv: workload(lv, args.policy, not args.no_cache, args.blocks, args.async_scheduling)
+                for lv in levels}
+    env = prepare_release(args.vllm)
+    best = dict.fromkeys(levels, 0.0)
+    best_cpu = dict.fromkeys(levels, 0.0)
+    build = dict.fromkeys(levels, float("inf"))
+    steps = dict.fromkeys(levels, 0)
+    with tempfile.TemporaryDirectory(prefix="bench-engine-core-") as tmp, \
+            Worker(env, Path(tmp) / "engine.log") as worker:
+        print(f"vLLM {args.vllm} imported in {worker.hello.get('import_s')} s")
+        for _ in range(args.repeat):
+            for lv in levels:
+                res = worker.run(payloads[lv], None, audit=True, keep_going=True)
+                if res["outcome"] not in ("clean", "violation"):
+                    sys.exit(f"{lv} run failed: {res['outcome']} "
+                             f"{res.get('error') or res.get('crash') or res.get('stall')}")
+                t = res["timing"]
+                steps[lv] = res["steps"]
+                best[lv] = max(best[lv], t["steps_per_s"])
+                if t.get("run_cpu_s"):
+                    best_cpu[lv] = max(best_cpu[lv], res["steps"] / t["run_cpu_s"])
+                build[lv] = min(build[lv], t["build_s"])
+    print(f"vLLM {args.vllm}, {args.policy}, prefix caching {'off' if args.no_cache else 'on'}, "
+          f"async scheduling {'on' if args.async_scheduling else 'off'}, 256 requests, "
+          f"{args.blocks} blocks, audit on, best of {args.repeat}:")
+    print("                 steps   wall clock        CPU time     start-up")
+    for lv in levels:
+        print(f"  {lv:<12} {steps[lv]:6d} {best[lv]:8.1f} steps/s {best_cpu[lv]:8.1f} steps/s "
+              f"{build[lv]:8.3f} s")
+    ratio = best["engine-core"] / best["scheduler"]
+    ratio_cpu = best_cpu["engine-core"] / best_cpu["scheduler"] if best_cpu["scheduler"] else float("nan")
+    print(f"  engine-core / scheduler: {ratio:.2f} (wall), {ratio_cpu:.2f} (CPU)   (goal >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()
