@@ -161,3 +161,23 @@ def test_a_config_field_the_release_lacks_is_exit_2_naming_it(cli, tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "config.max_num_partial_prefillz: vLLM 0.33.0 has no such field" in proc.stdout + proc.stderr
     shutil.rmtree(tmp_path / "r", ignore_errors=True)
+
+
+def test_a_triaged_start_up_crash_replays_at_engine_core(cli, tmp_path):
+    """A user's log of a start-up crash ("No available memory for the cache blocks", 0.8.3) is
+    drafted into an engine-core replay that shows the same exception at the same frame."""
+    from ..conftest import CRASHLOGS
+
+    log = next(iter(sorted(CRASHLOGS.glob("019-*.log"))), None)
+    if log is None:
+        pytest.skip(f"{CRASHLOGS}/019-*.log absent")
+    draft = tmp_path / "draft.yaml"
+    tri = cli("triage", str(log), "--scenario", str(draft))
+    assert tri.returncode == 0, tri.stdout + tri.stderr
+    proc = cli("run", str(draft), "--vllm", "0.10.1.1", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    name = yaml.safe_load(draft.read_text())["name"]
+    res = json.loads((tmp_path / "r" / name / "0.10.1.1" / "result.json").read_text())
+    assert res["outcome"] == "crash" and res["crash"]["phase"] == "engine-build"
+    assert res["crash"]["type"] == "ValueError"
+    assert res["crash"]["where"]["function"] == "check_enough_kv_cache_memory"

@@ -196,3 +196,27 @@ def test_the_009_scenario_runs_on_0_9_0(tmp_path, cli):
     assert [v["vllm"] for v in verdicts] == ["0.9.0"]
     assert verdicts[0]["outcome"] != "error", verdicts[0]["observed"]
     assert p.returncode in (0, 1)
+
+
+LOG_019 = next(iter(sorted(CRASHLOGS.glob("019-*.log"))), None)
+
+
+@pytest.mark.skipif(LOG_019 is None, reason=f"{CRASHLOGS / '019-*.log'} absent; {SHARED_HINT}")
+def test_a_start_up_crash_drafts_an_engine_core_replay(tmp_path, monkeypatch):
+    """'No available memory for the cache blocks' in EngineCore._initialize_kv_caches: no
+    request ever ran, and the scheduler level never runs start-up. The draft is level
+    engine-core, with no memory for the KV cache and the start-up crash expected."""
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path))  # no capabilities cached
+    report, sc = triage_log(LOG_019)
+    text, scenario = draft_scenario(report, sc)
+    assert scenario.level == "engine-core"
+    assert scenario.config.kv_cache_memory_bytes == 0
+    assert scenario.expect.outcome == "crash" and scenario.expect.phase == "engine-build"
+    assert scenario.expect.where == "vllm/v1/core/kv_cache_utils.py:check_enough_kv_cache_memory"
+    assert "its capabilities record" in text
+    # a release whose cached record says its EngineCore cannot run keeps the scheduler level
+    from vllm_repro.engine.capabilities import Capabilities, save
+
+    save(tmp_path, Capabilities(version=report.vllm_version))
+    with pytest.raises(InputError):  # and at scheduler level there is nothing to replay
+        draft_scenario(report, sc)

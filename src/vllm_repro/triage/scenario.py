@@ -113,6 +113,46 @@ def _infer_block_size(reqs: list[DumpedRequest]) -> tuple[int, str] | None:
     return fits[0], f"{n} blocks hold {t} tokens in the dumped SchedulerOutput"
 
 
+#: vLLM code only level engine-core runs: EngineCore itself, start-up's KV cache sizing, the
+#: executor (where a crash's innermost frame in them is still the lab's to reproduce)
+ENGINE_CORE_MODULES = ("vllm/v1/engine/core.py", "vllm/v1/core/kv_cache_utils.py",
+                       "vllm/v1/executor/abstract.py", "vllm/v1/executor/uniproc_executor.py")
+#: EngineCore functions on a crash path that the scheduler level never calls
+_ENGINE_CORE_ONLY = ("vllm/v1/engine/core.py:_initialize_kv_caches",
+                     "vllm/v1/engine/core.py:step_with_batch_queue",
+                     "vllm/v1/engine/core.py:_process_aborts_queue",
+                     "vllm/v1/engine/core.py:reset_prefix_cache",
+                     "vllm/v1/engine/core.py:pause_scheduler",
+                     "vllm/v1/engine/core.py:post_step",
+                     "vllm/v1/core/kv_cache_utils.py:get_kv_cache_config",
+                     "vllm/v1/core/kv_cache_utils.py:get_kv_cache_configs",
+                     "vllm/v1/core/kv_cache_utils.py:check_enough_kv_cache_memory",
+                     "vllm/v1/core/kv_cache_utils.py:_check_enough_kv_cache_memory")
+
+
+def _choose_level(report: TriageReport, version: str, notes: list[str]) -> tuple[str, str, str | None]:
+    """``(level, why, expected phase or None)`` for the replay: ``engine-core`` when the crash
+    path goes through EngineCore code the scheduler level never runs (start-up's KV sizing, the
+    batch queue, ...) and the release's capabilities record (cached when it last ran here,
+    :mod:`vllm_repro.engine.capabilities`) does not rule it out."""
+    from ..engine.capabilities import load
+    from ..settings import cache_dir
+
+    hits = [p for p in report.crash_path if p in _ENGINE_CORE_ONLY]
+    if not hits:
+        return "scheduler", "the crash path runs through the scheduler, not EngineCore's own code", None
+    caps = load(cache_dir(), version)
+    if caps is not None and not caps.engine_core:
+        notes.append(f"the crash went through {hits[0]}, but {caps.refusal('engine-core')}")
+        return "scheduler", f"vLLM {version} runs at level scheduler only", None
+    if caps is None:
+        notes.append(f"vLLM {version} has not run here yet: its capabilities record (what its "
+                     "EngineCore supports) is not cached; the run checks it")
+    phase = "engine-build" if any(":_initialize_kv_caches" in p or "kv_cache_utils" in p
+                                  for p in hits) else None
+    return "engine-core", f"the crash went through {hits[0]}", phase
+
+
 def _version_default_v1(version: str | None) -> bool:
     try:
         return version is None or Version(version) >= Version("0.8")
@@ -142,12 +182,14 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
     dump = sc.dump
     so = read_scheduler_output(dump.scheduler_output) if dump and dump.scheduler_output else None
     state = report.scheduler_state or {}
+    notes: list[str] = []
+    level, level_why, phase = _choose_level(report, version, notes)
+    at_start_up = level == "engine-core" and phase == "engine-build"
     if (so is None or not so.requests) and not state.get("running") and not state.get("waiting") \
-            and not state.get("pending"):
+            and not state.get("pending") and not at_start_up:
         raise InputError(f"{src}: no dump_input.py SchedulerOutput and no scheduler stats with "
                          "requests in the log: nothing to build the scenario's requests from")
 
-    notes: list[str] = []
     dumped_cfg = read_config(dump.config) if dump and dump.config else {}
     args_cfg = read_config(sc.args[1]) if sc.args else {}
     cfg_line = f"dump_input.py config, line {dump.config_line}" if dumped_cfg else ""
@@ -214,6 +256,11 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
         req_rows.append((row, "; ".join(why)))
 
     n_wait = int(state.get("waiting") or state.get("pending") or 0)
+    if not req_rows and at_start_up and not state.get("running"):
+        req_rows.append(({"id": "first", "at_step": 1, "prompt_len": 16,
+                          "max_tokens": GUESSED_MAX_TOKENS},
+                         "guess: the engine died at start-up, before any request; one request "
+                         "stands for the first"))
     if not req_rows:
         n_run = int(state.get("running") or 0)
         for i in range(n_run):
@@ -293,6 +340,10 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
     if nb.value < floor_blocks:
         nb = _Val(floor_blocks, "derived", "raised so that the longest request fits")
     c["num_gpu_blocks"] = nb
+    if at_start_up and "no available memory for the cache blocks" in (
+            report.exception_message or "").lower():
+        c["kv_cache_memory_bytes"] = _Val(0, "derived", "the log: no memory was left for the "
+                                          "KV cache after profiling")
 
     # --- speculative decoding / async scheduling ------------------------------------------------
     nspec = known("num_speculative_tokens", _posint)
@@ -305,15 +356,27 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
     if known("async_scheduling", _bool) and known("async_scheduling", _bool).value:
         c["async_scheduling"] = known("async_scheduling", _bool)
 
+    # --- level: what of vLLM the replay runs (chosen above) -------------------------------------
+    if level == "engine-core" and "step_with_batch_queue" in " ".join(report.crash_path) \
+            and "async_scheduling" not in c:
+        c["async_scheduling"] = _Val(True, "guess", "the crash went through "
+                                     "EngineCore.step_with_batch_queue (async scheduling, or a "
+                                     "pipeline-parallel batch queue)")
+
     # --- expectation ------------------------------------------------------------------------------
     frame = report.last_vllm_frame
     expect_lines: list[str] = []
-    if report.exception_type and frame and frame.get("module", "").startswith("vllm/v1/core/"):
+    module = (frame or {}).get("module", "")
+    in_reach = module.startswith("vllm/v1/core/") or (
+        level == "engine-core" and module in ENGINE_CORE_MODULES)
+    if report.exception_type and frame and in_reach:
         exc = report.exception_type.split("(")[0].rsplit(".", 1)[-1]
-        expect_lines = ["expect:  # the log's crash is in the scheduler/KV code the lab drives",
+        expect_lines = [f"expect:  # the log's crash is in the vLLM code the lab drives at level {level}",
                         "  outcome: crash",
                         f"  exception: {_q(exc)}",
                         f"  where: {_q(frame['module'] + ':' + frame['function'])}"]
+        if phase:
+            expect_lines.append(f"  phase: {phase}")
     else:
         where = f"{frame['module']}:{frame['function']}" if frame else "no vLLM frame"
         expect_lines = [f"# no expect: the log's crash ({report.exception_type or report.exit_kind}"
@@ -338,9 +401,9 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
            f"  reproduces_on: [{_q(version)}]"
            + (f"  # named in the log, line {vsrc['log_line']}" if vsrc and version ==
               report.vllm_version else "  # given with --vllm"),
-           "level: scheduler",
+           f"level: {level}  # {level_why}",
            "config:"]
-    order = ["block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens",
+    order = ["block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
              "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "policy",
              "num_speculative_tokens", "async_scheduling"]
     for key in order:
