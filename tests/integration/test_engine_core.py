@@ -121,8 +121,17 @@ def test_async_scheduling_runs_the_stress_workloads_clean(cli, tmp_path, version
             res = json.loads((tmp_path / "r" / name / v / "result.json").read_text())
             assert res["engine"]["scheduler"] == "AsyncScheduler", res["engine"]
             assert res["engine"]["step_fn"] == "step_with_batch_queue" or v == "0.33.0"
-            assert res["outcome"] == "clean" and not res["unfinished"], (name, v, res["outcome"],
-                                                                          res.get("violations"))
+            assert not res["unfinished"], (name, v, res["outcome"])
+            if v == "0.11.0" and "priority" in name:
+                # vLLM 0.11.0's priority preemption leaves the preempted request in
+                # num_scheduled_tokens (scheduler.py: only scheduled_running_reqs is cleaned;
+                # 0.12.0 also pops its count and gives the tokens back): the audit says so
+                assert res["outcome"] == "violation", res["outcome"]
+                assert {x["code"] for x in res["violations"]} == {"REQ_STATE"}
+                assert all("was preempted in the same step" in x["message"]
+                           for x in res["violations"]), res["violations"]
+                continue
+            assert res["outcome"] == "clean", (name, v, res["outcome"], res.get("violations"))
     # async + spec decode with the drafter async scheduling accepts there
     proc = cli("run", str(spec), "--vllm", "0.20.2", "--vllm", "0.26.0", "--vllm", "0.33.0",
                "--reports", str(tmp_path / "q"))
@@ -174,9 +183,13 @@ def test_a_triaged_start_up_crash_replays_at_engine_core(cli, tmp_path):
     draft = tmp_path / "draft.yaml"
     tri = cli("triage", str(log), "--scenario", str(draft))
     assert tri.returncode == 0, tri.stdout + tri.stderr
-    proc = cli("run", str(draft), "--vllm", "0.10.1.1", "--reports", str(tmp_path / "r"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    name = yaml.safe_load(draft.read_text())["name"]
+    d = yaml.safe_load(draft.read_text())
+    assert d["level"] == "engine-core" and d["vllm"]["reproduces_on"] == ["0.8.3"]
+    d["vllm"]["reproduces_on"] = ["0.10.1.1"]  # a release this machine already has
+    draft.write_text(yaml.safe_dump(d, sort_keys=False))
+    proc = cli("run", str(draft), "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the draft's own expect holds
+    name = d["name"]
     res = json.loads((tmp_path / "r" / name / "0.10.1.1" / "result.json").read_text())
     assert res["outcome"] == "crash" and res["crash"]["phase"] == "engine-build"
     assert res["crash"]["type"] == "ValueError"
