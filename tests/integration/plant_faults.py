@@ -146,3 +146,19 @@ def refuse_allocations(ctx, from_step: int = 3) -> None:
         return orig(self, *args, **kwargs)
 
     ctx.patch(KVCacheManager, "allocate_slots", allocate_slots)
+
+
+def broken_fake_model(ctx, at_step: int = 3) -> None:
+    """A lab defect, not a vLLM one: from ``at_step`` on the fake model runner (called by the
+    fake worker from inside vLLM's executor at level engine-core) raises a TypeError."""
+    from vllm_repro.engine.fake_runner import FakeModelRunner
+
+    orig = FakeModelRunner.execute
+
+    def execute(self, step, *args, **kwargs):
+        if step >= at_step:
+            ctx.note("step", step)
+            raise TypeError("planted: the fake model runner is broken")
+        return orig(self, step, *args, **kwargs)
+
+    ctx.patch(FakeModelRunner, "execute", execute)

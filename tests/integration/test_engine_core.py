@@ -194,3 +194,27 @@ def test_a_triaged_start_up_crash_replays_at_engine_core(cli, tmp_path):
     assert res["outcome"] == "crash" and res["crash"]["phase"] == "engine-build"
     assert res["crash"]["type"] == "ValueError"
     assert res["crash"]["where"]["function"] == "check_enough_kv_cache_memory"
+
+
+@pytest.mark.parametrize("version", ["0.24.0"])
+def test_a_lab_failure_inside_vllms_step_is_a_lab_error_at_both_levels(tmp_path, version):
+    """The fake model runner breaks (a planted TypeError) while vLLM's executor calls it from
+    inside EngineCore.step_with_batch_queue: a lab error (exit 3), never a crash of vLLM."""
+    from vllm_repro.engine.host import Worker
+    from vllm_repro.lab import prepare_release
+    from vllm_repro.scenario import load_scenario
+    from vllm_repro.verdict import EXIT_ENV, exit_code, judge
+
+    plants = ROOT / "tests" / "integration" / "plant_faults.py"
+    sc = load_scenario(CATALOG / "vllm-46066-async-spec-reset-placeholder-underflow.yaml")
+    with Worker(prepare_release(version), tmp_path / "engine.log") as worker:
+        for level in ("engine-core", "scheduler"):
+            payload = sc.child_payload()
+            payload["level"] = level
+            res = worker.run(payload, tmp_path / level, audit=True, keep_going=True,
+                             plant=f"{plants}:broken_fake_model", plant_args={"at_step": 3})
+            assert res["outcome"] == "error", (level, res.get("outcome"), res.get("crash"))
+            assert res["error"]["kind"] == "lab", res["error"]
+            assert "planted: the fake model runner is broken" in res["error"]["message"]
+            res.pop("planted", None)  # judged as a real run would be
+            assert exit_code([judge(sc, version, res)]) == EXIT_ENV == 3

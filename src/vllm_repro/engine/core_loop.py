@@ -109,6 +109,11 @@ class EngineCoreLoop(StepLoop):
 
     # ---- what the worker computes -------------------------------------------------------------
     def _make_output(self, so):
+        """``(ModelRunnerOutput, DraftTokenIds or None)`` for ``so`` (the fake worker's
+        computation; a failure here is a lab error, raised as :class:`AdapterError`)."""
+        return self._lab(self._compute_output, so)
+
+    def _compute_output(self, so):
         a = self.adapter
         scheduled = a.scheduled(so)
         req_ids, sampled, drafts = self.runner.execute(
@@ -238,6 +243,11 @@ class EngineCoreLoop(StepLoop):
                 self._emit(line)
                 break
             except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
+                if _raised_in_lab(exc):
+                    # the fake worker (called from inside vLLM's executor) or the observer
+                    # failed: a lab error, never a reproduction
+                    raise AdapterError(f"the lab failed inside vLLM {a.version}'s step "
+                                       f"{step} ({self._phase}): {type(exc).__name__}: {exc}") from exc
                 result = {"outcome": "crash",
                           "crash": describe_exception(exc, a.vllm_file, step, self._phase)}
                 line["crash"] = {k: result["crash"][k] for k in ("type", "message", "where", "phase")}
