@@ -182,6 +182,10 @@ def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
         v.observed = f"violation {_at(violations)}, ran to the end ({_ran(result)})"
     if kind is None:
         v.ok = None
+        if outcome != "clean":
+            v.reason = (f"{version} is in neither vllm.reproduces_on nor clean_on, so the "
+                        f"scenario expects nothing there: a {outcome} where none was expected "
+                        f"(add {version} to reproduces_on to judge it against expect)")
         return v
     if kind == "clean" and getattr(scenario, "fixed", None) is not None:
         # the fix does something other than run clean (e.g. refuses the config at start-up)
@@ -216,6 +220,9 @@ def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
     if exp is None:
         v.ok = outcome != "clean"
         return v
+    if exp.outcome == "stall" and outcome == "stall":
+        # the audit's NO_PROGRESS record is the stall itself, not another finding
+        violations = [x for x in violations if x.get("code") != "NO_PROGRESS"]
     if exp.outcome != "violation" and violations and outcome != "violation":
         v.also = violations
         v.observed = f"{observed}; also: {_at(violations)}"

@@ -218,3 +218,28 @@ def test_a_lab_failure_inside_vllms_step_is_a_lab_error_at_both_levels(tmp_path,
             assert "planted: the fake model runner is broken" in res["error"]["message"]
             res.pop("planted", None)  # judged as a real run would be
             assert exit_code([judge(sc, version, res)]) == EXIT_ENV == 3
+
+
+def test_pause_keeps_or_aborts_as_the_release_says_and_is_no_stall(cli, tmp_path):
+    """pause_scheduler(mode="keep") for 28 steps (longer than stall_steps), then resume: the
+    request finishes on 0.21.0 and 0.33.0 (steps while paused are not a stall); 0.16.0's
+    pause_scheduler() takes no mode (exit 2), and pauses without one."""
+    sc = {"name": "pause-keep", "level": "engine-core",
+          "vllm": {"clean_on": ["0.21.0", "0.33.0"]},
+          "config": {"block_size": 16, "num_gpu_blocks": 64, "max_num_seqs": 4,
+                     "max_num_batched_tokens": 256, "max_model_len": 256},
+          "requests": [{"id": "A", "at_step": 1, "prompt_len": 20, "max_tokens": 8}],
+          "events": [{"at_step": 2, "pause": True, "mode": "keep"},
+                     {"at_step": 30, "resume": True}],
+          "limits": {"max_steps": 80, "stall_steps": 20}}
+    p = tmp_path / "pause-keep.yaml"
+    p.write_text(yaml.safe_dump(sc))
+    proc = cli("run", str(p), "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for v in ("0.21.0", "0.33.0"):
+        res = json.loads((tmp_path / "r" / "pause-keep" / v / "result.json").read_text())
+        assert res["finished"] == {"A": "FINISHED_LENGTH_CAPPED"}, (v, res["finished"])
+        assert res["steps"] > 30
+    proc = cli("run", str(p), "--vllm", "0.16.0", "--reports", str(tmp_path / "r2"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "pause_scheduler() takes no mode" in proc.stdout + proc.stderr

@@ -49,6 +49,9 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
      "config.max_num_seqs", "write a plain int value"),
     (("config: {num_gpu_blocks: 8}", 'config: {num_gpu_blocks: 8, max_num_seqs: "2"}'),
      "config.max_num_seqs", "valid integer"),
+    # a trigger past the run's end would silently never happen (a buggy release read as fixed)
+    (("abort: [A]}", "abort: [A]}\nlimits: {max_steps: 2}"), "events[0].at_step",
+     "past limits.max_steps 2"),
     # block 0 is the null block: one block leaves nothing to allocate
     (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 1}"), "config.num_gpu_blocks",
      "use a value of at least 2"),

@@ -25,7 +25,7 @@ class Capabilities:
 
     ``events``: the EngineCore calls a scenario's ``events`` may make (``abort``,
     ``abort_in_flight``, ``reset_prefix_cache``, ``reset_running_requests``, ``pause``,
-    ``resume``); ``spec_methods``: the ``SpeculativeConfig.method`` values the lab's fake drafter
+    ``pause_mode`` (``pause_scheduler(mode=...)``), ``resume``); ``spec_methods``: the ``SpeculativeConfig.method`` values the lab's fake drafter
     can stand for (``ngram``, ``ngram_gpu``); ``kv_group_kinds``: KV cache spec kinds
     (``full``, ``sliding_window``).
     """
@@ -159,6 +159,8 @@ def probe(adapter) -> Capabilities:
                 events.append("reset_running_requests")
         if "pause_scheduler" in core_methods:
             events.append("pause")
+            if "mode" in core_methods["pause_scheduler"]:
+                events.append("pause_mode")
         if "resume_scheduler" in core_methods:
             events.append("resume")
         batch_from_config = "vllm_config.max_concurrent_batches" in init_src

@@ -171,6 +171,7 @@ class EngineCoreLoop(StepLoop):
         self._updated_so: list = []
         self._phase = "engine-build"
         self._reach: dict[str, int] = {}
+        self._paused = False
         try:
             self._build_engine(self.runner)
         except _EngineBuildCrash as crash:
@@ -272,7 +273,8 @@ class EngineCoreLoop(StepLoop):
             # not: a prompt that is prefilled, preempted and prefilled again forever (a
             # livelock) schedules tokens every step and never gets anywhere
             progress = bool(newly) or self._advanced()
-            idle = 0 if (progress or not unfinished) else idle + 1
+            # a pause the scenario asked for is not the engine stalling
+            idle = 0 if (progress or not unfinished or self._paused) else idle + 1
             if idle >= stall_steps:
                 self.stall_since = step - stall_steps + 1
                 result = {"outcome": "stall", "stall": {
@@ -371,6 +373,11 @@ class EngineCoreLoop(StepLoop):
                     raise RefusedByRelease(
                         f"events[at_step {e['at_step']}].{key}: vLLM {self.adapter.version}'s "
                         f"EngineCore has no {method}()")
+            if e.get("mode") and "pause_mode" not in events:
+                raise RefusedByRelease(
+                    f"events[at_step {e['at_step']}].mode: vLLM {self.adapter.version}'s "
+                    "pause_scheduler() takes no mode (it pauses without aborting); drop mode "
+                    "for this release")
             if e.get("reset_running_requests") and "reset_running_requests" not in events:
                 raise RefusedByRelease(
                     f"events[at_step {e['at_step']}].reset_running_requests: vLLM "
@@ -389,10 +396,15 @@ class EngineCoreLoop(StepLoop):
             kwargs = {"reset_running_requests": True} if e.get("reset_running_requests") else {}
             line["reset_prefix_cache"] = engine.reset_prefix_cache(**kwargs)
         elif e.get("pause"):
-            call_supported(engine.pause_scheduler)
-            line["paused"] = True
+            if e.get("mode"):
+                engine.pause_scheduler(mode=e["mode"])
+            else:
+                call_supported(engine.pause_scheduler)
+            self._paused = True
+            line["paused"] = e.get("mode") or True
         elif e.get("resume"):
             engine.resume_scheduler()
+            self._paused = False
             line["resumed"] = True
 
     # ---- the crash dump ----------------------------------------------------------------------

@@ -28,7 +28,7 @@ from .fake_runner import FakeModelRunner
 _NO_OPS = ("init_worker", "init_device", "load_model", "initialize_cache", "profile", "sleep",
            "wake_up", "reset_mm_cache", "reset_encoder_cache", "execute_dummy_batch",
            "set_kv_cache_layout", "update_max_model_len", "shutdown", "check_health",
-           "save_sharded_state", "init_kv_output_aggregator")
+           "save_sharded_state", "init_kv_output_aggregator", "synchronize_device")
 
 
 class FakeWorker:

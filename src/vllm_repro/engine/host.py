@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from ..errors import EnvError
@@ -105,7 +106,11 @@ class Worker:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         r, w = os.pipe()
-        self._log = open(self.log_path, "w")
+        # appended, not truncated: an earlier run's result.json may point at its crash dump
+        self._log = open(self.log_path, "a")
+        self._log.write(f"==== vllm-repro: a worker for vLLM {self.env.version} starts, "
+                        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
+        self._log.flush()
         try:
             self.proc = subprocess.Popen(
                 [str(self.env.python), "-m", "vllm_repro.engine.worker",

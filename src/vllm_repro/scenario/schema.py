@@ -207,7 +207,10 @@ class Event(Strict):
       has one, else only while a batch-queue step is in flight);
     - ``reset_prefix_cache: true`` (``EngineCore.reset_prefix_cache``; with
       ``reset_running_requests: true`` where the release takes it);
-    - ``pause: true`` / ``resume: true`` (``EngineCore.pause_scheduler`` / ``resume_scheduler``).
+    - ``pause: true`` / ``resume: true`` (``EngineCore.pause_scheduler`` / ``resume_scheduler``);
+      ``mode: abort | keep | wait`` is handed to ``pause_scheduler(mode=...)`` where the release
+      takes it (default: the release's own default, which is ``abort`` where modes exist: the
+      running requests are aborted, not kept). Steps while paused do not count toward a stall.
 
     The last three are engine-core calls (``level: engine-core``); a release that lacks the call
     is refused with exit 2 naming it.
@@ -219,6 +222,7 @@ class Event(Strict):
     reset_prefix_cache: bool = False
     reset_running_requests: bool = False
     pause: bool = False
+    mode: Literal["abort", "keep", "wait"] | None = None
     resume: bool = False
 
     @model_validator(mode="after")
@@ -230,6 +234,8 @@ class Event(Strict):
                              f"pause: true, resume: true (this one: {actions or 'none'})")
         if self.when == "in_flight" and not self.abort:
             raise ValueError("`when: in_flight` applies to abort only")
+        if self.mode is not None and not self.pause:
+            raise ValueError("`mode` goes with pause: true (EngineCore.pause_scheduler's mode)")
         if self.reset_running_requests and not self.reset_prefix_cache:
             raise ValueError("`reset_running_requests` goes with reset_prefix_cache: true")
         return self
@@ -341,7 +347,17 @@ class Scenario(Strict):
                                      "executor reports it); add `level: engine-core`")
             if self.config.num_gpu_blocks is None:
                 raise ValueError("config.num_gpu_blocks is required at level: scheduler")
+        max_steps = self.limits.max_steps
+        for i, r in enumerate(self.requests):
+            if r.at_step > max_steps:
+                raise ValueError(f"requests[{i}].at_step {r.at_step} is past limits.max_steps "
+                                 f"{max_steps}: it would never be added; raise max_steps or "
+                                 "move the request earlier")
         for i, e in enumerate(self.events):
+            if e.at_step > max_steps:
+                raise ValueError(f"events[{i}].at_step {e.at_step} is past limits.max_steps "
+                                 f"{max_steps}: it would never happen; raise max_steps or move "
+                                 "the event earlier")
             if self.level == "scheduler" and (e.when == "in_flight" or not e.abort):
                 raise ValueError(f"events[{i}]: in-flight aborts, reset_prefix_cache and "
                                  "pause/resume are EngineCore calls; add `level: engine-core`")
