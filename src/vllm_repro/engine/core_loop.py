@@ -372,7 +372,7 @@ class EngineCoreLoop(StepLoop):
                 if e.get(key) and key not in events:
                     raise RefusedByRelease(
                         f"events[at_step {e['at_step']}].{key}: vLLM {self.adapter.version}'s "
-                        f"EngineCore has no {method}()")
+                        f"EngineCore has no {method}(); drop the event for this release")
             if e.get("mode") and "pause_mode" not in events:
                 raise RefusedByRelease(
                     f"events[at_step {e['at_step']}].mode: vLLM {self.adapter.version}'s "
@@ -381,7 +381,8 @@ class EngineCoreLoop(StepLoop):
             if e.get("reset_running_requests") and "reset_running_requests" not in events:
                 raise RefusedByRelease(
                     f"events[at_step {e['at_step']}].reset_running_requests: vLLM "
-                    f"{self.adapter.version}'s reset_prefix_cache() does not take it")
+                    f"{self.adapter.version}'s reset_prefix_cache() does not take it; drop it "
+                    "for this release")
 
     def _event(self, e: dict, line: dict) -> None:
         engine = self.engine

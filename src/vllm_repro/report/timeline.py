@@ -126,7 +126,8 @@ def write_timeline(run_dir: Path, result: dict | None = None) -> Path | None:
     ax2.set_xlabel("step (n-th schedule() call)")
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if ax2.get_legend_handles_labels()[0]:  # a start-up crash has no step to plot
+        ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax1.set_ylim(0, max([1, *count("waiting"), *count("running")]) * 1.35)
     ax2.set_ylim(bottom=0, top=(total or max([1] + [f or 0 for f in free])) * 1.15)
 
