@@ -99,7 +99,10 @@ def register(app: typer.Typer) -> None:
             sc = load_scenario(p)
             if only and sc.name not in only:
                 continue
-            versions = releases_for(sc, [])
+            versions = releases_for(sc, [], covering=True)
+            if not versions:
+                _say(f"{sc.name}: not run; its releases and ranges say nothing about the "
+                     "installed vLLM")
             versions += [v for v in extra if v not in versions]
             items += [RunItem(sc, v) for v in versions]
         run_matrix(items, reports, audit=audit, jobs=jobs, say=_say)

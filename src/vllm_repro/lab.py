@@ -236,16 +236,20 @@ def _timeline(item: RunItem, result: dict, say: Say) -> None:
         say(f"{item.scenario.name} on {item.version}: no timeline.png ({type(exc).__name__}: {exc})")
 
 
-def releases_for(scenario: Scenario, requested: list[str]) -> list[str]:
+def releases_for(scenario: Scenario, requested: list[str], covering: bool = False) -> list[str]:
     """The releases to run: ``--vllm`` values if given, else the scenario's concrete
-    ``reproduces_on`` and ``clean_on`` releases; in installed mode the installed release. Raises :class:`EnvError`-free
-    :class:`~vllm_repro.errors.InputError` when neither names one."""
+    ``reproduces_on`` and ``clean_on`` releases; in installed mode the installed release (with
+    ``covering``, as for a catalog run: only when the scenario's releases or ranges say what it
+    does there, else none; an entry about other releases may use features this one lacks).
+    Raises :class:`~vllm_repro.errors.InputError` when neither names one."""
     from .errors import InputError
 
     inst = installed()
     if inst is not None:  # installed mode runs the installed release, and only that one
         for v in requested:
             check_release(inst, validate_version(v))
+        if covering and not requested and scenario.vllm.expectation_for(inst.release) is None:
+            return []
         return [inst.release]
     if requested:
         return list(dict.fromkeys(validate_version(v) for v in requested))  # once each

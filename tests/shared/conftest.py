@@ -100,7 +100,7 @@ def catalog_runs(suite_reports):
     for path in catalog_files():
         sc = load_scenario(path)
         try:
-            items += [RunItem(sc, v) for v in releases_for(sc, [])]
+            items += [RunItem(sc, v) for v in releases_for(sc, [], covering=True)]
         except LabError:
             continue  # reported by its own case
     run_matrix(items, suite_reports)
