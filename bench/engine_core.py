@@ -17,29 +17,18 @@ engine-core steps/s >= 0.8 x scheduler steps/s.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from overhead import workload  # noqa: E402  (the same stress workload)
 
 from vllm_repro.engine.host import Worker  # noqa: E402
 from vllm_repro.lab import prepare_release  # noqa: E402
-from vllm_repro.scenario.schema import Scenario  # noqa: E402
-
-
-def workload(level: str, policy: str, caching: bool, blocks: int, async_scheduling: bool) -> dict:
-    spec = importlib.util.spec_from_file_location("stress_gen", ROOT / "scenarios/stress/generate.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    sc = gen.build(policy, caching, seed=7)
-    sc["name"] = f"bench-{level}"
-    sc["level"] = level
-    sc["config"]["num_gpu_blocks"] = blocks
-    sc["config"]["async_scheduling"] = async_scheduling
-    return Scenario.model_validate(sc).child_payload()
 
 
 def main() -> None:
@@ -52,7 +41,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     levels = ("scheduler", "engine-core")
-    payloads = {lv: workload(lv, args.policy, not args.no_cache, args.blocks, args.async_scheduling)
+    payloads = {lv: workload(args.policy, not args.no_cache, args.blocks, name=f"bench-{lv}",
+                             level=lv, async_scheduling=args.async_scheduling)
                 for lv in levels}
     env = prepare_release(args.vllm)
     best = dict.fromkeys(levels, 0.0)

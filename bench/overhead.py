@@ -26,13 +26,19 @@ from vllm_repro.lab import prepare_release  # noqa: E402
 from vllm_repro.scenario.schema import Scenario  # noqa: E402
 
 
-def workload(policy: str, caching: bool, blocks: int) -> dict:
+def workload(policy: str, caching: bool, blocks: int, name: str = "bench-overhead",
+             **extra) -> dict:
+    """The stress generator's workload (seed 7) on ``blocks`` blocks, as a worker payload;
+    ``extra``: top-level scenario keys (``level``) or, for ``async_scheduling``, config."""
     spec = importlib.util.spec_from_file_location("stress_gen", ROOT / "scenarios/stress/generate.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     sc = gen.build(policy, caching, seed=7)
-    sc["name"] = "bench-overhead"
+    sc["name"] = name
     sc["config"]["num_gpu_blocks"] = blocks
+    if "async_scheduling" in extra:
+        sc["config"]["async_scheduling"] = extra.pop("async_scheduling")
+    sc.update(extra)
     return Scenario.model_validate(sc).child_payload()
 
 

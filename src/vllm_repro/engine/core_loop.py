@@ -187,18 +187,9 @@ class EngineCoreLoop(StepLoop):
             return result
         engine = self.engine
         self._check_events()
-        for r in self.sc["requests"]:
-            a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
-        record_stats = None
-        if not self.cfg.get("disable_log_stats", True):
-            record_stats = self._lab(a.stat_logger, self.vllm_config)
+        record_stats = self._front_door_and_stats(self.vllm_config)
         build_s = time.perf_counter() - t0
-        limits = self.sc.get("limits") or {}
-        max_steps = limits.get("max_steps", 500)
-        stall_steps = limits.get("stall_steps", 20)
-        last_add = max([*self.requests_by_step, *self.events_by_step, 0])
-        if self.observer is not None:
-            self.observer.attach(self)
+        max_steps, stall_steps, last_add = self._limits_and_attach()
         result: dict[str, Any] = {"outcome": "clean"}
         stop_exc = getattr(self.observer, "stop_exception", None) or _NeverRaised
         idle = 0

@@ -109,20 +109,11 @@ class StepLoop:
         model = self.sc.get("model") or {}
         if model.get("empty_at") and not a.caps.empty_outputs:
             raise RefusedByRelease(f"model.empty_at: {a.caps.refusal('empty outputs')}")
-        for r in self.sc["requests"]:
-            a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
-        record_stats = None
-        if not self.cfg.get("disable_log_stats", True):
-            record_stats = self._lab(a.stat_logger, a.vllm_config)
+        record_stats = self._front_door_and_stats(a.vllm_config)
         build_s = time.perf_counter() - t0
         sched = self.scheduler
         runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
-        limits = self.sc.get("limits") or {}
-        max_steps = limits.get("max_steps", 500)
-        stall_steps = limits.get("stall_steps", 20)
-        last_add = max([*self.requests_by_step, *self.events_by_step, 0])
-        if self.observer is not None:
-            self.observer.attach(self)
+        max_steps, stall_steps, last_add = self._limits_and_attach()
         result: dict[str, Any] = {"outcome": "clean"}
         stop_exc = getattr(self.observer, "stop_exception", None) or _NeverRaised
         idle = 0
@@ -213,6 +204,26 @@ class StepLoop:
                 break
         return self.finish_result(result, step, build_s, time.perf_counter() - t1,
                                   time.process_time() - c1)
+
+    def _front_door_and_stats(self, vllm_config):
+        """Every request through the release's front door (its refusals are input errors);
+        returns the stat logger's ``record(scheduler_stats)`` when the scenario logs stats
+        (``disable_log_stats: false``), else None. Shared by both levels."""
+        a = self.adapter
+        for r in self.sc["requests"]:
+            a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
+        if self.cfg.get("disable_log_stats", True):
+            return None
+        return self._lab(a.stat_logger, vllm_config)
+
+    def _limits_and_attach(self) -> tuple[int, int, int]:
+        """``(max_steps, stall_steps, the last step that adds a request or has an event)``,
+        with the observer attached to the built loop. Shared by both levels."""
+        limits = self.sc.get("limits") or {}
+        last_add = max([*self.requests_by_step, *self.events_by_step, 0])
+        if self.observer is not None:
+            self.observer.attach(self)
+        return limits.get("max_steps", 500), limits.get("stall_steps", 20), last_add
 
     def finish_result(self, result: dict, step: int, build_s: float, run_s: float,
                       run_cpu_s: float) -> dict:
