@@ -129,7 +129,6 @@ class Worker:
         if not self.hello.get("ok"):
             self.close()
             raise EnvError(f"vLLM {self.env.version}: {self.hello.get('error')} (log: {self.log_path})")
-        from ..settings import cache_dir
         from .capabilities import save
 
         save(cache_dir(), self.capabilities)
