@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from overhead import workload  # noqa: E402  (the same stress workload)
 
 from vllm_repro.engine.host import Worker  # noqa: E402
-from vllm_repro.lab import prepare_release  # noqa: E402
+from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 
 
 def main() -> None:

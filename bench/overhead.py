@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from vllm_repro.engine.host import Worker  # noqa: E402
-from vllm_repro.lab import prepare_release  # noqa: E402
+from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 from vllm_repro.scenario.schema import Scenario  # noqa: E402
 
 

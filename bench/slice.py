@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from vllm_repro.engine.host import DEFAULT_MODEL, child_environment  # noqa: E402
-from vllm_repro.lab import prepare_release  # noqa: E402
+from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 from vllm_repro.slicing.spec import load_spec, slices_dir  # noqa: E402
 
 SCHEDULER = "import vllm.v1.core.sched.scheduler"

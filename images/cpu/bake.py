@@ -2,8 +2,8 @@
 
     PYTHONPATH=/tmp/bake VLLM_REPRO_SLICES=/tmp/bake/slices python bake.py 0.10.1.1 0.10.2 0.33.0:engine-core
 
-For each release, with the lab's own builders (``vllm_repro.sources`` and
-``vllm_repro.slicing.spec``, nothing else of the lab): fetch the sdist (sha256 checked), then
+For each release, with the lab's own builder (``vllm_repro.sources.prepare``, which needs only
+``vllm_repro.sources`` and ``vllm_repro.slicing.spec``): fetch the sdist (sha256 checked), then
 
 - the release's slice, where a committed ``slices/<version>.json`` records that it is equivalent
   to the full tree (what ``--tree auto`` picks; the image runs with ``VLLM_REPRO_TREE=auto``):
@@ -50,31 +50,20 @@ def say(msg: str) -> None:
 
 def tree_kind(version: str) -> str:
     """``slice`` when a committed slice of ``version`` is recorded as equivalent to the full
-    tree, else ``full`` (the rule of ``vllm_repro.lab.resolve_tree`` for ``auto``)."""
-    from vllm_repro.slicing.spec import spec_path
+    tree, else ``full`` (``vllm_repro.sources.prepare.resolve_tree``'s rule for ``auto``)."""
+    from vllm_repro.sources.prepare import slice_is_equivalent
 
-    try:
-        spec = json.loads(spec_path(version).read_text())
-    except (OSError, ValueError):
-        return "full"
-    return "slice" if spec.get("equivalence", {}).get("equal") is True else "full"
+    return "slice" if slice_is_equivalent(version) else "full"
 
 
 def bake(version: str, kind: str | None = None) -> dict:
-    """Bake ``version``'s ``kind`` of tree (default :func:`tree_kind`)."""
-    from vllm_repro.sources.env import prepare_env
-    from vllm_repro.sources.sdist import extract_tree, fetch_sdist
+    """Bake ``version``'s ``kind`` of tree (default :func:`tree_kind`), with the lab's own
+    ``vllm_repro.sources.prepare.build_tree_env`` (the same builder a native run uses)."""
+    from vllm_repro.sources.prepare import build_tree_env
 
     t = time.perf_counter()
-    release = fetch_sdist(version)
     kind = kind or tree_kind(version)
-    if kind == "slice":
-        from vllm_repro.slicing.spec import load_spec, materialise, slice_env
-
-        spec = load_spec(version)
-        env = slice_env(spec, materialise(spec, release), say)
-    else:
-        env = prepare_env(release, extract_tree(release))
+    env = build_tree_env(version, kind, say)
     site = next(env.root.glob("lib/python3*/site-packages"))
     (site / "vllm-repro-release.pth").write_text(f"{env.tree}\n")
     say(f"vLLM {version}: {kind} tree {env.tree}, environment {env.root} "
@@ -129,7 +118,7 @@ def main(versions: list[str]) -> int:
         return 2
     cache = cache_dir()
     # VERSION: its tree_kind (what its scheduler-level runs use); VERSION:engine-core: the
-    # full tree, which level engine-core runs (vllm_repro.lab.resolve_tree); keyed VERSION,
+    # full tree, which level engine-core runs (vllm_repro.sources.prepare.resolve_tree); keyed VERSION,
     # or VERSION:full where the release has a slice as well
     wanted: dict[str, set[str]] = {}
     for tok in versions:

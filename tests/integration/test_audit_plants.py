@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vllm_repro.engine.host import Worker
-from vllm_repro.lab import prepare_release
+from vllm_repro.sources.prepare import prepare_release
 from vllm_repro.scenario.schema import Scenario
 from vllm_repro.verdict import judge
 

@@ -201,7 +201,7 @@ def test_a_lab_failure_inside_vllms_step_is_a_lab_error_at_both_levels(tmp_path,
     """The fake model runner breaks (a planted TypeError) while vLLM's executor calls it from
     inside EngineCore.step_with_batch_queue: a lab error (exit 3), never a crash of vLLM."""
     from vllm_repro.engine.host import Worker
-    from vllm_repro.lab import prepare_release
+    from vllm_repro.sources.prepare import prepare_release
     from vllm_repro.scenario import load_scenario
     from vllm_repro.verdict import EXIT_ENV, exit_code, judge
 

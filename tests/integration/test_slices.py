@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from vllm_repro.engine.host import child_environment
-from vllm_repro.lab import prepare_release
+from vllm_repro.sources.prepare import prepare_release
 from vllm_repro.slicing.runs import normalise_result, scenario_files
 from vllm_repro.slicing.spec import load_spec
 

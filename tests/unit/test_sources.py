@@ -147,7 +147,7 @@ def test_a_release_without_the_v1_scheduler_is_refused_before_its_environment(tm
     import pytest
 
     from vllm_repro.errors import InputError
-    from vllm_repro.lab import require_v1_scheduler
+    from vllm_repro.sources.prepare import require_v1_scheduler
 
     old = tmp_path / "old"
     (old / "vllm/core").mkdir(parents=True)

@@ -28,7 +28,7 @@ from typing import Callable
 from ..engine.host import DEFAULT_MODEL, Worker, child_environment
 from ..errors import EnvError
 from ..settings import IndexSettings, cache_dir
-from ..sources.env import ReleaseEnv, _index_args, _run_uv, _uv_env
+from ..sources.env import ReleaseEnv, index_args, run_uv, uv_env
 
 Say = Callable[[str], None]
 
@@ -99,9 +99,9 @@ def pytest_overlay(env: ReleaseEnv, say: Say = lambda s: None) -> Path:
     d.parent.mkdir(parents=True, exist_ok=True)
     log = d.parent / "pytest-overlay.log"
     say(f"installing pytest (as of {cutoff}) into an overlay")
-    _run_uv(["pip", "install", "-q", "--target", str(tmp), "--no-deps", *_index_args(index),
+    run_uv(["pip", "install", "-q", "--target", str(tmp), "--no-deps", *index_args(index),
              "--exclude-newer", cutoff, "--python", str(env.python), *PYTEST_OVERLAY],
-            _uv_env(index), "installing the pytest overlay", log)
+            uv_env(index), "installing the pytest overlay", log)
     (tmp / ".ready").write_text(cutoff)
     if d.exists():
         shutil.rmtree(d)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EnvError
-from ..lab import prepare_release, release_lock
+from ..sources.prepare import prepare_release, release_lock
 from ..settings import cache_dir
 from ..sources.env import ReleaseEnv
 from ..sources.sdist import fetch_sdist

@@ -27,8 +27,8 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import EnvError, InputError
 from ..settings import IndexSettings, TorchSource, cache_dir
-from ..sources.env import ReleaseEnv, _index_args, _run_uv, _uv_env, _base_python
-from ..sources.sdist import Release, _safe_members, write_dist_info
+from ..sources.env import ReleaseEnv, base_python, fresh_env, index_args, run_uv, torch_install, uv_env
+from ..sources.sdist import Release, safe_members, write_dist_info
 
 SPEC_FORMAT = 1
 RUNTIME = Path(__file__).with_name("slice_runtime.py")
@@ -138,7 +138,7 @@ class Distributions:
 def sdist_members(release: Release) -> dict[str, tarfile.TarInfo]:
     """Files of the sdist below its top folder: ``{relative path: member}``."""
     with tarfile.open(release.sdist, "r:gz") as tf:
-        return {rel: m for m, rel in _safe_members(tf, ("",)) if m.isfile()}
+        return {rel: m for m, rel in safe_members(tf, ("",)) if m.isfile()}
 
 
 def _module_of(rel: str) -> str | None:
@@ -274,7 +274,7 @@ def file_hashes(release: Release, files: list[str]) -> dict[str, str]:
     want = set(files)
     out: dict[str, str] = {}
     with tarfile.open(release.sdist, "r:gz") as tf:
-        for m, rel in _safe_members(tf, ("",)):
+        for m, rel in safe_members(tf, ("",)):
             if rel in want and m.isfile():
                 out[rel] = sha256_bytes(tf.extractfile(m).read())
     missing = want - set(out)
@@ -326,7 +326,7 @@ def materialise(spec: dict, release: Release, target: Path | None = None) -> Pat
         want = spec["files"]
         done = set()
         with tarfile.open(release.sdist, "r:gz") as tf:
-            for m, rel in _safe_members(tf, ("",)):
+            for m, rel in safe_members(tf, ("",)):
                 if rel not in want or not m.isfile():
                     continue
                 data = tf.extractfile(m).read()
@@ -393,38 +393,27 @@ def slice_env(spec: dict, tree: Path, say=lambda s: None, rebuild: bool = False)
         return ReleaseEnv(spec["vllm"], tree, root)
     index = IndexSettings.from_pip()
     torch = TorchSource.resolve(index)
-    env = _uv_env(index)
-    if root.exists():
-        shutil.rmtree(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
+    env = uv_env(index)
     log = root.parent / f"{root.name}.build.log"
-    log.write_text("")
     say(f"vLLM {spec['vllm']}: building the slice environment ({len(reqs)} distributions)")
-    try:
-        _run_uv(["venv", "-q", "--python", _base_python(), str(root)], env,
-                f"creating the slice environment of vLLM {spec['vllm']}", log)
+    with fresh_env(root, log):
+        run_uv(["venv", "-q", "--python", base_python(), str(root)], env,
+               f"creating the slice environment of vLLM {spec['vllm']}", log)
         py = str(root / "bin" / "python")
         torch_pin = next((r for r in reqs if canon(r.split("==")[0]) == "torch"), None)
         others = [r for r in reqs if r is not torch_pin]
         if torch_pin:
-            if torch.wheel is not None:
-                t_args, t_req = _index_args(index), str(torch.wheel)
-            else:
-                t_args = [*_index_args(index), "--extra-index-url", torch.index_url]
-                t_req = torch_pin
-            _run_uv(["pip", "install", "-q", "--no-deps", "--python", py, *t_args, t_req], env,
-                    f"installing {torch_pin}", log)
+            t_args, t_req = torch_install(index, torch, torch_pin)
+            run_uv(["pip", "install", "-q", "--no-deps", "--python", py, *t_args, t_req], env,
+                   f"installing {torch_pin}", log)
         req_file = root / "slice-requirements.txt"
         req_file.write_text("\n".join(others) + "\n")
-        _run_uv(["pip", "install", "-q", "--no-deps", "--python", py, *_index_args(index),
-                 "-r", str(req_file)], env,
-                f"installing the slice requirements of vLLM {spec['vllm']}", log)
-        freeze = _run_uv(["pip", "freeze", "--python", py], env, "listing the slice environment", log)
+        run_uv(["pip", "install", "-q", "--no-deps", "--python", py, *index_args(index),
+                "-r", str(req_file)], env,
+               f"installing the slice requirements of vLLM {spec['vllm']}", log)
+        freeze = run_uv(["pip", "freeze", "--python", py], env, "listing the slice environment", log)
         ready.write_text(json.dumps({"format": 1, "version": spec["vllm"], "slice": True,
                                      "freeze": freeze.split()}, indent=1))
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
     return ReleaseEnv(spec["vllm"], tree, root)
 
 

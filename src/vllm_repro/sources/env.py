@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -135,10 +136,13 @@ class ReleaseEnv:
 
 
 def env_dir(version: str) -> Path:
+    """``<cache>/envs/<version>``: the full tree's environment of ``version``."""
     return cache_dir() / "envs" / version
 
 
-def _uv_env(index: IndexSettings) -> dict[str, str]:
+def uv_env(index: IndexSettings) -> dict[str, str]:
+    """The process environment uv runs with: the lab's uv cache, the index's CA bundle, no
+    ``VIRTUAL_ENV`` of the caller."""
     env = dict(os.environ)
     env["UV_CACHE_DIR"] = str(cache_dir() / "uv")
     env.setdefault("UV_HTTP_TIMEOUT", "180")
@@ -148,7 +152,9 @@ def _uv_env(index: IndexSettings) -> dict[str, str]:
     return env
 
 
-def _index_args(index: IndexSettings) -> list[str]:
+def index_args(index: IndexSettings) -> list[str]:
+    """uv's index arguments (index URL, extra indexes and find-links that exist) from pip's
+    configuration."""
     args = ["--index-url", index.index_url, "--index-strategy", "unsafe-best-match"]
     for url in index.extra_index_urls:
         if url.startswith("file://") and not Path(url[7:]).is_dir():
@@ -160,7 +166,9 @@ def _index_args(index: IndexSettings) -> list[str]:
     return args
 
 
-def _run_uv(args: list[str], env: dict[str, str], what: str, log: Path) -> str:
+def run_uv(args: list[str], env: dict[str, str], what: str, log: Path) -> str:
+    """Run ``uv ARGS``, appending the command and its output to ``log``; returns stdout. Raises
+    :class:`EnvError` naming ``what`` failed, with the last lines of uv's stderr and the log."""
     cmd = [uv_bin(), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     with open(log, "a") as f:
@@ -189,43 +197,55 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
             pass
     index = index or IndexSettings.from_pip()
     torch = torch or TorchSource.resolve(index)
-    env = _uv_env(index)
-    if root.exists():
-        shutil.rmtree(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
+    env = uv_env(index)
     log = root.parent / f"{release.version}.build.log"
-    log.write_text("")
-    try:
-        _run_uv(["venv", "-q", "--python", python or _base_python(), str(root)], env,
-                f"creating the environment for vLLM {release.version}", log)
+    with fresh_env(root, log):
+        run_uv(["venv", "-q", "--python", python or base_python(), str(root)], env,
+               f"creating the environment for vLLM {release.version}", log)
         py = str(root / "bin" / "python")
-        if torch.wheel is not None:
-            # the local CPU wheel itself; its dependencies (sympy, networkx...) from the index
-            torch_args, torch_req = _index_args(index), str(torch.wheel)
-        else:
-            torch_args = [*_index_args(index), "--extra-index-url", torch.index_url]
-            torch_req = torch.requirement
-        _run_uv(["pip", "install", "-q", "--python", py, *torch_args, torch_req], env,
-                f"installing {torch.requirement} from {torch.describe()}", log)
+        torch_args, torch_req = torch_install(index, torch, torch.requirement)
+        run_uv(["pip", "install", "-q", "--python", py, *torch_args, torch_req], env,
+               f"installing {torch.requirement} from {torch.describe()}", log)
         reqs = release_requirements(tree)
         req_file = root / "release-requirements.txt"
         req_file.write_text("\n".join(reqs) + "\n")
         overrides = root / "overrides.txt"
         overrides.write_text("".join(f'{name} ; sys_platform == "never"\n' for name in OVERRIDDEN_AWAY))
         cutoff = (release.upload_time + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        _run_uv(["pip", "install", "-q", "--python", py, *_index_args(index),
-                 "--exclude-newer", cutoff, "--override", str(overrides), "-r", str(req_file)],
-                env, f"installing the requirements of vLLM {release.version} (as of {cutoff})", log)
-        freeze = _run_uv(["pip", "freeze", "--python", py], env, "listing the environment", log)
+        run_uv(["pip", "install", "-q", "--python", py, *index_args(index),
+                "--exclude-newer", cutoff, "--override", str(overrides), "-r", str(req_file)],
+               env, f"installing the requirements of vLLM {release.version} (as of {cutoff})", log)
+        freeze = run_uv(["pip", "freeze", "--python", py], env, "listing the environment", log)
         ready.write_text(json.dumps({
             "format": ENV_FORMAT, "version": release.version, "torch": torch.describe(),
             "exclude_newer": cutoff, "freeze": freeze.split()}, indent=1))
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
     return ReleaseEnv(release.version, tree, root)
 
 
-def _base_python() -> str:
+def torch_install(index: IndexSettings, torch: TorchSource, requirement: str) -> tuple[list[str], str]:
+    """``(uv pip install arguments, requirement)`` for torch from the configured torch source:
+    the local CPU wheel itself (its dependencies, sympy, networkx..., from the index), or
+    ``requirement`` (``torch==X``) with the torch index added."""
+    if torch.wheel is not None:
+        return index_args(index), str(torch.wheel)
+    return [*index_args(index), "--extra-index-url", torch.index_url], requirement
+
+
+@contextmanager
+def fresh_env(root: Path, log: Path):
+    """Start ``root`` over (removed if present, parent created, ``log`` emptied); on any failure
+    inside the block the half-built folder is removed so the next run starts over."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def base_python() -> str:
     """The interpreter release environments are made from: the lab's own base Python."""
     return os.environ.get("VLLM_REPRO_PYTHON") or getattr(sys, "_base_executable", None) or sys.executable

@@ -139,7 +139,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _safe_members(tf: tarfile.TarFile, parts: tuple[str, ...]) -> list[tuple[tarfile.TarInfo, str]]:
+def safe_members(tf: tarfile.TarFile, parts: tuple[str, ...]) -> list[tuple[tarfile.TarInfo, str]]:
     """Members under the sdist's top folder that start with one of ``parts``, with their path
     relative to the top folder. Rejects links, devices and paths that would leave the target."""
     chosen = []
@@ -184,14 +184,14 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
     tmp = Path(tempfile.mkdtemp(prefix=f".{release.version}.", dir=target.parent))
     try:
         with tarfile.open(release.sdist, "r:gz") as tf:
-            members = _safe_members(tf, parts)
+            members = safe_members(tf, parts)
             if not any(rel.startswith("vllm/") for _, rel in members):
                 raise EnvError(f"{release.sdist.name} holds no vllm/ package")
             for m, rel in members:
                 if hasattr(tarfile, "data_filter"):
                     tf.extract(m.replace(name=rel), tmp, filter="data")
                 else:  # Python < 3.11.4 / 3.10.12 (Debian 12's 3.11.2): no filters; members are
-                    m = copy.copy(m)  # already checked by _safe_members (no links, no escapes)
+                    m = copy.copy(m)  # already checked by safe_members (no links, no escapes)
                     m.name = rel
                     m.mode &= 0o755
                     tf.extract(m, tmp, set_attrs=False)

@@ -1,0 +1,160 @@
+"""Getting a release ready to run: the one place the lab, the slicer and the image bake share.
+
+``prepare_release(version, tree=...)`` = fetch the sdist (cached, sha256-checked) -> choose the
+tree (:func:`resolve_tree`: the full sdist tree, or the committed slice where one is recorded
+equivalent) -> extract it (or materialise the slice) -> build its environment -> a
+:class:`~vllm_repro.sources.env.ReleaseEnv`; all under a per-release lock (:func:`release_lock`)
+so that two lab processes sharing the cache never build the same release at once.
+
+Imports only ``errors``, ``settings``, ``sources`` and ``slicing.spec`` (the CPU image bakes its
+releases with just these: ``images/cpu/bake.py``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+from ..errors import EnvError, InputError
+from ..settings import cache_dir
+from .env import ReleaseEnv, prepare_env
+from .installed import check_release, installed
+from .sdist import extract_tree, fetch_sdist, validate_version
+
+Say = Callable[[str], None]
+
+#: ``--tree`` choices: the whole sdist tree in the full environment, the committed slice
+#: (``slices/<version>.json``) in its own environment, or ``auto``: the slice where one is
+#: committed and recorded as equivalent to the full tree, else the full tree.
+TREES = ("full", "slice", "auto")
+
+#: Where a release keeps the V1 engine's scheduler (one of them) and KV-cache manager: 0.6.5 to
+#: 0.7.x ``vllm/v1/core/scheduler.py``, later ``vllm/v1/core/sched/scheduler.py``.
+V1_SCHEDULER_FILES = ("vllm/v1/core/sched/scheduler.py", "vllm/v1/core/scheduler.py")
+V1_KV_CACHE_MANAGER = "vllm/v1/core/kv_cache_manager.py"
+
+
+def check_tree(tree: str | None) -> None:
+    """Raise :class:`InputError` unless ``tree`` (``--tree``) is ``None`` or one of :data:`TREES`."""
+    if tree is not None and tree not in TREES:
+        raise InputError(f"--tree {tree!r}: expected one of {', '.join(TREES)}")
+
+
+def default_tree() -> str:
+    """``VLLM_REPRO_TREE`` if set, else ``full``. Natively the full tree is the default: a
+    slice saves disk, not import time (torch dominates), and costs a second environment; the
+    CPU image sets ``auto`` to run the committed, proven-equivalent slices."""
+    tree = os.environ.get("VLLM_REPRO_TREE") or "full"
+    if tree not in TREES:
+        raise InputError(f"VLLM_REPRO_TREE={tree!r}: expected one of {', '.join(TREES)}")
+    return tree
+
+
+def slice_is_equivalent(version: str) -> bool:
+    """Whether a committed ``slices/<version>.json`` records ``equivalence.equal: true`` (the
+    slice ran the slicer's scenarios exactly as the full tree did)."""
+    from ..slicing.spec import spec_path
+
+    try:
+        spec = json.loads(spec_path(version).read_text())
+    except (OSError, ValueError):
+        return False
+    return spec.get("equivalence", {}).get("equal") is True
+
+
+def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> str:
+    """``full`` or ``slice`` for ``version`` (``auto`` looks for an equivalent committed slice).
+
+    A slice is traced from scheduler-level runs (``vllm-repro slice``): it holds the scheduler
+    and KV-cache files, not the EngineCore, executor and config code that ``level:
+    engine-core`` runs, so ``auto`` gives engine-core runs the full tree."""
+    tree = tree or default_tree()
+    if tree != "auto":
+        return tree
+    if level != "scheduler":
+        return "full"
+    return "slice" if slice_is_equivalent(version) else "full"
+
+
+def require_v1_scheduler(version: str, tree: Path) -> None:
+    """Probe the extracted sdist for the V1 scheduler and KV-cache manager the lab drives, before
+    an environment is built for it. Raises :class:`InputError` for a release without them
+    (vLLM before 0.6.5: only the V0 engine)."""
+    if (tree / V1_KV_CACHE_MANAGER).is_file() and any((tree / f).is_file() for f in V1_SCHEDULER_FILES):
+        return
+    raise InputError(f"--vllm {version}: this release has no V1 engine scheduler "
+                     f"({V1_SCHEDULER_FILES[0]} or {V1_SCHEDULER_FILES[1]}, with {V1_KV_CACHE_MANAGER}), "
+                     "which the lab drives; pick a release with the V1 engine (0.6.5 or later)")
+
+
+@contextmanager
+def release_lock(version: str):
+    """An exclusive lock per release (``flock`` on ``<cache>/locks/<version>.lock``), so that
+    two lab processes sharing the cache never build the same release's tree or environment at
+    once."""
+    lock_dir = cache_dir() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{version}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_tree_env(version: str, kind: str, say: Say = lambda s: None,
+                   progress: Callable[[int, int | None], None] | None = None) -> ReleaseEnv:
+    """Fetch ``version`` and build its ``kind`` (``full`` or ``slice``) of tree and environment,
+    under :func:`release_lock`. No installed-mode shortcut and no tree choice: the image bake
+    asks for exactly the kind it bakes. Raises :class:`InputError` for a release the index does
+    not have, without a V1 scheduler, or ``slice`` without a committed slice;
+    :class:`EnvError` for network, hash or install failures."""
+    with release_lock(version):
+        release = fetch_sdist(version, progress=progress)
+        if kind == "slice":
+            from ..slicing.spec import load_spec, materialise, slice_env
+
+            spec = load_spec(version)
+            return slice_env(spec, materialise(spec, release), say)
+        tree_dir = extract_tree(release)
+        require_v1_scheduler(version, tree_dir)
+        return prepare_env(release, tree_dir)
+
+
+def prepare_release(version: str, say: Say = lambda s: None,
+                    progress: Callable[[int, int | None], None] | None = None,
+                    tree: str | None = None) -> ReleaseEnv:
+    """Fetch (cached, sha256-checked), extract and build the CPU environment of ``version``.
+
+    ``tree``: ``full``, ``slice`` or ``auto`` (see :data:`TREES`; default :func:`default_tree`).
+    A slice takes only its files out of the sdist and installs only its traced requirements.
+    In installed mode (``VLLM_REPRO_VLLM=installed``) there is nothing to build: the installed
+    vLLM must be ``version``. Raises :class:`~vllm_repro.errors.InputError` for a release the
+    index does not have (or ``slice`` without a committed slice) and
+    :class:`~vllm_repro.errors.EnvError` for network, hash or install failures, or a cache that
+    cannot be written.
+    """
+    version = validate_version(version)
+    inst = installed()
+    if inst is not None:  # VLLM_REPRO_VLLM=installed: no sdist, tree or environment to build
+        check_release(inst, version)
+        return ReleaseEnv(version, None, inst.python.parent.parent, interpreter=inst.python)
+    t = time.perf_counter()
+    kind = resolve_tree(version, tree)
+    try:
+        env = build_tree_env(version, kind, say, progress)
+    except PermissionError as exc:  # e.g. the CPU image's cache, read-only with its baked releases
+        raise EnvError(f"vLLM {version} ({kind} tree) is not ready in the cache {cache_dir()} and it "
+                       f"cannot be written ({exc.strerror}: {exc.filename}); in the CPU image only the "
+                       "releases baked into it run (make images VLLM_VERSIONS=...)") from None
+    say(f"vLLM {version}: {kind} tree ready in {time.perf_counter() - t:.1f}s ({env.root})")
+    return env
+
+
+__all__ = ["TREES", "check_tree", "default_tree", "resolve_tree", "slice_is_equivalent",
+           "require_v1_scheduler", "release_lock", "build_tree_env", "prepare_release"]

@@ -1,0 +1,73 @@
+"""Tree choice and release preparation (``vllm_repro.sources.prepare``), without a release."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from vllm_repro.errors import InputError
+from vllm_repro.sources.prepare import (check_tree, default_tree, release_lock, resolve_tree,
+                                        slice_is_equivalent)
+
+
+@pytest.fixture
+def slices(tmp_path, monkeypatch):
+    """A slices folder with 1.0.0 (equivalent), 2.0.0 (not equivalent), 3.0.0 (broken JSON)."""
+    monkeypatch.setenv("VLLM_REPRO_SLICES", str(tmp_path))
+    monkeypatch.delenv("VLLM_REPRO_TREE", raising=False)
+    (tmp_path / "1.0.0.json").write_text(json.dumps({"equivalence": {"equal": True}}))
+    (tmp_path / "2.0.0.json").write_text(json.dumps({"equivalence": {"equal": False}}))
+    (tmp_path / "3.0.0.json").write_text("{not json")
+    return tmp_path
+
+
+def test_auto_takes_only_a_slice_recorded_equivalent(slices):
+    assert [slice_is_equivalent(v) for v in ("1.0.0", "2.0.0", "3.0.0", "4.0.0")] == \
+        [True, False, False, False]
+    assert resolve_tree("1.0.0", "auto") == "slice"
+    assert resolve_tree("2.0.0", "auto") == "full"
+    assert resolve_tree("4.0.0", "auto") == "full"
+
+
+def test_auto_gives_engine_core_runs_the_full_tree(slices):
+    # a slice is traced at scheduler level: it lacks the EngineCore's files
+    assert resolve_tree("1.0.0", "auto", level="engine-core") == "full"
+    assert resolve_tree("1.0.0", "slice", level="engine-core") == "slice"  # asked for: given
+
+
+def test_default_tree_comes_from_the_environment(slices, monkeypatch):
+    assert default_tree() == "full"
+    assert resolve_tree("1.0.0", None) == "full"
+    monkeypatch.setenv("VLLM_REPRO_TREE", "auto")
+    assert resolve_tree("1.0.0", None) == "slice"
+    monkeypatch.setenv("VLLM_REPRO_TREE", "sliced")
+    with pytest.raises(InputError, match="VLLM_REPRO_TREE='sliced': expected one of full, slice, auto"):
+        default_tree()
+
+
+def test_check_tree_names_the_choices():
+    check_tree(None)
+    check_tree("auto")
+    with pytest.raises(InputError, match="--tree 'half': expected one of full, slice, auto"):
+        check_tree("half")
+
+
+def test_release_lock_excludes_a_second_holder(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path))
+    order: list[str] = []
+
+    def second():
+        with release_lock("9.9.9"):
+            order.append("second")
+
+    with release_lock("9.9.9"):
+        t = threading.Thread(target=second)
+        t.start()
+        time.sleep(0.3)
+        order.append("first done")
+    t.join(5)
+    assert order == ["first done", "second"]
+    assert (tmp_path / "locks" / "9.9.9.lock").is_file()
