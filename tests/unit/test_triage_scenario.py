@@ -194,8 +194,13 @@ def test_the_009_scenario_runs_on_0_9_0(tmp_path, cli):
             "--jobs", "1")
     verdicts = json.loads(p.stdout)
     assert [v["vllm"] for v in verdicts] == ["0.9.0"]
-    assert verdicts[0]["outcome"] != "error", verdicts[0]["observed"]
-    assert p.returncode in (0, 1)
+    # the log's death is an RPC timeout outside the scheduler: the replay of its batch (every
+    # dumped and waiting request) runs to the end, clean, so the draft's reproduces_on is not
+    # met and the run says so with exit 1 (not a lab error, not a pass)
+    n = len(load_scenario(out).requests)
+    assert verdicts[0]["outcome"] == "clean", verdicts[0]["observed"]
+    assert verdicts[0]["observed"].startswith(f"clean ({n} finished"), verdicts[0]["observed"]
+    assert (verdicts[0]["expected"], verdicts[0]["ok"], p.returncode) == ("not clean", False, 1)
 
 
 LOG_019 = next(iter(sorted(CRASHLOGS.glob("019-*.log"))), None)

@@ -128,21 +128,6 @@ def _renormalise(rec: dict | None) -> dict | None:
     return {**rec, "result": runs.normalise_result(rec["result"], Path("/nonexistent"))}
 
 
-def record_equivalence(version: str, spec_file: Path | None = None) -> dict:
-    """Recompute the equivalence of ``version`` from its recorded runs A and C (the work folder)
-    and store it in the spec; returns it. For a comparison that improved after the runs."""
-    work = work_dir(version)
-    full = json.loads((work / "A-full" / "results.json").read_text())
-    sliced = json.loads((work / "C-slice" / "results.json").read_text())
-    path = spec_file or spec_path(version)
-    spec = json.loads(path.read_text())
-    eq = compare(full, sliced)
-    spec["equivalence"].update(eq)
-    spec["equivalence"]["flaky_rechecked"] = flaky
-    path.write_text(json.dumps(spec, indent=1) + "\n")
-    return eq
-
-
 def read_log(log: Path) -> list[dict]:
     if not log.is_file():
         return []

@@ -112,14 +112,6 @@ def installed() -> InstalledVllm | None:
     return probe(py) if py is not None else None
 
 
-def installed_release() -> str | None:
-    """The installed release (``0.10.1.1``) when ``VLLM_REPRO_VLLM`` asks for an installed vLLM,
-    else ``None``: what a test asks to know which release this run can have. Raises
-    :class:`EnvError` when the named interpreter has no vLLM."""
-    inst = installed()
-    return inst.release if inst else None
-
-
 def check_release(inst: InstalledVllm, version: str) -> None:
     """Raise :class:`InputError` unless ``version`` is the installed release (an installed vLLM
     can run no other)."""

@@ -168,72 +168,129 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
     Raises :class:`InputError` when the log names no release and none is given, or shows
     neither a dumped SchedulerOutput nor scheduler stats to build requests from.
     """
-    src = report.source
-    version = version or report.vllm_version
-    if not version:
-        raise InputError(f"{src}: the log names no vLLM release; pass --vllm VERSION to draft "
-                         "a scenario for one")
-    try:
-        Version(version)
-    except InvalidVersion:
-        raise InputError(f"{src}: {version!r} is not a vLLM release version; pass --vllm "
-                         "VERSION") from None
+    return _Draft(report, sc, version, name).build()
 
-    dump = sc.dump
-    so = read_scheduler_output(dump.scheduler_output) if dump and dump.scheduler_output else None
-    state = report.scheduler_state or {}
-    notes: list[str] = []
-    level, level_why, phase = _choose_level(report, version, notes)
-    at_start_up = level == "engine-core" and phase == "engine-build"
-    if (so is None or not so.requests) and not state.get("running") and not state.get("waiting") \
-            and not state.get("pending") and not at_start_up:
-        raise InputError(f"{src}: no dump_input.py SchedulerOutput and no scheduler stats with "
-                         "requests in the log: nothing to build the scenario's requests from")
 
-    dumped_cfg = read_config(dump.config) if dump and dump.config else {}
-    args_cfg = read_config(sc.args[1]) if sc.args else {}
-    cfg_line = f"dump_input.py config, line {dump.config_line}" if dumped_cfg else ""
-    args_line = f"server arguments, line {sc.args[0]}" if sc.args else ""
+class _Draft:
+    """One drafting: the log's sources, then a phase per part of the scenario (config, requests,
+    lengths, batch, KV cache size, spec decode / async, expectation), then the YAML text."""
 
-    def known(key: str, conv) -> _Val | None:
-        if key in args_cfg and conv(args_cfg[key]) is not None:
-            return _Val(conv(args_cfg[key]), "log", args_line)
-        if key in dumped_cfg and conv(dumped_cfg[key]) is not None:
-            return _Val(conv(dumped_cfg[key]), "log", cfg_line)
+    def __init__(self, report: TriageReport, sc: LogScanner, version: str | None, name: str | None):
+        self.report, self.sc, self.name = report, sc, name
+        self.src = report.source
+        self.version = self._check_version(version or report.vllm_version)
+        dump = self.dump = sc.dump
+        self.so = read_scheduler_output(dump.scheduler_output) if dump and dump.scheduler_output else None
+        self.state = report.scheduler_state or {}
+        self.notes: list[str] = []
+        self.level, self.level_why, self.phase = _choose_level(report, self.version, self.notes)
+        self.at_start_up = self.level == "engine-core" and self.phase == "engine-build"
+        self.dumped_cfg = read_config(dump.config) if dump and dump.config else {}
+        self.args_cfg = read_config(sc.args[1]) if sc.args else {}
+        self.cfg_line = f"dump_input.py config, line {dump.config_line}" if self.dumped_cfg else ""
+        self.args_line = f"server arguments, line {sc.args[0]}" if sc.args else ""
+        self.reqs: list[DumpedRequest] = self.so.requests if self.so else []
+        self.c: dict[str, _Val] = {}
+        self.req_rows: list[tuple[dict, str]] = []
+        self.used: set[str] = set()
+        self.common = self.so.num_common_prefix_blocks[0] if self.so and \
+            self.so.num_common_prefix_blocks else 0
+        self.n_wait = 0
+
+    def build(self) -> tuple[str, Scenario]:
+        self._require_requests()
+        self._block_size()
+        self._switches()
+        self._requests()
+        self._lengths()
+        self._batch()
+        self._kv_cache_size()
+        self._spec_and_async()
+        return self._validated(self._text(self._expectation()))
+
+    # --- sources --------------------------------------------------------------------------------
+    def _check_version(self, version: str | None) -> str:
+        if not version:
+            raise InputError(f"{self.src}: the log names no vLLM release; pass --vllm VERSION to "
+                             "draft a scenario for one")
+        try:
+            Version(version)
+        except InvalidVersion:
+            raise InputError(f"{self.src}: {version!r} is not a vLLM release version; pass --vllm "
+                             "VERSION") from None
+        return version
+
+    def _require_requests(self) -> None:
+        so, state = self.so, self.state
+        if (so is None or not so.requests) and not state.get("running") and not state.get("waiting") \
+                and not state.get("pending") and not self.at_start_up:
+            raise InputError(f"{self.src}: no dump_input.py SchedulerOutput and no scheduler stats "
+                             "with requests in the log: nothing to build the scenario's requests from")
+
+    def known(self, key: str, conv) -> _Val | None:
+        """``key``'s value where the log states it: the server arguments first, then the dumped
+        config."""
+        if key in self.args_cfg and conv(self.args_cfg[key]) is not None:
+            return _Val(conv(self.args_cfg[key]), "log", self.args_line)
+        if key in self.dumped_cfg and conv(self.dumped_cfg[key]) is not None:
+            return _Val(conv(self.dumped_cfg[key]), "log", self.cfg_line)
         return None
 
-    reqs = so.requests if so else []
-    c: dict[str, _Val] = {}
+    # --- config -----------------------------------------------------------------------------------
+    def _block_size(self) -> None:
+        bs = self.known("block_size", _posint)
+        if bs is None:
+            inferred = _infer_block_size(self.reqs)
+            bs = _Val(inferred[0], "derived", inferred[1]) if inferred else \
+                _Val(16, "guess", "vLLM's default block size on CUDA")
+        self.c["block_size"] = bs
+        self.B = bs.value
 
-    # --- block size ---------------------------------------------------------------------------
-    bs = known("block_size", _posint)
-    if bs is None:
-        inferred = _infer_block_size(reqs)
-        bs = _Val(inferred[0], "derived", inferred[1]) if inferred else \
-            _Val(16, "guess", "vLLM's default block size on CUDA")
-    c["block_size"] = bs
-    B = bs.value
+    def _switches(self) -> None:
+        c, version = self.c, self.version
+        v1_default = _version_default_v1(version)
+        if not v1_default:
+            self.notes.append(f"vLLM {version} predates the V1 engine the lab drives (0.8 and "
+                              "later): replay the draft with --vllm on a V1 release")
+        default_why = f"vLLM {version}'s default" + (" (V1 engine)" if v1_default else "")
+        c["enable_chunked_prefill"] = self.known("enable_chunked_prefill", _bool) or _Val(
+            v1_default, "guess", default_why)
+        c["enable_prefix_caching"] = self.known("enable_prefix_caching", _bool) or _Val(
+            v1_default, "guess", default_why)
+        pol = self.args_cfg.get("scheduling_policy")
+        c["policy"] = _Val(pol, "log", self.args_line) if pol in ("fcfs", "priority") else \
+            _Val("fcfs", "guess", "vLLM's default scheduling policy")
 
-    # --- feature switches ---------------------------------------------------------------------
-    v1_default = _version_default_v1(version)
-    if not v1_default:
-        notes.append(f"vLLM {version} predates the V1 engine the lab drives (0.8 and later): "
-                     "replay the draft with --vllm on a V1 release")
-    default_why = f"vLLM {version}'s default" + (" (V1 engine)" if v1_default else "")
-    c["enable_chunked_prefill"] = known("enable_chunked_prefill", _bool) or _Val(
-        v1_default, "guess", default_why)
-    c["enable_prefix_caching"] = known("enable_prefix_caching", _bool) or _Val(
-        v1_default, "guess", default_why)
-    pol = args_cfg.get("scheduling_policy")
-    c["policy"] = _Val(pol, "log", args_line) if pol in ("fcfs", "priority") else \
-        _Val("fcfs", "guess", "vLLM's default scheduling policy")
+    # --- requests ---------------------------------------------------------------------------------
+    def _requests(self) -> None:
+        for r in self.reqs:
+            self.req_rows.append(self._dumped_row(r))
+        state, rows = self.state, self.req_rows
+        self.n_wait = n_wait = int(state.get("waiting") or state.get("pending") or 0)
+        if not rows and self.at_start_up and not state.get("running"):
+            rows.append(({"id": "first", "at_step": 1, "prompt_len": 16,
+                          "max_tokens": GUESSED_MAX_TOKENS},
+                         "guess: the engine died at start-up, before any request; one request "
+                         "stands for the first"))
+        if not rows:
+            for i in range(int(state.get("running") or 0)):
+                rows.append(({"id": f"running-{i + 1}", "at_step": 1, "prompt_len": 1024,
+                              "max_tokens": GUESSED_MAX_TOKENS},
+                             "guess: a running request from the stats; lengths not in the log"))
+        if n_wait:
+            known_lens = [row["prompt_len"] for row, _ in rows] or [1024]
+            wlen = int(statistics.median(known_lens))
+            for i in range(min(n_wait, MAX_WAITING)):
+                rid = _safe_id(f"waiting-{i + 1}", self.used)
+                rows.append(({"id": rid, "at_step": 1, "prompt_len": wlen,
+                              "max_tokens": GUESSED_MAX_TOKENS}, ""))
+            if n_wait > MAX_WAITING:
+                self.notes.append(f"the stats showed {n_wait} waiting requests; the first "
+                                  f"{MAX_WAITING} are drafted")
 
-    # --- requests -----------------------------------------------------------------------------
-    used: set[str] = set()
-    common = so.num_common_prefix_blocks[0] if so and so.num_common_prefix_blocks else 0
-    req_rows: list[tuple[dict, str]] = []
-    for r in reqs:
-        rid = _safe_id(r.id, used)
+    def _dumped_row(self, r: DumpedRequest) -> tuple[dict, str]:
+        """A request of the dumped SchedulerOutput and why its lengths are what they are."""
+        rid = _safe_id(r.id, self.used)
         tokens = r.num_computed_tokens + (r.num_scheduled or 0)
         why: list[str] = []
         if r.new and r.prompt_len:
@@ -252,188 +309,184 @@ def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None 
             why.append("guess max_tokens")
         if r.resumed:
             why.append("resumed from preemption in the crashing step")
-        row = {"id": rid, "at_step": 1, "prompt_len": plen, "max_tokens": mt}
-        req_rows.append((row, "; ".join(why)))
+        return {"id": rid, "at_step": 1, "prompt_len": plen, "max_tokens": mt}, "; ".join(why)
 
-    n_wait = int(state.get("waiting") or state.get("pending") or 0)
-    if not req_rows and at_start_up and not state.get("running"):
-        req_rows.append(({"id": "first", "at_step": 1, "prompt_len": 16,
-                          "max_tokens": GUESSED_MAX_TOKENS},
-                         "guess: the engine died at start-up, before any request; one request "
-                         "stands for the first"))
-    if not req_rows:
-        n_run = int(state.get("running") or 0)
-        for i in range(n_run):
-            req_rows.append(({"id": f"running-{i + 1}", "at_step": 1, "prompt_len": 1024,
-                              "max_tokens": GUESSED_MAX_TOKENS},
-                             "guess: a running request from the stats; lengths not in the log"))
-    if n_wait:
-        known_lens = [row["prompt_len"] for row, _ in req_rows] or [1024]
-        wlen = int(statistics.median(known_lens))
-        for i in range(min(n_wait, MAX_WAITING)):
-            rid = _safe_id(f"waiting-{i + 1}", used)
-            req_rows.append(({"id": rid, "at_step": 1, "prompt_len": wlen,
-                              "max_tokens": GUESSED_MAX_TOKENS}, ""))
-        if n_wait > MAX_WAITING:
-            notes.append(f"the stats showed {n_wait} waiting requests; the first {MAX_WAITING} "
-                         "are drafted")
-
-    # --- lengths --------------------------------------------------------------------------------
-    need = max(row["prompt_len"] + row["max_tokens"] for row, _ in req_rows)
-    mml = known("max_model_len", _posint)
-    if mml is None:
-        mml = _Val(max(2048, 1 << (need - 1).bit_length()), "guess",
-                   "not in the log; the smallest power of two that fits every request")
-    c["max_model_len"] = mml
-    for row, _ in req_rows:
-        if row["prompt_len"] + row["max_tokens"] > mml.value:
-            row["max_tokens"] = max(1, mml.value - row["prompt_len"])
+    # --- lengths and batch ------------------------------------------------------------------------
+    def _lengths(self) -> None:
+        c, rows = self.c, self.req_rows
+        need = max(row["prompt_len"] + row["max_tokens"] for row, _ in rows)
+        mml = self.known("max_model_len", _posint)
+        if mml is None:
+            mml = _Val(max(2048, 1 << (need - 1).bit_length()), "guess",
+                       "not in the log; the smallest power of two that fits every request")
+        c["max_model_len"] = mml
+        for row, _ in rows:
             if row["prompt_len"] + row["max_tokens"] > mml.value:
-                row["prompt_len"] = mml.value - 1
-                row["max_tokens"] = 1
-    if common and c["enable_prefix_caching"].value:
-        plen_common = common * B
-        for row, _ in req_rows[:len(reqs)]:
-            if row["prompt_len"] >= plen_common:
-                row["prefix"], row["prefix_len"] = "common", plen_common
+                row["max_tokens"] = max(1, mml.value - row["prompt_len"])
+                if row["prompt_len"] + row["max_tokens"] > mml.value:
+                    row["prompt_len"] = mml.value - 1
+                    row["max_tokens"] = 1
+        if self.common and c["enable_prefix_caching"].value:
+            plen_common = self.common * self.B
+            for row, _ in rows[:len(self.reqs)]:
+                if row["prompt_len"] >= plen_common:
+                    row["prefix"], row["prefix_len"] = "common", plen_common
 
-    c["max_num_seqs"] = known("max_num_seqs", _posint) or _Val(
-        max(256, len(req_rows)), "guess", "vLLM's default (256), or enough for every request")
-    total = so.total_num_scheduled_tokens if so else None
-    mnbt = known("max_num_batched_tokens", _posint)
-    if mnbt is None and sc.max_num_batched_tokens:
-        mnbt = _Val(sc.max_num_batched_tokens, "log", "'Chunked prefill is enabled' line")
-    if mnbt is None:
-        if total:
-            pick = next((d for d in _BATCH_DEFAULTS if d >= total), None) or \
-                1024 * math.ceil(total / 1024)
-            mnbt = _Val(pick, "guess", f"the smallest vLLM default >= the {total} tokens the "
-                                       "crashing step scheduled")
-        else:
-            mnbt = _Val(8192, "guess", "vLLM's default for the OpenAI server on large GPUs")
-    if not c["enable_chunked_prefill"].value and mnbt.value < mml.value:
-        mnbt = _Val(mml.value, "derived", "without chunked prefill vLLM needs >= max_model_len")
-    c["max_num_batched_tokens"] = mnbt
+    def _batch(self) -> None:
+        c = self.c
+        c["max_num_seqs"] = self.known("max_num_seqs", _posint) or _Val(
+            max(256, len(self.req_rows)), "guess", "vLLM's default (256), or enough for every request")
+        total = self.so.total_num_scheduled_tokens if self.so else None
+        mnbt = self.known("max_num_batched_tokens", _posint)
+        if mnbt is None and self.sc.max_num_batched_tokens:
+            mnbt = _Val(self.sc.max_num_batched_tokens, "log", "'Chunked prefill is enabled' line")
+        if mnbt is None:
+            if total:
+                pick = next((d for d in _BATCH_DEFAULTS if d >= total), None) or \
+                    1024 * math.ceil(total / 1024)
+                mnbt = _Val(pick, "guess", f"the smallest vLLM default >= the {total} tokens the "
+                                           "crashing step scheduled")
+            else:
+                mnbt = _Val(8192, "guess", "vLLM's default for the OpenAI server on large GPUs")
+        if not c["enable_chunked_prefill"].value and mnbt.value < c["max_model_len"].value:
+            mnbt = _Val(c["max_model_len"].value, "derived",
+                        "without chunked prefill vLLM needs >= max_model_len")
+        c["max_num_batched_tokens"] = mnbt
 
     # --- KV cache size ----------------------------------------------------------------------------
-    blocks_per_req = [math.ceil((row["prompt_len"] + row["max_tokens"]) / B) for row, _ in req_rows]
-    floor_blocks = max(blocks_per_req) + 1
-    if sc.gpu_blocks:
-        nb = _Val(sc.gpu_blocks[0], "log", f"'# GPU blocks' line {sc.gpu_blocks[2]}")
-    elif sc.kv_cache_tokens:
-        kind = "derived" if bs.kind != "guess" else "guess"
-        nb = _Val(max(2, sc.kv_cache_tokens[0] // B), kind,
-                  f"GPU KV cache size {sc.kv_cache_tokens[0]} tokens (line "
-                  f"{sc.kv_cache_tokens[1]}) / block_size")
-    else:
+    def _kv_cache_size(self) -> None:
+        c, sc, B = self.c, self.sc, self.B
+        blocks_per_req = [math.ceil((row["prompt_len"] + row["max_tokens"]) / B)
+                          for row, _ in self.req_rows]
+        floor_blocks = max(blocks_per_req) + 1
+        if sc.gpu_blocks:
+            nb = _Val(sc.gpu_blocks[0], "log", f"'# GPU blocks' line {sc.gpu_blocks[2]}")
+        elif sc.kv_cache_tokens:
+            kind = "derived" if c["block_size"].kind != "guess" else "guess"
+            nb = _Val(max(2, sc.kv_cache_tokens[0] // B), kind,
+                      f"GPU KV cache size {sc.kv_cache_tokens[0]} tokens (line "
+                      f"{sc.kv_cache_tokens[1]}) / block_size")
+        else:
+            nb = self._kv_from_usage(floor_blocks)
+        if nb.value > MAX_GPU_BLOCKS:
+            nb = _Val(MAX_GPU_BLOCKS, "guess", f"{nb.value} capped to keep the replay fast")
+        if nb.value < floor_blocks:
+            nb = _Val(floor_blocks, "derived", "raised so that the longest request fits")
+        c["num_gpu_blocks"] = nb
+        if self.at_start_up and "no available memory for the cache blocks" in (
+                self.report.exception_message or "").lower():
+            c["kv_cache_memory_bytes"] = _Val(0, "derived", "the log: no memory was left for the "
+                                              "KV cache after profiling")
+
+    def _kv_from_usage(self, floor_blocks: int) -> _Val:
+        """The pool from the blocks the dumped requests hold and the stats' KV cache usage."""
+        B, reqs = self.B, self.reqs
         used_blocks = sum(math.ceil((r.num_computed_tokens + (r.num_scheduled or 0)) / B)
                           for r in reqs)
-        used_blocks -= max(0, len(reqs) - 1) * common
-        pct = state.get("kv_cache_usage_pct")
+        used_blocks -= max(0, len(reqs) - 1) * self.common
+        pct = self.state.get("kv_cache_usage_pct")
         if used_blocks > 0 and isinstance(pct, (int, float)) and pct >= 1.0:
-            nb = _Val(math.ceil(used_blocks * 100 / pct) + 1, "guess",
-                      f"{used_blocks} blocks held by the dumped requests at {pct}% KV cache usage")
-        else:
-            nb = _Val(max(2 * floor_blocks, 64), "guess", "the KV cache size is not in the log")
-    if nb.value > MAX_GPU_BLOCKS:
-        nb = _Val(MAX_GPU_BLOCKS, "guess", f"{nb.value} capped to keep the replay fast")
-    if nb.value < floor_blocks:
-        nb = _Val(floor_blocks, "derived", "raised so that the longest request fits")
-    c["num_gpu_blocks"] = nb
-    if at_start_up and "no available memory for the cache blocks" in (
-            report.exception_message or "").lower():
-        c["kv_cache_memory_bytes"] = _Val(0, "derived", "the log: no memory was left for the "
-                                          "KV cache after profiling")
+            return _Val(math.ceil(used_blocks * 100 / pct) + 1, "guess",
+                        f"{used_blocks} blocks held by the dumped requests at {pct}% KV cache usage")
+        return _Val(max(2 * floor_blocks, 64), "guess", "the KV cache size is not in the log")
 
-    # --- speculative decoding / async scheduling ------------------------------------------------
-    nspec = known("num_speculative_tokens", _posint)
-    if nspec:
-        c["num_speculative_tokens"] = nspec
-        method = args_cfg.get("speculative_method") or dumped_cfg.get("speculative_method")
-        if method and method != "ngram":
-            notes.append(f"the log's speculative method is {method!r}; the lab drafts "
-                         "ngram-style tokens")
-    if known("async_scheduling", _bool) and known("async_scheduling", _bool).value:
-        c["async_scheduling"] = known("async_scheduling", _bool)
-
-    # --- level: what of vLLM the replay runs (chosen above) -------------------------------------
-    if level == "engine-core" and "step_with_batch_queue" in " ".join(report.crash_path) \
-            and "async_scheduling" not in c:
-        c["async_scheduling"] = _Val(True, "guess", "the crash went through "
-                                     "EngineCore.step_with_batch_queue (async scheduling, or a "
-                                     "pipeline-parallel batch queue)")
+    # --- speculative decoding / async scheduling --------------------------------------------------
+    def _spec_and_async(self) -> None:
+        c = self.c
+        nspec = self.known("num_speculative_tokens", _posint)
+        if nspec:
+            c["num_speculative_tokens"] = nspec
+            method = self.args_cfg.get("speculative_method") or self.dumped_cfg.get("speculative_method")
+            if method and method != "ngram":
+                self.notes.append(f"the log's speculative method is {method!r}; the lab drafts "
+                                  "ngram-style tokens")
+        if self.known("async_scheduling", _bool) and self.known("async_scheduling", _bool).value:
+            c["async_scheduling"] = self.known("async_scheduling", _bool)
+        # level: what of vLLM the replay runs (chosen in __init__)
+        if self.level == "engine-core" and "step_with_batch_queue" in " ".join(self.report.crash_path) \
+                and "async_scheduling" not in c:
+            c["async_scheduling"] = _Val(True, "guess", "the crash went through "
+                                         "EngineCore.step_with_batch_queue (async scheduling, or a "
+                                         "pipeline-parallel batch queue)")
 
     # --- expectation ------------------------------------------------------------------------------
-    frame = report.last_vllm_frame
-    expect_lines: list[str] = []
-    module = (frame or {}).get("module", "")
-    in_reach = module.startswith("vllm/v1/core/") or (
-        level == "engine-core" and module in ENGINE_CORE_MODULES)
-    if report.exception_type and frame and in_reach:
-        exc = report.exception_type.split("(")[0].rsplit(".", 1)[-1]
-        expect_lines = [f"expect:  # the log's crash is in the vLLM code the lab drives at level {level}",
-                        "  outcome: crash",
-                        f"  exception: {_q(exc)}",
-                        f"  where: {_q(frame['module'] + ':' + frame['function'])}"]
-        if phase:
-            expect_lines.append(f"  phase: {phase}")
-    else:
+    def _expectation(self) -> list[str]:
+        report, level = self.report, self.level
+        frame = report.last_vllm_frame
+        module = (frame or {}).get("module", "")
+        in_reach = module.startswith("vllm/v1/core/") or (
+            level == "engine-core" and module in ENGINE_CORE_MODULES)
+        if report.exception_type and frame and in_reach:
+            exc = report.exception_type.split("(")[0].rsplit(".", 1)[-1]
+            lines = [f"expect:  # the log's crash is in the vLLM code the lab drives at level {level}",
+                     "  outcome: crash",
+                     f"  exception: {_q(exc)}",
+                     f"  where: {_q(frame['module'] + ':' + frame['function'])}"]
+            if self.phase:
+                lines.append(f"  phase: {self.phase}")
+            return lines
         where = f"{frame['module']}:{frame['function']}" if frame else "no vLLM frame"
-        expect_lines = [f"# no expect: the log's crash ({report.exception_type or report.exit_kind}"
-                        f" in {where}) is outside the scheduler/KV code the lab drives; the",
-                        "# replay shows whether vLLM's scheduler side stays sound under this load"]
+        return [f"# no expect: the log's crash ({report.exception_type or report.exit_kind}"
+                f" in {where}) is outside the scheduler/KV code the lab drives; the",
+                "# replay shows whether vLLM's scheduler side stays sound under this load"]
 
-    # --- the text -----------------------------------------------------------------------------------
-    max_steps = min(100_000, max(500, 4 * (sum(r["prompt_len"] for r, _ in req_rows)
-                                            // max(1, mnbt.value) + max(r["max_tokens"] for r, _ in
-                                                                        req_rows) + len(req_rows))))
-    what = report.exception_type or "no Python exception"
-    if report.exception_message:
-        what += f": {report.exception_message[:120]}"
-    desc = (f"drafted by vllm-repro triage from {Path(src).name}: {what} "
-            f"({report.stage}, {report.exit_kind})")
-    vsrc = report.version_source
-    out = [f"# Drafted by `vllm-repro triage --scenario` from {src}.",
-           "# `# guess:` marks values the log does not state; `# derived:` values computed from it.",
-           f"name: {_q(name or _scenario_name(src))}",
-           f"description: {_q(desc)}",
-           "vllm:",
-           f"  reproduces_on: [{_q(version)}]"
-           + (f"  # named in the log, line {vsrc['log_line']}" if vsrc and version ==
-              report.vllm_version else "  # given with --vllm"),
-           f"level: {level}  # {level_why}",
-           "config:"]
-    order = ["block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
-             "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "policy",
-             "num_speculative_tokens", "async_scheduling"]
-    for key in order:
-        if key in c:
-            out.append(f"  {key}: {_q(c[key].value)}{c[key].comment()}")
-    src_line = f" (dump_input.py SchedulerOutput, line {dump.output_line})" if reqs and dump else ""
-    out.append(f"requests:  # guess: arrival order and times are not in the log; all arrive "
-               f"before step 1{src_line}")
-    if common and any("prefix" in r for r, _ in req_rows):
-        out.append(f"  # derived: num_common_prefix_blocks=[{common}]: the running requests "
-                   f"shared their first {common} blocks -> prefix 'common'")
-    if n_wait:
-        out.append(f"  # guess: the {min(n_wait, MAX_WAITING)} waiting-N requests stand for the "
-                   f"{n_wait} waiting requests of the stats; their lengths are not in the log")
-    for row, why in req_rows:
-        flow = ", ".join(f"{k}: {_q(v)}" for k, v in row.items())
-        out.append(f"  - {{{flow}}}" + (f"  # {why}" if why else ""))
-    if so and so.finished_req_ids:
-        out.append(f"# finished in the crashing step (not replayed): {len(so.finished_req_ids)}"
-                   " request(s)")
-    out.append(f"limits: {{max_steps: {max_steps}, stall_steps: 50}}  # guess: room for every "
-               "request to finish")
-    out.extend(expect_lines)
-    for n in notes:
-        out.append(f"# note: {n}")
-    text = "\n".join(out) + "\n"
+    # --- the text ---------------------------------------------------------------------------------
+    def _text(self, expect_lines: list[str]) -> str:
+        report, rows, c, src, version = self.report, self.req_rows, self.c, self.src, self.version
+        max_steps = min(100_000, max(500, 4 * (
+            sum(r["prompt_len"] for r, _ in rows) // max(1, c["max_num_batched_tokens"].value)
+            + max(r["max_tokens"] for r, _ in rows) + len(rows))))
+        what = report.exception_type or "no Python exception"
+        if report.exception_message:
+            what += f": {report.exception_message[:120]}"
+        desc = (f"drafted by vllm-repro triage from {Path(src).name}: {what} "
+                f"({report.stage}, {report.exit_kind})")
+        vsrc = report.version_source
+        out = [f"# Drafted by `vllm-repro triage --scenario` from {src}.",
+               "# `# guess:` marks values the log does not state; `# derived:` values computed from it.",
+               f"name: {_q(self.name or _scenario_name(src))}",
+               f"description: {_q(desc)}",
+               "vllm:",
+               f"  reproduces_on: [{_q(version)}]"
+               + (f"  # named in the log, line {vsrc['log_line']}" if vsrc and version ==
+                  report.vllm_version else "  # given with --vllm"),
+               f"level: {self.level}  # {self.level_why}",
+               "config:"]
+        for key in _CONFIG_ORDER:
+            if key in c:
+                out.append(f"  {key}: {_q(c[key].value)}{c[key].comment()}")
+        src_line = f" (dump_input.py SchedulerOutput, line {self.dump.output_line})" \
+            if self.reqs and self.dump else ""
+        out.append(f"requests:  # guess: arrival order and times are not in the log; all arrive "
+                   f"before step 1{src_line}")
+        if self.common and any("prefix" in r for r, _ in rows):
+            out.append(f"  # derived: num_common_prefix_blocks=[{self.common}]: the running requests "
+                       f"shared their first {self.common} blocks -> prefix 'common'")
+        if self.n_wait:
+            out.append(f"  # guess: the {min(self.n_wait, MAX_WAITING)} waiting-N requests stand for "
+                       f"the {self.n_wait} waiting requests of the stats; their lengths are not in the log")
+        for row, why in rows:
+            flow = ", ".join(f"{k}: {_q(v)}" for k, v in row.items())
+            out.append(f"  - {{{flow}}}" + (f"  # {why}" if why else ""))
+        if self.so and self.so.finished_req_ids:
+            out.append(f"# finished in the crashing step (not replayed): "
+                       f"{len(self.so.finished_req_ids)} request(s)")
+        out.append(f"limits: {{max_steps: {max_steps}, stall_steps: 50}}  # guess: room for every "
+                   "request to finish")
+        out.extend(expect_lines)
+        for n in self.notes:
+            out.append(f"# note: {n}")
+        return "\n".join(out) + "\n"
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:  # a bug in the drafting, not in the log
-        raise InputError(f"{src}: the drafted scenario is not valid YAML ({exc})") from None
-    scenario = parse_scenario(data, f"scenario drafted from {src}")
-    return text, scenario
+    def _validated(self, text: str) -> tuple[str, Scenario]:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:  # a bug in the drafting, not in the log
+            raise InputError(f"{self.src}: the drafted scenario is not valid YAML ({exc})") from None
+        return text, parse_scenario(data, f"scenario drafted from {self.src}")
+
+
+#: the order of the draft's config keys
+_CONFIG_ORDER = ("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "max_num_seqs",
+                 "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill",
+                 "enable_prefix_caching", "policy", "num_speculative_tokens", "async_scheduling")
