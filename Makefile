@@ -10,12 +10,12 @@ CATALOG ?=
 NEWEST ?= 0.33.0
 JOBS ?=
 REPORTS ?= reports
-# Torch source (see README): a local wheelhouse, or PyTorch's CPU index.
+# Torch source (docs/settings.md): a local wheelhouse, or PyTorch's CPU index.
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_WHEEL_DIR ?=
 export TORCH_VERSION TORCH_INDEX_URL TORCH_WHEEL_DIR
-# Images (README "Images"): the CPU image stands in for the CUDA one everywhere but a GPU host.
+# Images (docs/images.md): the CPU image stands in for the CUDA one everywhere but a GPU host.
 CPU_IMAGE ?= vllm-repro-cpu:latest
 CUDA_IMAGE ?= vllm-repro-cuda:$(VLLM_VERSION)
 VLLM_VERSION ?= 0.10.1.1
@@ -26,7 +26,7 @@ DOCKER ?= docker
 DOCKER_BUILD_FLAGS ?=
 # cpu-repro runs in the CPU image when a Docker engine answers, else here; RUNNER=docker|native
 RUNNER ?= auto
-# gpu-verify (README "GPU verification")
+# gpu-verify (docs/gpu-verify.md)
 REMOTE ?=
 PATCH ?=
 GPU_IMAGE ?=
@@ -34,13 +34,14 @@ GPU ?=
 GPU_MODEL ?=
 VLLM ?=
 
-.PHONY: venv cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
+.PHONY: venv docs cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
 	images image-cpu image-cuda stage-images lint-images bench-image gpu-verify
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
 	@echo "make cpu-repro CATALOG=all   the whole catalog (each entry also on NEWEST=$(NEWEST))"
-	@echo "make test        unit tests and the real-release scenario tests"
+	@echo "make test        the docs build, unit tests and the real-release scenario tests"
+	@echo "make docs        the documentation into $(REPORTS)/site/"
 	@echo "make images      the CPU image (Docker); make cpu-repro RUNNER=docker|native"
 	@echo "make gpu-verify REMOTE=host PATCH=fix.diff SCENARIO=...   confirm a fix on a GPU host"
 
@@ -124,7 +125,7 @@ image-cpu: stage-images
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \
 	echo "images: $(CPU_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CPU_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"
 
-# On a GPU host only (it starts from vllm/vllm-openai:v$(VLLM_VERSION), several GB); README "Images".
+# On a GPU host only (it starts from vllm/vllm-openai:v$(VLLM_VERSION), several GB); docs/images.md.
 image-cuda:
 	$(DOCKER) build -f images/cuda/Dockerfile -t $(CUDA_IMAGE) --build-arg VLLM_VERSION=$(VLLM_VERSION) .
 
@@ -142,8 +143,13 @@ gpu-verify: venv
 	  $(if $(VLLM),--vllm $(VLLM)) $(if $(GPU_IMAGE),--gpu-image $(GPU_IMAGE)) $(if $(GPU),--gpu $(GPU)) \
 	  $(if $(GPU_MODEL),--model $(GPU_MODEL))
 
-test: venv
+test: venv docs
 	$(BIN)/python -m pytest -q --junitxml=$(REPORTS)/junit.xml tests
+
+# the documentation (mkdocs.yml, docs/), strict: a broken link or anchor fails; served beside
+# the reports by `docker compose up` (reports/site/). No --quiet: it hides the warnings strict counts.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d $(abspath $(REPORTS))/site
 
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit
