@@ -1,16 +1,15 @@
 """The catalog: real vLLM bugs, one scenario file each in ``scenarios/`` (not ``found/`` nor
 ``stress/``). ``vllm-repro catalog`` lists them with their releases and last verdicts;
 ``vllm-repro catalog run`` runs each on its ``reproduces_on`` and ``clean_on`` releases.
+The commands are in :mod:`vllm_repro.commands.catalog`; this module holds what they list
+and run.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import List, Optional
-
-import typer
+from typing import Callable, Iterable
 
 DEFAULT_DIR = Path("scenarios")
 
@@ -45,70 +44,57 @@ def last_verdict(reports: Path, name: str, version: str) -> str:
     return f"{v.get('observed', data.get('outcome'))} [{ok}]"
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``catalog`` (list) and ``catalog run`` to the CLI."""
-    cat = typer.Typer(help="The catalog of real vLLM bugs.", invoke_without_command=True)
+def catalog_rows(directory: Path = DEFAULT_DIR, reports: Path = Path("reports")) -> list[tuple[str, ...]]:
+    """The rows of ``vllm-repro catalog``, one per entry: name, issue, reproduces_on,
+    clean_on, and the last verdict on each concrete release (from ``reports``)."""
+    from .scenario import load_scenario
 
-    @cat.callback()
-    def catalog(ctx: typer.Context,
-                directory: Path = typer.Option(DEFAULT_DIR, help="Catalog folder."),
-                reports: Path = typer.Option(Path("reports"), help="Reports folder for last verdicts.")):
-        """List the catalog: entry, issue, releases and the last verdict on each."""
-        if ctx.invoked_subcommand:
-            return
-        from rich.markup import escape
-        from rich.table import Table
+    rows = []
+    for p in catalog_files(directory):
+        sc = load_scenario(p)
+        concrete = sc.vllm.concrete()
+        lasts = "; ".join(f"{v}: {last_verdict(reports, sc.name, v)}" for v in concrete)
+        rows.append((sc.name, sc.vllm.issue or "-", ", ".join(sc.vllm.reproduces_on),
+                     ", ".join(sc.vllm.clean_on), lasts))
+    return rows
 
-        from .cli import out
-        from .scenario import load_scenario
 
-        t = Table(box=None, header_style="bold")
-        for col in ("entry", "issue", "reproduces_on", "clean_on", "last verdicts"):
-            t.add_column(col)
-        for p in catalog_files(directory):
-            sc = load_scenario(p)
-            concrete = sc.vllm.concrete()
-            lasts = "; ".join(f"{v}: {last_verdict(reports, sc.name, v)}" for v in concrete)
-            t.add_row(sc.name, sc.vllm.issue or "-", ", ".join(sc.vllm.reproduces_on),
-                      ", ".join(sc.vllm.clean_on), escape(lasts))
-        out.print(t)
+def catalog_items(directory: Path, only: Iterable[str] = (), extra: Iterable[str] = (),
+                  say: Callable[[str], None] = lambda _msg: None) -> list:
+    """The runs of ``vllm-repro catalog run`` (:class:`vllm_repro.lab.RunItem`): each entry
+    (those in ``only`` when given) on the releases its lists and ranges cover, then on the
+    ``extra`` releases. An entry with no release here is said and left out (installed mode:
+    the installed vLLM is outside its lists). Raises :class:`~vllm_repro.errors.InputError`
+    when ``directory`` holds no entry."""
+    from .errors import InputError
+    from .lab import RunItem, releases_for
+    from .scenario import load_scenario
 
-    @cat.command("run")
-    def catalog_run(
-        directory: Path = typer.Option(DEFAULT_DIR, help="Catalog folder."),
-        reports: Path = typer.Option(Path("reports"), help="Where reports go."),
-        only: List[str] = typer.Option([], "--only", help="Entry names to run (default: all)."),
-        extra: List[str] = typer.Option([], "--also-on", help="Also run every entry on these releases."),
-        audit: bool = typer.Option(True, "--audit/--no-audit"),
-        jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: CPUs, max 4)."),
-        as_json: bool = typer.Option(False, "--json"),
-    ) -> None:
-        """Run every catalog entry on its own releases (and --also-on ones); print the table."""
-        from .cli import _print_results, _say
-        from .errors import InputError
-        from .lab import RunItem, releases_for, run_matrix
-        from .report.index import write_index
-        from .scenario import load_scenario
+    only, extra = list(only), list(extra)
+    files = catalog_files(directory)
+    if not files:
+        raise InputError(f"{directory}: no catalog entries (*.yaml) found")
+    items = []
+    for p in files:
+        sc = load_scenario(p)
+        if only and sc.name not in only:
+            continue
+        versions = releases_for(sc, [], covering=True)
+        if not versions:
+            say(f"{sc.name}: not run; its releases and ranges say nothing about the "
+                "installed vLLM")
+        versions += [v for v in extra if v not in versions]
+        items += [RunItem(sc, v) for v in versions]
+    return items
 
-        t0 = time.perf_counter()
-        files = catalog_files(directory)
-        if not files:
-            raise InputError(f"{directory}: no catalog entries (*.yaml) found")
-        items = []
-        for p in files:
-            sc = load_scenario(p)
-            if only and sc.name not in only:
-                continue
-            versions = releases_for(sc, [], covering=True)
-            if not versions:
-                _say(f"{sc.name}: not run; its releases and ranges say nothing about the "
-                     "installed vLLM")
-            versions += [v for v in extra if v not in versions]
-            items += [RunItem(sc, v) for v in versions]
-        run_matrix(items, reports, audit=audit, jobs=jobs, say=_say)
-        write_index(reports)
-        code = _print_results(items, as_json, False)
-        _say(f"catalog done in {time.perf_counter() - t0:.1f}s")
-        raise typer.Exit(code)
 
-    app.add_typer(cat, name="catalog")
+def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | None = None,
+                say: Callable[[str], None] = lambda _msg: None) -> list:
+    """Run the items (:func:`vllm_repro.lab.run_matrix`) and rewrite the reports' index;
+    returns the items, each with its verdict."""
+    from .lab import run_matrix
+    from .report.index import write_index
+
+    run_matrix(items, reports, audit=audit, jobs=jobs, say=say)
+    write_index(reports)
+    return items

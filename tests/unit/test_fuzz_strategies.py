@@ -48,7 +48,7 @@ def test_search_time_must_be_a_positive_duration():
     import pytest
 
     from vllm_repro.errors import InputError
-    from vllm_repro.fuzz.cli import parse_duration
+    from vllm_repro.fuzz.search import parse_duration
 
     assert parse_duration("2m") == 120 and parse_duration("90") == 90
     for bad in ("0s", "0", "soon", "-5s"):

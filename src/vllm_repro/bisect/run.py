@@ -24,6 +24,34 @@ from .search import BAD, GOOD, SKIP, Observation
 Say = Callable[[str], None]
 
 
+def default_endpoints(scenario, source: Path, bad: str | None, good: str | None) -> tuple[str, str]:
+    """``--bad`` / ``--good`` as given, else the scenario's first concrete ``reproduces_on`` /
+    ``clean_on`` release. Raises :class:`~vllm_repro.errors.InputError` when one is missing and
+    the scenario names none, or a value is not a version number."""
+    from packaging.version import InvalidVersion, Version
+
+    from ..sources.sdist import validate_version
+
+    def first(entries: list[str]) -> str | None:
+        for e in entries:
+            try:
+                Version(e)
+                return e
+            except InvalidVersion:
+                continue
+        return None
+
+    bad = bad if bad is not None else first(scenario.vllm.reproduces_on)
+    good = good if good is not None else first(scenario.vllm.clean_on)
+    if bad is None:
+        raise InputError(f"{source}: vllm.reproduces_on names no release to start from; add one "
+                         "(e.g. reproduces_on: [\"0.10.1.1\"]) or pass --bad VERSION")
+    if good is None:
+        raise InputError(f"{source}: vllm.clean_on names no release to start from; add one "
+                         "(e.g. clean_on: [\"0.10.2\"]) or pass --good VERSION")
+    return validate_version(bad), validate_version(good)
+
+
 def require_expectation(scenario: Scenario, source: str | Path) -> None:
     """Raises :class:`InputError` when the scenario gives nothing to tell a bad release from a
     good one: no ``expect``, or ``expect.outcome: clean``."""

@@ -28,6 +28,17 @@ from .strategies import Profile, scenarios
 CHUNK = 40
 
 
+def parse_duration(text: str) -> float:
+    """``120``, ``120s``, ``2m``, ``1h`` -> seconds. Raises InputError otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not m:
+        raise InputError(f"--time {text!r}: give a duration like 60s, 2m or 1h")
+    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if seconds <= 0:
+        raise InputError(f"--time {text!r}: the search needs some time; give e.g. 60s")
+    return seconds
+
+
 def signature(result: dict) -> str | None:
     """The failure signature of a run, or None for ``clean`` and ``error``.
 

@@ -109,3 +109,20 @@ def load_scenario(path: str | Path) -> Scenario:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"{p}:{where}: invalid YAML: {problem}") from None
     return parse_scenario(data, p)
+
+
+def unique_scenarios(paths: list[Path]) -> list[Scenario]:
+    """Load each scenario file once (a file given twice runs once). Raises :class:`InputError`
+    when two files share a ``name:``: their reports (reports/<name>/<version>/) would collide."""
+    by_name: dict[str, tuple[Path, Scenario]] = {}
+    seen: set[Path] = set()
+    for p in paths:
+        if Path(p).resolve() in seen:
+            continue
+        seen.add(Path(p).resolve())
+        sc = load_scenario(p)
+        if sc.name in by_name:
+            raise InputError(f"{p}: name: {sc.name!r} is also the name of {by_name[sc.name][0]}; "
+                             "reports/<name>/<version>/ would collide; rename one")
+        by_name[sc.name] = (p, sc)
+    return [sc for _, sc in by_name.values()]

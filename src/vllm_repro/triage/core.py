@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import InputError
@@ -39,3 +40,17 @@ def triage_log(source: str | Path) -> tuple[TriageReport, LogScanner]:
         raise InputError(f"{name}: no crash found in {sc.lines} lines (no Python exception, "
                          "fatal signal or CUDA error); give the log of the run that crashed")
     return report, sc
+
+
+def write_draft(path: Path, text: str) -> None:
+    """Write a drafted scenario to ``path`` whole or not at all (a temporary file beside it,
+    then renamed). Raises :class:`InputError` when its folder is missing or it cannot be
+    written."""
+    if path.parent and not path.parent.is_dir():
+        raise InputError(f"{path}: its folder {path.parent} does not exist")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write the scenario ({exc.strerror or exc})") from None

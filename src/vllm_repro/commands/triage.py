@@ -2,27 +2,27 @@
 
 Prints a short report (or ``--json``), and with ``--scenario OUT.yaml`` drafts a replay
 scenario from what vLLM dumped at the crash. Exit codes: 0 a crash was triaged; 2 the input
-is not a readable text log or shows no crash (one-line message, no traceback).
+is not a readable text log or shows no crash (one-line message, no traceback). The triage
+itself is :mod:`vllm_repro.triage`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from ..errors import InputError
-from .analyze import TriageReport
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..triage.analyze import TriageReport
 
 
-def _state_text(state: dict | None) -> str:
+def state_text(state: dict | None) -> str:
+    """The scheduler state the log shows, in a line: queues, KV cache, preemption warnings."""
     if not state:
         return "not visible in the log"
     parts = []
@@ -44,6 +44,9 @@ def _state_text(state: dict | None) -> str:
 
 def render(report: TriageReport, console: Console) -> None:
     """The short human report: root cause, where, stage, exit, release, scheduler state."""
+    from rich.table import Table
+    from rich.text import Text
+
     console.print(Text(f"vLLM crash triage: {report.source} ({report.lines} lines)", style="bold"))
     t = Table.grid(padding=(0, 2))
     t.add_column(style="cyan", no_wrap=True)
@@ -71,7 +74,7 @@ def render(report: TriageReport, console: Console) -> None:
     vs = report.version_source
     t.add_row("vLLM release", Text(report.vllm_version + (f"  (log line {vs['log_line']})" if vs else "")
                                    if report.vllm_version else "not named in the log"))
-    t.add_row("scheduler", Text(_state_text(report.scheduler_state)))
+    t.add_row("scheduler", Text(state_text(report.scheduler_state)))
     for c in report.cause_chain[:3]:
         w = c.get("last_vllm_frame")
         t.add_row("caused by", Text(f"{c['type']}" + (f": {c['message']}" if c["message"] else "")
@@ -91,54 +94,42 @@ def render(report: TriageReport, console: Console) -> None:
     console.print(t)
 
 
-def _write(path: Path, text: str) -> None:
-    if path.parent and not path.parent.is_dir():
-        raise InputError(f"{path}: its folder {path.parent} does not exist")
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write the scenario ({exc.strerror or exc})") from None
+def triage(
+    log: str = typer.Argument(..., help="The crash log (a file, or - to read stdin)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    scenario: Optional[Path] = typer.Option(
+        None, "--scenario", help="Also draft a replay scenario from the crash dump into this "
+                                 "YAML file (guessed values marked in comments)."),
+    vllm: Optional[str] = typer.Option(
+        None, "--vllm", help="Release for the scenario when the log names none (or another)."),
+) -> None:
+    """Triage a vLLM crash log: root cause, innermost vLLM frame, stage, exit, release,
+    scheduler state; optionally a replay scenario."""
+    from rich.console import Console
+    from rich.text import Text
 
+    from ..triage.core import triage_log, write_draft
+    from ..triage.scenario import draft_scenario
 
-def register(app: typer.Typer) -> None:
-    """Add the ``triage`` command to the ``vllm-repro`` app."""
-
-    @app.command()
-    def triage(
-        log: str = typer.Argument(..., help="The crash log (a file, or - to read stdin)."),
-        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-        scenario: Optional[Path] = typer.Option(
-            None, "--scenario", help="Also draft a replay scenario from the crash dump into this "
-                                     "YAML file (guessed values marked in comments)."),
-        vllm: Optional[str] = typer.Option(
-            None, "--vllm", help="Release for the scenario when the log names none (or another)."),
-    ) -> None:
-        """Triage a vLLM crash log: root cause, innermost vLLM frame, stage, exit, release,
-        scheduler state; optionally a replay scenario."""
-        from .core import triage_log
-        from .scenario import draft_scenario
-
-        report, sc = triage_log(log)
-        written = None
-        if scenario is not None:
-            text, sc_obj = draft_scenario(report, sc, version=vllm)
-            _write(scenario, text)
-            written = {"path": str(scenario), "name": sc_obj.name,
-                       "requests": len(sc_obj.requests),
-                       "guesses": text.count("# guess"),
-                       "vllm": sc_obj.vllm.reproduces_on[0]}
-        if as_json:
-            data = report.as_dict()
-            if written:
-                data["scenario"] = written
-            print(json.dumps(data, indent=1, ensure_ascii=False))
-        else:
-            out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
-            render(report, out)
-            if written:
-                out.print(Text(f"scenario: {written['path']} ({written['requests']} requests, "
-                               f"{written['guesses']} guessed values marked) -> vllm-repro run "
-                               f"{written['path']} --vllm {written['vllm']}"))
-        raise typer.Exit(0)
+    report, sc = triage_log(log)
+    written = None
+    if scenario is not None:
+        text, sc_obj = draft_scenario(report, sc, version=vllm)
+        write_draft(scenario, text)
+        written = {"path": str(scenario), "name": sc_obj.name,
+                   "requests": len(sc_obj.requests),
+                   "guesses": text.count("# guess"),
+                   "vllm": sc_obj.vllm.reproduces_on[0]}
+    if as_json:
+        data = report.as_dict()
+        if written:
+            data["scenario"] = written
+        print(json.dumps(data, indent=1, ensure_ascii=False))
+    else:
+        out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+        render(report, out)
+        if written:
+            out.print(Text(f"scenario: {written['path']} ({written['requests']} requests, "
+                           f"{written['guesses']} guessed values marked) -> vllm-repro run "
+                           f"{written['path']} --vllm {written['vllm']}"))
+    raise typer.Exit(0)

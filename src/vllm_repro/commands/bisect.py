@@ -1,0 +1,71 @@
+"""``vllm-repro bisect SCENARIO [--good VERSION] [--bad VERSION]``: the first bad (or first
+fixed) vLLM release, by binary search over the releases on the index (:mod:`vllm_repro.bisect`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def bisect(
+    scenario: Path = typer.Argument(..., help="The scenario whose expected reproduction marks a bad release."),
+    good: Optional[str] = typer.Option(None, "--good", help="A release where the scenario runs clean "
+                                       "(default: its first concrete vllm.clean_on)."),
+    bad: Optional[str] = typer.Option(None, "--bad", help="A release that reproduces it "
+                                      "(default: its first concrete vllm.reproduces_on)."),
+    reports: Path = typer.Option(Path("reports"), help="Where reports/<scenario>/<version>/ go."),
+) -> None:
+    """Find the first bad (or first fixed) release between --bad and --good by binary search.
+
+    Good older than bad: the first bad release (a regression); bad older than good: the first fixed one.
+    Releases that show neither (an error, another failure) are skipped and stepped around.
+
+    Exit codes: 0 a boundary found (pinned, or between which two releases when skips hide it);
+    2 bad input, or an endpoint that does not show its state; 3 environment error.
+    """
+    from ..bisect.run import ReleaseClassifier, default_endpoints, require_expectation
+    from ..bisect.search import bisect_releases, release_span
+    from ..console import out, say
+    from ..errors import InputError
+    from ..report.index import write_index
+    from ..scenario import load_scenario
+    from ..sources.index import list_releases
+    from ..sources.installed import installed
+
+    t0 = time.perf_counter()
+    sc = load_scenario(scenario)
+    require_expectation(sc, scenario)
+    bad_v, good_v = default_endpoints(sc, scenario, bad, good)
+    if installed() is not None:
+        raise InputError("bisect runs each release from its sdist; unset VLLM_REPRO_VLLM "
+                         "(installed mode runs only the installed vLLM)")
+    bad_v, good_v, span = release_span(list_releases(), bad_v, good_v)
+    say(f"bisect: {len(span)} releases from {span[0]} to {span[-1]} on the index")
+    classify = ReleaseClassifier(sc, reports, say=say)
+    try:
+        result = bisect_releases(span, bad_v, good_v, classify, say=say)
+    finally:
+        if reports.is_dir():
+            write_index(reports)
+    out.print(result_table(result))
+    out.print(result.summary(), highlight=False, markup=False)
+    say(f"bisect done in {time.perf_counter() - t0:.1f}s; reports in {reports}/")
+    raise typer.Exit(0)
+
+
+def result_table(result):
+    """Every release run, oldest first: release, observed, classification."""
+    from packaging.version import Version
+    from rich.markup import escape
+
+    from ..console import table
+
+    t = table(("release", "observed", "classification"), edge=False)
+    for release in sorted(result.tested, key=Version):
+        obs = result.tested[release]
+        style = {"bad": "red", "good": "green", "skip": "yellow"}[obs.state]
+        t.add_row(release, escape(obs.observed), f"[{style}]{obs.state}[/{style}]")
+    return t

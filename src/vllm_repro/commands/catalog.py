@@ -1,0 +1,54 @@
+"""``vllm-repro catalog`` (list the entries) and ``vllm-repro catalog run`` (run them); what
+they list and run is :mod:`vllm_repro.catalog`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..catalog import DEFAULT_DIR  # standard library only at import: --help stays light
+
+app = typer.Typer(help="The catalog of real vLLM bugs.", invoke_without_command=True)
+
+
+@app.callback()
+def catalog(ctx: typer.Context,
+            directory: Path = typer.Option(DEFAULT_DIR, help="Catalog folder."),
+            reports: Path = typer.Option(Path("reports"), help="Reports folder for last verdicts.")):
+    """List the catalog: entry, issue, releases and the last verdict on each."""
+    if ctx.invoked_subcommand:
+        return
+    from rich.markup import escape
+
+    from ..catalog import catalog_rows
+    from ..console import out, table
+
+    t = table(("entry", "issue", "reproduces_on", "clean_on", "last verdicts"), no_wrap=False)
+    for name, issue, reproduces_on, clean_on, lasts in catalog_rows(directory, reports):
+        t.add_row(name, issue, reproduces_on, clean_on, escape(lasts))
+    out.print(t)
+
+
+@app.command("run")
+def catalog_run(
+    directory: Path = typer.Option(DEFAULT_DIR, help="Catalog folder."),
+    reports: Path = typer.Option(Path("reports"), help="Where reports go."),
+    only: List[str] = typer.Option([], "--only", help="Entry names to run (default: all)."),
+    extra: List[str] = typer.Option([], "--also-on", help="Also run every entry on these releases."),
+    audit: bool = typer.Option(True, "--audit/--no-audit"),
+    jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: CPUs, max 4)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Run every catalog entry on its own releases (and --also-on ones); print the table."""
+    from ..catalog import catalog_items, run_catalog
+    from ..console import print_results, say
+
+    t0 = time.perf_counter()
+    items = catalog_items(directory, only, extra, say=say)
+    run_catalog(items, reports, audit=audit, jobs=jobs, say=say)
+    code = print_results(items, as_json, False)
+    say(f"catalog done in {time.perf_counter() - t0:.1f}s")
+    raise typer.Exit(code)

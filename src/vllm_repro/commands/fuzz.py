@@ -1,0 +1,94 @@
+"""``vllm-repro fuzz --vllm VERSION [--time 60s] [--seed N] [--workers 2] [--ladder]``; the
+search is :mod:`vllm_repro.fuzz`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def fuzz(
+    vllm: str = typer.Option(..., "--vllm", help="The release to fuzz."),
+    time_: str = typer.Option("60s", "--time", help="Search time (per ladder level with --ladder)."),
+    seed: int = typer.Option(0, "--seed", help="Campaign seed: the same seed gives the same run."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Search processes (one vLLM worker each)."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="Fix the scheduling policy (fcfs|priority)."),
+    spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Force spec decode on or off."),
+    ladder: bool = typer.Option(False, "--ladder", help="Escalate single -> concurrent -> long -> mixed; stop at the first level that fails."),
+    first: bool = typer.Option(False, "--first", help="Stop at the first (shrunk) failure."),
+    target: Optional[str] = typer.Option(None, "--target", help="Only count failures whose signature contains this text."),
+    out_dir: Path = typer.Option(Path("scenarios/found"), "--out", help="Where found scenarios and regression tests go."),
+    reports: Path = typer.Option(Path("reports"), help="Worker logs go to reports/_fuzz/."),
+    audit: bool = typer.Option(True, "--audit/--no-audit"),
+) -> None:
+    """Search workloads until vLLM raises or an invariant breaks; shrink; write reproducers."""
+    from rich.live import Live
+    from rich.table import Table
+
+    from ..console import out, say
+    from ..errors import EXIT_ENV, EXIT_MISMATCH, InputError
+    from ..fuzz.search import Campaign, SearchConfig, parse_duration, run_campaign, write_finding
+    from ..fuzz.strategies import DEFAULT, LADDER
+    from ..lab import prepare_release
+
+    if policy not in (None, "fcfs", "priority"):
+        raise InputError(f"--policy {policy!r}: use fcfs or priority")
+    seconds = parse_duration(time_)
+    env = prepare_release(vllm, say)
+    levels = list(LADDER) if ladder else [DEFAULT]
+    found_any = False
+    for profile in levels:
+        profile = profile.with_policy(policy).with_spec(spec)
+        cfg = SearchConfig(version=vllm, profile=profile, seed=seed, time_s=seconds,
+                           stop_on_first=first or ladder, target=target, audit=audit,
+                           spec_forced=bool(spec))
+
+        def view(camp, profile=profile):
+            t = Table(box=None, title=f"fuzz vLLM {vllm} · {profile.name} · seed {seed}")
+            t.add_column("elapsed")
+            t.add_column("examples")
+            t.add_column("examples/s")
+            t.add_column("outcomes")
+            rate = camp.examples / camp.elapsed_s if camp.elapsed_s else 0
+            t.add_row(f"{camp.elapsed_s:.0f}s", str(camp.examples), f"{rate:.1f}",
+                      ", ".join(f"{k} {v}" for k, v in sorted(camp.by_outcome.items())))
+            for sig, f in camp.findings.items():
+                t.add_row("", "", "", f"[red]{sig}[/red] ({len(f.scenario['requests'])} requests)")
+            return t
+
+        with Live(view(Campaign()), console=out, refresh_per_second=2, transient=False) as live:
+            camp = run_campaign(cfg, env, workers, reports.resolve() / "_fuzz",
+                                on_update=lambda c: live.update(view(c)))
+        out.print()
+        for note in dict.fromkeys(camp.notes):
+            say(note)
+        if camp.input_errors:
+            raise InputError(camp.input_errors[0])
+        if camp.fatal:
+            out.print(f"[red]a search process failed[/red]: {camp.fatal[0].splitlines()[0]}")
+            raise typer.Exit(EXIT_ENV)
+        n_errors = camp.by_outcome.get("error", 0)
+        if n_errors:
+            kept = reports.resolve() / "_fuzz" / "lab-errors.txt"
+            kept.write_text("".join(f"{e}\n" for e in camp.errors))
+            say(f"{n_errors} lab errors (not findings; the first few in {kept}), "
+                 f"e.g. {(camp.errors or ['?'])[0][:200]}")
+        if camp.examples == 0 and not camp.findings:
+            out.print(f"[red]searched nothing[/red]: 0 examples ran in {seconds:g}s; "
+                      "give --time more")
+            raise typer.Exit(EXIT_ENV)
+        for sig, f in camp.findings.items():
+            path, test = write_finding(f, vllm, out_dir)
+            out.print(f"[red]{sig}[/red]: {len(f.scenario['requests'])} requests after shrinking, "
+                      f"found after {f.found_after_s:.0f}s / {f.examples} examples -> {path} (+ {test.name})")
+            found_any = True
+        if ladder:
+            if camp.findings:
+                out.print(f"ladder: level [bold]{profile.name}[/bold] fails; stopping there")
+                break
+            out.print(f"ladder: level {profile.name} clean after {camp.examples} examples")
+    if not found_any:
+        out.print("no failure found")
+    raise typer.Exit(EXIT_MISMATCH if found_any else 0)

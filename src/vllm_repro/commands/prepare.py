@@ -1,0 +1,20 @@
+"""``vllm-repro prepare VERSION...``: fetch and build releases ahead of a run."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+
+def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build."),
+            tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto")) -> None:
+    """Fetch, verify and extract release(s) and build their CPU environments."""
+    from ..console import out, say
+    from ..lab import prepare_release
+    from .run import check_tree
+
+    check_tree(tree)
+    for v in versions:
+        env = prepare_release(v, say, tree=tree)
+        out.print(f"vLLM {env.version}: {env.python} (tree {env.tree})")

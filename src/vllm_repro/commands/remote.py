@@ -1,0 +1,157 @@
+"""``vllm-repro gpu-verify`` (here) and ``vllm-repro gpu-judge`` (inside the CUDA image); the
+shipping and judging are :mod:`vllm_repro.remote`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+PHASE_PREFIXES = ("[gpu-judge]", "[remote]")
+
+
+def gpu_verify(
+    scenario: Optional[Path] = typer.Argument(None, help="The scenario the patch fixes (not needed with --bundle)."),
+    remote: str = typer.Option(..., "--remote", envvar="REMOTE", help="An ssh-config host name."),
+    patch: Optional[Path] = typer.Option(None, "--patch", help="The fix, a unified diff of vllm/... files."),
+    vllm: Optional[str] = typer.Option(None, "--vllm", help="The release to patch (default: the scenario's first reproduces_on release)."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Ship this `vllm-repro verify` bundle as it is (no CPU run here)."),
+    gpu_image: Optional[str] = typer.Option(None, "--gpu-image", envvar="GPU_IMAGE", help="Run this image instead of building the CUDA image there."),
+    gpu: str = typer.Option("all", "--gpu", envvar="GPU", help="all: check for and use the host's GPUs; none: neither (testing)."),
+    model: Optional[str] = typer.Option(None, "--model", envvar="GPU_MODEL", help="A model folder on the GPU host (config.json, weights): the gpu replay tests run the real engine on it."),
+    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", envvar="VLLM_REPRO_SSH_CONFIG", help="ssh config file (default ~/.ssh/config)."),
+    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Trust and record an unknown host key (never a changed one)."),
+    reports: Path = typer.Option(Path("reports"), help="Results go to reports/gpu/<host>/<run>/."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every line of remote output, not only the phases."),
+) -> None:
+    """Confirm a fix on a GPU host: verified on CPU here, then judged there by the shared suite
+    on the full vLLM of the release (CUDA image), JUnit and logs brought back."""
+    from ..console import out
+    from ..errors import EXIT_MISMATCH, InputError
+    from ..remote.ship import Ship, local_dir, run_id
+
+    if gpu not in ("all", "none"):
+        raise InputError(f"--gpu {gpu!r}: expected all or none")
+    if bundle is None:
+        bundle = verify_here(scenario, patch, vllm, reports)
+    elif not (bundle / "manifest.json").is_file():
+        raise InputError(f"--bundle {bundle}: not a verification bundle (no manifest.json)")
+    else:
+        verdict = json.loads((bundle / "verdict.json").read_text())
+        if not verdict.get("verified"):
+            out.print(f"[red]not shipped[/red]: bundle {bundle} is not verified on CPU: "
+                      f"{'; '.join(verdict.get('reasons', []))}")
+            raise typer.Exit(EXIT_MISMATCH)
+    rid = run_id(bundle)
+    ship = Ship(host=remote, bundle=bundle, local=local_dir(reports.resolve(), remote, rid),
+                gpu=gpu, gpu_image=gpu_image, model=model, ssh_config=ssh_config,
+                accept_new_host_key=accept_new_host_key, run_id=rid)
+    code = ship_with_progress(ship, verbose)
+    print_outcome(ship, code)
+    raise typer.Exit(code)
+
+
+def gpu_judge(
+    bundle: Path = typer.Argument(..., help="A verification bundle folder."),
+    out_dir: Path = typer.Option(..., "--out", help="Where JUnit XML, reports and summary.json go."),
+) -> None:
+    """Inside the CUDA image: the shared suite before and after applying the bundle's patch
+    to the installed vLLM (run by gpu-verify on the GPU host)."""
+    from ..remote.judge import judge
+
+    raise typer.Exit(judge(bundle.resolve(), out_dir.resolve()))
+
+
+def verify_here(scenario, patch, vllm, reports) -> Path:
+    """The CPU verification (``vllm-repro verify``), whose bundle is shipped; exits 1 when the
+    patch is not verified on CPU (nothing is shipped then)."""
+    from ..console import out, say
+    from ..errors import EXIT_MISMATCH, InputError
+    from ..scenario import load_scenario
+    from ..verify.core import verify
+    from ..verify.patch import require_patch_file
+
+    if scenario is None or patch is None:
+        raise InputError("give SCENARIO and --patch FIX.diff (or --bundle DIR from `vllm-repro verify`)")
+    require_patch_file(patch)
+    if vllm is None:
+        sc = load_scenario(scenario)
+        concrete = [v for v in sc.vllm.concrete() if sc.vllm.expectation_for(v) == "reproduce"]
+        if not concrete:
+            raise InputError(f"{scenario}: names no release it reproduces on; pass --vllm VERSION")
+        vllm = concrete[0]
+    say(f"verifying on CPU first: {scenario.name} on vLLM {vllm}")
+    ver = verify(scenario, patch, vllm, reports.resolve(), say=say)
+    if not ver.verified:
+        out.print(f"[red]not shipped[/red]: not verified on CPU: {'; '.join(ver.reasons)}; bundle {ver.bundle}")
+        raise typer.Exit(EXIT_MISMATCH)
+    out.print(f"verified on CPU ({ver.before['observed']} -> {ver.after['observed']}); bundle {ver.bundle}")
+    return ver.bundle
+
+
+def ship_with_progress(ship, verbose: bool) -> int:
+    """Ship the bundle and judge it there (:func:`vllm_repro.remote.ship.ship_bundle`), showing
+    the phases: a spinner on a terminal, one plain line each otherwise (every remote line with
+    ``verbose``). Returns the exit code."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ..console import err
+    from ..remote.ship import ship_bundle
+
+    if not err.is_terminal:  # logs and CI: one plain line per phase
+        def say(msg: str) -> None:
+            err.print(f"gpu-verify: {msg}", highlight=False, markup=False)
+
+        def on_line(line: str) -> None:
+            if verbose or line.startswith(PHASE_PREFIXES):
+                err.print(f"  {line}", highlight=False, markup=False)
+
+        return ship_bundle(ship, say, on_line)
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task(f"gpu-verify on {ship.host}", total=None)
+
+        def say(msg: str) -> None:
+            progress.update(task, description=msg)
+            progress.console.print(f"[dim]gpu-verify:[/dim] {msg}", highlight=False)
+
+        def on_line(line: str) -> None:
+            if line.startswith(PHASE_PREFIXES):
+                progress.update(task, description=line.split("]", 1)[1].strip()[:100])
+                progress.console.print(f"  {line}", highlight=False, markup=False)
+            elif verbose:
+                progress.console.print(f"  [dim]{line}[/dim]", highlight=False)
+
+        return ship_bundle(ship, say, on_line)
+
+
+def print_outcome(ship, code: int) -> None:
+    """The judged table (scenario, vllm, image, before, after, suite after) and the outcome line;
+    the messages of an error on stderr."""
+    from ..console import err, error, out, table
+
+    summary = {}
+    try:
+        summary = json.loads((ship.local / "summary.json").read_text())
+    except (OSError, ValueError):
+        pass
+    judged = summary.get("judge") or {}
+    if judged.get("before") or judged.get("after"):
+        t = table(("scenario", "vllm", "image", "before", "after", "suite after"))
+        a = judged.get("after") or {}
+        suite = f"{a.get('tests', 0) - a.get('failures', 0) - a.get('errors', 0)}/{a.get('tests', 0)} passed" if a else "-"
+        t.add_row(judged.get("scenario", "-"), (judged.get("installed") or {}).get("version", "-"),
+                  summary.get("image", "-"), (judged.get("before") or {}).get("observed", "-"),
+                  a.get("observed", "-"), suite)
+        out.print(t)
+    where = f"results in {ship.local}"
+    if code == 0:
+        out.print(f"[green]verified on {ship.host}[/green]: reproduced before, clean after; {where}")
+    elif code == 1:
+        out.print(f"[red]NOT verified on {ship.host}[/red]: {'; '.join(ship.messages)}; {where}")
+    else:
+        for m in ship.messages:
+            error(m)
+        err.print(where, highlight=False)

@@ -1,0 +1,51 @@
+"""``vllm-repro run SCENARIO... [--vllm VERSION]...``: run scenarios, print the verdict table."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+DEFAULT_REPORTS = Path("reports")
+
+
+def run(
+    scenarios: List[Path] = typer.Argument(..., help="Scenario YAML files."),
+    vllm: List[str] = typer.Option([], "--vllm", help="Release(s) to run; default: the scenario's own."),
+    reports: Path = typer.Option(DEFAULT_REPORTS, help="Where reports/<scenario>/<version>/ go."),
+    audit: bool = typer.Option(True, "--audit/--no-audit", help="Check invariants every step."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Collect all violations, not just the first."),
+    sched_log: bool = typer.Option(False, "--sched-log", help="Print [SCHED] state lines when the state changes."),
+    jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: CPUs, max 4)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
+    tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto (default: "
+                                       "VLLM_REPRO_TREE, else full; auto: the committed slice "
+                                       "where it is proven equivalent)."),
+) -> None:
+    """Run scenario(s) on vLLM release(s) and print the verdict table."""
+    from ..console import print_results, say
+    from ..lab import RunItem, releases_for, run_matrix
+    from ..report.index import write_index
+    from ..scenario.load import unique_scenarios
+
+    t0 = time.perf_counter()
+    loaded = unique_scenarios(scenarios)
+    items = [RunItem(sc, v) for sc in loaded for v in releases_for(sc, vllm)]
+    check_tree(tree)
+    run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=say, tree=tree)
+    write_index(reports)
+    code = print_results(items, as_json, sched_log)
+    say(f"done in {time.perf_counter() - t0:.1f}s; reports in {reports}/")
+    raise typer.Exit(code)
+
+
+def check_tree(tree: Optional[str]) -> None:
+    """Raises :class:`~vllm_repro.errors.InputError` for a ``--tree`` that is not one of the
+    lab's trees (``full``, ``slice``, ``auto``); None (not given) passes."""
+    from ..errors import InputError
+    from ..lab import TREES
+
+    if tree is not None and tree not in TREES:
+        raise InputError(f"--tree {tree!r}: expected one of {', '.join(TREES)}")

@@ -1,0 +1,83 @@
+"""The lab's console: where the commands print (no typer here; the commands are in
+:mod:`vllm_repro.commands`).
+
+``out`` is stdout (tables, results), ``err`` is stderr (progress and errors); both are 400
+columns wide when not a terminal, so that tables in logs and pipes are never wrapped.
+:func:`say` is the dim progress line every long-running step prints; :func:`print_results`
+prints the verdict table (or ``--json``) of a run and returns DESIGN.md's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Iterable
+
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+out = Console(width=None if sys.stdout.isatty() else 400)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+
+
+def say(msg: str) -> None:
+    """A progress line on stderr (dim): what the lab is doing now."""
+    err.print(f"[dim]{msg}[/dim]", highlight=False)
+
+
+def error(msg: str) -> None:
+    """A one-line error on stderr: ``error: MSG`` (``error:`` in red)."""
+    err.print(f"[red]error:[/red] {msg}", highlight=False)
+
+
+def table(columns: Iterable[str], *, no_wrap: bool = True, edge: bool = True) -> Table:
+    """The lab's plain table: no box, bold header; ``edge=False`` also drops the padding at
+    the left and right edges (the verdict and bisect tables)."""
+    from rich.table import Table
+
+    extra = {} if edge else {"pad_edge": False, "show_edge": False}
+    t = Table(box=None, header_style="bold", **extra)
+    for col in columns:
+        if no_wrap:
+            t.add_column(col, no_wrap=True)
+        else:
+            t.add_column(col)
+    return t
+
+
+def verdict_table(verdicts) -> Table:
+    """The verdict table: scenario, vllm, expect, observed, ok."""
+    t = table(("scenario", "vllm", "expect", "observed", "ok"), edge=False)
+    for v in verdicts:
+        style = {"yes": "green", "NO": "red", "ERROR": "red", "-": "yellow"}[v.ok_text]
+        t.add_row(v.scenario, v.vllm, v.expected, v.observed, f"[{style}]{v.ok_text}[/{style}]")
+    return t
+
+
+def print_results(items, as_json: bool, sched_log: bool) -> int:
+    """Print the results of run items (:class:`vllm_repro.lab.RunItem`): with ``sched_log``
+    each run's [SCHED] lines first; then the verdicts as JSON, or the verdict table, the
+    findings outside the scenarios' own bugs and, on stderr, why each mismatch is one.
+    Returns the exit code of the verdicts (:func:`vllm_repro.verdict.exit_code`)."""
+    from .report.sched_log import sched_log_lines
+    from .verdict import exit_code, findings_lines
+
+    verdicts = [i.verdict for i in items]
+    if sched_log:
+        for i in items:
+            if i.report_dir and (i.report_dir / "trace.jsonl").is_file():
+                out.print(f"[bold]{i.scenario.name} on vLLM {i.version}[/bold]")
+                for line in sched_log_lines(i.report_dir / "trace.jsonl"):
+                    out.print(line, highlight=False, markup=False)
+    if as_json:
+        print(json.dumps([v.as_dict() for v in verdicts], indent=1))
+    else:
+        out.print(verdict_table(verdicts))
+        for line in findings_lines(verdicts):
+            out.print(line, highlight=False, markup=False)
+        for v in verdicts:
+            if v.reason and v.ok is False:
+                err.print(f"[red]{v.scenario} on {v.vllm}: {v.reason}[/red]", highlight=False)
+    return exit_code(verdicts)
