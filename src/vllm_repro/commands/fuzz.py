@@ -31,7 +31,7 @@ def fuzz(
     from ..errors import EXIT_ENV, EXIT_MISMATCH, InputError
     from ..fuzz.search import Campaign, SearchConfig, parse_duration, run_campaign, write_finding
     from ..fuzz.strategies import DEFAULT, LADDER
-    from ..lab import prepare_release
+    from ..sources.prepare import prepare_release
 
     if policy not in (None, "fcfs", "priority"):
         raise InputError(f"--policy {policy!r}: use fcfs or priority")

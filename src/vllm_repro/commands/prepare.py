@@ -11,8 +11,7 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
             tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto")) -> None:
     """Fetch, verify and extract release(s) and build their CPU environments."""
     from ..console import out, say
-    from ..lab import prepare_release
-    from .run import check_tree
+    from ..sources.prepare import check_tree, prepare_release
 
     check_tree(tree)
     for v in versions:

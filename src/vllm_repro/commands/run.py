@@ -29,6 +29,7 @@ def run(
     from ..lab import RunItem, releases_for, run_matrix
     from ..report.index import write_index
     from ..scenario.load import unique_scenarios
+    from ..sources.prepare import check_tree
 
     t0 = time.perf_counter()
     loaded = unique_scenarios(scenarios)
@@ -39,13 +40,3 @@ def run(
     code = print_results(items, as_json, sched_log)
     say(f"done in {time.perf_counter() - t0:.1f}s; reports in {reports}/")
     raise typer.Exit(code)
-
-
-def check_tree(tree: Optional[str]) -> None:
-    """Raises :class:`~vllm_repro.errors.InputError` for a ``--tree`` that is not one of the
-    lab's trees (``full``, ``slice``, ``auto``); None (not given) passes."""
-    from ..errors import InputError
-    from ..lab import TREES
-
-    if tree is not None and tree not in TREES:
-        raise InputError(f"--tree {tree!r}: expected one of {', '.join(TREES)}")
