@@ -52,6 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from . import state
+from .state import iter_queue  # noqa: F401 - re-exported (older importers)
+
 EOS_TOKEN_ID = 2  # OPT's eos_token_id (the packaged config.json)
 VOCAB = 50000
 
@@ -564,23 +567,10 @@ class V1Adapter:
     # ---- scheduler output / model output ----------------------------------------------------
     def scheduled(self, so) -> list[Scheduled]:
         """What ``SchedulerOutput`` asks the model runner to compute, per request, in
-        ``num_scheduled_tokens`` order (``vllm/v1/core/sched/output.py``)."""
-        before: dict[str, int] = {}
-        new_ids = set()
-        for nr in so.scheduled_new_reqs:
-            before[nr.req_id] = nr.num_computed_tokens
-            new_ids.add(nr.req_id)
-        cached = getattr(so, "scheduled_cached_reqs", None)
-        if cached is None:  # 0.6.x/0.7.x: resumed and running requests listed apart
-            cached = [*getattr(so, "scheduled_resumed_reqs", []),
-                      *getattr(so, "scheduled_running_reqs", [])]
-        if isinstance(cached, list):  # <= 0.9.1: one CachedRequestData per request
-            for cr in cached:
-                before[cr.req_id] = cr.num_computed_tokens
-        else:
-            for rid, n in zip(cached.req_ids, cached.num_computed_tokens):
-                before[rid] = n
-        spec = getattr(so, "scheduled_spec_decode_tokens", {}) or {}
+        ``num_scheduled_tokens`` order (``vllm/v1/core/sched/output.py``; read by
+        :mod:`.state`)."""
+        before, new_ids = state.computed_before(so)
+        spec = state.spec_tokens(so)
         out = []
         for rid, n in so.num_scheduled_tokens.items():
             out.append(Scheduled(rid, n, before.get(rid), list(spec.get(rid, [])), rid in new_ids))
@@ -680,37 +670,17 @@ class V1Adapter:
         """``EngineCore.abort_requests``: finish as aborted."""
         scheduler.finish_requests(req_ids, self.RequestStatus.FINISHED_ABORTED)
 
-    # ---- state ------------------------------------------------------------------------------
+    # ---- state (read by :mod:`.state`) ------------------------------------------------------
     def block_pool(self, scheduler):
-        kvm = scheduler.kv_cache_manager
-        pool = getattr(kvm, "block_pool", None)
-        if pool is None:
-            coord = getattr(kvm, "coordinator", None)
-            pool = getattr(coord, "block_pool", None)
-        return pool
+        return state.block_pool(scheduler)
 
     def num_free_blocks(self, scheduler) -> int | None:
-        pool = self.block_pool(scheduler)
-        if pool is not None and hasattr(pool, "get_num_free_blocks"):
-            return pool.get_num_free_blocks()
-        kvm = scheduler.kv_cache_manager
-        if hasattr(kvm, "free_block_queue"):
-            return kvm.free_block_queue.num_free_blocks
-        return None
+        return state.num_free_blocks(scheduler)
 
     def queues(self, scheduler) -> tuple[list[str], list[str], list[str]]:
         """(waiting ids, running ids, preempted ids) — preempted are waiting with status
         PREEMPTED (``Scheduler._preempt_request``)."""
-        waiting_q = scheduler.waiting
-        waiting = [r.request_id for r in iter_queue(waiting_q)]
-        skipped = getattr(scheduler, "skipped_waiting", None)
-        if skipped is not None:
-            waiting += [r.request_id for r in iter_queue(skipped)]
-        running = [r.request_id for r in scheduler.running]
-        preempted_status = self.RequestStatus.PREEMPTED
-        preempted = [rid for rid in waiting
-                     if getattr(scheduler.requests.get(rid), "status", None) == preempted_status]
-        return waiting, running, preempted
+        return state.queue_ids(scheduler, self.RequestStatus.PREEMPTED)
 
 
 def _source_has(fn, text: str) -> bool:
@@ -719,18 +689,3 @@ def _source_has(fn, text: str) -> bool:
         return text in inspect.getsource(fn)
     except (OSError, TypeError):
         return False
-
-
-def iter_queue(q) -> list:
-    """Requests in a waiting queue: a deque, a list, or vLLM's ``RequestQueue`` (heap for the
-    priority policy; iterating it yields requests in policy order). A heap that cannot be
-    iterated (``TypeError`` comparing two ``Request`` objects with equal keys, vLLM #29747) is
-    read raw: its entries are requests or ``(priority, arrival_time, request)`` tuples,
-    depending on the release (vllm/v1/core/sched/request_queue.py, PriorityRequestQueue)."""
-    try:
-        return list(q)
-    except Exception:  # noqa: BLE001 - e.g. TypeError comparing Requests in a broken heap
-        items = getattr(q, "_heap", None)
-        if items is None:
-            raise
-        return [x[-1] if isinstance(x, tuple) else x for x in items]
