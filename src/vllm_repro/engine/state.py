@@ -151,17 +151,30 @@ def extra_holders(scheduler, managers) -> list[tuple[str, list]]:
     return out
 
 
-def free_list(pool, num_blocks: int) -> tuple[list, bool]:
-    """The blocks linked in ``pool.free_block_queue``, head first, and whether the walk ended
-    properly (False: a cycle, or more links than blocks)."""
+def free_queue_ends(pool) -> tuple:
+    """(the first free block or what ends the walk, the tail sentinel or None): with
+    ``fake_free_list_head/tail`` (0.10.1+) the walk ends at the tail sentinel, with a bare
+    ``free_list_head`` (older) at None."""
     fq = pool.free_block_queue
     head = getattr(fq, "fake_free_list_head", None)
     if head is not None:
-        cur = head.next_free_block
-        tail = fq.fake_free_list_tail
-    else:
-        cur = getattr(fq, "free_list_head", None)
-        tail = None
+        return head.next_free_block, fq.fake_free_list_tail
+    return getattr(fq, "free_list_head", None), None
+
+
+def bare_free_head(pool):
+    """The first free block of a queue without sentinels (``free_list_head``, before 0.10.1):
+    linked though its ``prev_free_block`` is None. None where the queue has sentinels."""
+    fq = pool.free_block_queue
+    if hasattr(fq, "fake_free_list_head"):
+        return None
+    return getattr(fq, "free_list_head", None)
+
+
+def free_list(pool, num_blocks: int) -> tuple[list, bool]:
+    """The blocks linked in ``pool.free_block_queue``, head first, and whether the walk ended
+    properly (False: a cycle, or more links than blocks)."""
+    cur, tail = free_queue_ends(pool)
     out = []
     append = out.append
     limit = num_blocks + 1
