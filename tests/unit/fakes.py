@@ -81,6 +81,26 @@ class BlockPool:
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks
 
+    def free_blocks(self, ordered_blocks) -> None:
+        """As ``BlockPool.free_blocks``: drop one reference each; a block at 0 joins the free
+        queue at its tail (the queue is relinked: fine for a handful of blocks)."""
+        free = self._walk()
+        for b in ordered_blocks:
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0 and b is not self.null_block:
+                free.append(b)
+        for b in free:
+            b.prev_free_block = b.next_free_block = None
+        self.free_block_queue = FreeKVCacheBlockQueue(free, self.free_block_queue.sentinels)
+
+    def _walk(self) -> list:
+        fq, out = self.free_block_queue, []
+        cur = fq.fake_free_list_head.next_free_block if fq.sentinels else fq.free_list_head
+        while cur is not None and cur.block_id >= 0:
+            out.append(cur)
+            cur = cur.next_free_block
+        return out
+
 
 class SingleTypeManager:
     def __init__(self, block_size: int):
