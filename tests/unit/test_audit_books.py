@@ -361,3 +361,22 @@ def test_iter_queue_reads_a_broken_heap_raw():
     assert state.iter_queue(Heap([(0, 1.0, a), b])) == [a, b]
     with pytest.raises(TypeError):
         state.iter_queue(type("Q", (), {"__iter__": Heap.__iter__})())
+
+
+def test_plain_block_hash_reads_both_group_id_shapes():
+    from collections import namedtuple
+
+    BlockHashWithGroupId = namedtuple("BlockHashWithGroupId", "block_hash group_id")
+    assert state.plain_block_hash(b"abcd" + G0) == b"abcd"  # 0.11+: bytes + 4-byte group id
+    assert state.plain_block_hash(BlockHashWithGroupId("h", 0)) == "h"  # 0.9/0.10
+    assert state.plain_block_hash(12345) == 12345  # older: the hash itself
+
+
+def test_hash_checkable_groups_skip_a_group_whose_block_spans_several_hash_blocks():
+    books, _ = make_books(num_gpu_blocks=8, groups=[{"A": [1]}, {"A": [2]}], block_size=16)
+    assert state.hash_checkable_groups(books.layout) == [0, 1]
+    books.managers[1].block_size = 32
+    books.layout.hash_block_size = 16  # 0.33's BlockPool.hash_block_size
+    assert state.hash_checkable_groups(books.layout) == [0]
+    del books.managers[0].num_cached_block
+    assert state.hash_checkable_groups(books.layout) == []

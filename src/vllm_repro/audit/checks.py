@@ -236,17 +236,6 @@ def check_end_of_run(books: Books, refs: list[int], free: list) -> list[dict]:
     return out
 
 
-def _plain_hash(key):
-    """The block hash without its KV cache group (``BlockHashWithGroupId``: a namedtuple with
-    ``block_hash`` in 0.9/0.10, bytes ending in a 4-byte group id in 0.11+)."""
-    if isinstance(key, (bytes, bytearray)):
-        return bytes(key[:-4])
-    inner = getattr(key, "block_hash", None)
-    if inner is not None and hasattr(key, "group_id"):
-        return inner
-    return key
-
-
 def _maps_to(val, bid: int) -> bool:
     """Whether a hash map value (a block, or a dict ``block_id -> block``) holds block ``bid``."""
     if val is None:
@@ -391,10 +380,7 @@ class RequestHashCheck:
     def __init__(self, books: Books):
         self.books = books
         self.done: dict[tuple[int, str], tuple[int, int]] = {}
-        hbs = books.layout.hash_block_size
-        self.groups = [g for g, m in enumerate(books.managers)
-                       if hasattr(m, "num_cached_block")
-                       and (hbs is None or getattr(m, "block_size", hbs) == hbs)]
+        self.groups = state.hash_checkable_groups(books.layout)
 
     def check(self, requests: dict, only=None) -> list[dict]:
         """``only``: the request ids to look at (those scheduled in the step: a request's
@@ -432,7 +418,7 @@ class RequestHashCheck:
                     h = block_hash_of(b)
                     if h is None:
                         continue  # a hit block re-cached later; the map check covers it
-                    if _plain_hash(h) != req_hashes[i]:
+                    if state.plain_block_hash(h) != req_hashes[i]:
                         out.append(make_violation(KV_PREFIX_MAP, (
                             f"block {b.block_id} is {rid}'s cached block #{i} but carries another "
                             f"hash than {rid}'s block hash #{i} (expected the same content hash)"),

@@ -205,6 +205,27 @@ def secondary_hashes(pool) -> dict:
     return getattr(pool, "cached_block_hashes_by_block", None) or {}
 
 
+def plain_block_hash(key):
+    """The block hash without its KV cache group (``BlockHashWithGroupId``: a namedtuple with
+    ``block_hash`` in 0.9/0.10, bytes ending in a 4-byte group id in 0.11+)."""
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key[:-4])
+    inner = getattr(key, "block_hash", None)
+    if inner is not None and hasattr(key, "group_id"):
+        return inner
+    return key
+
+
+def hash_checkable_groups(layout: KVLayout) -> list[int]:
+    """The KV cache groups whose tables can be checked block by block against a request's block
+    hashes: the manager counts its cached blocks (``num_cached_block``) and a cache block is one
+    hash block (``block_size`` == 0.33's ``BlockPool.hash_block_size``, where it exists)."""
+    hbs = layout.hash_block_size
+    return [g for g, m in enumerate(layout.managers)
+            if hasattr(m, "num_cached_block")
+            and (hbs is None or getattr(m, "block_size", hbs) == hbs)]
+
+
 def block_hash_of(block):
     """A block's prefix-cache hash (``KVCacheBlock._block_hash``; ``block_hash`` as fallback)."""
     try:
