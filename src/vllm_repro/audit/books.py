@@ -1,25 +1,8 @@
-"""Where a release keeps its books: found by probing attributes of the live objects.
+"""The audit's view of a scheduler's books: block pool, block tables, holders, queues.
 
-Runs inside release environments (standard library only). Nothing compares version numbers;
-each probe names the vLLM source it follows:
-
-- the block pool: ``KVCacheManager.block_pool`` (0.8 to 0.33; 0.9.2+ also
-  ``KVCacheCoordinator.block_pool``), ``vllm/v1/core/block_pool.py:BlockPool``; in 0.6.x/0.7.x
-  ``KVCacheManager.block_pool`` is the list of blocks and the manager keeps the rest itself.
-- the block tables (``req_to_blocks``: request id -> blocks), one per KV cache group:
-  ``KVCacheCoordinator.single_type_managers[i]`` (0.9.2+, ``kv_cache_coordinator.py``),
-  ``KVCacheManager.single_type_manager`` (0.9.0/0.9.1), or the ``KVCacheManager`` itself (0.8.x).
-- other holders of block references: ``Scheduler.deferred_frees`` (blocks popped from a
-  table whose return to the pool waits for an in-flight step) and
-  ``SingleTypeKVCacheManager._pending_cow_copies`` (copy-on-write endpoints), where they exist.
-- the free queue: ``FreeKVCacheBlockQueue`` with ``fake_free_list_head/tail`` (0.10.1+) or
-  ``free_list_head`` (older), ``num_free_blocks``.
-- the prefix-cache hash map ``BlockPool.cached_block_hash_to_block``: a dict of
-  ``hash -> {block_id: block}`` (<= 0.10) or a ``BlockHashToBlockMap`` whose ``_cache`` maps a
-  hash to a block or a dict of them (0.11+); ``cached_block_hashes_by_block`` (secondary hashes
-  of one block, where it exists). A block's own hash is ``KVCacheBlock._block_hash``.
-- the request queues: ``Scheduler.running``, ``waiting``, ``skipped_waiting``,
-  ``kv_holding_waiting`` (whichever exist).
+Where each release keeps them is read by :mod:`vllm_repro.engine.state` (the one place that
+probes live scheduler / KV cache state; each probe names the vLLM source it follows). Runs
+inside release environments (standard library only).
 """
 
 from __future__ import annotations
@@ -28,13 +11,12 @@ from collections import Counter
 from itertools import chain
 from operator import attrgetter
 
-from ..engine.adapter import iter_queue
+from ..engine import state
+from ..engine.state import WAITING_QUEUES, block_hash_of  # noqa: F401 - re-exported
 
 _ref = attrgetter("ref_cnt")
 _bid = attrgetter("block_id")
 
-#: scheduler attributes that are queues of waiting requests, where a release has them
-WAITING_QUEUES = ("waiting", "skipped_waiting", "kv_holding_waiting")
 #: waiting statuses under which a request may legitimately hold KV blocks (a KV connector's
 #: async load, a paused streaming session)
 HOLDING_WAIT_STATUSES = ("WAITING_FOR_REMOTE_KVS", "WAITING_FOR_STREAMING_REQ")
@@ -49,38 +31,19 @@ class Books:
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
-        kvm = scheduler.kv_cache_manager
-        self.kvm = kvm
-        coord = getattr(kvm, "coordinator", None)
-        self.pool = getattr(kvm, "block_pool", None) or getattr(coord, "block_pool", None)
-        if self.pool is None:
-            raise AttributeError("the KV cache manager has no block_pool (nor a coordinator's)")
-        if coord is not None and hasattr(coord, "single_type_managers"):
-            self.managers = list(coord.single_type_managers)
-        elif hasattr(kvm, "single_type_manager"):
-            self.managers = [kvm.single_type_manager]
-        else:
-            self.managers = [kvm]
-        if not all(hasattr(m, "req_to_blocks") for m in self.managers):
-            raise AttributeError("no req_to_blocks block table found on the KV cache managers")
-        if isinstance(self.pool, list):
-            # 0.6.x/0.7.x: the KVCacheManager keeps the pool itself (``block_pool`` is the list of
-            # KVCacheBlocks; ``free_block_queue``, ``cached_block_hash_to_block`` and
-            # ``enable_caching`` are its own attributes; no null block) - kv_cache_manager.py
-            self.blocks = self.pool
-            self.pool = kvm
-        else:
-            self.blocks = self.pool.blocks
-        self.num_blocks = len(self.blocks)
-        self.null = getattr(self.pool, "null_block", None)
-        self.null_id = self.null.block_id if self.null is not None else None
-        self.caching = bool(getattr(self.pool, "enable_caching", False))
-        cfg = getattr(scheduler, "scheduler_config", None)
-        self.max_tokens = getattr(scheduler, "max_num_scheduled_tokens", None) or \
-            getattr(cfg, "max_num_batched_tokens", None)
-        self.max_seqs = getattr(scheduler, "max_num_running_reqs", None) or \
-            getattr(cfg, "max_num_seqs", None)
-        self.max_model_len = getattr(scheduler, "max_model_len", None)
+        lay = state.KVLayout(scheduler)
+        self.layout = lay
+        self.kvm = lay.kvm
+        self.pool = lay.pool
+        self.managers = lay.managers
+        self.blocks = lay.blocks
+        self.num_blocks = lay.num_blocks
+        self.null = lay.null
+        self.null_id = lay.null_id
+        self.caching = lay.caching
+        self.max_tokens = lay.max_tokens
+        self.max_seqs = lay.max_seqs
+        self.max_model_len = lay.max_model_len
 
     # ---- block tables and holders --------------------------------------------------------
     def tables(self) -> list[dict]:
@@ -90,16 +53,7 @@ class Books:
     def extra_holders(self) -> list[tuple[str, list]]:
         """``(label, blocks)`` for references held outside the block tables: deferred frees
         (``Scheduler.deferred_frees``) and copy-on-write endpoints (``_pending_cow_copies``)."""
-        out = []
-        deferred = getattr(self.scheduler, "deferred_frees", None)
-        if deferred:
-            for fence, blocks in deferred:
-                out.append((f"deferred-free@{fence}", list(blocks)))
-        for g, m in enumerate(self.managers):
-            cow = getattr(m, "_pending_cow_copies", None)
-            if cow:
-                out.append((f"cow-copy[g{g}]", [b for pair in cow for b in pair]))
-        return out
+        return state.extra_holders(self.scheduler, self.managers)
 
     def held_ids(self) -> list[int]:
         """The block ids of every reference held (all tables of all groups, then the extra
@@ -138,49 +92,25 @@ class Books:
     def free_list(self) -> tuple[list, bool]:
         """The blocks linked in the free queue, head first, and whether the walk ended
         properly (False: a cycle, or more links than blocks)."""
-        fq = self.pool.free_block_queue
-        head = getattr(fq, "fake_free_list_head", None)
-        if head is not None:
-            cur = head.next_free_block
-            tail = fq.fake_free_list_tail
-        else:
-            cur = getattr(fq, "free_list_head", None)
-            tail = None
-        out = []
-        append = out.append
-        limit = self.num_blocks + 1
-        n = 0
-        while cur is not None and cur is not tail:
-            append(cur)
-            n += 1
-            if n > limit:
-                return out, False
-            cur = cur.next_free_block
-        return out, True
+        return state.free_list(self.pool, self.num_blocks)
 
     def num_free(self) -> int:
-        return self.pool.free_block_queue.num_free_blocks
+        return state.free_count(self.pool)
 
     # ---- prefix-cache map ------------------------------------------------------------------
     def secondary_hashes(self) -> dict:
         """block id -> extra hashes it is cached under (0.33's ``cached_block_hashes_by_block``)."""
-        return getattr(self.pool, "cached_block_hashes_by_block", None) or {}
+        return state.secondary_hashes(self.pool)
+
+    def hash_map(self):
+        """The prefix-cache map as a dict (``BlockPool.cached_block_hash_to_block``)."""
+        return state.hash_map(self.pool)
 
     # ---- queues ----------------------------------------------------------------------------
     def queues(self) -> list[tuple[str, list]]:
         """``(name, requests)`` for ``running`` and every waiting queue the release has."""
-        s = self.scheduler
-        out = [("running", list(s.running))]
-        for name in WAITING_QUEUES:
-            q = getattr(s, name, None)
-            if q is not None:
-                out.append((name, iter_queue(q)))
-        return out
+        return state.named_queues(self.scheduler)
 
-
-def block_hash_of(block):
-    """A block's prefix-cache hash (``KVCacheBlock._block_hash``; ``block_hash`` as fallback)."""
-    try:
-        return block._block_hash
-    except AttributeError:
-        return getattr(block, "block_hash", None)
+    def kv_holding_ids(self) -> set:
+        """Waiting requests the release lets keep their KV (``kv_holding_waiting``)."""
+        return state.kv_holding_ids(self.scheduler)

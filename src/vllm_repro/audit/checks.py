@@ -12,6 +12,7 @@ from collections import Counter
 from itertools import compress, count, repeat
 from operator import attrgetter, is_not
 
+from ..engine import state
 from .books import HOLDING_WAIT_STATUSES, Books, block_hash_of
 from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT, REQ_STATE,
                     make_violation, names)
@@ -176,12 +177,7 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
     """
     out = []
     null = books.null_id
-    holding_ok = set()
-    q = getattr(books.scheduler, "kv_holding_waiting", None)
-    if q is not None:
-        from ..engine.adapter import iter_queue
-
-        holding_ok = {r.request_id for r in iter_queue(q)}
+    holding_ok = books.kv_holding_ids()
     multi = len(books.managers) > 1
     running = set(map(_rid, books.scheduler.running))
     for g, table in enumerate(books.tables()):
@@ -240,17 +236,6 @@ def check_end_of_run(books: Books, refs: list[int], free: list) -> list[dict]:
     return out
 
 
-def _plain_hash(key):
-    """The block hash without its KV cache group (``BlockHashWithGroupId``: a namedtuple with
-    ``block_hash`` in 0.9/0.10, bytes ending in a 4-byte group id in 0.11+)."""
-    if isinstance(key, (bytes, bytearray)):
-        return bytes(key[:-4])
-    inner = getattr(key, "block_hash", None)
-    if inner is not None and hasattr(key, "group_id"):
-        return inner
-    return key
-
-
 def _maps_to(val, bid: int) -> bool:
     """Whether a hash map value (a block, or a dict ``block_id -> block``) holds block ``bid``."""
     if val is None:
@@ -282,8 +267,7 @@ class PrefixMapCheck:
         self._nones: list = []
 
     def _inner(self):
-        m = self.books.pool.cached_block_hash_to_block
-        return m if isinstance(m, dict) else getattr(m, "_cache", None)
+        return self.books.hash_map()
 
     def snapshot(self, full: bool = True) -> tuple[list, int]:
         """(every block's hash, by block id; the number of keys in the hash map). With prefix
@@ -396,10 +380,7 @@ class RequestHashCheck:
     def __init__(self, books: Books):
         self.books = books
         self.done: dict[tuple[int, str], tuple[int, int]] = {}
-        hbs = getattr(books.pool, "hash_block_size", None)
-        self.groups = [g for g, m in enumerate(books.managers)
-                       if hasattr(m, "num_cached_block")
-                       and (hbs is None or getattr(m, "block_size", hbs) == hbs)]
+        self.groups = state.hash_checkable_groups(books.layout)
 
     def check(self, requests: dict, only=None) -> list[dict]:
         """``only``: the request ids to look at (those scheduled in the step: a request's
@@ -407,8 +388,7 @@ class RequestHashCheck:
         if not self.books.caching:
             return []
         out = []
-        kvm = self.books.kvm
-        side = getattr(kvm, "req_to_block_hashes", None)
+        side = state.req_block_hashes(self.books.kvm)
         null = self.books.null_id
         for g in self.groups:
             m = self.books.managers[g]
@@ -438,7 +418,7 @@ class RequestHashCheck:
                     h = block_hash_of(b)
                     if h is None:
                         continue  # a hit block re-cached later; the map check covers it
-                    if _plain_hash(h) != req_hashes[i]:
+                    if state.plain_block_hash(h) != req_hashes[i]:
                         out.append(make_violation(KV_PREFIX_MAP, (
                             f"block {b.block_id} is {rid}'s cached block #{i} but carries another "
                             f"hash than {rid}'s block hash #{i} (expected the same content hash)"),
@@ -514,7 +494,7 @@ class RequestChecks:
                 by_rid.setdefault(rid, []).append(
                     f"{rid} (status {st}) is in scheduler.requests but in no queue (expected in "
                     "running or waiting)")
-        spec = (getattr(so, "scheduled_spec_decode_tokens", None) or {}) if so is not None else {}
+        spec = state.spec_tokens(so) if so is not None else {}
         nst = getattr(so, "num_scheduled_tokens", None) or {}
         last = self.last
         names_of = self._names
@@ -591,11 +571,7 @@ class RequestChecks:
         out = []
         nst = so.num_scheduled_tokens
         new_ids = [nr.req_id for nr in so.scheduled_new_reqs]
-        cached = getattr(so, "scheduled_cached_reqs", None)
-        if cached is None:  # 0.6.x/0.7.x: resumed and running requests are listed apart
-            cached = [*getattr(so, "scheduled_resumed_reqs", ()),
-                      *getattr(so, "scheduled_running_reqs", ())]
-        cached_ids = list(cached.req_ids) if hasattr(cached, "req_ids") else [c.req_id for c in cached]
+        cached_ids = state.cached_req_ids(so)
         listed = Counter(new_ids + cached_ids)
         for rid, c in listed.items():
             if c > 1:
@@ -650,7 +626,7 @@ class RequestChecks:
                 requests=list(nst)))
         seqs = self.books.max_seqs
         if seqs is not None:
-            active = getattr(s, "max_num_active_reqs", None) or seqs
+            active = state.max_active_reqs(s, seqs)
             if len(s.running) > active:
                 out.append(make_violation(BATCH_LIMIT, (
                     f"{len(s.running)} requests running, over max_num_seqs {active}"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
+from ..engine import state
 from .books import Books, block_hash_of
 from .codes import KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_PREFIX_MAP, KV_REFCOUNT, names
 from .checks import _req_ids
@@ -182,8 +183,7 @@ class PoolHooks:
         """Right after ``free_blocks``: every block it freed has ``ref_cnt`` == the references
         still held to it, and one at 0 is linked into the free queue. True when all agree (the
         pool then moved only as verified here); a disagreement is reported."""
-        fq = self.books.pool.free_block_queue
-        head = getattr(fq, "free_list_head", None) if not hasattr(fq, "fake_free_list_head") else None
+        head = state.bare_free_head(self.books.pool)
         ok = True
         for bid, b in objs.items():
             r, h = b.ref_cnt, held.get(bid, 0)
@@ -205,8 +205,7 @@ class PoolHooks:
         free queue and still carries its hash."""
         books = self.books
         null = books.null
-        fq = books.pool.free_block_queue
-        old_head = getattr(fq, "free_list_head", None) if not hasattr(fq, "fake_free_list_head") else None
+        old_head = state.bare_free_head(books.pool)
         for b in blocks:
             if b is null or getattr(b, "is_null", False):
                 continue
@@ -231,12 +230,7 @@ class PoolHooks:
         if num_blocks <= 0:
             return
         books = self.books
-        fq = books.pool.free_block_queue
-        head = getattr(fq, "fake_free_list_head", None)
-        if head is not None:
-            cur, tail = head.next_free_block, fq.fake_free_list_tail
-        else:
-            cur, tail = getattr(fq, "free_list_head", None), None
+        cur, tail = state.free_queue_ends(books.pool)
         null = books.null
         bad = []
         for _ in range(num_blocks):

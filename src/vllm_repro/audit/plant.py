@@ -18,6 +18,8 @@ import importlib.util
 import os
 from typing import Any, Callable
 
+from ..engine import state
+
 _MISSING = object()
 
 
@@ -76,12 +78,7 @@ class PlantContext:
     @staticmethod
     def tables(kvm) -> list[dict]:
         """The ``req_to_blocks`` tables of a ``KVCacheManager``, one per KV cache group."""
-        coord = getattr(kvm, "coordinator", None)
-        if coord is not None and hasattr(coord, "single_type_managers"):
-            return [m.req_to_blocks for m in coord.single_type_managers]
-        if hasattr(kvm, "single_type_manager"):
-            return [kvm.single_type_manager.req_to_blocks]
-        return [kvm.req_to_blocks]
+        return [m.req_to_blocks for m in state.managers_of(kvm)]
 
     def blocks_of(self, kvm, request_id: str) -> list:
         """The request's real (non-null) blocks across groups, in table order."""

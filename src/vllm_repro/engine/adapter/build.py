@@ -1,0 +1,262 @@
+"""Building vLLM's V1 objects as ``EngineCore.__init__`` does: configs, KV cache config, block
+hasher, ``Scheduler`` (see the package docstring for the probes)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .probes import (AdapterError, RefusedByRelease, _import, _source_has, _try_import,
+                     call_supported, init_params, params_of)
+
+
+class BuildMixin:
+    """``V1Adapter``'s building methods (the release's classes are the adapter's attributes)."""
+
+    # ---- building ---------------------------------------------------------------------------
+    def build(self, cfg: dict[str, Any]) -> tuple[Any, Any]:
+        """Build ``(vllm_config, scheduler)`` from a scenario's ``config`` mapping.
+
+        Mirrors ``EngineCore.__init__``: ``ModelConfig`` on the packaged config dir,
+        ``SchedulerConfig``, ``CacheConfig`` (``num_gpu_blocks`` set as after profiling),
+        ``VllmConfig``, ``KVCacheConfig`` with one group per scenario KV cache group, and the
+        scheduler class the config selects. Raises :class:`AdapterError` when the release's
+        constructors cannot be satisfied.
+        """
+        vllm_config, sched_cls = self.build_vllm_config(cfg)
+        return vllm_config, self._build_scheduler(cfg, vllm_config, sched_cls)
+
+    #: the vLLM config classes a scenario's pass-through fields may belong to, in lookup order
+    PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig")
+
+    def config_fields(self, class_name: str) -> set[str]:
+        """The field names of the release's ``vllm.config.<class_name>`` (dataclass fields or
+        constructor parameters); empty where the release has no such class."""
+        cls = getattr(self.config_mod, class_name, None)
+        if cls is None:
+            return set()
+        fields = set(getattr(cls, "__dataclass_fields__", {}) or {})
+        fields |= set(getattr(cls, "model_fields", {}) or {})
+        return fields | init_params(cls)[0]
+
+    def route_passthrough(self, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Which vLLM config class takes each pass-through field: ``{class name: {field: value}}``.
+        Raises :class:`RefusedByRelease` for a field none of :data:`PASSTHROUGH_CLASSES` has."""
+        routed: dict[str, dict[str, Any]] = {}
+        for key, value in (cfg.get("passthrough") or {}).items():
+            for cls_name in self.PASSTHROUGH_CLASSES:
+                if key in self.config_fields(cls_name):
+                    routed.setdefault(cls_name, {})[key] = value
+                    break
+            else:
+                raise RefusedByRelease(
+                    f"config.{key}: vLLM {self.version} has no such field in "
+                    f"{', '.join(self.PASSTHROUGH_CLASSES)}; check the name against that "
+                    "release's vllm/config, or drop it for this release")
+        return routed
+
+    def build_vllm_config(self, cfg: dict[str, Any]) -> tuple[Any, type]:
+        """``(vllm_config, scheduler class)`` as ``EngineArgs.create_engine_config`` would make
+        them for the scenario's ``config`` (``num_gpu_blocks`` already set on the cache config
+        when the scenario gives it). Pass-through fields go to their config class as written."""
+        c = self.config_mod
+        routed = self.route_passthrough(cfg)
+        torch = importlib.import_module("torch")
+        max_model_len = cfg["max_model_len"]
+        try:
+            model_config = call_supported(
+                c.ModelConfig, model=str(self.model_dir), task="generate",
+                tokenizer=str(self.model_dir), tokenizer_mode="auto", trust_remote_code=False,
+                dtype="float16", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len,
+                enforce_eager=True)
+        except Exception as exc:
+            raise AdapterError(f"ModelConfig on {self.model_dir}: {type(exc).__name__}: {exc}") from exc
+        sched_kwargs = dict(
+            max_num_seqs=cfg["max_num_seqs"],
+            max_num_batched_tokens=cfg["max_num_batched_tokens"],
+            max_model_len=max_model_len,
+            enable_chunked_prefill=cfg["enable_chunked_prefill"],
+            policy=cfg["policy"],
+            long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+            async_scheduling=cfg["async_scheduling"],
+            is_encoder_decoder=getattr(model_config, "is_encoder_decoder", False),
+            watermark=0.0,
+        )
+        if cfg["long_prefill_token_threshold"] == 0:
+            sched_kwargs.pop("long_prefill_token_threshold")
+        sched_kwargs.update(routed.get("SchedulerConfig", {}))
+        scheduler_config = self._strict_call(c.SchedulerConfig, sched_kwargs,
+                                             routed.get("SchedulerConfig", {}))
+        cache_kwargs = dict(block_size=cfg["block_size"], gpu_memory_utilization=0.9, swap_space=0,
+                            cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
+        cache_kwargs.update(routed.get("CacheConfig", {}))
+        cache_config = self._strict_call(c.CacheConfig, cache_kwargs, routed.get("CacheConfig", {}))
+        spec_config = None
+        if cfg.get("num_speculative_tokens"):
+            if not self.caps.spec_decode:
+                # 0.6.x/0.7.0: the V1 scheduler has no draft tokens (SpeculativeConfig is V0's)
+                raise RefusedByRelease(f"config.num_speculative_tokens: "
+                                       f"{self.caps.refusal('spec decode')}; drop it for this release")
+            spec_kwargs = dict(model="ngram", method=cfg.get("speculative_method", "ngram"),
+                               num_speculative_tokens=cfg["num_speculative_tokens"],
+                               prompt_lookup_max=4, prompt_lookup_min=1)
+            spec_kwargs.update(routed.get("SpeculativeConfig", {}))
+            spec_config = self._strict_call(c.SpeculativeConfig, spec_kwargs,
+                                            routed.get("SpeculativeConfig", {}))
+        elif routed.get("SpeculativeConfig"):
+            raise RefusedByRelease(
+                f"config.{next(iter(routed['SpeculativeConfig']))}: a SpeculativeConfig field "
+                "needs num_speculative_tokens (spec decode on)")
+        extra = {}
+        if routed.get("ParallelConfig"):
+            extra["parallel_config"] = self._strict_call(
+                c.ParallelConfig, dict(routed["ParallelConfig"]), routed["ParallelConfig"])
+        if hasattr(c, "DeviceConfig"):  # 0.8.x leaves it None unless EngineArgs fills it in
+            try:
+                extra["device_config"] = call_supported(c.DeviceConfig, device="cpu")
+            except Exception:  # noqa: BLE001 - keep the release's default
+                pass
+        if hasattr(c, "ObservabilityConfig"):
+            # EngineArgs.create_engine_config always fills it in; some releases' VllmConfig
+            # leave it None otherwise, and the stat loggers read it
+            try:
+                extra["observability_config"] = call_supported(c.ObservabilityConfig)
+            except Exception:  # noqa: BLE001 - keep the release's default
+                pass
+        vllm_config = call_supported(
+            c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
+            cache_config=cache_config, speculative_config=spec_config, **extra)
+        # what the GPU worker would have reported after profiling (at level engine-core,
+        # EngineCore._initialize_kv_caches sets it from the fake executor's figures instead)
+        if cfg.get("num_gpu_blocks") is not None:
+            cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
+        sched_cls = self.Scheduler
+        get_cls = getattr(vllm_config.scheduler_config, "get_scheduler_cls", None)
+        if callable(get_cls) and not cfg["async_scheduling"]:
+            chosen = get_cls()
+            if isinstance(chosen, type):
+                sched_cls = chosen
+        elif cfg["async_scheduling"]:
+            if not self.caps.async_scheduling:
+                raise RefusedByRelease(f"config.async_scheduling: "
+                                       f"{self.caps.refusal('async scheduling')}; drop it for this release")
+            sched_cls = _import("vllm.v1.core.sched.async_scheduler:AsyncScheduler")
+        if cfg["async_scheduling"] and getattr(vllm_config.scheduler_config, "async_scheduling",
+                                                True) is False:
+            # the CPU platform's check_and_update_config turns async scheduling off ("not
+            # required on CPU", vllm/platforms/cpu.py); the GPU platform being debugged keeps
+            # what the user asked for, and VllmConfig's own async checks above already ran
+            vllm_config.scheduler_config.async_scheduling = True
+            self.platform_notes.append("async_scheduling kept on (the CPU platform turns it off)")
+        if cfg["async_scheduling"] and spec_config is not None:
+            args_cls = _try_import("vllm.engine.arg_utils:EngineArgs")
+            if _source_has(getattr(args_cls, "create_engine_config", None),
+                           "speculative decoding is not supported with"):
+                # EngineArgs.create_engine_config refuses it there (not the config classes)
+                raise RefusedByRelease(
+                    f"config.async_scheduling: vLLM {self.version}'s EngineArgs refuses "
+                    "speculative decoding with async scheduling (\"Currently, speculative "
+                    "decoding is not supported with async scheduling.\"); drop one of them")
+        current = getattr(vllm_config.scheduler_config, "scheduler_cls", None)
+        if isinstance(current, str) and not current.startswith("vllm.v1."):
+            # EngineArgs.create_engine_config swaps V0's default scheduler class for the V1 one
+            # (or AsyncScheduler) the engine then resolves; EngineCore reads it from the config
+            vllm_config.scheduler_config.scheduler_cls = (
+                f"{sched_cls.__module__}.{sched_cls.__qualname__}")
+        self.vllm_config = vllm_config
+        return vllm_config, sched_cls
+
+    def _strict_call(self, cls, kwargs: dict, passthrough: dict):
+        """``call_supported`` that never drops a pass-through field silently."""
+        names, var_kw = init_params(cls)
+        missing = [k for k in passthrough if k not in names and not var_kw]
+        if missing:
+            raise RefusedByRelease(f"config.{missing[0]}: vLLM {self.version}'s {cls.__name__} "
+                                   "does not take it as a constructor argument")
+        return call_supported(cls, **kwargs)
+
+    def _build_scheduler(self, cfg: dict[str, Any], vllm_config, sched_cls):
+        """The scheduler as ``EngineCore.__init__`` builds it, on a ``KVCacheConfig`` with
+        ``num_gpu_blocks`` blocks (level scheduler: no profiling)."""
+        torch = importlib.import_module("torch")
+        takes_kv_config = "kv_cache_config" in init_params(sched_cls)[0]
+        if takes_kv_config:
+            kv_cache_config = self._kv_cache_config(cfg, torch)
+        else:
+            # 0.6.x/0.7.x: Scheduler builds KVCacheManager(num_gpu_blocks, block_size, ...) itself
+            kv_cache_config = None
+            groups = cfg.get("kv_cache_groups") or []
+            if len(groups) > 1 or any(g["type"] != "full" for g in groups):
+                raise RefusedByRelease(
+                    f"config.kv_cache_groups: vLLM {self.version}'s Scheduler builds one "
+                    "full-attention KV cache from CacheConfig; it has no KV cache groups")
+        register = _try_import("vllm.v1.core.single_type_kv_cache_manager:register_all_kvcache_specs")
+        if register is not None:
+            register(vllm_config)
+        block_size = cfg["block_size"]
+        hash_block_size = block_size
+        resolve = _try_import("vllm.v1.core.kv_cache_utils:resolve_kv_cache_block_sizes")
+        if resolve is not None and kv_cache_config is not None:
+            try:
+                block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
+            except Exception:  # noqa: BLE001 - keep the scenario's block size
+                pass
+        self.hash_block_size = hash_block_size
+        som = self.StructuredOutputManager(vllm_config) if self.StructuredOutputManager else None
+        scheduler = call_supported(
+            sched_cls, vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+            structured_output_manager=som, log_stats=True, block_size=block_size,
+            hash_block_size=hash_block_size, include_finished_set=False,
+            # the first V1 generation (0.6.5 to 0.7.x) takes the configs one by one
+            scheduler_config=vllm_config.scheduler_config, model_config=vllm_config.model_config,
+            cache_config=vllm_config.cache_config, lora_config=None)
+        self.block_hasher = self._block_hasher(vllm_config, hash_block_size)
+        self.vllm_config = vllm_config
+        return scheduler
+
+    def _attention_spec(self, cls, cfg, torch, **extra):
+        return call_supported(cls, block_size=cfg["block_size"], num_kv_heads=1, head_size=1,
+                              dtype=torch.float32, use_mla=False, sliding_window=None, **extra)
+
+    def _kv_cache_config(self, cfg, torch):
+        groups = cfg.get("kv_cache_groups") or [{"type": "full", "num_layers": 1}]
+        specs = []
+        layer = 0
+        for g in groups:
+            if g["type"] == "sliding_window":
+                if self.SlidingWindowSpec is None:
+                    raise AdapterError("this release has no SlidingWindowSpec (kv_cache_groups)")
+                spec = call_supported(
+                    self.SlidingWindowSpec, block_size=cfg["block_size"], num_kv_heads=1,
+                    head_size=1, dtype=torch.float32, use_mla=False,
+                    sliding_window=g["sliding_window"])
+            else:
+                spec = self._attention_spec(self.FullAttentionSpec, cfg, torch)
+            names = [f"model.layers.{layer + i}.self_attn.attn" for i in range(g.get("num_layers", 1))]
+            layer += len(names)
+            specs.append((names, spec))
+        if self.KVCacheGroupSpec is None or self.KVCacheConfig is None:
+            raise AdapterError("this release's Scheduler takes a KVCacheConfig, but "
+                               "vllm.v1.kv_cache_interface has no KVCacheConfig/KVCacheGroupSpec")
+        group_specs = [self.KVCacheGroupSpec(names, spec) for names, spec in specs]
+        return call_supported(self.KVCacheConfig, num_blocks=cfg["num_gpu_blocks"], tensors={},
+                              kv_cache_tensors=[], kv_cache_groups=group_specs)
+
+    def _block_hasher(self, vllm_config, hash_block_size):
+        """``EngineCore``'s request block hasher where the release hashes on the request side."""
+        get_hasher = _try_import("vllm.v1.core.kv_cache_utils:get_request_block_hasher")
+        if get_hasher is None:
+            return None
+        cache = vllm_config.cache_config
+        needs = getattr(cache, "enable_prefix_caching", False)
+        if not needs:
+            return None
+        get_fn = _try_import("vllm.utils.hashing:get_hash_fn_by_name", "vllm.utils:get_hash_fn_by_name")
+        algo = getattr(cache, "prefix_caching_hash_algo", "builtin")
+        hash_fn = get_fn(algo) if get_fn else hash
+        init_none = _try_import("vllm.v1.core.kv_cache_utils:init_none_hash")
+        if init_none is not None:
+            init_none(hash_fn)
+        return call_supported(get_hasher, block_size=hash_block_size, caching_hash_fn=hash_fn,
+                              num_lookahead_tokens=getattr(vllm_config, "num_hash_lookahead_tokens", 0)) \
+            if "block_size" in params_of(get_hasher)[0] else get_hasher(hash_block_size, hash_fn)

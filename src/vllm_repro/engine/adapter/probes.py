@@ -1,0 +1,96 @@
+"""Probing a release's API: imports that may not exist, the parameters a callable accepts.
+
+Standard library only (runs inside release environments); no version comparisons.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Callable
+
+
+class AdapterError(Exception):
+    """The release's API could not be matched: a lab error (outcome ``error``), never a
+    reproduction."""
+
+
+class RefusedByRelease(Exception):
+    """The release's own front door refuses the workload (e.g. priorities on 0.9.0): an input
+    error naming the field and the release."""
+
+
+def _import(*candidates: str):
+    """The first importable ``module:attr`` of ``candidates`` (``module`` alone for a module)."""
+    errors = []
+    for cand in candidates:
+        mod_name, _, attr = cand.partition(":")
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError as exc:
+            errors.append(f"{mod_name}: {exc}")
+            continue
+        if not attr:
+            return mod
+        if hasattr(mod, attr):
+            return getattr(mod, attr)
+        errors.append(f"{mod_name} has no {attr}")
+    raise AdapterError("none of " + ", ".join(candidates) + " is importable: " + "; ".join(errors))
+
+
+def _try_import(*candidates: str):
+    try:
+        return _import(*candidates)
+    except AdapterError:
+        return None
+
+
+def params_of(fn: Callable) -> tuple[set[str], bool]:
+    """(names of the parameters ``fn`` accepts, whether it takes ``**kwargs``)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return set(), True
+    names = {p.name for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    return names, var_kw
+
+
+def init_params(cls: type) -> tuple[set[str], bool]:
+    """``params_of`` for a class's constructor, looking through ``__init__(self, *args,
+    **kwargs)`` wrappers to the first class in the MRO that names its parameters.
+
+    vLLM's ``AsyncScheduler.__init__(self, *args, **kwargs)`` (0.17 onward) only forwards to
+    ``Scheduler.__init__``: read as "takes any keyword", it made the lab pass the first V1
+    generation's keywords, which ``Scheduler`` rejects (the async-scheduling defect)."""
+    for klass in getattr(cls, "__mro__", (cls,)):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            sig = inspect.signature(init)
+        except (TypeError, ValueError):
+            continue
+        kinds = {p.kind for p in list(sig.parameters.values())[1:]}
+        if kinds and kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+            continue  # a pure forwarder: look at the base class
+        return params_of(init)
+    return params_of(cls)
+
+
+def call_supported(fn: Callable, /, **kwargs):
+    """Call ``fn`` with the subset of ``kwargs`` it accepts (drift in optional parameters).
+    For a class, its effective constructor (:func:`init_params`) decides."""
+    names, var_kw = init_params(fn) if isinstance(fn, type) else params_of(fn)
+    if not var_kw:
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
+    return fn(**kwargs)
+
+
+def _source_has(fn, text: str) -> bool:
+    """Whether the source of ``fn`` contains ``text`` (False when it has no readable source)."""
+    try:
+        return text in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False

@@ -1,0 +1,98 @@
+"""Requests in: ``Request`` as ``Request.from_engine_core_request`` makes it, the front door
+(``Processor.process_inputs``), aborts; the lab's deterministic prompt tokens."""
+
+from __future__ import annotations
+
+import zlib
+
+from .probes import RefusedByRelease, _import, _try_import, call_supported, params_of
+
+EOS_TOKEN_ID = 2  # OPT's eos_token_id (the packaged config.json)
+VOCAB = 50000
+
+
+def token_stream(seed_text: str, length: int, offset: int = 0) -> list[int]:
+    """Deterministic prompt token ids (never EOS) for a request id or a shared prefix name."""
+    seed = zlib.crc32(seed_text.encode())
+    return [3 + (seed + (offset + j) * 104729) % VOCAB for j in range(length)]
+
+
+class RequestsMixin:
+    """``V1Adapter``'s request methods."""
+
+    # ---- requests ---------------------------------------------------------------------------
+    def make_request(self, req_id: str, prompt: list[int], max_tokens: int, priority: int,
+                     arrival_time: float):
+        """A ``vllm.v1.request.Request`` as ``Request.from_engine_core_request`` would make it:
+        sampling params with ``max_tokens`` and EOS, the engine's block hasher, priority and
+        arrival time (seconds)."""
+        sp = call_supported(self.SamplingParams, max_tokens=max_tokens, ignore_eos=False,
+                            temperature=0.0)
+        if hasattr(sp, "update_from_generation_config"):
+            try:
+                sp.update_from_generation_config({}, EOS_TOKEN_ID)
+            except TypeError:
+                pass
+        names, _ = params_of(self.Request)
+        if priority and not self.caps.priority:
+            raise RefusedByRelease(f"requests[{req_id}].priority: {self.caps.refusal('priority')}")
+        kwargs = dict(
+            request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
+            pooling_params=None, eos_token_id=EOS_TOKEN_ID, arrival_time=arrival_time,
+            lora_request=None, priority=priority, block_hasher=self.block_hasher,
+            multi_modal_inputs=None, multi_modal_kwargs=None, multi_modal_hashes=None,
+            multi_modal_placeholders=None, mm_features=None, structured_output_request=None,
+            cache_salt=None, client_index=0, prompt_embeds=None, trace_headers=None)
+        if "mm_features" in names:
+            kwargs["mm_features"] = []
+            if "multi_modal_hashes" not in names:
+                kwargs["mm_features"] = None
+        if "inputs" in names and "prompt_token_ids" not in names:
+            # 0.6.x: Request.from_engine_core_request wraps the prompt in token_inputs(...)
+            token_inputs = _import("vllm.inputs:token_inputs", "vllm.inputs.data:token_inputs")
+            kwargs["inputs"] = call_supported(
+                token_inputs, prompt_token_ids=list(prompt), prompt=None, multi_modal_data=None,
+                multi_modal_inputs=None, multi_modal_hashes=None, multi_modal_placeholders=None,
+                mm_processor_kwargs=None)
+        kwargs.setdefault("prompt", None)
+        request = call_supported(self.Request, **kwargs)
+        return request
+
+    def front_door(self, req_id: str, prompt: list[int], max_tokens: int, priority: int) -> None:
+        """Refuse what the release's own front door refuses before a request reaches the
+        scheduler: ``Processor.process_inputs`` (``vllm/v1/engine/processor.py``) is called with
+        the request's priority, e.g. 0.8/0.9 raise ``V1 does not support priority yet``.
+
+        Only priorities are checked this way (the rest of a request is plain token ids). When the
+        release's processor cannot be built without a tokenizer the check is skipped.
+        """
+        if not priority:
+            return
+        if not hasattr(self, "_processor"):
+            self._processor = None
+            proc_cls = _try_import("vllm.v1.engine.processor:Processor")
+            if proc_cls is not None:
+                try:
+                    self._processor = call_supported(proc_cls, vllm_config=self.vllm_config,
+                                                     tokenizer=None)
+                except Exception:  # noqa: BLE001 - API drift: no front-door check possible
+                    self._processor = None
+        if self._processor is None:
+            return
+        sp = call_supported(self.SamplingParams, max_tokens=max_tokens)
+        try:
+            call_supported(self._processor.process_inputs, request_id=req_id,
+                           prompt={"prompt_token_ids": list(prompt)}, params=sp,
+                           arrival_time=0.0, priority=priority)
+        except (ValueError, NotImplementedError) as exc:
+            if "priority" in str(exc).lower():
+                raise RefusedByRelease(
+                    f"requests[{req_id}].priority: vLLM {self.version}'s front door "
+                    f"(Processor.process_inputs) refuses it: {exc}; use priority 0 and "
+                    "policy fcfs on this release") from None
+        except Exception:  # noqa: BLE001 - anything else is not about priority
+            return
+
+    def abort(self, scheduler, req_ids: list[str]) -> None:
+        """``EngineCore.abort_requests``: finish as aborted."""
+        scheduler.finish_requests(req_ids, self.RequestStatus.FINISHED_ABORTED)

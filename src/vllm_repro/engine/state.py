@@ -1,0 +1,303 @@
+"""Reading a live scheduler's state: the one place that knows where each release keeps it.
+
+Used by the adapter (queues and free blocks for the trace) and by the audit (its books).
+Standard library only (runs inside release environments). Nothing compares version numbers;
+each probe names the vLLM source it follows:
+
+- the block pool: ``KVCacheManager.block_pool`` (0.8 to 0.33; 0.9.2+ also
+  ``KVCacheCoordinator.block_pool``), ``vllm/v1/core/block_pool.py:BlockPool``; in 0.6.x/0.7.x
+  ``KVCacheManager.block_pool`` is the list of blocks and the manager keeps the rest itself.
+- the block tables (``req_to_blocks``: request id -> blocks), one per KV cache group:
+  ``KVCacheCoordinator.single_type_managers[i]`` (0.9.2+, ``kv_cache_coordinator.py``),
+  ``KVCacheManager.single_type_manager`` (0.9.0/0.9.1), or the ``KVCacheManager`` itself (0.8.x).
+- other holders of block references: ``Scheduler.deferred_frees`` (blocks popped from a
+  table whose return to the pool waits for an in-flight step) and
+  ``SingleTypeKVCacheManager._pending_cow_copies`` (copy-on-write endpoints), where they exist.
+- the free queue: ``FreeKVCacheBlockQueue`` with ``fake_free_list_head/tail`` (0.10.1+) or
+  ``free_list_head`` (older), ``num_free_blocks``; ``BlockPool.get_num_free_blocks()``.
+- the prefix-cache hash map ``BlockPool.cached_block_hash_to_block``: a dict of
+  ``hash -> {block_id: block}`` (<= 0.10) or a ``BlockHashToBlockMap`` whose ``_cache`` maps a
+  hash to a block or a dict of them (0.11+); ``cached_block_hashes_by_block`` (secondary hashes
+  of one block, where it exists). A block's own hash is ``KVCacheBlock._block_hash``.
+- the request queues: ``Scheduler.running``, ``waiting``, ``skipped_waiting``,
+  ``kv_holding_waiting`` (whichever exist); a waiting queue is a deque, a list or a
+  ``RequestQueue`` (``vllm/v1/core/sched/request_queue.py``).
+- the scheduler's limits: ``max_num_scheduled_tokens`` / ``max_num_running_reqs`` /
+  ``max_model_len``, else ``scheduler_config.max_num_batched_tokens`` / ``max_num_seqs``.
+- ``SchedulerOutput`` (``vllm/v1/core/sched/output.py``): ``scheduled_new_reqs``,
+  ``scheduled_cached_reqs`` (one ``CachedRequestData``, or a list of them up to 0.9.1), or the
+  first generation's ``scheduled_resumed_reqs`` + ``scheduled_running_reqs``;
+  ``scheduled_spec_decode_tokens``.
+"""
+
+from __future__ import annotations
+
+#: scheduler attributes that are queues of waiting requests, where a release has them
+WAITING_QUEUES = ("waiting", "skipped_waiting", "kv_holding_waiting")
+
+
+def iter_queue(q) -> list:
+    """Requests in a waiting queue: a deque, a list, or vLLM's ``RequestQueue`` (heap for the
+    priority policy; iterating it yields requests in policy order). A heap that cannot be
+    iterated (``TypeError`` comparing two ``Request`` objects with equal keys, vLLM #29747) is
+    read raw: its entries are requests or ``(priority, arrival_time, request)`` tuples,
+    depending on the release (vllm/v1/core/sched/request_queue.py, PriorityRequestQueue)."""
+    try:
+        return list(q)
+    except Exception:  # noqa: BLE001 - e.g. TypeError comparing Requests in a broken heap
+        items = getattr(q, "_heap", None)
+        if items is None:
+            raise
+        return [x[-1] if isinstance(x, tuple) else x for x in items]
+
+
+# ---- KV cache layout ---------------------------------------------------------------------
+def block_pool(scheduler):
+    """The ``BlockPool`` (or, 0.6.x/0.7.x, the list of blocks): the manager's, else its
+    coordinator's; None where neither has one."""
+    kvm = scheduler.kv_cache_manager
+    pool = getattr(kvm, "block_pool", None)
+    if pool is None:
+        pool = getattr(getattr(kvm, "coordinator", None), "block_pool", None)
+    return pool
+
+
+def num_free_blocks(scheduler) -> int | None:
+    """``BlockPool.get_num_free_blocks()``, else the manager's own free queue (0.6.x/0.7.x)."""
+    pool = block_pool(scheduler)
+    if pool is not None and hasattr(pool, "get_num_free_blocks"):
+        return pool.get_num_free_blocks()
+    kvm = scheduler.kv_cache_manager
+    if hasattr(kvm, "free_block_queue"):
+        return kvm.free_block_queue.num_free_blocks
+    return None
+
+
+def managers_of(kvm) -> list:
+    """The holders of ``req_to_blocks``, one per KV cache group: the coordinator's
+    ``single_type_managers`` (0.9.2+), ``single_type_manager`` (0.9.0/0.9.1), else ``kvm``."""
+    coord = getattr(kvm, "coordinator", None)
+    if coord is not None and hasattr(coord, "single_type_managers"):
+        return list(coord.single_type_managers)
+    if hasattr(kvm, "single_type_manager"):
+        return [kvm.single_type_manager]
+    return [kvm]
+
+
+def req_block_hashes(kvm):
+    """The manager's own request id -> block hashes table (``req_to_block_hashes``, before the
+    request carried its ``block_hashes``); None where absent."""
+    return getattr(kvm, "req_to_block_hashes", None)
+
+
+def max_active_reqs(scheduler, default):
+    """``Scheduler.max_num_active_reqs`` where the release has it, else ``default``."""
+    return getattr(scheduler, "max_num_active_reqs", None) or default
+
+
+class KVLayout:
+    """Where one scheduler keeps its KV books: ``kvm`` (the KV cache manager), ``pool`` (what
+    holds ``free_block_queue`` and the hash map: the ``BlockPool``, or the 0.6/0.7 manager),
+    ``blocks`` (every ``KVCacheBlock``, by id), ``managers`` (one holder of ``req_to_blocks``
+    per KV cache group), ``null`` / ``null_id``, ``caching``, and the scheduler's limits.
+
+    Raises ``AttributeError`` naming what is missing."""
+
+    def __init__(self, scheduler):
+        kvm = scheduler.kv_cache_manager
+        self.kvm = kvm
+        coord = getattr(kvm, "coordinator", None)
+        self.pool = getattr(kvm, "block_pool", None) or getattr(coord, "block_pool", None)
+        if self.pool is None:
+            raise AttributeError("the KV cache manager has no block_pool (nor a coordinator's)")
+        self.managers = managers_of(kvm)
+        if not all(hasattr(m, "req_to_blocks") for m in self.managers):
+            raise AttributeError("no req_to_blocks block table found on the KV cache managers")
+        if isinstance(self.pool, list):
+            # 0.6.x/0.7.x: the KVCacheManager keeps the pool itself (``block_pool`` is the list of
+            # KVCacheBlocks; ``free_block_queue``, ``cached_block_hash_to_block`` and
+            # ``enable_caching`` are its own attributes; no null block) - kv_cache_manager.py
+            self.blocks = self.pool
+            self.pool = kvm
+        else:
+            self.blocks = self.pool.blocks
+        self.num_blocks = len(self.blocks)
+        self.null = getattr(self.pool, "null_block", None)
+        self.null_id = self.null.block_id if self.null is not None else None
+        self.caching = bool(getattr(self.pool, "enable_caching", False))
+        cfg = getattr(scheduler, "scheduler_config", None)
+        self.max_tokens = getattr(scheduler, "max_num_scheduled_tokens", None) or \
+            getattr(cfg, "max_num_batched_tokens", None)
+        self.max_seqs = getattr(scheduler, "max_num_running_reqs", None) or \
+            getattr(cfg, "max_num_seqs", None)
+        self.max_model_len = getattr(scheduler, "max_model_len", None)
+        #: the block size prefix hashes are computed at (``BlockPool.hash_block_size``, 0.33)
+        self.hash_block_size = getattr(self.pool, "hash_block_size", None)
+
+
+def extra_holders(scheduler, managers) -> list[tuple[str, list]]:
+    """``(label, blocks)`` for references held outside the block tables: deferred frees
+    (``Scheduler.deferred_frees``: ``(fence, blocks)`` pairs) and copy-on-write endpoints
+    (``SingleTypeKVCacheManager._pending_cow_copies``: block pairs)."""
+    out = []
+    deferred = getattr(scheduler, "deferred_frees", None)
+    if deferred:
+        for fence, blocks in deferred:
+            out.append((f"deferred-free@{fence}", list(blocks)))
+    for g, m in enumerate(managers):
+        cow = getattr(m, "_pending_cow_copies", None)
+        if cow:
+            out.append((f"cow-copy[g{g}]", [b for pair in cow for b in pair]))
+    return out
+
+
+def free_queue_ends(pool) -> tuple:
+    """(the first free block or what ends the walk, the tail sentinel or None): with
+    ``fake_free_list_head/tail`` (0.10.1+) the walk ends at the tail sentinel, with a bare
+    ``free_list_head`` (older) at None."""
+    fq = pool.free_block_queue
+    head = getattr(fq, "fake_free_list_head", None)
+    if head is not None:
+        return head.next_free_block, fq.fake_free_list_tail
+    return getattr(fq, "free_list_head", None), None
+
+
+def bare_free_head(pool):
+    """The first free block of a queue without sentinels (``free_list_head``, before 0.10.1):
+    linked though its ``prev_free_block`` is None. None where the queue has sentinels."""
+    fq = pool.free_block_queue
+    if hasattr(fq, "fake_free_list_head"):
+        return None
+    return getattr(fq, "free_list_head", None)
+
+
+def free_list(pool, num_blocks: int) -> tuple[list, bool]:
+    """The blocks linked in ``pool.free_block_queue``, head first, and whether the walk ended
+    properly (False: a cycle, or more links than blocks)."""
+    cur, tail = free_queue_ends(pool)
+    out = []
+    append = out.append
+    limit = num_blocks + 1
+    n = 0
+    while cur is not None and cur is not tail:
+        append(cur)
+        n += 1
+        if n > limit:
+            return out, False
+        cur = cur.next_free_block
+    return out, True
+
+
+def free_count(pool) -> int:
+    """``FreeKVCacheBlockQueue.num_free_blocks``."""
+    return pool.free_block_queue.num_free_blocks
+
+
+def hash_map(pool):
+    """The prefix-cache map as a dict (hash -> block or {block_id: block}); None where the map
+    has no ``_cache`` dict."""
+    m = pool.cached_block_hash_to_block
+    return m if isinstance(m, dict) else getattr(m, "_cache", None)
+
+
+def secondary_hashes(pool) -> dict:
+    """block id -> extra hashes it is cached under (0.33's ``cached_block_hashes_by_block``)."""
+    return getattr(pool, "cached_block_hashes_by_block", None) or {}
+
+
+def plain_block_hash(key):
+    """The block hash without its KV cache group (``BlockHashWithGroupId``: a namedtuple with
+    ``block_hash`` in 0.9/0.10, bytes ending in a 4-byte group id in 0.11+)."""
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key[:-4])
+    inner = getattr(key, "block_hash", None)
+    if inner is not None and hasattr(key, "group_id"):
+        return inner
+    return key
+
+
+def hash_checkable_groups(layout: KVLayout) -> list[int]:
+    """The KV cache groups whose tables can be checked block by block against a request's block
+    hashes: the manager counts its cached blocks (``num_cached_block``) and a cache block is one
+    hash block (``block_size`` == 0.33's ``BlockPool.hash_block_size``, where it exists)."""
+    hbs = layout.hash_block_size
+    return [g for g, m in enumerate(layout.managers)
+            if hasattr(m, "num_cached_block")
+            and (hbs is None or getattr(m, "block_size", hbs) == hbs)]
+
+
+def block_hash_of(block):
+    """A block's prefix-cache hash (``KVCacheBlock._block_hash``; ``block_hash`` as fallback)."""
+    try:
+        return block._block_hash
+    except AttributeError:
+        return getattr(block, "block_hash", None)
+
+
+# ---- request queues ------------------------------------------------------------------------
+def named_queues(scheduler) -> list[tuple[str, list]]:
+    """``(name, requests)`` for ``running`` and every waiting queue the release has."""
+    out = [("running", list(scheduler.running))]
+    for name in WAITING_QUEUES:
+        q = getattr(scheduler, name, None)
+        if q is not None:
+            out.append((name, iter_queue(q)))
+    return out
+
+
+def kv_holding_ids(scheduler) -> set:
+    """Ids in ``Scheduler.kv_holding_waiting`` (waiting requests allowed to keep their KV)."""
+    q = getattr(scheduler, "kv_holding_waiting", None)
+    return {r.request_id for r in iter_queue(q)} if q is not None else set()
+
+
+def queue_ids(scheduler, preempted_status) -> tuple[list[str], list[str], list[str]]:
+    """(waiting ids, running ids, preempted ids) — ``waiting`` then ``skipped_waiting``;
+    preempted are waiting with status ``preempted_status`` (``Scheduler._preempt_request``)."""
+    waiting = [r.request_id for r in iter_queue(scheduler.waiting)]
+    skipped = getattr(scheduler, "skipped_waiting", None)
+    if skipped is not None:
+        waiting += [r.request_id for r in iter_queue(skipped)]
+    running = [r.request_id for r in scheduler.running]
+    preempted = [rid for rid in waiting
+                 if getattr(scheduler.requests.get(rid), "status", None) == preempted_status]
+    return waiting, running, preempted
+
+
+# ---- SchedulerOutput -----------------------------------------------------------------------
+def cached_reqs(so):
+    """``scheduled_cached_reqs`` (a ``CachedRequestData`` or a list of per-request ones), or
+    0.6.x/0.7.x's ``scheduled_resumed_reqs`` + ``scheduled_running_reqs`` as one list."""
+    cached = getattr(so, "scheduled_cached_reqs", None)
+    if cached is None:
+        cached = [*getattr(so, "scheduled_resumed_reqs", ()),
+                  *getattr(so, "scheduled_running_reqs", ())]
+    return cached
+
+
+def cached_req_ids(so) -> list[str]:
+    cached = cached_reqs(so)
+    return list(cached.req_ids) if hasattr(cached, "req_ids") else [c.req_id for c in cached]
+
+
+def computed_before(so) -> tuple[dict[str, int], set]:
+    """(request id -> ``num_computed_tokens`` before this step, for new and cached requests;
+    the ids of new requests)."""
+    before: dict[str, int] = {}
+    new_ids = set()
+    for nr in so.scheduled_new_reqs:
+        before[nr.req_id] = nr.num_computed_tokens
+        new_ids.add(nr.req_id)
+    cached = cached_reqs(so)
+    if isinstance(cached, list):  # <= 0.9.1: one CachedRequestData per request
+        for cr in cached:
+            before[cr.req_id] = cr.num_computed_tokens
+    else:
+        for rid, n in zip(cached.req_ids, cached.num_computed_tokens):
+            before[rid] = n
+    return before, new_ids
+
+
+def spec_tokens(so) -> dict:
+    """``scheduled_spec_decode_tokens`` (request id -> draft tokens), ``{}`` where absent."""
+    return getattr(so, "scheduled_spec_decode_tokens", None) or {}

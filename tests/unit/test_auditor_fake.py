@@ -1,0 +1,67 @@
+"""The auditor over fake books: a finding carries its step, phase, code, requests and blocks."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_repro.audit import Auditor, AuditStop
+from vllm_repro.audit.codes import KV_DOUBLE_FREE, KV_LEAK, KV_REFCOUNT
+
+from .fakes import make_books, make_output, vf
+
+
+def attached(keep_going=True, **kw):
+    books, s = make_books(**kw)
+    loop = SimpleNamespace(scheduler=s, step=0, finished={}, created=list(s.requests))
+    aud = Auditor(SimpleNamespace(computed_advanced_in_schedule=True, vllm_file=""),
+                  keep_going=keep_going)
+    aud.attach(loop)
+    return aud, books, s, loop
+
+
+def test_a_consistent_step_records_nothing():
+    aud, books, s, loop = attached(num_gpu_blocks=8, tables={"A": [1, 2]})
+    so = make_output({"A": 4}, cached={"A": 0})
+    s.requests["A"].num_computed_tokens = 4
+    aud.after_schedule(1, so, None)
+    aud.after_update(1, so, {"scheduled": {"A": 4}})
+    assert aud.violations == []
+
+
+def test_a_planted_refcount_is_recorded_with_its_step_and_phase():
+    aud, books, s, loop = attached(num_gpu_blocks=8, tables={"A": [1, 2]})
+    books.blocks[2].ref_cnt = 2
+    so = make_output({"A": 4}, cached={"A": 0})
+    s.requests["A"].num_computed_tokens = 4
+    aud.after_schedule(3, so, None)
+    v = [v for v in aud.violations if vf(v, "code") == KV_REFCOUNT]
+    assert v and vf(v[0], "step") == 3 and vf(v[0], "phase") == "after schedule"
+    assert vf(v[0], "requests") == ["A"] and vf(v[0], "blocks") == [2]
+
+
+def test_without_keep_going_a_step_check_stops_and_a_hook_raises():
+    aud, books, s, loop = attached(keep_going=False, num_gpu_blocks=8, tables={"A": [1]})
+    books.blocks[1].ref_cnt = 0
+    assert aud.after_schedule(2, make_output({}), None) is True
+    assert aud.stopped == {"step": 2, "code": KV_REFCOUNT, "phase": "after schedule"}
+    assert vf(aud.violations[0], "step") == 2
+
+    aud, books, s, loop = attached(keep_going=False, num_gpu_blocks=8, tables={"A": [1]})
+    loop.step = 5
+    with pytest.raises(AuditStop):
+        books.pool.free_blocks([books.blocks[1]])  # A still holds it: a double free
+    v = aud.violations[0]
+    assert vf(v, "code") == KV_DOUBLE_FREE and vf(v, "step") == 5 and vf(v, "blocks") == [1]
+    assert vf(v, "phase").startswith("in ")
+
+
+def test_end_of_a_clean_run_finds_the_block_never_given_back():
+    aud, books, s, loop = attached(num_gpu_blocks=8, tables={"A": [1, 2]})
+    s.running.remove(s.requests.pop("A"))
+    loop.finished = {"A": "FINISHED_STOPPED"}
+    loop.step = 9
+    assert aud.finish(loop, "clean") is True
+    (v,) = [v for v in aud.violations if vf(v, "code") == KV_LEAK]
+    assert vf(v, "step") == 9 and vf(v, "blocks") == [1, 2] and vf(v, "requests") == ["A"]
