@@ -1,7 +1,7 @@
 """The ``vllm-repro`` command line (typer): the app, its commands (one module each in
 :mod:`vllm_repro.commands`) and :func:`main`, the entry point.
 
-Exit codes (DESIGN.md): 0 observations match ``expect``; 1 mismatch or reproduction found;
+Exit codes (README, "Exit codes"): 0 observations match ``expect``; 1 mismatch or reproduction found;
 2 usage or input error; 3 environment error (fetch, import, docker, ssh).
 """
 
@@ -33,7 +33,7 @@ app.command("bisect")(bisect.bisect)
 
 
 def main() -> None:
-    """Entry point: one-line messages and DESIGN.md's exit codes for lab and input errors."""
+    """Entry point: one-line messages and the exit codes (README) for lab and input errors."""
     try:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)

@@ -1,4 +1,4 @@
-"""The lab's error classes and the CLI exit code each maps to (see DESIGN.md, exit codes).
+"""The lab's error classes and the CLI exit code each maps to (README, "Exit codes").
 
 0: observations match ``expect``; 1: a mismatch or an unexpected reproduction; 2: usage or
 input error (a scenario, a log, an argument); 3: environment error (index, download, hash,

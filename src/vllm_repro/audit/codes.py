@@ -1,4 +1,4 @@
-"""The invariant codes of DESIGN.md and the violation record.
+"""The invariant codes (docs/audit.md) and the violation record.
 
 Runs inside release environments: standard library only.
 """
@@ -14,7 +14,7 @@ REQ_STATE = "REQ_STATE"
 BATCH_LIMIT = "BATCH_LIMIT"
 NO_PROGRESS = "NO_PROGRESS"
 
-#: code -> what it means (README's audit section says the same).
+#: code -> what it means (docs/audit.md says the same).
 CODES: dict[str, str] = {
     KV_DOUBLE_FREE: "a block freed while no one holds the reference being given back "
                     "(ref_cnt already 0, or the free would drop ref_cnt below the number of "

@@ -48,7 +48,7 @@ def _loc(loc: tuple) -> str:
 def _fix_hint(err: dict) -> str:
     kind = err.get("type", "")
     if kind == "extra_forbidden":
-        return "remove it or check its spelling against the scenario format (README)"
+        return "remove it or check its spelling against the scenario format (docs/scenarios.md)"
     if kind == "missing":
         return "add it"
     ctx = err.get("ctx") or {}

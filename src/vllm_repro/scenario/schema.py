@@ -1,4 +1,4 @@
-"""The scenario file (format v1, DESIGN.md): a workload for vLLM's real scheduler.
+"""The scenario file (format v1, docs/scenarios.md): a workload for vLLM's real scheduler.
 
 Field names reuse vLLM's own config names (``block_size``, ``num_gpu_blocks``, ``max_num_seqs``,
 ``max_num_batched_tokens``, ``max_model_len``, ``enable_chunked_prefill``,
@@ -302,7 +302,7 @@ class Expect(Strict):
 
 
 class Scenario(Strict):
-    """A whole scenario file (format v1). See DESIGN.md and README for the format."""
+    """A whole scenario file (format v1). See docs/scenarios.md for the format."""
 
     name: str = Field(min_length=1)
     description: str = ""
