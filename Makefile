@@ -143,7 +143,11 @@ gpu-verify: venv
 	  $(if $(VLLM),--vllm $(VLLM)) $(if $(GPU_IMAGE),--gpu-image $(GPU_IMAGE)) $(if $(GPU),--gpu $(GPU)) \
 	  $(if $(GPU_MODEL),--model $(GPU_MODEL))
 
-test: venv docs
+# ruff (pyproject.toml [tool.ruff]) over everything the lab ships and tests
+lint: venv
+	$(BIN)/ruff check src tests bench images scripts
+
+test: venv lint docs
 	$(BIN)/python -m pytest -q --junitxml=$(REPORTS)/junit.xml tests
 
 # the documentation (mkdocs.yml, docs/), strict: a broken link or anchor fails; served beside

@@ -66,7 +66,8 @@ def layers(image: str) -> list[tuple[int, str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cold", action="store_true", help="also build without the cache and run natively on an empty cache")
+    ap.add_argument("--cold", action="store_true", help="also build without the cache and run natively on an "
+                    "empty cache")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--image", default=os.environ.get("CPU_IMAGE", "vllm-repro-cpu:latest"))
     args = ap.parse_args()

@@ -57,7 +57,7 @@ def main() -> None:
     steps = None
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, \
             Worker(env, Path(tmp) / "engine.log") as worker:
-        for i in range(args.repeat):
+        for _ in range(args.repeat):
             for audit in (False, True):
                 res = worker.run(payload, None, audit=audit, keep_going=True)
                 if res["outcome"] not in ("clean", "violation"):

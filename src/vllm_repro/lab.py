@@ -2,7 +2,8 @@
 
 ``run_matrix`` runs a set of (scenario, release) pairs, one worker process per release (vLLM
 imported once per release), releases in parallel up to ``jobs`` processes, and returns the
-verdicts in input order. Releases are made ready by :func:`vllm_repro.sources.prepare.prepare_release` (re-exported here).
+verdicts in input order. Releases are made ready by
+:func:`vllm_repro.sources.prepare.prepare_release` (re-exported here).
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def test_not_a_mapping(tmp_path):
 
 def test_prompt_plus_max_tokens_over_max_model_len(tmp_path):
     p = write(tmp_path, GOOD.replace("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8, max_model_len: 15}"))
-    with pytest.raises(InputError, match=r"s.yaml: requests\[0\]: prompt_len \+ max_tokens = 26 exceeds config.max_model_len 15"):
+    with pytest.raises(InputError, match=r"s.yaml: requests\[0\]: prompt_len \+ max_tokens = 26 "
+                                         r"exceeds config.max_model_len 15"):
         load_scenario(p)
 
 

@@ -3,7 +3,6 @@ committed slice specs (what they hold and the equivalence they record)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

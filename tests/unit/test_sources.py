@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import socket
-import sys
 import tarfile
 
 import pytest
@@ -61,7 +60,8 @@ def test_hash_mismatch_is_env_error_and_leaves_nothing(monkeypatch, isolated_cac
 def test_unknown_release_names_nearest(monkeypatch):
     with FakeIndex({"vllm-9.9.9.tar.gz": make_sdist("9.9.9"), "vllm-9.9.7.tar.gz": make_sdist("9.9.7")}) as idx:
         use_index(monkeypatch, idx.url)
-        with pytest.raises(InputError, match=r"vLLM 9\.9\.10 is not a release on the index; nearest releases: .*9\.9\.9"):
+        with pytest.raises(InputError, match=r"vLLM 9\.9\.10 is not a release on the index; "
+                                             r"nearest releases: .*9\.9\.9"):
             find_sdist("9.9.10")
 
 

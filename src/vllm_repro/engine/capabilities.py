@@ -25,7 +25,8 @@ class Capabilities:
 
     ``events``: the EngineCore calls a scenario's ``events`` may make (``abort``,
     ``abort_in_flight``, ``reset_prefix_cache``, ``reset_running_requests``, ``pause``,
-    ``pause_mode`` (``pause_scheduler(mode=...)``), ``resume``); ``spec_methods``: the ``SpeculativeConfig.method`` values the lab's fake drafter
+    ``pause_mode`` (``pause_scheduler(mode=...)``), ``resume``); ``spec_methods``: the
+    ``SpeculativeConfig.method`` values the lab's fake drafter
     can stand for (``ngram``, ``ngram_gpu``); ``kv_group_kinds``: KV cache spec kinds
     (``full``, ``sliding_window``).
     """

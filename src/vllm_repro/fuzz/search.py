@@ -180,10 +180,12 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                         return
                     if cfg.target and cfg.target not in sig:
                         return
-                    if state["target"] is None:
-                        state["target"] = sig
-                    if sig == state["target"]:
-                        state["last"] = (sc, result)
+                    # run_one is called within this iteration (by `test()` below), never later:
+                    # the loop's `state` is the one it means
+                    if state["target"] is None:  # noqa: B023
+                        state["target"] = sig  # noqa: B023
+                    if sig == state["target"]:  # noqa: B023
+                        state["last"] = (sc, result)  # noqa: B023
                         raise _Found(sig)
 
                 test = given(scenarios(profile, cfg.version))(run_one)

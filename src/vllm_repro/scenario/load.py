@@ -59,7 +59,8 @@ def _fix_hint(err: dict) -> str:
     if kind == "literal_error":
         return "use one of the values listed"
     if kind.endswith("_type"):
-        return f"write a plain {kind.removesuffix('_type').replace('_', ' ')} value (no quotes, no true/false for numbers)"
+        plain = kind.removesuffix('_type').replace('_', ' ')
+        return f"write a plain {plain} value (no quotes, no true/false for numbers)"
     return ""
 
 

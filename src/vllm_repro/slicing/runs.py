@@ -282,7 +282,8 @@ def run_core_tests(env: ReleaseEnv, work: Path, trace_dir: Path | None = None,
         extra_env.update(trace_environment(env, trace_dir, calls))
     child = test_environment(env, hub, extra_path, extra_env)
     cmd = [str(env.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no",
-           "-o", "junit_family=xunit1", "--continue-on-collection-errors", f"--junitxml={junit}", "--rootdir", str(env.tree), *args]
+           "-o", "junit_family=xunit1", "--continue-on-collection-errors", f"--junitxml={junit}",
+           "--rootdir", str(env.tree), *args]
     say(f"vLLM {env.version}: pytest {selection} ({'traced' if trace_dir else 'plain'})")
     t0 = time.perf_counter()
     with open(work / "pytest.log", "w") as log:

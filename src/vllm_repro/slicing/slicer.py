@@ -34,7 +34,7 @@ from ..sources.env import ReleaseEnv
 from ..sources.sdist import fetch_sdist
 from . import runs
 from .spec import (SPEC_FORMAT, Trace, analyse, canon, file_hashes, lab_commit, materialise,
-                   package_inventory, site_packages, slice_env, spec_path)
+                   package_inventory, slice_env, spec_path)
 
 Say = Callable[[str], None]
 MAX_STUB_ROUNDS = 4
@@ -234,8 +234,9 @@ def make_slice(version: str, base: Path, include: tuple[str, ...] = (),
         if not used and not missing:
             break
         for u in used:
-            dropped[u] = "used in run B: " + next(e["name"] for e in events
-                                                  if e["kind"] == "stub" and (e["name"].startswith(u) or e.get("package") == stubs[u]["distribution"]))
+            dropped[u] = "used in run B: " + next(
+                e["name"] for e in events if e["kind"] == "stub"
+                and (e["name"].startswith(u) or e.get("package") == stubs[u]["distribution"]))
             stubs.pop(u, None)
         spec = _spec(version, release, an, stubs, {}, include, inputs, full, full_env,
                      (pkg_files_n, pkg_bytes), trace_a, dropped)

@@ -61,7 +61,7 @@ class BuildMixin:
         when the scenario gives it). Pass-through fields go to their config class as written."""
         c = self.config_mod
         routed = self.route_passthrough(cfg)
-        torch = importlib.import_module("torch")
+        importlib.import_module("torch")  # as vLLM imports it before its configs
         max_model_len = cfg["max_model_len"]
         try:
             model_config = call_supported(
