@@ -34,13 +34,13 @@ GPU ?=
 GPU_MODEL ?=
 VLLM ?=
 
-.PHONY: venv docs cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
+.PHONY: venv docs lint cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
 	images image-cpu image-cuda stage-images lint-images bench-image gpu-verify
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
 	@echo "make cpu-repro CATALOG=all   the whole catalog (each entry also on NEWEST=$(NEWEST))"
-	@echo "make test        the docs build, unit tests and the real-release scenario tests"
+	@echo "make test        ruff, the docs build, unit tests and the real-release scenario tests"
 	@echo "make docs        the documentation into $(REPORTS)/site/"
 	@echo "make images      the CPU image (Docker); make cpu-repro RUNNER=docker|native"
 	@echo "make gpu-verify REMOTE=host PATCH=fix.diff SCENARIO=...   confirm a fix on a GPU host"
