@@ -46,8 +46,13 @@ def last_verdict(reports: Path, name: str, version: str) -> str:
 
 def catalog_rows(directory: Path = DEFAULT_DIR, reports: Path = Path("reports")) -> list[tuple[str, ...]]:
     """The rows of ``vllm-repro catalog``, one per entry: name, issue, reproduces_on,
-    clean_on, and the last verdict on each concrete release (from ``reports``)."""
+    clean_on, and the last verdict on each concrete release (from ``reports``). Raises
+    :class:`~vllm_repro.errors.InputError` when ``directory`` is not a folder."""
+    from .errors import InputError
     from .scenario import load_scenario
+
+    if not directory.is_dir():
+        raise InputError(f"{directory}: no such catalog folder (--directory)")
 
     rows = []
     for p in catalog_files(directory):
@@ -64,19 +69,26 @@ def catalog_items(directory: Path, only: Iterable[str] = (), extra: Iterable[str
     """The runs of ``vllm-repro catalog run`` (:class:`vllm_repro.lab.RunItem`): each entry
     (those in ``only`` when given) on the releases its lists and ranges cover, then on the
     ``extra`` releases. An entry with no release here is said and left out (installed mode:
-    the installed vLLM is outside its lists). Raises :class:`~vllm_repro.errors.InputError`
-    when ``directory`` holds no entry."""
+    the installed vLLM is outside its lists). Raises :class:`~vllm_repro.errors.InputError`,
+    before anything runs, when ``directory`` holds no entry, an ``only`` name is no entry's, or
+    an ``extra`` release is not a version number."""
     from .errors import InputError
     from .lab import RunItem, releases_for
     from .scenario import load_scenario
+    from .sources.sdist import validate_version
 
-    only, extra = list(only), list(extra)
+    only = list(dict.fromkeys(only))
+    extra = [validate_version(v) for v in extra]
     files = catalog_files(directory)
     if not files:
         raise InputError(f"{directory}: no catalog entries (*.yaml) found")
+    loaded = [load_scenario(p) for p in files]
+    unknown = [n for n in only if n not in {sc.name for sc in loaded}]
+    if unknown:
+        raise InputError(f"--only {', '.join(unknown)}: no such entry in {directory} (its entries: "
+                         f"{', '.join(sc.name for sc in loaded)})")
     items = []
-    for p in files:
-        sc = load_scenario(p)
+    for sc in loaded:
         if only and sc.name not in only:
             continue
         versions = releases_for(sc, [], covering=True)

@@ -106,3 +106,24 @@ def test_catalog_command_lists_every_entry_with_its_releases(cli, tmp_path):
         assert sc.vllm.issue in row
         for v in _concrete(sc.vllm.reproduces_on + sc.vllm.clean_on):
             assert f"{v}: never run" in row
+
+
+def test_catalog_run_refuses_a_mistyped_selection_before_running(cli, tmp_path):
+    """A typo in --only or --also-on is exit 2 at once, naming it, never an empty green run or
+    a traceback after every release has run."""
+    reports = tmp_path / "r"
+    typo = cli("catalog", "run", "--only", "vllm-2347-priority", "--reports", str(reports))
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert "--only vllm-2347-priority: no such entry in scenarios" in typo.stderr
+    assert "vllm-23347-priority-preempt-scheduled" in typo.stderr  # the entries it could be
+    bad = cli("catalog", "run", "--also-on", "banana", "--only",
+              "vllm-23347-priority-preempt-scheduled", "--reports", str(reports))
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "'banana' is not a vLLM version number" in bad.stderr
+    assert "Traceback" not in bad.stderr and not reports.exists()
+
+
+def test_catalog_list_refuses_a_missing_folder(cli, tmp_path):
+    proc = cli("catalog", "--directory", str(tmp_path / "nodir"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "nodir: no such catalog folder (--directory)" in proc.stderr
