@@ -83,10 +83,11 @@ def catalog_items(directory: Path, only: Iterable[str] = (), extra: Iterable[str
     if not files:
         raise InputError(f"{directory}: no catalog entries (*.yaml) found")
     loaded = [load_scenario(p) for p in files]
-    unknown = [n for n in only if n not in {sc.name for sc in loaded}]
+    names = [sc.name for sc in loaded]
+    unknown = [n for n in only if n not in names]
     if unknown:
         raise InputError(f"--only {', '.join(unknown)}: no such entry in {directory} (its entries: "
-                         f"{', '.join(sc.name for sc in loaded)})")
+                         f"{', '.join(names)})")
     items = []
     for sc in loaded:
         if only and sc.name not in only:

@@ -4,7 +4,7 @@
 ``out`` is stdout (tables, results), ``err`` is stderr (progress and errors); both are 400
 columns wide when not a terminal, so that tables in logs and pipes are never wrapped.
 :func:`say` is the dim progress line every long-running step prints; :func:`print_results`
-prints the verdict table (or ``--json``) of a run and returns DESIGN.md's exit code.
+prints the verdict table (or ``--json``) of a run and returns the exit code (README, "Exit codes").
 """
 
 from __future__ import annotations
@@ -40,10 +40,7 @@ def table(columns: Iterable[str], *, no_wrap: bool = True, edge: bool = True) ->
     extra = {} if edge else {"pad_edge": False, "show_edge": False}
     t = Table(box=None, header_style="bold", **extra)
     for col in columns:
-        if no_wrap:
-            t.add_column(col, no_wrap=True)
-        else:
-            t.add_column(col)
+        t.add_column(col, no_wrap=no_wrap)
     return t
 
 

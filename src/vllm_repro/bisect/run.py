@@ -91,7 +91,7 @@ class ReleaseClassifier:
         self._unreachable: IndexUnreachable | None = None
 
     def _prepare(self, version: str):
-        from ..lab import prepare_release
+        from ..sources.prepare import prepare_release
 
         try:
             return prepare_release(version, self.say, tree=self.tree)

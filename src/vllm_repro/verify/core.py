@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import catalog_files
-from ..lab import RunItem, prepare_release, run_matrix
+from ..lab import RunItem, run_matrix
+from ..sources.prepare import prepare_release
 from ..scenario import load_scenario
 from ..scenario.schema import Scenario
 from ..verdict import describe_observed
