@@ -1,0 +1,477 @@
+"""The lab's typed records: what a run observed (``result.json``), one step of it (a line of
+``trace.jsonl``), and the parts they are made of.
+
+Standard library only: the engine worker builds these inside a release environment, where
+neither pydantic nor the lab's host dependencies exist. Every record is a dataclass with
+``to_dict()`` and ``from_dict()``; a field whose value is ``None`` is left out of the JSON
+(absent and null read the same), so ``result.json`` keeps only what the run had. The schema,
+field by field, is ``docs/records.md``; :func:`schema` prints it.
+
+Who writes what:
+
+- the worker (:mod:`vllm_repro.engine.worker`) writes ``trace.jsonl`` only, a :class:`TraceLine`
+  a line as the step loop emits them, and sends its :class:`RunResult` over the pipe;
+- the host writes ``result.json`` once, through :class:`ReportDir`, after the verdict is known.
+
+Layout of a report (``ReportDir``): ``<reports>/<scenario>/<release>/{result.json,
+trace.jsonl, timeline.png}``; the engine logs under ``<reports>/_engine/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+#: the outcomes of a run (``RunResult.outcome``)
+OUTCOMES = ("clean", "crash", "violation", "stall", "error")
+
+
+class RecordError(ValueError):
+    """A record's JSON does not have the record's shape (a field of the wrong type, a missing
+    required field). The message names the record and the field."""
+
+
+def _is_record(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, Record)
+
+
+class Record:
+    """Base of every record: JSON in and out by the dataclass fields.
+
+    Nested records are found from the field annotations (``Frame``, ``list[Frame]``,
+    ``Crash | None``); anything else (str, int, dict of plain values) passes as it is.
+    Unknown keys are kept in ``extra`` where the record has that field, else refused.
+    """
+
+    _hints: ClassVar[dict[str, Any] | None] = None
+
+    @classmethod
+    def _types(cls) -> dict[str, Any]:
+        if cls.__dict__.get("_hints") is None:
+            cls._hints = typing.get_type_hints(cls)
+        return cls._hints
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready data, ``None`` fields left out."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            out[f.name] = _dump(value)
+        extra = getattr(self, "extra", None)
+        if extra:
+            out.update(extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any):
+        """The record from :meth:`to_dict`'s shape. Raises :class:`RecordError`."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise RecordError(f"{cls.__name__}: expected a mapping, got {type(data).__name__}")
+        types = cls._types()
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in names or key == "extra":
+                extra[key] = value
+                continue
+            kwargs[key] = _load(types[key], value, f"{cls.__name__}.{key}")
+        if extra:
+            if "extra" not in names:
+                raise RecordError(f"{cls.__name__}: unknown field(s) {', '.join(sorted(extra))}")
+            kwargs["extra"] = extra
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise RecordError(f"{cls.__name__}: {exc}") from None
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    @classmethod
+    def from_json(cls, text: str):
+        """Raises :class:`RecordError` (also for text that is not JSON)."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise RecordError(f"{cls.__name__}: not JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+def _load(tp: Any, value: Any, where: str) -> Any:
+    """``value`` as the annotated type ``tp`` (records built, lists of records mapped)."""
+    if value is None:
+        return None
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        inner = [a for a in args if a is not type(None)]
+        recs = [a for a in inner if _is_record(a) or typing.get_origin(a) is list]
+        return _load(recs[0], value, where) if recs else value
+    if _is_record(tp):
+        return tp.from_dict(value)
+    if origin is list and args and _is_record(args[0]):
+        if not isinstance(value, list):
+            raise RecordError(f"{where}: expected a list, got {type(value).__name__}")
+        return [args[0].from_dict(v) for v in value]
+    return value
+
+
+# ---- the parts -------------------------------------------------------------------------------
+@dataclass
+class Frame(Record):
+    """One traceback frame inside the vLLM package: ``file`` as ``vllm/v1/...py`` (relative to
+    the package's parent), ``function``, ``line`` (1-based)."""
+
+    file: str
+    function: str
+    line: int | None = None
+
+    def where(self) -> str:
+        """``vllm/v1/core/sched/scheduler.py:schedule``, the form ``expect.where`` takes."""
+        return f"{self.file}:{self.function}"
+
+
+@dataclass
+class Crash(Record):
+    """vLLM raised: the exception's ``type`` name and first ``message`` line, ``where`` (the
+    innermost vLLM frame, ``None`` when no frame is vLLM's), ``vllm_frames`` (the last 8 vLLM
+    frames, outermost first), ``step`` (0: ``EngineCore`` start-up) and ``phase`` (the vLLM call:
+    ``schedule``, ``update_from_output``, ``engine-build``...), ``traceback`` (its last 6,000
+    characters). Mirrors what ``vllm/v1/engine/core.py:run_engine_core`` logs."""
+
+    type: str
+    message: str = ""
+    where: Frame | None = None
+    vllm_frames: list[Frame] | None = None
+    step: int | None = None
+    phase: str | None = None
+    traceback: str | None = None
+
+    def brief(self) -> "Crash":
+        """The trace line's copy: type, message, where and phase."""
+        return Crash(self.type, self.message, self.where, phase=self.phase)
+
+
+@dataclass
+class Stall(Record):
+    """No progress for ``stall_steps`` steps: the ``step`` it was called at, ``since`` (the first
+    step without progress), the ``unfinished`` request ids, the ``waiting`` / ``running`` queues
+    (request ids) and ``free_blocks`` (KV blocks) at that step."""
+
+    step: int
+    since: int
+    unfinished: list[str] = field(default_factory=list)
+    waiting: list[str] | None = None
+    running: list[str] | None = None
+    free_blocks: int | None = None
+
+
+@dataclass
+class Violation(Record):
+    """One broken invariant (codes: :mod:`vllm_repro.audit.codes`, docs/audit.md).
+
+    ``message`` says what was expected and what was found; ``requests`` are request ids,
+    ``blocks`` KV block ids; ``step`` the engine step, ``phase`` the vLLM call it was found in or
+    after (``after schedule``, ``in free_blocks``...), ``stack`` the caller's stack for one caught
+    inside a call (block-pool hooks); ``repeats`` and ``last_step`` count later findings of the
+    same violation (same code, requests and blocks)."""
+
+    code: str
+    message: str = ""
+    step: int | None = None
+    phase: str | None = None
+    requests: list[str] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    stack: list[str] | None = None
+    repeats: int | None = None
+    last_step: int | None = None
+
+    def brief(self) -> "Violation":
+        """The trace line's copy: code, phase, message, requests and blocks."""
+        return Violation(self.code, self.message, None, self.phase, list(self.requests),
+                         list(self.blocks))
+
+    def at(self) -> str:
+        """``KV_LEAK @9``."""
+        return f"{self.code} @{self.step}"
+
+
+@dataclass
+class RunError(Record):
+    """The run did not happen as a run of vLLM: ``kind`` ``input`` (the scenario, or the release
+    refusing its configuration: exit 2), ``lab`` (a bug or failure of the lab: exit 3) or ``env``
+    (the release's environment could not be made or started: exit 3); ``message`` one line;
+    ``traceback`` the lab's own, for ``lab``."""
+
+    kind: str
+    message: str
+    traceback: str | None = None
+
+
+@dataclass
+class Timing(Record):
+    """Seconds: ``build_s`` (configs, scheduler or EngineCore), ``run_s`` and ``run_cpu_s`` (the
+    step loop, wall and CPU), ``steps_per_s`` (of the loop alone)."""
+
+    build_s: float | None = None
+    run_s: float | None = None
+    run_cpu_s: float | None = None
+    steps_per_s: float | None = None
+
+
+@dataclass
+class AuditSummary(Record):
+    """The ``audit`` section: ``keep_going`` (collect every violation), ``stopped`` (``{step,
+    code, phase}`` where the audit stopped the run, else ``None``), ``checks`` (how many),
+    ``by_code`` (code -> distinct violations), ``distinct``, ``dropped`` (over the record cap),
+    ``hooks`` (block-pool methods hooked) and ``hook_calls`` (method -> calls)."""
+
+    keep_going: bool = False
+    stopped: dict | None = None
+    checks: int = 0
+    by_code: dict[str, int] = field(default_factory=dict)
+    distinct: int = 0
+    dropped: int = 0
+    hooks: list[str] = field(default_factory=list)
+    hook_calls: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.setdefault("stopped", None)  # "the audit did not stop the run", said explicitly
+        return d
+
+
+@dataclass
+class EngineInfo(Record):
+    """``level: engine-core``: what vLLM's ``EngineCore`` built: ``num_gpu_blocks`` (its KV
+    sizing), ``batch_queue_size``, ``step_fn`` (``step`` or ``step_with_batch_queue``) and the
+    ``scheduler`` class name (``Scheduler``, ``AsyncScheduler``)."""
+
+    num_gpu_blocks: int | None = None
+    batch_queue_size: int | None = None
+    step_fn: str | None = None
+    scheduler: str | None = None
+
+
+# ---- a run -----------------------------------------------------------------------------------
+@dataclass
+class RunResult(Record):
+    """What one run of a scenario on one release observed: ``result.json``.
+
+    ``outcome`` is one of :data:`OUTCOMES`; its evidence is in ``crash``, ``violations``,
+    ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
+    finish status (``FINISHED_STOPPED``...), ``unfinished`` lists the rest; ``limit_reached``: a
+    clean run stopped at ``limits.max_steps`` with requests unfinished. ``level`` is
+    ``scheduler`` or ``engine-core``; ``vllm`` the release; ``python`` the worker's interpreter.
+    ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
+    ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the
+    report is written.
+    """
+
+    outcome: str
+    scenario: str | None = None
+    vllm: str | None = None
+    level: str | None = None
+    python: str | None = None
+    crash: Crash | None = None
+    stall: Stall | None = None
+    violations: list[Violation] | None = None
+    audit: AuditSummary | None = None
+    error: RunError | None = None
+    steps: int | None = None
+    finished: dict[str, str] | None = None
+    unfinished: list[str] | None = None
+    limit_reached: bool | None = None
+    timing: Timing | None = None
+    engine: EngineInfo | None = None
+    planted: dict | None = None
+    engine_log: str | None = None
+    verdict: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise RecordError(f"RunResult.outcome: {self.outcome!r} is not one of {', '.join(OUTCOMES)}")
+
+    @classmethod
+    def failed(cls, kind: str, message: str, *, traceback: str | None = None,
+               scenario: str | None = None, vllm: str | None = None) -> "RunResult":
+        """An ``error`` result (:class:`RunError` ``kind``: input, lab or env)."""
+        return cls("error", scenario=scenario, vllm=vllm,
+                   error=RunError(kind, message, traceback))
+
+    @property
+    def stopped(self) -> dict | None:
+        """Where the audit stopped the run (``{step, code, phase}``), else ``None``."""
+        return self.audit.stopped if self.audit is not None else None
+
+    def all_violations(self) -> list[Violation]:
+        return list(self.violations or ())
+
+
+@dataclass
+class TraceLine(Record):
+    """One engine step: a line of ``trace.jsonl``.
+
+    ``step`` (0: ``EngineCore`` start-up, with ``phase: engine-build``); the request ids
+    ``added`` and ``aborted`` before it; ``scheduled`` (request id -> tokens scheduled in this
+    step's ``schedule()``); ``idle`` (nothing to schedule: vLLM's early return), ``applied``
+    (engine-core: how many batches ``update_from_output`` applied, which with async scheduling or
+    a batch queue is not the one just scheduled); events (``reset_prefix_cache``: what it
+    returned, ``paused``: the mode or true, ``resumed``); after the step the request ids
+    ``finished``, the scheduler's ``waiting``, ``running`` and ``preempted`` queues and
+    ``free_blocks`` (the block pool's free count), or ``state_error`` when they could not be
+    read (after a crash); ``crash`` (:meth:`Crash.brief`) on the step that crashed; the audit's
+    ``audit`` figures (free, used, total, refs_held, cached_free, hash_entries, in blocks) and
+    this step's ``violations`` (:meth:`Violation.brief`)."""
+
+    step: int
+    phase: str | None = None
+    added: list[str] | None = None
+    aborted: list[str] | None = None
+    scheduled: dict[str, int] | None = None
+    idle: bool | None = None
+    applied: int | None = None
+    reset_prefix_cache: Any = None
+    paused: Any = None
+    resumed: bool | None = None
+    finished: list[str] | None = None
+    waiting: list[str] | None = None
+    running: list[str] | None = None
+    preempted: list[str] | None = None
+    free_blocks: int | None = None
+    state_error: str | None = None
+    crash: Crash | None = None
+    audit: dict | None = None
+    violations: list[Violation] | None = None
+
+    @classmethod
+    def begin(cls, step: int, scheduled: dict[str, int] | None = None) -> "TraceLine":
+        """A step's line before the step: nothing added or aborted yet; ``scheduled`` stays
+        absent until a ``schedule()`` returns (a crash inside it leaves it absent), unless
+        given."""
+        return cls(step, added=[], aborted=[], scheduled=scheduled)
+
+    def progressed(self) -> bool:
+        """A request finished or a token was scheduled in this step."""
+        return bool(self.finished) or any(n > 0 for n in (self.scheduled or {}).values())
+
+
+def read_trace(path: Path) -> list[TraceLine]:
+    """The lines of a ``trace.jsonl``. Raises :class:`RecordError` (naming the line) and
+    ``OSError``."""
+    lines = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, raw in enumerate(f, 1):
+            if raw.strip():
+                try:
+                    lines.append(TraceLine.from_json(raw))
+                except RecordError as exc:
+                    raise RecordError(f"{path}:{n}: {exc}") from None
+    return lines
+
+
+# ---- the report directory (host side) --------------------------------------------------------
+@dataclass
+class ReportDir:
+    """One run's report folder, ``<reports>/<scenario>/<release>/``, and the only writer of its
+    ``result.json`` (:meth:`write_result`, once the verdict is in: written to a temporary file
+    and renamed, so a reader never sees half of one)."""
+
+    reports: Path
+    scenario: str
+    release: str
+
+    RESULT: ClassVar[str] = "result.json"
+    TRACE: ClassVar[str] = "trace.jsonl"
+    TIMELINE: ClassVar[str] = "timeline.png"
+
+    @property
+    def path(self) -> Path:
+        return Path(self.reports) / self.scenario / self.release
+
+    @property
+    def result_path(self) -> Path:
+        return self.path / self.RESULT
+
+    @property
+    def trace_path(self) -> Path:
+        return self.path / self.TRACE
+
+    @staticmethod
+    def engine_log(reports: Path, name: str) -> Path:
+        """``<reports>/_engine/<name>.log``: a worker's vLLM log (one per release and tree)."""
+        return Path(reports) / "_engine" / f"{name}.log"
+
+    @classmethod
+    def results_under(cls, reports: Path) -> list[Path]:
+        """Every ``result.json`` below ``reports`` (``<scenario>/<release>/result.json``)."""
+        return sorted(Path(reports).glob(f"*/*/{cls.RESULT}"))
+
+    def exists(self) -> bool:
+        return self.result_path.is_file()
+
+    def write_result(self, result: RunResult) -> Path:
+        """Write ``result.json`` (atomically); returns its path."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / f".{self.RESULT}.{os.getpid()}.tmp"
+        tmp.write_text(result.to_json(indent=1))
+        os.replace(tmp, self.result_path)
+        return self.result_path
+
+    def read_result(self) -> RunResult:
+        """Raises ``OSError`` and :class:`RecordError`."""
+        return RunResult.from_json(self.result_path.read_text())
+
+
+def schema() -> str:
+    """The records' fields as Markdown (``docs/records.md`` holds this text; a test checks it):
+    per record its docstring and a table of field and type (``optional``: may be absent)."""
+    import inspect
+
+    out = []
+    for cls in (RunResult, Crash, Frame, Stall, Violation, RunError, Timing, AuditSummary,
+                EngineInfo, TraceLine):
+        out.append(f"### `{cls.__name__}`\n")
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        # Sphinx roles (:class:`~a.b.C`) read as code in Markdown
+        doc = re.sub(r":\w+:`~?([\w.]+)`", lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", doc)
+        out.append(doc + "\n")
+        out.append("| field | type |\n|---|---|")
+        for name, tp in cls._types().items():
+            if name.startswith("_") or name == "extra":
+                continue
+            text = str(tp).replace("typing.", "").replace("vllm_repro.records.", "")
+            text = text.replace("<class '", "").replace("'>", "")
+            optional = text.endswith(" | None")
+            text = text.removesuffix(" | None").replace(" | ", " or ")
+            out.append(f"| `{name}` | `{text}`{', optional' if optional else ''} |")
+        out.append("")
+    return "\n".join(out)
+
+
+__all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "Stall", "Violation", "RunError",
+           "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
+           "read_trace", "schema"]
