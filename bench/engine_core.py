@@ -55,15 +55,14 @@ def main() -> None:
         for _ in range(args.repeat):
             for lv in levels:
                 res = worker.run(payloads[lv], None, audit=True, keep_going=True)
-                if res["outcome"] not in ("clean", "violation"):
-                    sys.exit(f"{lv} run failed: {res['outcome']} "
-                             f"{res.get('error') or res.get('crash') or res.get('stall')}")
-                t = res["timing"]
-                steps[lv] = res["steps"]
-                best[lv] = max(best[lv], t["steps_per_s"])
-                if t.get("run_cpu_s"):
-                    best_cpu[lv] = max(best_cpu[lv], res["steps"] / t["run_cpu_s"])
-                build[lv] = min(build[lv], t["build_s"])
+                if res.outcome not in ("clean", "violation"):
+                    sys.exit(f"{lv} run failed: {res.outcome} {res.error or res.crash or res.stall}")
+                t = res.timing
+                steps[lv] = res.steps
+                best[lv] = max(best[lv], t.steps_per_s)
+                if t.run_cpu_s:
+                    best_cpu[lv] = max(best_cpu[lv], res.steps / t.run_cpu_s)
+                build[lv] = min(build[lv], t.build_s)
     print(f"vLLM {args.vllm}, {args.policy}, prefix caching {'off' if args.no_cache else 'on'}, "
           f"async scheduling {'on' if args.async_scheduling else 'off'}, 256 requests, "
           f"{args.blocks} blocks, audit on, best of {args.repeat}:")

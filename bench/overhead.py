@@ -60,15 +60,15 @@ def main() -> None:
         for _ in range(args.repeat):
             for audit in (False, True):
                 res = worker.run(payload, None, audit=audit, keep_going=True)
-                if res["outcome"] not in ("clean", "violation"):
-                    sys.exit(f"run failed: {res['outcome']} {res.get('error') or res.get('crash')}")
-                steps = res["steps"]
-                best[audit] = max(best[audit], res["timing"]["steps_per_s"])
-                cpu = res["timing"].get("run_cpu_s")
+                if res.outcome not in ("clean", "violation"):
+                    sys.exit(f"run failed: {res.outcome} {res.error or res.crash}")
+                steps = res.steps
+                best[audit] = max(best[audit], res.timing.steps_per_s)
+                cpu = res.timing.run_cpu_s
                 if cpu:
                     best_cpu[audit] = max(best_cpu[audit], steps / cpu)
-                if audit and res.get("violations"):
-                    print(f"  (audit findings: {res['audit']['by_code']})")
+                if audit and res.violations:
+                    print(f"  (audit findings: {res.audit.by_code})")
     print(f"vLLM {args.vllm}, {args.policy}, prefix caching {'off' if args.no_cache else 'on'}, "
           f"256 requests, {args.blocks} blocks, {steps} steps, best of {args.repeat}:")
     print("                    wall clock     CPU time")

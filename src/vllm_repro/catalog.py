@@ -7,7 +7,7 @@ and run.
 
 from __future__ import annotations
 
-import json
+from .records import RecordError, ReportDir
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -34,14 +34,15 @@ def catalog_files(directory: Path = DEFAULT_DIR) -> list[Path]:
 
 
 def last_verdict(reports: Path, name: str, version: str) -> str:
-    res = reports / name / version / "result.json"
+    """``observed [ok]`` from the last run's ``result.json``, or ``never run`` (also for a
+    report that cannot be read as a :class:`~vllm_repro.records.RunResult`)."""
     try:
-        data = json.loads(res.read_text())
-    except (OSError, ValueError):
+        data = ReportDir(reports, name, version).read_result()
+    except (OSError, RecordError):
         return "never run"
-    v = data.get("verdict") or {}
+    v = data.verdict or {}
     ok = {True: "ok", False: "MISMATCH", None: "-"}.get(v.get("ok"), "-")
-    return f"{v.get('observed', data.get('outcome'))} [{ok}]"
+    return f"{v.get('observed', data.outcome)} [{ok}]"
 
 
 def catalog_rows(directory: Path = DEFAULT_DIR, reports: Path = Path("reports")) -> list[tuple[str, ...]]:

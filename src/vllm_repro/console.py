@@ -64,9 +64,9 @@ def print_results(items, as_json: bool, sched_log: bool) -> int:
     verdicts = [i.verdict for i in items]
     if sched_log:
         for i in items:
-            if i.report_dir and (i.report_dir / "trace.jsonl").is_file():
+            if i.report is not None and i.report.trace_path.is_file():
                 out.print(f"[bold]{i.scenario.name} on vLLM {i.version}[/bold]")
-                for line in sched_log_lines(i.report_dir / "trace.jsonl"):
+                for line in sched_log_lines(i.report.trace_path):
                     out.print(line, highlight=False, markup=False)
     if as_json:
         print(json.dumps([v.as_dict() for v in verdicts], indent=1))

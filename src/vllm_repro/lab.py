@@ -8,15 +8,15 @@ verdicts in input order. Releases are made ready by
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .engine.host import Worker
 from .errors import EnvError, InputError, LabError
+from .records import ReportDir, RunResult
 from .scenario.schema import Scenario
 from .sources.env import ReleaseEnv
 from .sources.installed import check_release, installed
@@ -29,42 +29,52 @@ Say = Callable[[str], None]
 
 @dataclass
 class RunItem:
-    """One (scenario, release) pair and, after the run, its result and verdict."""
+    """One (scenario, release) pair and, after the run, its result, its verdict and its report
+    (``report``; ``None`` when the run never started)."""
 
     scenario: Scenario
     version: str
-    result: dict = field(default_factory=dict)
+    result: RunResult | None = None
     verdict: Verdict | None = None
-    report_dir: Path | None = None
+    report: ReportDir | None = None
+
+    @property
+    def report_dir(self) -> Path | None:
+        """``<reports>/<scenario>/<release>/``, once the run started."""
+        return self.report.path if self.report is not None else None
+
+    def fail(self, kind: str, message: str) -> None:
+        """Mark the item ``error`` (``kind``: input, env) unless it already has a result."""
+        if self.result is None:
+            self.result = RunResult.failed(kind, message, scenario=self.scenario.name,
+                                           vllm=self.version)
 
 
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                  audit: bool, keep_going: bool, say: Say, log_name: str | None = None) -> None:
-    log = reports / "_engine" / f"{log_name or version}.log"
+    log = ReportDir.engine_log(reports, log_name or version)
     try:
         with Worker(env, log) as worker:
             say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")
             for item in items:
-                out = reports / item.scenario.name / version
-                item.report_dir = out
+                item.report = ReportDir(reports, item.scenario.name, version)
                 # a verdict about a run's end (clean, or an expected crash/stall) needs the run
                 # to reach it: the audit then collects violations instead of stopping
-                item.result = worker.run(item.scenario.child_payload(), out, audit=audit,
-                                         keep_going=keep_going or audit_keeps_going(
+                item.result = worker.run(item.scenario.child_payload(), item.report.path,
+                                         audit=audit, keep_going=keep_going or audit_keeps_going(
                                              item.scenario, version))
-                item.result["engine_log"] = str(log)
+                item.result.engine_log = str(log)
     except LabError as exc:
         for item in items:
-            if not item.result:
-                item.result = {"outcome": "error", "error": {"kind": "env", "message": str(exc)},
-                               "scenario": item.scenario.name, "vllm": version}
+            item.fail("env", str(exc))
 
 
 def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
                jobs: int | None = None, say: Say = lambda s: None,
                prepare: Callable[[str], ReleaseEnv] | None = None,
                tree: str | None = None) -> list[RunItem]:
-    """Run every item; fill in ``result`` and ``verdict``; write ``result.json`` per run.
+    """Run every item; fill in ``result`` and ``verdict``; write each run's ``result.json``
+    (with its verdict, through :class:`~vllm_repro.records.ReportDir`: its only writer).
 
     Releases are prepared one after the other (network and disk), then run in parallel, one
     worker per release, at most ``jobs`` at a time (default: the number of CPUs, at most 4).
@@ -91,10 +101,8 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
         try:
             envs[key] = prepare(version) if custom else prepare_release(version, say, tree=kind)
         except LabError as exc:
-            code = "input" if exc.exit_code == 2 else "env"
             for item in groups[key]:
-                item.result = {"outcome": "error", "error": {"kind": code, "message": str(exc)},
-                               "scenario": item.scenario.name, "vllm": version}
+                item.fail("input" if exc.exit_code == 2 else "env", str(exc))
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
     runnable = [k for k in groups if k in envs]
     kinds_of: dict[str, int] = {}
@@ -108,16 +116,16 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
         for f in futures:
             f.result()
     for item in items:
+        item.fail("lab", "the run produced no result")  # never silently clean
         item.verdict = judge(item.scenario, item.version, item.result)
-        if item.report_dir is not None and item.report_dir.is_dir():
-            res = dict(item.result)
-            res["verdict"] = item.verdict.as_dict()
-            (item.report_dir / "result.json").write_text(json.dumps(res, indent=1, default=str))
-            _timeline(item, res, say)
+        if item.report is not None and item.report.path.is_dir():
+            item.result.verdict = item.verdict.as_dict()
+            item.report.write_result(item.result)
+            _timeline(item, item.result, say)
     return items
 
 
-def _timeline(item: RunItem, result: dict, say: Say) -> None:
+def _timeline(item: RunItem, result: RunResult, say: Say) -> None:
     """``timeline.png`` next to the run's trace (a failed picture never fails the run)."""
     from .report.timeline import write_timeline
 

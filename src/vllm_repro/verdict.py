@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import EXIT_ENV, EXIT_INPUT, EXIT_MISMATCH, EXIT_OK
+from .records import Crash, Frame, RunResult, Violation
 from .scenario.schema import Scenario
 
 
@@ -34,7 +35,7 @@ class Verdict:
     outcome: str
     reason: str = ""
     error_kind: str | None = None
-    also: list[dict] | None = None  # audit findings that are not the scenario's bug
+    also: list[Violation] | None = None  # audit findings that are not the scenario's bug
 
     @property
     def ok_text(self) -> str:
@@ -47,24 +48,23 @@ class Verdict:
              "observed": self.observed, "ok": self.ok, "outcome": self.outcome,
              "reason": self.reason}
         if self.also:
-            d["also"] = [{k: v.get(k) for k in ("code", "step", "requests", "blocks", "message")}
-                         for v in self.also]
+            d["also"] = [{"code": v.code, "step": v.step, "requests": v.requests,
+                          "blocks": v.blocks, "message": v.message} for v in self.also]
         return d
 
 
-def _at(violations: list[dict], limit: int = 3) -> str:
+def _at(violations: list[Violation], limit: int = 3) -> str:
     """``REQ_STATE @3, KV_LEAK @9 (+2)``: the first findings, by code and step."""
-    shown = ", ".join(f"{v['code']} @{v['step']}" for v in violations[:limit])
+    shown = ", ".join(v.at() for v in violations[:limit])
     extra = f" (+{len(violations) - limit})" if len(violations) > limit else ""
     return shown + extra
 
 
-def _ran(result: dict) -> str:
-    n = len(result.get("finished") or {})
-    steps = result.get("steps")
-    if result.get("limit_reached") or result.get("unfinished"):
-        return f"max_steps {steps} reached, {n} finished"
-    return f"{n} finished, {steps} steps"
+def _ran(result: RunResult) -> str:
+    n = len(result.finished or {})
+    if result.limit_reached or result.unfinished:
+        return f"max_steps {result.steps} reached, {n} finished"
+    return f"{n} finished, {result.steps} steps"
 
 
 def audit_keeps_going(scenario: Scenario, version: str) -> bool:
@@ -78,20 +78,14 @@ def audit_keeps_going(scenario: Scenario, version: str) -> bool:
     return kind == "reproduce" and exp is not None and exp.outcome != "violation"
 
 
-def _signature(scenario: Scenario, violations: list[dict]) -> list[dict]:
+def _signature(scenario: Scenario, violations: list[Violation]) -> list[Violation]:
     """The violations that are the scenario's own bug: its ``expect`` is a violation (with
     ``code``, ``message``, ``step`` where given)."""
     exp = scenario.expect
     if exp is None or exp.outcome != "violation":
         return []
-    out = []
-    for x in violations:
-        if exp.code and x["code"] != exp.code:
-            continue
-        if exp.message and not re.search(exp.message, x.get("message", "")):
-            continue
-        out.append(x)
-    return out
+    return [x for x in violations if (not exp.code or x.code == exp.code)
+            and (not exp.message or re.search(exp.message, x.message or ""))]
 
 
 def findings_lines(verdicts: list["Verdict"]) -> list[str]:
@@ -105,83 +99,74 @@ def findings_lines(verdicts: list["Verdict"]) -> list[str]:
              "bugs (reported, not counted against ok; see result.json):"]
     for v in runs:
         for x in v.also[:5]:
-            lines.append(f"  {v.scenario} on {v.vllm}: {x['code']} @{x['step']}: {x['message']}")
+            lines.append(f"  {v.scenario} on {v.vllm}: {x.code} @{x.step}: {x.message}")
         if len(v.also) > 5:
             lines.append(f"  {v.scenario} on {v.vllm}: ... {len(v.also) - 5} more")
     return lines
 
 
-def describe_observed(result: dict) -> str:
+def describe_observed(result: RunResult) -> str:
     """The table's ``observed`` text, e.g.
     ``crash AssertionError vllm/v1/core/sched/scheduler.py:schedule @3``."""
-    outcome = result.get("outcome", "error")
+    outcome = result.outcome
     if outcome == "crash":
-        c = result["crash"]
-        where = c.get("where")
-        loc = f"{where['file']}:{where['function']}" if where else "(no vLLM frame)"
-        return f"crash {c['type']} {loc} @{c['step']}"
+        c = result.crash
+        loc = c.where.where() if c.where else "(no vLLM frame)"
+        return f"crash {c.type} {loc} @{c.step}"
     if outcome == "violation":
-        vs = result.get("violations") or []
+        vs = result.all_violations()
         if vs:
-            v = vs[0]
             extra = f" (+{len(vs) - 1})" if len(vs) > 1 else ""
-            return f"violation {v['code']} @{v['step']}{extra}"
+            return f"violation {vs[0].at()}{extra}"
         return "violation"
     if outcome == "stall":
-        s = result["stall"]
-        return f"stall @{s['step']} ({len(s['unfinished'])} unfinished)"
+        s = result.stall
+        return f"stall @{s.step} ({len(s.unfinished)} unfinished)"
     if outcome == "clean":
-        n = len(result.get("finished") or {})
-        steps = result.get("steps")
-        if result.get("limit_reached"):
-            return f"clean (max_steps {steps} reached, {n} finished)"
-        return f"clean ({n} finished, {steps} steps)"
-    err = result.get("error") or {}
-    return f"error: {err.get('message', 'unknown')}"
+        n = len(result.finished or {})
+        if result.limit_reached:
+            return f"clean (max_steps {result.steps} reached, {n} finished)"
+        return f"clean ({n} finished, {result.steps} steps)"
+    return f"error: {result.error.message if result.error else 'unknown'}"
 
 
-def _matches_where(expected: str, where: dict | None) -> bool:
+def _matches_where(expected: str, where: Frame | None) -> bool:
     if where is None:
         return False
     file_part, _, func = expected.partition(":")
-    if where["file"] != file_part:
+    if where.file != file_part:
         return False
-    return not func or where["function"] == func
+    return not func or where.function == func
 
 
-def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
+def _expected(scenario: Scenario, kind: str | None) -> str:
+    """The table's ``expected`` text for a release the scenario says ``kind`` of."""
+    if kind == "reproduce":
+        return scenario.expect.outcome if scenario.expect is not None else "not clean"
+    return "clean" if kind == "clean" else "-"
+
+
+def judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
     """The verdict for one (scenario, release) run (see the module's rules for audit
     findings that are not the scenario's bug)."""
-    outcome = result.get("outcome", "error")
-    observed = describe_observed(result)
+    outcome = result.outcome
     kind = scenario.vllm.expectation_for(version)
-    exp = scenario.expect
-    violations = result.get("violations") or []
-    stopped = (result.get("audit") or {}).get("stopped")
-    if kind == "reproduce" and exp is not None:
-        expected = exp.outcome
-    elif kind == "reproduce":
-        expected = "not clean"
-    elif kind == "clean":
-        expected = "clean"
-    else:
-        expected = "-"
-    v = Verdict(scenario.name, version, expected, observed, None, outcome)
+    v = Verdict(scenario.name, version, _expected(scenario, kind), describe_observed(result),
+                None, outcome)
     if outcome == "error":
         v.ok = False
-        v.error_kind = (result.get("error") or {}).get("kind", "lab")
+        v.error_kind = result.error.kind if result.error else "lab"
         v.reason = "the lab or the input failed; not a reproduction"
         return v
-    if result.get("planted"):
+    if result.planted:
         v.ok = False
-        v.reason = (f"faults were planted into vLLM by a test plug-in ({result['planted']}); "
+        v.reason = (f"faults were planted into vLLM by a test plug-in ({result.planted}); "
                     "not an observation of the release")
         return v
-    if outcome == "violation" and violations and not stopped:
+    if outcome == "violation" and result.violations and not result.stopped:
         # the audit collected violations and the run went on to its end
-        v.observed = f"violation {_at(violations)}, ran to the end ({_ran(result)})"
+        v.observed = f"violation {_at(result.violations)}, ran to the end ({_ran(result)})"
     if kind is None:
-        v.ok = None
         if outcome != "clean":
             v.reason = (f"{version} is in neither vllm.reproduces_on nor clean_on, so the "
                         f"scenario expects nothing there: a {outcome} where none was expected "
@@ -190,77 +175,100 @@ def judge(scenario: Scenario, version: str, result: dict) -> Verdict:
     if kind == "clean" and getattr(scenario, "fixed", None) is not None:
         # the fix does something other than run clean (e.g. refuses the config at start-up)
         v.expected = scenario.fixed.outcome
-        reasons = _compare(scenario.fixed, outcome, result)
+        reasons = _compare(scenario.fixed, result)
         v.ok = not reasons
         v.reason = "; ".join(f"fixed release: {r}" for r in reasons)
         return v
     if kind == "clean":
-        sig = _signature(scenario, violations)
-        if outcome == "clean":
-            v.ok = True
-        elif outcome == "violation" and not stopped and not sig:
-            v.ok = True
-            v.also = violations
-            v.observed = f"ran to the end ({_ran(result)}); also: {_at(violations)}"
-        else:
-            v.ok = False
-            if outcome == "violation" and sig:
-                v.reason = (f"the scenario's own bug ({_at(sig)}) shows on {version}, a clean_on "
-                            "release")
-            elif outcome == "violation":
-                v.reason = (f"the audit stopped the run at step {stopped['step']} "
-                            f"({stopped['code']}) before its end; a clean verdict needs the whole "
-                            "run (--keep-going)")
-            else:
-                v.reason = f"expected clean on {version}, observed {outcome}"
-            if violations and outcome != "violation":
-                v.also = violations
-                v.observed = f"{observed}; also: {_at(violations)}"
+        return _judge_clean(v, scenario, version, result)
+    return _judge_reproduce(v, scenario, result)
+
+
+def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult) -> Verdict:
+    """A ``clean_on`` release: no crash, no stall, the whole run, none of the scenario's own
+    signature; other audit findings are shown as ``also``."""
+    outcome, stopped = result.outcome, result.stopped
+    violations = result.all_violations()
+    sig = _signature(scenario, violations)
+    if outcome == "clean":
+        v.ok = True
         return v
+    if outcome == "violation" and not stopped and not sig:
+        v.ok = True
+        v.also = violations
+        v.observed = f"ran to the end ({_ran(result)}); also: {_at(violations)}"
+        return v
+    v.ok = False
+    if outcome == "violation" and sig:
+        v.reason = f"the scenario's own bug ({_at(sig)}) shows on {version}, a clean_on release"
+    elif outcome == "violation":
+        v.reason = (f"the audit stopped the run at step {stopped['step']} ({stopped['code']}) "
+                    "before its end; a clean verdict needs the whole run (--keep-going)")
+    else:
+        v.reason = f"expected clean on {version}, observed {outcome}"
+    if violations and outcome != "violation":
+        v.also = violations
+        v.observed = f"{v.observed}; also: {_at(violations)}"
+    return v
+
+
+def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdict:
+    """A ``reproduces_on`` release: the run must show ``expect`` (any non-clean outcome when
+    the scenario gives none); findings other than an expected crash or stall are ``also``."""
+    exp = scenario.expect
+    outcome = result.outcome
     if exp is None:
         v.ok = outcome != "clean"
         return v
+    violations = result.all_violations()
     if exp.outcome == "stall" and outcome == "stall":
         # the audit's NO_PROGRESS record is the stall itself, not another finding
-        violations = [x for x in violations if x.get("code") != "NO_PROGRESS"]
+        violations = [x for x in violations if x.code != "NO_PROGRESS"]
     if exp.outcome != "violation" and violations and outcome != "violation":
         v.also = violations
-        v.observed = f"{observed}; also: {_at(violations)}"
-    reasons = _compare(exp, outcome, result)
+        v.observed = f"{v.observed}; also: {_at(violations)}"
+    reasons = _compare(exp, result)
     v.ok = not reasons
     v.reason = "; ".join(reasons)
     return v
 
 
-def _compare(exp, outcome: str, result: dict) -> list[str]:
+def _compare(exp, result: RunResult) -> list[str]:
     """Why ``result`` does not show ``exp`` (an ``Expect``: the scenario's ``expect`` on its
     buggy releases, or its ``fixed`` on the fixed ones); empty when it does."""
-    reasons = []
+    outcome = result.outcome
     if outcome != exp.outcome:
-        reasons.append(f"outcome {outcome} != {exp.outcome}")
-    elif outcome == "crash":
-        c = result["crash"]
-        if exp.exception and c["type"] != exp.exception:
-            reasons.append(f"exception {c['type']} != {exp.exception}")
-        if exp.where and not _matches_where(exp.where, c.get("where")):
-            w = c.get("where")
-            reasons.append(f"innermost vLLM frame {w['file'] + ':' + w['function'] if w else None} "
-                           f"!= {exp.where}")
-        if exp.message and not re.search(exp.message, c.get("message", "")):
-            reasons.append(f"message {c.get('message')!r} does not match {exp.message!r}")
-        if exp.step and c["step"] != exp.step:
-            reasons.append(f"step {c['step']} != {exp.step}")
-    elif outcome == "violation":
-        codes = [x["code"] for x in result.get("violations") or []]
+        return [f"outcome {outcome} != {exp.outcome}"]
+    if outcome == "crash":
+        return _compare_crash(exp, result.crash)
+    reasons = []
+    if outcome == "violation":
+        found = result.all_violations()
+        codes = [x.code for x in found]
         if exp.code and exp.code not in codes:
             reasons.append(f"violation codes {codes} lack {exp.code}")
-        if exp.step and not any(x["step"] == exp.step for x in result.get("violations") or []
-                                if not exp.code or x["code"] == exp.code):
+        if exp.step and not any(x.step == exp.step for x in found
+                                if not exp.code or x.code == exp.code):
             reasons.append(f"no violation at step {exp.step}")
-    elif outcome == "stall" and exp.step and result["stall"]["step"] != exp.step:
-        reasons.append(f"stall step {result['stall']['step']} != {exp.step}")
-    if outcome == "crash" and getattr(exp, "phase", None) and result["crash"].get("phase") != exp.phase:
-        reasons.append(f"phase {result['crash'].get('phase')} != {exp.phase}")
+    elif outcome == "stall" and exp.step and result.stall.step != exp.step:
+        reasons.append(f"stall step {result.stall.step} != {exp.step}")
+    return reasons
+
+
+def _compare_crash(exp, c: Crash) -> list[str]:
+    """Why crash ``c`` is not the expected one: exception, innermost vLLM frame, message,
+    step and phase."""
+    reasons = []
+    if exp.exception and c.type != exp.exception:
+        reasons.append(f"exception {c.type} != {exp.exception}")
+    if exp.where and not _matches_where(exp.where, c.where):
+        reasons.append(f"innermost vLLM frame {c.where.where() if c.where else None} != {exp.where}")
+    if exp.message and not re.search(exp.message, c.message or ""):
+        reasons.append(f"message {c.message!r} does not match {exp.message!r}")
+    if exp.step and c.step != exp.step:
+        reasons.append(f"step {c.step} != {exp.step}")
+    if getattr(exp, "phase", None) and c.phase != exp.phase:
+        reasons.append(f"phase {c.phase} != {exp.phase}")
     return reasons
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from vllm_repro.engine.host import Worker
+from vllm_repro.records import RunResult, Violation
 from vllm_repro.sources.prepare import prepare_release
 from vllm_repro.scenario.schema import Scenario
 from vllm_repro.verdict import judge
@@ -54,41 +55,41 @@ def worker(request, tmp_path_factory):
 
 
 def run(worker, tmp_path, plant: str | None, sc: Scenario, keep_going=False, audit=True,
-        **args) -> dict:
+        **args) -> RunResult:
     out = tmp_path / sc.name
     res = worker.run(sc.child_payload(), out, audit=audit, keep_going=keep_going,
                      plant=f"{PLANTS}:{plant}" if plant else None, plant_args=args)
-    assert res["outcome"] != "error", res.get("error")
-    # what the worker wrote is what it replied
-    assert json.loads((out / "result.json").read_text())["outcome"] == res["outcome"]
+    assert res.outcome != "error", res.error
+    # the worker writes the trace only; result.json is the host's (ReportDir), once
+    assert (out / "trace.jsonl").is_file() and not (out / "result.json").exists()
     return res
 
 
-def first(res: dict) -> dict:
-    assert res["outcome"] == "violation", (res["outcome"], res.get("crash"), res.get("stall"))
-    assert res["violations"], res
-    return res["violations"][0]
+def first(res: RunResult) -> Violation:
+    assert res.outcome == "violation", (res.outcome, res.crash, res.stall)
+    assert res.violations, res
+    return res.violations[0]
 
 
 def test_unplanted_scenarios_are_clean(worker, tmp_path):
     for sc in (scenario("plain"), scenario("plain-cached", prefix_caching=True)):
         res = run(worker, tmp_path, None, sc)
-        assert res["outcome"] == "clean", res.get("violations")
-        assert sorted(res["finished"]) == ["A", "B", "C"]
-        assert res["audit"]["checks"] >= 2 * res["steps"]
-        assert res["audit"]["hook_calls"].get("free_blocks", 0) >= 3  # A, B, C freed
+        assert res.outcome == "clean", res.violations
+        assert sorted(res.finished) == ["A", "B", "C"]
+        assert res.audit.checks >= 2 * res.steps
+        assert res.audit.hook_calls.get("free_blocks", 0) >= 3  # A, B, C freed
 
 
 def test_double_free_is_caught_inside_the_free_with_the_callers_stack(worker, tmp_path):
     res = run(worker, tmp_path, "double_free", scenario("double-free"))
-    v, planted = first(res), res["planted"]["notes"]
-    assert v["code"] == "KV_DOUBLE_FREE"
-    assert v["step"] == planted["step"]
-    assert v["phase"] == "in update_from_output"  # A finishes there; caught inside that call
-    assert "A" in v["requests"]
-    assert v["blocks"] and set(v["blocks"]) <= set(planted["blocks"])
-    assert "ref_cnt is 0" in v["message"] and "for A" in v["message"]
-    stack = "\n".join(v["stack"])
+    v, planted = first(res), res.planted["notes"]
+    assert v.code == "KV_DOUBLE_FREE"
+    assert v.step == planted["step"]
+    assert v.phase == "in update_from_output"  # A finishes there; caught inside that call
+    assert "A" in v.requests
+    assert v.blocks and set(v.blocks) <= set(planted["blocks"])
+    assert "ref_cnt is 0" in v.message and "for A" in v.message
+    stack = "\n".join(v.stack)
     assert "plant_faults.py" in stack and " in free" in stack  # the caller that freed again
     assert "vllm/v1/core/sched/scheduler.py" in stack and "update_from_output" in stack
     # stopped at once: the trace ends at that step, whose line carries the violation
@@ -99,79 +100,79 @@ def test_double_free_is_caught_inside_the_free_with_the_callers_stack(worker, tm
 
 def test_double_free_keep_going_collects_the_aftermath(worker, tmp_path):
     res = run(worker, tmp_path, "double_free", scenario("double-free-kg"), keep_going=True)
-    planted = res["planted"]["notes"]
-    codes = {(v["code"], v["step"]) for v in res["violations"]}
+    planted = res.planted["notes"]
+    codes = {(v.code, v.step) for v in res.violations}
     assert ("KV_DOUBLE_FREE", planted["step"]) in codes
     # the free went through: the pool's books now disagree at the end of that step
-    below = [v for v in res["violations"] if v["code"] == "KV_REFCOUNT" and "below 0" in v["message"]]
-    assert below and below[0]["step"] == planted["step"]
-    assert set(below[0]["blocks"]) <= set(planted["blocks"])
-    assert res["audit"]["keep_going"] is True and res["audit"]["stopped"] is None
+    below = [v for v in res.violations if v.code == "KV_REFCOUNT" and "below 0" in v.message]
+    assert below and below[0].step == planted["step"]
+    assert set(below[0].blocks) <= set(planted["blocks"])
+    assert res.audit.keep_going is True and res.audit.stopped is None
 
 
 def test_without_the_audit_vllm_does_not_notice_at_the_planted_step(worker, tmp_path):
     res = run(worker, tmp_path, "double_free", scenario("double-free-off"), audit=False)
-    planted = res["planted"]["notes"]
-    assert "violations" not in res
-    assert res["outcome"] != "crash" or res["crash"]["step"] > planted["step"]
+    planted = res.planted["notes"]
+    assert res.violations is None
+    assert res.outcome != "crash" or res.crash.step > planted["step"]
 
 
 def test_extra_reference_is_a_refcount_violation(worker, tmp_path):
     res = run(worker, tmp_path, "extra_ref", scenario("extra-ref"), at_step=3)
-    v, planted = first(res), res["planted"]["notes"]
-    assert (v["code"], v["step"], v["phase"]) == ("KV_REFCOUNT", 3, "after schedule")
-    assert v["blocks"] == planted["blocks"] and v["requests"] == ["A"]
-    assert v["message"] == f"block {planted['blocks'][0]} ref_cnt 2 but held by A (expected 1)"
+    v, planted = first(res), res.planted["notes"]
+    assert (v.code, v.step, v.phase) == ("KV_REFCOUNT", 3, "after schedule")
+    assert v.blocks == planted["blocks"] and v.requests == ["A"]
+    assert v.message == f"block {planted['blocks'][0]} ref_cnt 2 but held by A (expected 1)"
 
 
 def test_block_dropped_from_the_free_queue(worker, tmp_path):
     res = run(worker, tmp_path, "drop_from_free_queue", scenario("drop-free"), at_step=3)
-    v, planted = first(res), res["planted"]["notes"]
-    assert (v["code"], v["step"]) == ("KV_FREE_QUEUE", 3)
-    lost = [x for x in res["violations"] if x["blocks"] == planted["blocks"]]
-    assert lost and "ref_cnt 0 but is not in the free queue" in lost[0]["message"]
+    v, planted = first(res), res.planted["notes"]
+    assert (v.code, v.step) == ("KV_FREE_QUEUE", 3)
+    lost = [x for x in res.violations if x.blocks == planted["blocks"]]
+    assert lost and "ref_cnt 0 but is not in the free queue" in lost[0].message
 
 
 def test_blocks_kept_by_a_finished_request_are_a_leak(worker, tmp_path):
     res = run(worker, tmp_path, "keep_blocks_of", scenario("leak"), request="B")
-    v, planted = first(res), res["planted"]["notes"]
-    assert (v["code"], v["step"], v["requests"]) == ("KV_LEAK", planted["step"], ["B"])
-    assert v["blocks"] == planted["blocks"]
-    assert "B is gone from the scheduler (FINISHED_LENGTH_CAPPED)" in v["message"]
+    v, planted = first(res), res.planted["notes"]
+    assert (v.code, v.step, v.requests) == ("KV_LEAK", planted["step"], ["B"])
+    assert v.blocks == planted["blocks"]
+    assert "B is gone from the scheduler (FINISHED_LENGTH_CAPPED)" in v.message
 
 
 def test_cached_block_without_its_hash_breaks_the_prefix_map(worker, tmp_path):
     res = run(worker, tmp_path, "unhash_cached_block", scenario("unhash", prefix_caching=True),
               at_step=3)
-    v, planted = first(res), res["planted"]["notes"]
-    assert (v["code"], v["step"], v["blocks"]) == ("KV_PREFIX_MAP", 3, planted["blocks"])
-    assert "under a hash it does not carry (the block has no hash" in v["message"]
+    v, planted = first(res), res.planted["notes"]
+    assert (v.code, v.step, v.blocks) == ("KV_PREFIX_MAP", 3, planted["blocks"])
+    assert "under a hash it does not carry (the block has no hash" in v.message
 
 
 def test_request_in_two_queues(worker, tmp_path):
     res = run(worker, tmp_path, "two_queues", scenario("two-queues"), at_step=3)
     v = first(res)
-    assert (v["code"], v["step"], v["requests"]) == ("REQ_STATE", 3, ["A"])
-    assert v["message"].startswith("A is in running and waiting")
+    assert (v.code, v.step, v.requests) == ("REQ_STATE", 3, ["A"])
+    assert v.message.startswith("A is in running and waiting")
 
 
 def test_token_budget_overrun(worker, tmp_path):
     res = run(worker, tmp_path, "lift_token_budget", scenario("budget"), at_step=3)
     v = first(res)
-    assert (v["code"], v["step"]) == ("BATCH_LIMIT", 3)
-    assert "C" in v["requests"]
-    assert v["message"].endswith("over max_num_batched_tokens 64")
+    assert (v.code, v.step) == ("BATCH_LIMIT", 3)
+    assert "C" in v.requests
+    assert v.message.endswith("over max_num_batched_tokens 64")
 
 
 def test_no_progress_names_the_first_step_without_progress(worker, tmp_path):
     res = run(worker, tmp_path, "refuse_allocations", scenario("refuse", stall_steps=5),
               from_step=3)
-    planted = res["planted"]["notes"]
-    assert res["outcome"] == "stall"
-    [v] = [x for x in res["violations"] if x["code"] == "NO_PROGRESS"]
-    assert v["step"] == planted["step"] == 3
-    assert res["stall"]["since"] == v["step"]
-    assert "for 5 steps (steps 3-7)" in v["message"]
+    planted = res.planted["notes"]
+    assert res.outcome == "stall"
+    [v] = [x for x in res.violations if x.code == "NO_PROGRESS"]
+    assert v.step == planted["step"] == 3
+    assert res.stall.since == v.step
+    assert "for 5 steps (steps 3-7)" in v.message
 
 
 def test_a_planted_run_is_never_a_verdict(worker, tmp_path):

@@ -213,10 +213,10 @@ def test_a_lab_failure_inside_vllms_step_is_a_lab_error_at_both_levels(tmp_path,
             payload["level"] = level
             res = worker.run(payload, tmp_path / level, audit=True, keep_going=True,
                              plant=f"{plants}:broken_fake_model", plant_args={"at_step": 3})
-            assert res["outcome"] == "error", (level, res.get("outcome"), res.get("crash"))
-            assert res["error"]["kind"] == "lab", res["error"]
-            assert "planted: the fake model runner is broken" in res["error"]["message"]
-            res.pop("planted", None)  # judged as a real run would be
+            assert res.outcome == "error", (level, res.outcome, res.crash)
+            assert res.error.kind == "lab", res.error
+            assert "planted: the fake model runner is broken" in res.error.message
+            res.planted = None  # judged as a real run would be
             assert exit_code([judge(sc, version, res)]) == EXIT_ENV == 3
 
 

@@ -59,7 +59,7 @@ def item_of(catalog_runs, name, version):
     item = catalog_runs.get((name, version))
     if item is None:
         pytest.skip(f"{name} was not run on {version} here")
-    assert item.result.get("outcome") != "error", item.result.get("error")
+    assert item.result.outcome != "error", item.result.error
     return item
 
 
@@ -87,34 +87,35 @@ def newest_runs(catalog_runs, suite_reports):
 def test_buggy_release_shows_the_issue_signature(catalog_runs, name, version):
     path, sc = ENTRIES[name]
     result = item_of(catalog_runs, name, version).result
-    assert result["outcome"] == sc.expect.outcome, result.get("crash") or result.get("stall")
+    assert result.outcome == sc.expect.outcome, result.crash or result.stall
     if sc.expect.outcome == "crash":
-        crash = result["crash"]
-        assert crash["type"] == sc.expect.exception
+        crash = result.crash
+        assert crash.type == sc.expect.exception
         file_, _, func = sc.expect.where.partition(":")
-        assert (crash["where"]["file"], crash["where"]["function"]) == (file_, func)
+        assert (crash.where.file, crash.where.function) == (file_, func)
         log = path.with_suffix(".log")
         if log.is_file():
             from vllm_repro.catalog import log_signature
 
             exc_type, frame, cut = log_signature(log)  # what `vllm-repro triage` reads in it
-            assert exc_type == crash["type"], "the issue's exception type"
+            assert exc_type == crash.type, "the issue's exception type"
             inner = (frame["module"], frame["function"])
-            observed = [(f["file"], f["function"]) for f in crash["vllm_frames"]]
+            observed = [(f.file, f.function) for f in crash.vllm_frames]
             if cut:  # the issue's traceback is only partly available: its last frame is ours too
                 assert inner in observed
             else:
                 assert inner == observed[-1], "the issue's innermost vLLM frame"
     elif sc.expect.outcome == "violation":
-        first = (result.get("violations") or [{}])[0]
-        assert first.get("code") == sc.expect.code, "the audit's first finding is the entry's"
+        assert result.violations, "a violation outcome lists its findings"
+        first = result.violations[0]
+        assert first.code == sc.expect.code, "the audit's first finding is the entry's"
         if sc.expect.step:
-            assert first.get("step") == sc.expect.step
+            assert first.step == sc.expect.step
     elif sc.expect.outcome == "stall":
-        stall = result["stall"]
+        stall = result.stall
         # never admitted (waiting), or admitted and going nowhere (running: a livelock or hang)
-        assert stall["unfinished"] and \
-            set(stall["unfinished"]) <= set(stall["waiting"]) | set(stall["running"])
+        assert stall.unfinished and \
+            set(stall.unfinished) <= set(stall.waiting or ()) | set(stall.running or ())
 
 
 @pytest.mark.skipif(INSTALLED is not None and INSTALLED != NEWEST,
@@ -127,10 +128,10 @@ def test_every_entry_is_clean_on_the_newest_release(newest_runs, name):
     fixed = ENTRIES[name][1].fixed
     if fixed is not None and fixed.outcome != "clean":
         # what the fix makes the release do (#35541: refuse the config at start-up)
-        assert res["outcome"] == fixed.outcome and item.verdict.ok is True, item.verdict.observed
+        assert res.outcome == fixed.outcome and item.verdict.ok is True, item.verdict.observed
         return
-    assert res["outcome"] == "clean", item.verdict.observed
-    assert res["unfinished"] == [] and not res["limit_reached"] and not res.get("violations")
+    assert res.outcome == "clean", item.verdict.observed
+    assert res.unfinished == [] and not res.limit_reached and not res.violations
 
 
 @needs("0.6.6.post1", "0.7.0")
@@ -143,17 +144,17 @@ def test_11562_audit_names_the_leaked_references_and_without_it_the_pool_stalls(
     from vllm_repro.lab import RunItem, run_matrix
 
     name = "vllm-11562-prefix-touch-refcount-leak"
-    found = item_of(catalog_runs, name, "0.6.6.post1").result["violations"]
-    assert {(v["code"], v["step"]) for v in found} == {("KV_REFCOUNT", 2)}
-    assert sorted(b for v in found for b in v["blocks"]) == [0, 1, 2, 3]
-    assert all("ref_cnt 2 but held by A (expected 1)" in v["message"] for v in found)
-    assert not item_of(catalog_runs, name, "0.7.0").result.get("violations")
+    found = item_of(catalog_runs, name, "0.6.6.post1").result.violations
+    assert {(v.code, v.step) for v in found} == {("KV_REFCOUNT", 2)}
+    assert sorted(b for v in found for b in v.blocks) == [0, 1, 2, 3]
+    assert all("ref_cnt 2 but held by A (expected 1)" in v.message for v in found)
+    assert not item_of(catalog_runs, name, "0.7.0").result.violations
 
     sc = ENTRIES[name][1]
     raw = {v: RunItem(sc, v) for v in ("0.6.6.post1", "0.7.0")}
     run_matrix(list(raw.values()), tmp_path, audit=False, jobs=1)
-    assert raw["0.6.6.post1"].result["outcome"] == "stall"
-    assert raw["0.7.0"].result["outcome"] == "clean"
+    assert raw["0.6.6.post1"].result.outcome == "stall"
+    assert raw["0.7.0"].result.outcome == "clean"
     pool = sc.config.num_gpu_blocks
     for version, expect_free in (("0.6.6.post1", pool - 4), ("0.7.0", pool)):
         idle = [s for s in trace_of(raw[version]) if not s["running"] and 12 <= s["step"] < 20]
@@ -167,32 +168,32 @@ def test_11562_audit_names_the_leaked_references_and_without_it_the_pool_stalls(
 @needs("0.20.1", "0.20.2")
 def test_45856_fixed_release_preempts_where_the_buggy_one_crashes(catalog_runs):
     name = "vllm-45856-swa-admission-cap-undercount"
-    crash = item_of(catalog_runs, name, "0.20.1").result["crash"]
-    assert crash["phase"] == "schedule" and crash["message"] == "Cannot get 2 free blocks from the pool"
-    frames = [(f["file"], f["function"]) for f in crash["vllm_frames"]]
+    crash = item_of(catalog_runs, name, "0.20.1").result.crash
+    assert crash.phase == "schedule" and crash.message == "Cannot get 2 free blocks from the pool"
+    frames = [(f.file, f.function) for f in crash.vllm_frames]
     assert ("vllm/v1/core/kv_cache_manager.py", "allocate_slots") in frames
     fixed = item_of(catalog_runs, name, "0.20.2")
     steps = {s["step"]: s for s in trace_of(fixed)}
     assert steps[4]["preempted"] == ["R"] and steps[4]["running"] == ["S"]
-    assert fixed.result["finished"] == {"S": "FINISHED_LENGTH_CAPPED", "R": "FINISHED_LENGTH_CAPPED"}
+    assert fixed.result.finished == {"S": "FINISHED_LENGTH_CAPPED", "R": "FINISHED_LENGTH_CAPPED"}
 
 
 @needs("0.11.0", "0.16.0")
 def test_26372_crash_is_in_the_stat_loggers_after_drafts_were_verified(catalog_runs):
     name = "vllm-26372-spec-empty-output-negative-accepted"
     bad = item_of(catalog_runs, name, "0.11.0")
-    assert bad.result["crash"]["phase"] == "record_stats" and bad.result["crash"]["step"] == 3
+    assert bad.result.crash.phase == "record_stats" and bad.result.crash.step == 3
     fixed = item_of(catalog_runs, name, "0.16.0")
     for item in (bad, fixed):
         steps = {s["step"]: s for s in trace_of(item)}
         assert steps[2]["scheduled"] == {"R": 5}, "1 token + 4 drafts: drafts reached the scheduler"
-    assert fixed.result["finished"] == {"R": "FINISHED_ABORTED", "O": "FINISHED_LENGTH_CAPPED"}
+    assert fixed.result.finished == {"R": "FINISHED_ABORTED", "O": "FINISHED_LENGTH_CAPPED"}
 
 
 @needs("0.11.0", "0.12.0")
 def test_29747_children_share_priority_and_arrival_and_both_finish_once_fixed(catalog_runs):
     name = "vllm-29747-priority-equal-arrival"
-    crash = item_of(catalog_runs, name, "0.11.0").result["crash"]
-    assert crash["phase"] == "add_request" and crash["step"] == 1
+    crash = item_of(catalog_runs, name, "0.11.0").result.crash
+    assert crash.phase == "add_request" and crash.step == 1
     fixed = item_of(catalog_runs, name, "0.12.0").result
-    assert sorted(fixed["finished"].values()) == ["FINISHED_LENGTH_CAPPED"] * 2
+    assert sorted(fixed.finished.values()) == ["FINISHED_LENGTH_CAPPED"] * 2

@@ -43,10 +43,10 @@ def test_catalog_entry_keeps_its_verdict(path, version, catalog_runs, request):
     v, res = item.verdict, item.result
     # JUnit properties (written with junit_family xunit1, as gpu-judge runs it)
     request.node.user_properties += [("observed", v.observed), ("expected", v.expected)]
-    assert res.get("outcome") != "error", f"the lab failed: {v.observed}"
+    assert res.outcome != "error", f"the lab failed: {v.observed}"
     if name in fixed_names() and item.scenario.vllm.expectation_for(version) == "reproduce":
         # a patch for this bug is applied to this vLLM: it must now run clean, audit included
-        assert res.get("outcome") == "clean" and not res.get("violations"), (
+        assert res.outcome == "clean" and not res.violations, (
             f"{name} on patched vLLM {version}: {v.observed}, expected clean after the fix")
         return
     # every release chosen for an entry is one its lists name, so it has an expectation: a run

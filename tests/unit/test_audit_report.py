@@ -13,6 +13,8 @@ from vllm_repro.report.index import write_index
 from vllm_repro.report.sched_log import sched_log_lines
 from vllm_repro.report.timeline import labels, marks, write_timeline
 
+from .builders import make_result, make_trace
+
 
 def trace_lines():
     base = {"added": [], "aborted": [], "finished": []}
@@ -38,7 +40,8 @@ def write_run(tmp_path, lines, result):
 
 
 def test_marks_name_the_crash_and_violation_steps():
-    assert marks(trace_lines(), {"violations": [{"code": "KV_LEAK", "step": 9}]}) == [
+    assert marks(make_trace(*trace_lines()),
+                 make_result(violations=[{"code": "KV_LEAK", "step": 9}])) == [
         (2, "violation", "KV_LEAK @2"),
         (3, "crash", "crash AssertionError in schedule @3"),
         (9, "violation", "KV_LEAK @9"),  # an end-of-run finding has no trace line
@@ -59,7 +62,7 @@ def test_timeline_png_is_written_and_linked_from_the_index(tmp_path):
     result = {"scenario": "scn", "vllm": "0.10.1.1", "outcome": "crash",
               "verdict": {"expected": "crash", "observed": "crash AssertionError @3", "ok": True}}
     run = write_run(tmp_path, trace_lines(), result)
-    png = write_timeline(run, result)
+    png = write_timeline(run, make_result(**result))
     assert png == run / "timeline.png"
     from matplotlib import image
 
@@ -71,7 +74,7 @@ def test_timeline_png_is_written_and_linked_from_the_index(tmp_path):
 
 
 def test_no_trace_no_picture(tmp_path):
-    assert write_timeline(tmp_path, {}) is None
+    assert write_timeline(tmp_path, None) is None
 
 
 def test_sched_log_prints_each_finding_under_its_state_line(tmp_path):
@@ -86,9 +89,10 @@ def test_sched_log_prints_each_finding_under_its_state_line(tmp_path):
 def test_violation_record_and_codes():
     v = make_violation("KV_REFCOUNT", "block 7 ref_cnt 0 but held by A and B (expected 2)",
                        requests=["B", "A", "A"], blocks=[7])
-    assert v == {"code": "KV_REFCOUNT", "step": None, "phase": "", "requests": ["A", "B"],
-                 "blocks": [7], "message": "block 7 ref_cnt 0 but held by A and B (expected 2)",
-                 "stack": None}
+    # requests sorted and once each; as result.json has it (no step yet: the auditor sets it)
+    assert v.to_dict() == {"code": "KV_REFCOUNT", "phase": "", "requests": ["A", "B"],
+                           "blocks": [7],
+                           "message": "block 7 ref_cnt 0 but held by A and B (expected 2)"}
     with pytest.raises(ValueError):
         make_violation("KV_OOPS", "x")
     assert set(CODES) == {"KV_DOUBLE_FREE", "KV_REFCOUNT", "KV_FREE_QUEUE", "KV_LEAK",

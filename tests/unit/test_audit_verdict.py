@@ -7,30 +7,29 @@ from vllm_repro.scenario import load_scenario
 from vllm_repro.verdict import audit_keeps_going, exit_code, findings_lines, judge
 
 from ..conftest import FLAGSHIP
+from .builders import make_result, make_violation
 
 
 def flagship():
     return load_scenario(FLAGSHIP)  # reproduces_on 0.10.1.1 (crash @3), clean_on 0.10.2, >=0.10.2
 
 
-def violation(code="REQ_STATE", step=3, msg="L is in num_scheduled_tokens but was preempted in "
-              "the same step (status PREEMPTED, in waiting)"):
-    return {"code": code, "step": step, "phase": "after schedule", "requests": ["L"],
-            "blocks": [], "message": msg, "stack": None}
+def violation(code="REQ_STATE", step=3, msg=None):
+    return make_violation(code, step, msg) if msg else make_violation(code, step)
 
 
 def ran_to_end(violations, stopped=None, **extra):
-    return {"outcome": "violation", "violations": violations, "steps": 31,
-            "finished": {"L": "FINISHED_LENGTH_CAPPED", "H": "FINISHED_LENGTH_CAPPED"},
-            "unfinished": [], "limit_reached": False,
-            "audit": {"keep_going": stopped is None, "stopped": stopped}, **extra}
+    return make_result("violation", violations=violations, steps=31,
+                       finished={"L": "FINISHED_LENGTH_CAPPED", "H": "FINISHED_LENGTH_CAPPED"},
+                       unfinished=[], limit_reached=False,
+                       audit={"keep_going": stopped is None, "stopped": stopped}, **extra)
 
 
 def test_clean_on_release_with_an_unrelated_violation_is_ok_and_says_also():
     v = judge(flagship(), "0.10.2", ran_to_end([violation()]))
     assert v.ok is True and v.expected == "clean" and v.outcome == "violation"
     assert v.observed == "ran to the end (2 finished, 31 steps); also: REQ_STATE @3"
-    assert [x["code"] for x in v.also] == ["REQ_STATE"]
+    assert [x.code for x in v.also] == ["REQ_STATE"]
     assert v.as_dict()["also"][0]["message"].startswith("L is in num_scheduled_tokens")
     lines = findings_lines([v])
     assert lines[0].startswith("also: 1 audit finding(s) in 1 run(s)")
@@ -40,7 +39,7 @@ def test_clean_on_release_with_an_unrelated_violation_is_ok_and_says_also():
 
 def test_clean_on_needs_the_whole_run_a_stopped_audit_is_not_clean():
     res = ran_to_end([violation()], stopped={"step": 3, "code": "REQ_STATE", "phase": "x"})
-    res.update(steps=3, finished={}, unfinished=["L", "H"])
+    res.steps, res.finished, res.unfinished = 3, {}, ["L", "H"]
     v = judge(flagship(), "0.10.2", res)
     assert v.ok is False and "--keep-going" in v.reason and exit_code([v]) == 1
 
@@ -55,18 +54,19 @@ def test_clean_on_fails_on_the_scenarios_own_signature():
 
 
 def test_clean_on_still_fails_on_crash_or_stall_and_shows_earlier_findings():
-    crash = {"outcome": "crash", "violations": [violation("KV_REFCOUNT", 2, "block 4 ...")],
-             "crash": {"type": "AssertionError", "where": None, "step": 5, "message": ""}}
+    crash = make_result("crash", violations=[violation("KV_REFCOUNT", 2, "block 4 ...")],
+                        crash={"type": "AssertionError", "where": None, "step": 5, "message": ""})
     v = judge(flagship(), "0.10.2", crash)
     assert v.ok is False and v.observed.endswith("; also: KV_REFCOUNT @2")
-    stall = {"outcome": "stall", "stall": {"step": 30, "since": 11, "unfinished": ["L"]}}
+    stall = make_result("stall", stall={"step": 30, "since": 11, "unfinished": ["L"]})
     assert judge(flagship(), "0.10.2", stall).ok is False
 
 
 def test_expected_crash_matches_with_earlier_findings_as_also():
-    res = {"outcome": "crash", "violations": [violation("KV_LEAK", 2, "L ...")],
-           "crash": {"type": "AssertionError", "step": 3, "message": "",
-                     "where": {"file": "vllm/v1/core/sched/scheduler.py", "function": "schedule"}}}
+    res = make_result("crash", violations=[violation("KV_LEAK", 2, "L ...")],
+                      crash={"type": "AssertionError", "step": 3, "message": "",
+                             "where": {"file": "vllm/v1/core/sched/scheduler.py",
+                                       "function": "schedule"}})
     v = judge(flagship(), "0.10.1.1", res)
     assert v.ok is True
     assert v.observed == ("crash AssertionError vllm/v1/core/sched/scheduler.py:schedule @3; "

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm_repro.records import TraceLine
 from vllm_repro.audit import Auditor, AuditStop
 from vllm_repro.audit.codes import KV_DOUBLE_FREE, KV_LEAK, KV_REFCOUNT
 
@@ -26,7 +27,7 @@ def test_a_consistent_step_records_nothing():
     so = make_output({"A": 4}, cached={"A": 0})
     s.requests["A"].num_computed_tokens = 4
     aud.after_schedule(1, so, None)
-    aud.after_update(1, so, {"scheduled": {"A": 4}})
+    aud.after_update(1, so, TraceLine(1, scheduled={"A": 4}))
     assert aud.violations == []
 
 

@@ -17,6 +17,7 @@ from vllm_repro.scenario import load_scenario
 from vllm_repro.verdict import judge
 
 from ..conftest import FLAGSHIP
+from .builders import make_result
 from .fake_index import FakeIndex, make_sdist
 from .test_bisect_search import INDEX, Fake
 
@@ -41,7 +42,7 @@ class CannedClassifier(ReleaseClassifier):
 
     def _run(self, scenario, version):
         self.runs.append((version, scenario.vllm.expectation_for(version)))
-        item = RunItem(scenario, version, result=dict(self.results[version]))
+        item = RunItem(scenario, version, result=make_result(**self.results[version]))
         item.verdict = judge(scenario, version, item.result)
         return item
 

@@ -12,6 +12,8 @@ from vllm_repro.errors import InputError
 from vllm_repro.scenario import load_scenario
 from vllm_repro.verdict import judge
 
+from .builders import make_result
+
 BASE = """
     name: t
     level: engine-core
@@ -70,13 +72,15 @@ def test_scheduler_level_needs_a_pool(tmp_path):
 
 
 def _result(outcome, **crash):
-    r = {"outcome": outcome, "steps": 0, "finished": {}, "unfinished": ["A"]}
+    r = {"steps": 0, "finished": {}, "unfinished": ["A"]}
     if crash:
         r["crash"] = {"type": "ValueError", "message": "To serve at least one request with the "
                       "models's max seq len (2048)", "where": {"file": "vllm/v1/core/kv_cache_utils.py",
                       "function": "_check_enough_kv_cache_memory", "line": 1}, "step": 0,
                       "vllm_frames": [], **crash}
-    return r
+    if outcome == "stall":
+        r["stall"] = {"step": 30, "since": 11, "unfinished": ["A"]}
+    return make_result(outcome, **r)
 
 
 def test_a_fix_that_refuses_the_config_at_start_up_is_judged_by_fixed(tmp_path):
@@ -91,7 +95,7 @@ def test_a_fix_that_refuses_the_config_at_start_up_is_judged_by_fixed(tmp_path):
     # running clean is not what the fix does either
     assert judge(sc, "0.20.2", _result("clean")).ok is False
     # and on the buggy release the expectation is the stall
-    assert judge(sc, "0.19.1", {**_result("stall"), "stall": {"step": 30, "unfinished": ["A"]}}).ok is True
+    assert judge(sc, "0.19.1", _result("stall")).ok is True
 
 
 class _Scheduler:

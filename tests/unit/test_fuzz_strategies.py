@@ -9,6 +9,8 @@ from vllm_repro.fuzz.search import signature, slug
 from vllm_repro.fuzz.strategies import DEFAULT, LADDER, scenarios
 from vllm_repro.scenario import parse_scenario
 
+from .builders import make_result
+
 
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from([DEFAULT, *LADDER]).flatmap(lambda p: scenarios(p, "0.10.1.1")))
@@ -33,15 +35,16 @@ def test_policy_and_spec_overrides():
 
 
 def test_signatures():
-    crash = {"outcome": "crash", "crash": {"type": "AssertionError", "where": {
-        "file": "vllm/v1/core/sched/scheduler.py", "function": "schedule", "line": 530}}}
+    crash = make_result("crash", crash={"type": "AssertionError", "where": {
+        "file": "vllm/v1/core/sched/scheduler.py", "function": "schedule", "line": 530}})
     assert signature(crash) == "crash:AssertionError@vllm/v1/core/sched/scheduler.py:schedule"
     assert slug(signature(crash)) == "crash-AssertionError-scheduler.schedule"
-    assert signature({"outcome": "violation", "violations": [{"code": "KV_DOUBLE_FREE", "step": 3}]}) \
+    assert signature(make_result("violation", violations=[{"code": "KV_DOUBLE_FREE", "step": 3}])) \
         == "violation:KV_DOUBLE_FREE"
-    assert signature({"outcome": "stall", "stall": {}}) == "stall"
-    assert signature({"outcome": "clean"}) is None
-    assert signature({"outcome": "error", "error": {}}) is None, "a lab error is never a finding"
+    assert signature(make_result("stall", stall={"step": 9, "since": 1})) == "stall"
+    assert signature(make_result("clean")) is None
+    assert signature(make_result("error", error={"kind": "lab", "message": "x"})) is None, \
+        "a lab error is never a finding"
 
 
 def test_search_time_must_be_a_positive_duration():

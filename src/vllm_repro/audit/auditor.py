@@ -19,6 +19,7 @@ import traceback
 from collections import Counter
 from itertools import compress
 
+from ..records import AuditSummary, TraceLine, Violation
 from .books import Books
 from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, check_end_of_run,
                      check_free_queue, check_leaks, check_refcounts, used_blocks)
@@ -32,8 +33,8 @@ class AuditStop(BaseException):
     """Raised inside a vLLM call to stop the run at a violation. A ``BaseException``, so that
     vLLM's own ``except Exception`` handlers never swallow it."""
 
-    def __init__(self, violation: dict):
-        super().__init__(violation.get("message", ""))
+    def __init__(self, violation: Violation):
+        super().__init__(violation.message)
         self.violation = violation
 
 
@@ -54,9 +55,9 @@ class Auditor:
         self.adapter = adapter
         self.keep_going = keep_going
         self.max_records = max_records
-        self.violations: list[dict] = []
-        self._keys: dict[tuple, dict] = {}
-        self._step_new: list[dict] = []
+        self.violations: list[Violation] = []
+        self._keys: dict[tuple, Violation] = {}
+        self._step_new: list[Violation] = []
         self._figures: tuple | None = None  # (refs, held ids, free count, hash snapshot)
         self._fig_step: int | None = None  # the step whose books _figures describe
         self._fingerprint: tuple | None = None  # (hook calls/free/map keys, refs, held ids, hashes)
@@ -86,17 +87,17 @@ class Auditor:
         found += self.req_checks.check("schedule", so, scheduled)
         return self._record_all(found, step, "after schedule")
 
-    def after_update(self, step: int, so, line: dict) -> bool:
+    def after_update(self, step: int, so, line: TraceLine) -> bool:
         found = self._kv_checks(quick=True)
         found += self.req_checks.check("update", so)
-        if (line.get("finished") or any(n > 0 for n in (line.get("scheduled") or {}).values())):
+        if line.progressed():
             self._last_progress = step
         return self._record_all(found, step, "after update_from_output")
 
-    def annotate(self, line: dict) -> None:
-        """Add ``line["audit"]`` (figures, blocks) and ``line["violations"]`` (this step's)."""
+    def annotate(self, line: TraceLine) -> None:
+        """Set ``line.audit`` (figures, blocks) and ``line.violations`` (this step's)."""
         if self.books is not None:
-            if self._figures is None or self._fig_step != line.get("step") or line.get("crash") \
+            if self._figures is None or self._fig_step != line.step or line.crash \
                     or self._step_new:
                 # the books moved since the last full comparison (frees verified inside
                 # free_blocks) or the step ended inside a vLLM call (a crash, a hook's stop):
@@ -104,12 +105,10 @@ class Auditor:
                 b = self.books
                 self._figures = (b.refs(), b.held_ids(), b.num_free(),
                                  self.map_check.snapshot(full=False))
-            line["audit"] = self._compute_figures(*self._figures)
+            line.audit = self._compute_figures(*self._figures)
             self._fig_step = None
         if self._step_new:
-            line["violations"] = [{"code": v["code"], "phase": v["phase"], "message": v["message"],
-                                   "requests": v["requests"], "blocks": v["blocks"]}
-                                  for v in self._step_new]
+            line.violations = [v.brief() for v in self._step_new]
         self._step_new = []
 
     def finish(self, loop, outcome: str) -> bool:
@@ -131,21 +130,20 @@ class Auditor:
             v = self._no_progress(loop, step)
             self._record_all([v], self._stalled_since, "stall", stop=False)
         elif outcome == "crash":
-            found = [v for v in self._kv_checks(with_leaks=False) if v["code"] in KV_CODES]
+            found = [v for v in self._kv_checks(with_leaks=False) if v.code in KV_CODES]
             self._record_all(found, step, "after crash", stop=False)
         return bool(self.violations)
 
-    def summary(self) -> dict:
+    def summary(self) -> AuditSummary:
         """The ``audit`` section of ``result.json``."""
-        by_code = Counter(v["code"] for v in self.violations)
-        return {"keep_going": self.keep_going, "stopped": self.stopped, "checks": self.checks,
-                "by_code": dict(by_code), "distinct": len(self.violations), "dropped": self.dropped,
-                "hooks": self.hook_names,
-                "hook_calls": dict(self.hooks.calls) if self.hooks else {}}
+        by_code = Counter(v.code for v in self.violations)
+        return AuditSummary(self.keep_going, self.stopped, self.checks, dict(by_code),
+                            len(self.violations), self.dropped, list(self.hook_names),
+                            dict(self.hooks.calls) if self.hooks else {})
 
     # ---- checks ---------------------------------------------------------------------------
     def _kv_checks(self, with_leaks: bool = True, quick: bool = False,
-                   scheduled_ids=None) -> list[dict]:
+                   scheduled_ids=None) -> list[Violation]:
         """The KV cache's books (KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP).
 
         Every check reads all ref counts, the block tables and (with prefix caching) every
@@ -179,7 +177,7 @@ class Auditor:
         nfree = b.num_free()
         fp = (calls, nfree, snap[1])
         last = self._fingerprint
-        found: list[dict] = []
+        found: list[Violation] = []
         if with_leaks:  # ownership changes without the pool (a request finishing)
             found += check_leaks(b, requests, getattr(self.loop, "finished", {}))
         if not full and fp == last[0] and refs == last[1] and ids == last[2] and snap[0] == last[3] \
@@ -225,7 +223,7 @@ class Auditor:
             fig["hash_entries"] = nkeys
         return fig
 
-    def _no_progress(self, loop, step: int) -> dict:
+    def _no_progress(self, loop, step: int) -> Violation:
         waiting, running, _ = self.adapter.queues(loop.scheduler)
         unfinished = [rid for rid in loop.created if rid not in loop.finished]
         since = self._last_progress + 1
@@ -248,16 +246,15 @@ class Auditor:
             requests=unfinished)
 
     # ---- recording ------------------------------------------------------------------------
-    def _record(self, v: dict, step: int, phase: str) -> bool:
+    def _record(self, v: Violation, step: int, phase: str) -> bool:
         """Store ``v`` unless it repeats a stored one; True if it is new."""
-        v["step"] = step
-        v["phase"] = v.get("phase") or phase
-        key = (v["code"], tuple(v["requests"]), tuple(v["blocks"]),
-               re.sub(r"\d+", "#", v["message"]))
+        v.step = step
+        v.phase = v.phase or phase
+        key = (v.code, tuple(v.requests), tuple(v.blocks), re.sub(r"\d+", "#", v.message))
         first = self._keys.get(key)
         if first is not None:
-            first["repeats"] = first.get("repeats", 0) + 1
-            first["last_step"] = step
+            first.repeats = (first.repeats or 0) + 1
+            first.last_step = step
             return False
         if len(self.violations) >= self.max_records:
             self.dropped += 1
@@ -267,10 +264,10 @@ class Auditor:
         self._step_new.append(v)
         return True
 
-    def _record_all(self, found: list[dict], step: int, phase: str, stop: bool = True) -> bool:
+    def _record_all(self, found: list[Violation], step: int, phase: str, stop: bool = True) -> bool:
         new = [v for v in found if self._record(v, step, phase)]
         if new and stop and not self.keep_going:
-            self.stopped = {"step": step, "code": new[0]["code"], "phase": phase}
+            self.stopped = {"step": step, "code": new[0].code, "phase": phase}
             return True
         return False
 
@@ -279,8 +276,8 @@ class Auditor:
         stack, call = self._stack()
         v = make_violation(code, message, requests=requests, blocks=blocks, step=step,
                            phase=f"in {call}" if call else "in a vLLM call", stack=stack)
-        if self._record(v, step, v["phase"]) and not self.keep_going:
-            self.stopped = {"step": step, "code": code, "phase": v["phase"]}
+        if self._record(v, step, v.phase) and not self.keep_going:
+            self.stopped = {"step": step, "code": code, "phase": v.phase}
             raise AuditStop(v)
 
     def _stack(self) -> tuple[list[str], str | None]:

@@ -13,6 +13,7 @@ from itertools import compress, count, repeat
 from operator import attrgetter, is_not
 
 from ..engine import state
+from ..records import Violation
 from .books import HOLDING_WAIT_STATUSES, Books, block_hash_of
 from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT, REQ_STATE,
                     make_violation, names)
@@ -52,7 +53,7 @@ def is_finished_status(name: str) -> bool:
 
 # ---- KV cache books ------------------------------------------------------------------------
 
-def check_refcounts(books: Books, refs: list[int], held: Counter | list[int]) -> list[dict]:
+def check_refcounts(books: Books, refs: list[int], held: Counter | list[int]) -> list[Violation]:
     """KV_REFCOUNT: every non-null block's ``ref_cnt`` equals the references held to it (block
     tables of every group, deferred frees, copy-on-write endpoints) and is never below 0.
 
@@ -104,11 +105,11 @@ def check_refcounts(books: Books, refs: list[int], held: Counter | list[int]) ->
             msg = f"block {i} ref_cnt {refs[i]} but held by {names(holders)} (expected {expected[i]})"
         out.append(make_violation(KV_REFCOUNT, msg, requests=_req_ids(holders), blocks=[i]))
     if len(bad) > MAX_PER_CHECK:
-        out[-1]["message"] += f"; {len(bad) - MAX_PER_CHECK} more blocks disagree"
+        out[-1].message += f"; {len(bad) - MAX_PER_CHECK} more blocks disagree"
     return out
 
 
-def check_free_queue(books: Books, refs: list[int]) -> tuple[list[dict], list]:
+def check_free_queue(books: Books, refs: list[int]) -> tuple[list[Violation], list]:
     """KV_FREE_QUEUE: the free queue holds exactly the non-null blocks with ``ref_cnt`` 0, each
     once, its links end, its count is right, and free + used == ``num_gpu_blocks``.
 
@@ -168,7 +169,7 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[dict], list]:
     return out, free
 
 
-def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[dict]:
+def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[Violation]:
     """KV_LEAK: no block-table entry with real (non-null) blocks for a request that finished,
     was aborted or preempted, or waits without a reason to hold KV (a KV connector load, a paused
     stream, the release's ``kv_holding_waiting`` queue).
@@ -211,7 +212,7 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
     return out
 
 
-def check_end_of_run(books: Books, refs: list[int], free: list) -> list[dict]:
+def check_end_of_run(books: Books, refs: list[int], free: list) -> list[Violation]:
     """KV_LEAK at the end of a run where every request finished: every non-null block's
     ``ref_cnt`` is 0 and the free queue holds all ``num_gpu_blocks - 1`` of them."""
     out = []
@@ -286,7 +287,7 @@ class PrefixMapCheck:
             self._nones = [None] * n
         return self._nones
 
-    def check(self, full: bool = False, snap: tuple[list, int] | None = None) -> list[dict]:
+    def check(self, full: bool = False, snap: tuple[list, int] | None = None) -> list[Violation]:
         books = self.books
         inner = self._inner()
         self.hashes = hashes = snap[0] if snap is not None else list(map(_hash_of, books.blocks))
@@ -330,13 +331,13 @@ class PrefixMapCheck:
                 break
         return out
 
-    def _unmapped(self, bid: int) -> dict:
+    def _unmapped(self, bid: int) -> Violation:
         return make_violation(KV_PREFIX_MAP, (
             f"block {bid} carries a hash (ref_cnt {self.books.blocks[bid].ref_cnt}) but the hash "
             f"map does not map that hash to it (expected every hashed block in the map)"),
             blocks=[bid])
 
-    def _full(self, inner: dict, hashes: list) -> list[dict]:
+    def _full(self, inner: dict, hashes: list) -> list[Violation]:
         books = self.books
         sec = books.secondary_hashes()
         null = books.null_id
@@ -382,7 +383,7 @@ class RequestHashCheck:
         self.done: dict[tuple[int, str], tuple[int, int]] = {}
         self.groups = state.hash_checkable_groups(books.layout)
 
-    def check(self, requests: dict, only=None) -> list[dict]:
+    def check(self, requests: dict, only=None) -> list[Violation]:
         """``only``: the request ids to look at (those scheduled in the step: a request's
         blocks are cached when ``schedule()`` allocates for it); None for all."""
         if not self.books.caching:
@@ -472,12 +473,12 @@ class RequestChecks:
             name = self._names[status] = getattr(status, "name", str(status))
         return name
 
-    def check(self, phase: str, so=None, scheduled=None) -> list[dict]:
+    def check(self, phase: str, so=None, scheduled=None) -> list[Violation]:
         """``phase``: ``schedule`` (after ``schedule()``, with its output ``so`` and the
         adapter's ``scheduled`` list) or ``update`` (after ``update_from_output``)."""
         s = self.books.scheduler
         requests = s.requests
-        out: list[dict] = []
+        out: list[Violation] = []
         self.preempted_now = set()
         where, dups = self.where()
         name = self._name
@@ -565,7 +566,7 @@ class RequestChecks:
             out.append(make_violation(REQ_STATE, "; ".join(problems), requests=[rid]))
         return out
 
-    def _check_output(self, so, scheduled, where, by_rid) -> list[dict]:
+    def _check_output(self, so, scheduled, where, by_rid) -> list[Violation]:
         s = self.books.scheduler
         requests = s.requests
         out = []

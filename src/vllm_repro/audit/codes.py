@@ -5,6 +5,8 @@ Runs inside release environments: standard library only.
 
 from __future__ import annotations
 
+from ..records import Violation
+
 KV_DOUBLE_FREE = "KV_DOUBLE_FREE"
 KV_REFCOUNT = "KV_REFCOUNT"
 KV_FREE_QUEUE = "KV_FREE_QUEUE"
@@ -39,8 +41,8 @@ KV_CODES = (KV_DOUBLE_FREE, KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP)
 
 
 def make_violation(code: str, message: str, *, requests=(), blocks=(), step: int | None = None,
-                   phase: str = "", stack: list[str] | None = None) -> dict:
-    """A violation record as it appears in ``result.json`` (``violations[i]``).
+                   phase: str = "", stack: list[str] | None = None) -> Violation:
+    """A :class:`~vllm_repro.records.Violation` (``result.json``'s ``violations[i]``).
 
     ``message`` says what was expected and what was found, e.g. ``block 7 ref_cnt 0 but held by
     A and B (expected 2)``; ``requests`` are request ids, ``blocks`` block ids (ints);
@@ -49,8 +51,8 @@ def make_violation(code: str, message: str, *, requests=(), blocks=(), step: int
     """
     if code not in CODES:
         raise ValueError(f"unknown violation code {code!r}")
-    return {"code": code, "step": step, "phase": phase, "requests": sorted(set(map(str, requests))),
-            "blocks": sorted(set(int(b) for b in blocks)), "message": message, "stack": stack}
+    return Violation(code, message, step, phase, sorted(set(map(str, requests))),
+                     sorted(set(int(b) for b in blocks)), stack)
 
 
 def names(ids) -> str:

@@ -12,7 +12,6 @@ the whole run) the release is run a second time, framed as clean.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -120,7 +119,7 @@ class ReleaseClassifier:
         as_good = framed(self.scenario, version, "clean")
         if audit_keeps_going(as_good, version) == audit_keeps_going(as_bad, version):
             good = judge(as_good, version, item.result)  # the same run, judged as clean_on
-            _record_verdict(item.report_dir, good)
+            _record_verdict(item, good)
         else:
             good = self._run(as_good, version).verdict
         if good.ok:
@@ -130,11 +129,10 @@ class ReleaseClassifier:
                            error_kind=good.error_kind)
 
 
-def _record_verdict(report_dir: Path | None, verdict: Verdict) -> None:
-    """Put ``verdict`` into the run's ``result.json`` (the one that decided the release)."""
-    if report_dir is None or not (report_dir / "result.json").is_file():
+def _record_verdict(item, verdict: Verdict) -> None:
+    """Put ``verdict`` (the one that decided the release) into the run's ``result.json``,
+    through its :class:`~vllm_repro.records.ReportDir`."""
+    if item.report is None or not item.report.exists():
         return
-    path = report_dir / "result.json"
-    res = json.loads(path.read_text())
-    res["verdict"] = verdict.as_dict()
-    path.write_text(json.dumps(res, indent=1, default=str))
+    item.result.verdict = verdict.as_dict()
+    item.report.write_result(item.result)

@@ -28,13 +28,13 @@ import logging
 import queue
 import time
 import traceback
-from typing import Any
 
 from .adapter import (AdapterError, RefusedByRelease, _import, _try_import, call_supported,
                       init_params, iter_queue)
 from .executor import FakeWorker, available_memory, kv_cache_spec, make_executor_class
+from ..records import EngineInfo, RunResult, Timing, TraceLine
 from .fake_runner import FakeModelRunner
-from .loop import StepLoop, _NeverRaised, describe_exception, vllm_frames
+from .loop import StepLoop, describe_exception, vllm_frames
 
 
 class EngineCoreLoop(StepLoop):
@@ -141,7 +141,7 @@ class EngineCoreLoop(StepLoop):
             loop._phase = "schedule"
             so = schedule(*args, **kwargs)
             scheduled = loop._lab(loop.adapter.scheduled, so)
-            loop._line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
+            loop._line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
             loop._scheduled_so.append(so)
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
                                                        so, scheduled):
@@ -160,131 +160,121 @@ class EngineCoreLoop(StepLoop):
         sched.update_from_output = observed_update
 
     # ---- the run ----------------------------------------------------------------------------
-    def run(self) -> dict:
-        a = self.adapter
+    def run(self) -> RunResult:
+        """Build vLLM's ``EngineCore`` (a crash there is a ``crash`` at step 0, phase
+        ``engine-build``), then drive it step by step as its busy loop does (see the module
+        docstring); the end of a run is :class:`~vllm_repro.engine.loop.StepLoop`'s."""
         t0 = time.perf_counter()
         self.runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
         self.step = 0
-        self._line: dict[str, Any] = {}
+        self._line = TraceLine(0)
         self._in_flight: dict[int, list[str]] = {}
         self._scheduled_so: list = []
         self._updated_so: list = []
         self._phase = "engine-build"
         self._reach: dict[str, int] = {}
-        self._paused = False
         try:
             self._build_engine(self.runner)
         except _EngineBuildCrash as crash:
-            exc = crash.__cause__
-            result = {"outcome": "crash",
-                      "crash": describe_exception(exc, a.vllm_file, 0, "engine-build")}
-            self._log_fatal(exc, None)
-            result.update(steps=0, finished={}, unfinished=[r["id"] for r in self.sc["requests"]],
-                          limit_reached=False, level=self.level,
-                          timing={"build_s": round(time.perf_counter() - t0, 4)})
-            self.trace({"step": 0, "phase": "engine-build", "crash": {
-                k: result["crash"][k] for k in ("type", "message", "where", "phase")}})
-            return result
-        engine = self.engine
+            return self._build_crashed(crash.__cause__, time.perf_counter() - t0)
         self._check_events()
         record_stats = self._front_door_and_stats(self.vllm_config)
         build_s = time.perf_counter() - t0
         max_steps, stall_steps, last_add = self._limits_and_attach()
-        result: dict[str, Any] = {"outcome": "clean"}
-        stop_exc = getattr(self.observer, "stop_exception", None) or _NeverRaised
-        idle = 0
+        result = RunResult("clean")
         step = 0
-        t1 = time.perf_counter()
-        c1 = time.process_time()
+        t1, c1 = time.perf_counter(), time.process_time()
         for step in range(1, max_steps + 1):
             self.step = step
-            line: dict[str, Any] = {"step": step, "added": [], "aborted": [], "scheduled": {}}
-            self._line = line
-            self._scheduled_so, self._updated_so = [], []
-            self._phase = "add_request"
-            last_so = None
-            try:
-                for r in self.requests_by_step.get(step, []):
-                    self._add(r)
-                    line["added"].append(r["id"])
-                self._phase = "events"
-                for e in self.events_by_step.get(step, []):
-                    self._event(e, line)
-                if self._has_work():
-                    self._phase = "step"
-                    self._proc_step(engine)
-                    if not self._scheduled_so:
-                        line["idle"] = not self._updated_so
-                    line["applied"] = len(self._updated_so)
-                    if record_stats is not None:
-                        self._phase = "record_stats"
-                        while not engine.output_queue.empty():
-                            _, outs = engine.output_queue.get_nowait()
-                            for stats in a.scheduler_stats({0: outs}):
-                                record_stats(stats)
-                    else:
-                        _drain(engine.output_queue)
-                else:
-                    line["idle"] = True
-                last_so = (self._updated_so or self._scheduled_so or [None])[-1]
-            except (RefusedByRelease, AdapterError):
-                raise
-            except (stop_exc, _ObserverStop):
-                result = {"outcome": "violation"}
-                self._state(line)
-                self._emit(line)
-                break
-            except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
-                if _raised_in_lab(exc):
-                    # the fake worker (called from inside vLLM's executor) or the observer
-                    # failed: a lab error, never a reproduction
-                    raise AdapterError(f"the lab failed inside vLLM {a.version}'s step "
-                                       f"{step} ({self._phase}): {type(exc).__name__}: {exc}") from exc
-                result = {"outcome": "crash",
-                          "crash": describe_exception(exc, a.vllm_file, step, self._phase)}
-                line["crash"] = {k: result["crash"][k] for k in ("type", "message", "where", "phase")}
-                self._log_fatal(exc, (self._scheduled_so or [None])[-1])
-                self._state(line)
-                self._emit(line)
-                break
-            newly = self._collect_finished()
-            line["finished"] = newly
-            self._state(line)
-            if self.observer is not None and last_so is not None:
-                if self._lab(self.observer.after_update, step, last_so, line):
-                    result = {"outcome": "violation"}
-                    self._emit(line)
-                    break
-            self._emit(line)
-            unfinished = [rid for rid in self.created if rid not in self.finished]
-            if step >= last_add and not unfinished and not self._has_work():
-                break
-            # progress: a request finished, or some request got further than it ever was
-            # (computed + output tokens above its high-water mark). Scheduled tokens alone are
-            # not: a prompt that is prefilled, preempted and prefilled again forever (a
-            # livelock) schedules tokens every step and never gets anywhere
-            progress = bool(newly) or self._advanced()
-            # a pause the scenario asked for is not the engine stalling
-            idle = 0 if (progress or not unfinished or self._paused) else idle + 1
-            if idle >= stall_steps:
-                self.stall_since = step - stall_steps + 1
-                result = {"outcome": "stall", "stall": {
-                    "step": step, "since": step - stall_steps + 1, "unfinished": unfinished,
-                    "waiting": line.get("waiting"), "running": line.get("running"),
-                    "free_blocks": line.get("free_blocks")}}
+            line = TraceLine.begin(step, scheduled={})
+            ended, last_so = self._engine_step(step, line, record_stats)
+            if ended is None:
+                ended, done = self._end_of_step(step, line, last_so, last_add, stall_steps)
+            else:
+                done = True
+            if done:
+                result = ended or result
                 break
         result = self.finish_result(result, step, build_s, time.perf_counter() - t1,
                                     time.process_time() - c1)
-        result["engine"] = {
-            "num_gpu_blocks": getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
-            "batch_queue_size": getattr(engine, "batch_queue_size", 1),
-            "step_fn": getattr(engine.step_fn, "__name__", str(engine.step_fn)),
-            "scheduler": type(self.scheduler).__name__}
+        engine = self.engine
+        result.engine = EngineInfo(
+            getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
+            getattr(engine, "batch_queue_size", 1),
+            getattr(engine.step_fn, "__name__", str(engine.step_fn)), type(self.scheduler).__name__)
         try:
             engine.shutdown()
         except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
             pass
         return result
+
+    def _build_crashed(self, exc: BaseException, build_s: float) -> RunResult:
+        """vLLM raised ``exc`` inside ``EngineCore.__init__``: a ``crash`` at step 0, logged as
+        production logs it, with a step-0 trace line."""
+        crash = describe_exception(exc, self.adapter.vllm_file, 0, "engine-build")
+        self._log_fatal(exc, None)
+        self.trace(TraceLine(0, phase="engine-build", crash=crash.brief()))
+        return RunResult("crash", crash=crash, steps=0, finished={},
+                         unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
+                         level=self.level, timing=Timing(round(build_s, 4)))
+
+    def _engine_step(self, step: int, line: TraceLine, record_stats):
+        """One turn of ``EngineCoreProc.run_busy_loop``: this step's requests added, events
+        applied, then ``_process_engine_step`` when the engine has work, and the stats logged.
+        Returns ``(result, the last scheduler output applied or scheduled)``; ``result`` is the
+        run's end when the step ended it (the audit stopped it, or vLLM raised), else ``None``.
+        Raises :class:`AdapterError` when the lab failed inside vLLM's step."""
+        a = self.adapter
+        engine = self.engine
+        self._line = line
+        self._scheduled_so, self._updated_so = [], []
+        self._phase = "add_request"
+        try:
+            for r in self.requests_by_step.get(step, []):
+                self._add(r)
+                line.added.append(r["id"])
+            self._phase = "events"
+            for e in self.events_by_step.get(step, []):
+                self._event(e, line)
+            if not self._has_work():
+                line.idle = True
+                return None, None
+            self._phase = "step"
+            self._proc_step(engine)
+            if not self._scheduled_so:
+                line.idle = not self._updated_so
+            line.applied = len(self._updated_so)
+            if record_stats is not None:
+                self._phase = "record_stats"
+                while not engine.output_queue.empty():
+                    _, outs = engine.output_queue.get_nowait()
+                    for stats in a.scheduler_stats({0: outs}):
+                        record_stats(stats)
+            else:
+                _drain(engine.output_queue)
+        except (RefusedByRelease, AdapterError):
+            raise
+        except (self._stop_exception(), _ObserverStop):
+            return self._stopped(line), None
+        except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
+            if _raised_in_lab(exc):
+                # the fake worker (called from inside vLLM's executor) or the observer
+                # failed: a lab error, never a reproduction
+                raise AdapterError(f"the lab failed inside vLLM {a.version}'s step "
+                                   f"{step} ({self._phase}): {type(exc).__name__}: {exc}") from exc
+            self._log_fatal(exc, (self._scheduled_so or [None])[-1])
+            return self._crashed(exc, step, self._phase, line), None
+        return None, (self._updated_so or self._scheduled_so or [None])[-1]
+
+    def _progressed(self, line: TraceLine) -> bool:
+        """Progress at the engine-core level: some request got further than it ever was
+        (computed + output tokens above its high-water mark). Scheduled tokens alone are not:
+        a prompt that is prefilled, preempted and prefilled again forever (a livelock) schedules
+        tokens every step and never gets anywhere."""
+        return self._advanced()
+
+    def _busy(self) -> bool:
+        return self._has_work()
 
     def _advanced(self) -> bool:
         """Whether any live request's computed + output tokens passed its high-water mark."""
@@ -375,7 +365,7 @@ class EngineCoreLoop(StepLoop):
                     f"{self.adapter.version}'s reset_prefix_cache() does not take it; drop it "
                     "for this release")
 
-    def _event(self, e: dict, line: dict) -> None:
+    def _event(self, e: dict, line: TraceLine) -> None:
         engine = self.engine
         if e.get("abort"):
             if e.get("when") == "in_flight" and hasattr(engine, "aborts_queue"):
@@ -383,21 +373,21 @@ class EngineCoreLoop(StepLoop):
             else:
                 # before the step; with a batch queue the previous batch is still in flight
                 engine.abort_requests(list(e["abort"]))
-            line["aborted"].extend(e["abort"])
+            line.aborted.extend(e["abort"])
         elif e.get("reset_prefix_cache"):
             kwargs = {"reset_running_requests": True} if e.get("reset_running_requests") else {}
-            line["reset_prefix_cache"] = engine.reset_prefix_cache(**kwargs)
+            line.reset_prefix_cache = engine.reset_prefix_cache(**kwargs)
         elif e.get("pause"):
             if e.get("mode"):
                 engine.pause_scheduler(mode=e["mode"])
             else:
                 call_supported(engine.pause_scheduler)
             self._paused = True
-            line["paused"] = e.get("mode") or True
+            line.paused = e.get("mode") or True
         elif e.get("resume"):
             engine.resume_scheduler()
             self._paused = False
-            line["resumed"] = True
+            line.resumed = True
 
     # ---- the crash dump ----------------------------------------------------------------------
     def _log_fatal(self, exc: BaseException, so) -> None:

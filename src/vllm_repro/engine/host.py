@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..errors import EnvError
+from ..records import RecordError, RunResult
 from ..settings import cache_dir
 from ..sources.env import ReleaseEnv
 
@@ -163,8 +164,11 @@ class Worker:
 
     def run(self, scenario: dict, out_dir: Path | None, audit: bool = True,
             keep_going: bool = False, *, plant: str | None = None,
-            plant_args: dict | None = None) -> dict:
-        """Run one scenario payload; returns the worker's result dict.
+            plant_args: dict | None = None) -> RunResult:
+        """Run one scenario payload; returns the worker's :class:`~vllm_repro.records.RunResult`
+        (the worker writes ``trace.jsonl`` into ``out_dir``; ``result.json`` is the caller's,
+        through :class:`~vllm_repro.records.ReportDir`). Raises :class:`EnvError` when the
+        worker is gone or dies, and when its reply is not a result.
 
         ``plant`` (tests only): ``/abs/path/plant_*.py:function`` that patches a fault into the
         release for this run (:mod:`vllm_repro.audit.plant`); the result is marked ``planted``.
@@ -180,7 +184,12 @@ class Worker:
             self.proc.stdin.flush()
         except BrokenPipeError as exc:
             raise EnvError(f"the vLLM {self.env.version} worker is gone (log: {self.log_path})") from exc
-        return self._read(f"running {scenario['name']}")["result"]
+        reply = self._read(f"running {scenario['name']}")
+        try:
+            return RunResult.from_dict(reply.get("result"))
+        except RecordError as exc:
+            raise EnvError(f"the vLLM {self.env.version} worker sent a malformed result for "
+                           f"{scenario['name']}: {exc} (log: {self.log_path})") from exc
 
     def close(self) -> None:
         if self.proc is None:

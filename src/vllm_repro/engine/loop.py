@@ -11,26 +11,27 @@ Mirrors ``vllm/v1/engine/core.py:EngineCore.step`` with the executor replaced by
     stat_loggers.record(scheduler_stats)                     # disable_log_stats: false
     scheduler.update_draft_token_ids(drafts)                 # spec decode, 0.10.2+
 
-Runs inside the release environment (standard library + vLLM only). Returns a result dict (the
-``result.json`` of DESIGN.md) and writes one trace line per step.
+Runs inside the release environment (standard library + vLLM only). Returns a
+:class:`~vllm_repro.records.RunResult` and writes one :class:`~vllm_repro.records.TraceLine` per
+step; ``result.json`` is the host's to write (:class:`~vllm_repro.records.ReportDir`).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLine
 from .adapter import AdapterError, RefusedByRelease, V1Adapter, token_stream
 from .fake_runner import FakeModelRunner
 
 
-def vllm_frames(tb, vllm_root: Path) -> list[dict]:
-    """Frames of a traceback that lie in the vLLM package, outermost first, as
-    ``{"file": "vllm/v1/...py", "function": ..., "line": N}``."""
+def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
+    """Frames of a traceback that lie in the vLLM package, outermost first (``file`` as
+    ``vllm/v1/...py``)."""
     frames = []
     root = str(vllm_root.resolve())
     for fs in traceback.extract_tb(tb):
@@ -39,24 +40,18 @@ def vllm_frames(tb, vllm_root: Path) -> list[dict]:
         except OSError:
             continue
         if path.startswith(root + "/"):
-            frames.append({"file": "vllm/" + path[len(root) + 1:], "function": fs.name,
-                           "line": fs.lineno})
+            frames.append(Frame("vllm/" + path[len(root) + 1:], fs.name, fs.lineno))
     return frames
 
 
-def describe_exception(exc: BaseException, vllm_root: Path, step: int, phase: str) -> dict:
-    """The ``crash`` record: type, first message line, innermost vLLM frame, step, phase."""
+def describe_exception(exc: BaseException, vllm_root: Path, step: int, phase: str) -> Crash:
+    """The :class:`~vllm_repro.records.Crash` record: type, first message line, innermost vLLM
+    frame, step, phase."""
     frames = vllm_frames(exc.__traceback__, vllm_root)
     msg = str(exc).strip().splitlines()
-    return {
-        "type": type(exc).__name__,
-        "message": msg[0] if msg else "",
-        "where": frames[-1] if frames else None,
-        "vllm_frames": frames[-8:],
-        "step": step,
-        "phase": phase,
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],
-    }
+    return Crash(type(exc).__name__, msg[0] if msg else "", frames[-1] if frames else None,
+                 frames[-8:], step, phase,
+                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:])
 
 
 class _NeverRaised(BaseException):
@@ -73,7 +68,8 @@ class StepLoop:
 
     level = "scheduler"
 
-    def __init__(self, adapter: V1Adapter, scenario: dict, trace: Callable[[dict], None] | None = None,
+    def __init__(self, adapter: V1Adapter, scenario: dict,
+                 trace: Callable[[TraceLine], None] | None = None,
                  observer: Any = None):
         self.adapter = adapter
         self.sc = scenario
@@ -89,6 +85,8 @@ class StepLoop:
         self.created: dict[str, Any] = {}
         self.finished: dict[str, str] = {}
         self.order = 0
+        self._idle = 0  # steps in a row without progress
+        self._paused = False  # the scenario paused the scheduler (engine-core events)
 
     def prompt_of(self, spec: dict) -> list[int]:
         n = spec["prompt_len"]
@@ -97,7 +95,11 @@ class StepLoop:
             return token_stream("prefix:" + spec["prefix"], k) + token_stream("req:" + spec["id"], n - k)
         return token_stream("req:" + spec["id"], n)
 
-    def run(self) -> dict:
+    def run(self) -> RunResult:
+        """Build the scheduler, then step until every request finished, the audit stopped the
+        run, vLLM raised, the run stalled or ``limits.max_steps`` was reached. Raises
+        :class:`RefusedByRelease` (the release refuses the scenario) and :class:`AdapterError`
+        (the lab failed)."""
         a = self.adapter
         t0 = time.perf_counter()
         try:
@@ -111,99 +113,133 @@ class StepLoop:
             raise RefusedByRelease(f"model.empty_at: {a.caps.refusal('empty outputs')}")
         record_stats = self._front_door_and_stats(a.vllm_config)
         build_s = time.perf_counter() - t0
-        sched = self.scheduler
         runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
         max_steps, stall_steps, last_add = self._limits_and_attach()
-        result: dict[str, Any] = {"outcome": "clean"}
-        stop_exc = getattr(self.observer, "stop_exception", None) or _NeverRaised
-        idle = 0
+        result = RunResult("clean")
         step = 0
-        t1 = time.perf_counter()
-        c1 = time.process_time()
+        t1, c1 = time.perf_counter(), time.process_time()
         for step in range(1, max_steps + 1):
             self.step = step
-            line: dict[str, Any] = {"step": step, "added": [], "aborted": []}
-            phase = "add_request"
-            try:
-                for r in self.requests_by_step.get(step, []):
-                    req = self._lab(a.make_request, r["id"], self.prompt_of(r), r["max_tokens"],
-                                    r.get("priority", 0),
-                                    r["arrival_time"] if r.get("arrival_time") is not None
-                                    else float(self.order))
-                    self.order += 1
-                    self.created[r["id"]] = req
-                    sched.add_request(req)
-                    line["added"].append(r["id"])
-                phase = "abort"
-                for e in self.events_by_step.get(step, []):
-                    if e.get("abort"):
-                        a.abort(sched, e["abort"])
-                        line["aborted"].extend(e["abort"])
-                so = None
-                if not a.has_work(sched):
-                    # EngineCore.step returns without scheduling when there is nothing to do
-                    line["scheduled"] = {}
-                    line["idle"] = True
-                else:
-                    phase = "schedule"
-                    so = sched.schedule()
-                    scheduled = self._lab(a.scheduled, so)
-                    line["scheduled"] = {s.req_id: s.num_scheduled for s in scheduled}
-                    if self.observer is not None and self._lab(self.observer.after_schedule, step,
-                                                               so, scheduled):
-                        result = {"outcome": "violation"}
-                        self._state(line)
-                        self._emit(line)
-                        break
-                    req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled,
-                                                         sched.requests,
-                                                         getattr(so, "finished_req_ids", ()))
-                    mro = self._lab(a.model_output, req_ids, sampled, drafts)
-                    phase = "update_from_output"
-                    engine_core_outputs = sched.update_from_output(so, mro)
-                    if record_stats is not None:
-                        # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
-                        phase = "record_stats"
-                        for stats in a.scheduler_stats(engine_core_outputs):
-                            record_stats(stats)
-                    phase = "update_draft_token_ids"
-                    a.deliver_drafts(sched, req_ids, drafts)
-            except (RefusedByRelease, AdapterError):
-                raise
-            except stop_exc:  # the observer stopped the run inside a vLLM call (audit hook)
-                result = {"outcome": "violation"}
-                self._state(line)
-                self._emit(line)
-                break
-            except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
-                result = {"outcome": "crash", "crash": describe_exception(exc, a.vllm_file, step, phase)}
-                line["crash"] = {k: result["crash"][k] for k in ("type", "message", "where", "phase")}
-                self._state(line)
-                self._emit(line)
-                break
-            newly = self._collect_finished()
-            line["finished"] = newly
-            self._state(line)
-            if (self.observer is not None and so is not None
-                    and self._lab(self.observer.after_update, step, so, line)):
-                result = {"outcome": "violation"}
-                self._emit(line)
-                break
-            self._emit(line)
-            unfinished = [rid for rid in self.created if rid not in self.finished]
-            if step >= last_add and not unfinished:
-                break
-            progress = bool(newly) or any(n > 0 for n in line["scheduled"].values())
-            idle = 0 if (progress or not unfinished) else idle + 1
-            if idle >= stall_steps:
-                self.stall_since = step - stall_steps + 1
-                result = {"outcome": "stall", "stall": {
-                    "step": step, "since": step - stall_steps + 1, "unfinished": unfinished,
-                    "waiting": line["waiting"], "running": line["running"],
-                    "free_blocks": line.get("free_blocks")}}
+            line = TraceLine.begin(step)
+            ended, so = self._step(step, line, runner, record_stats)
+            if ended is None:
+                ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
+            else:
+                done = True
+            if done:
+                result = ended or result
                 break
         return self.finish_result(result, step, build_s, time.perf_counter() - t1,
                                   time.process_time() - c1)
+
+    def _step(self, step: int, line: TraceLine, runner: FakeModelRunner, record_stats):
+        """One ``EngineCore.step`` at the scheduler level: this step's requests added, aborts
+        applied, then ``schedule()``, the fake runner, ``update_from_output``, stats and drafts.
+        Returns ``(result, scheduler_output)``: ``result`` is the run's end when the step ended
+        it (the audit stopped it, or vLLM raised: a ``crash``), else ``None``."""
+        a = self.adapter
+        sched = self.scheduler
+        so = None
+        phase = "add_request"
+        try:
+            for r in self.requests_by_step.get(step, []):
+                req = self._lab(a.make_request, r["id"], self.prompt_of(r), r["max_tokens"],
+                                r.get("priority", 0),
+                                r["arrival_time"] if r.get("arrival_time") is not None
+                                else float(self.order))
+                self.order += 1
+                self.created[r["id"]] = req
+                sched.add_request(req)
+                line.added.append(r["id"])
+            phase = "abort"
+            for e in self.events_by_step.get(step, []):
+                if e.get("abort"):
+                    a.abort(sched, e["abort"])
+                    line.aborted.extend(e["abort"])
+            if not a.has_work(sched):
+                line.scheduled = {}
+                line.idle = True  # EngineCore.step returns without scheduling: nothing to do
+                return None, None
+            phase = "schedule"
+            so = sched.schedule()
+            scheduled = self._lab(a.scheduled, so)
+            line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+            if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
+                                                       scheduled):
+                return self._stopped(line), so
+            req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
+                                                 getattr(so, "finished_req_ids", ()))
+            mro = self._lab(a.model_output, req_ids, sampled, drafts)
+            phase = "update_from_output"
+            engine_core_outputs = sched.update_from_output(so, mro)
+            if record_stats is not None:
+                # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
+                phase = "record_stats"
+                for stats in a.scheduler_stats(engine_core_outputs):
+                    record_stats(stats)
+            phase = "update_draft_token_ids"
+            a.deliver_drafts(sched, req_ids, drafts)
+        except (RefusedByRelease, AdapterError):
+            raise
+        except self._stop_exception():  # the observer stopped the run inside a vLLM call
+            return self._stopped(line), so
+        except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
+            return self._crashed(exc, step, phase, line), so
+        return None, so
+
+    def _stop_exception(self) -> type[BaseException]:
+        """The observer's ``stop_exception`` (raised from inside a vLLM call), or one never
+        raised."""
+        return getattr(self.observer, "stop_exception", None) or _NeverRaised
+
+    def _stopped(self, line: TraceLine) -> RunResult:
+        """The audit stopped the run in this step: the line written, outcome ``violation``."""
+        self._state(line)
+        self._emit(line)
+        return RunResult("violation")
+
+    def _crashed(self, exc: BaseException, step: int, phase: str, line: TraceLine) -> RunResult:
+        """vLLM raised ``exc`` in ``phase`` of ``step``: the line written, outcome ``crash``."""
+        crash = describe_exception(exc, self.adapter.vllm_file, step, phase)
+        line.crash = crash.brief()
+        self._state(line)
+        self._emit(line)
+        return RunResult("crash", crash=crash)
+
+    def _end_of_step(self, step: int, line: TraceLine, so, last_add: int,
+                     stall_steps: int) -> tuple[RunResult | None, bool]:
+        """After a step that did not end the run: finished requests collected, the state read,
+        the observer's ``after_update``, the line written; then whether the run is over.
+        Returns ``(result, done)``: ``result`` a ``violation`` (the audit stopped it) or a
+        ``stall`` (no progress for ``stall_steps`` steps), or ``None`` when the run ends
+        because every request finished (``done``) or goes on. Shared by both levels."""
+        newly = self._collect_finished()
+        line.finished = newly
+        self._state(line)
+        if self.observer is not None and so is not None \
+                and self._lab(self.observer.after_update, step, so, line):
+            self._emit(line)
+            return RunResult("violation"), True
+        self._emit(line)
+        unfinished = [rid for rid in self.created if rid not in self.finished]
+        if step >= last_add and not unfinished and not self._busy():
+            return None, True
+        progress = bool(newly) or self._progressed(line)
+        # a pause the scenario asked for is not the engine stalling
+        self._idle = 0 if (progress or not unfinished or self._paused) else self._idle + 1
+        if self._idle < stall_steps:
+            return None, False
+        self.stall_since = step - stall_steps + 1
+        return RunResult("stall", stall=Stall(step, self.stall_since, unfinished, line.waiting,
+                                              line.running, line.free_blocks)), True
+
+    def _progressed(self, line: TraceLine) -> bool:
+        """Progress at the scheduler level: some request had tokens scheduled."""
+        return any(n > 0 for n in (line.scheduled or {}).values())
+
+    def _busy(self) -> bool:
+        """Whether the engine would still step with every request finished (never, here)."""
+        return False
 
     def _front_door_and_stats(self, vllm_config):
         """Every request through the release's front door (its refusals are input errors);
@@ -225,31 +261,28 @@ class StepLoop:
             self.observer.attach(self)
         return limits.get("max_steps", 500), limits.get("stall_steps", 20), last_add
 
-    def finish_result(self, result: dict, step: int, build_s: float, run_s: float,
-                      run_cpu_s: float) -> dict:
+    def finish_result(self, result: RunResult, step: int, build_s: float, run_s: float,
+                      run_cpu_s: float) -> RunResult:
         """The end of a run at either level: the observer's end-of-run checks (a clean run
         with violations becomes ``violation``), then ``steps``, ``finished`` (request id ->
         finish status), ``unfinished``, ``limit_reached`` and ``timing`` (seconds; steps/s of
-        the loop alone) added to ``result``, which is returned."""
+        the loop alone) set on ``result``, which is returned."""
         if self.observer is not None:
-            fin = self.observer.finish(self, result["outcome"])
-            if fin and result["outcome"] == "clean":
-                result["outcome"] = "violation"
+            fin = self.observer.finish(self, result.outcome)
+            if fin and result.outcome == "clean":
+                result.outcome = "violation"
             if getattr(self.observer, "violations", None):
-                result["violations"] = list(self.observer.violations)
+                result.violations = list(self.observer.violations)
             if hasattr(self.observer, "summary"):
-                result["audit"] = self.observer.summary()
+                result.audit = self.observer.summary()
         unfinished = [r["id"] for r in self.sc["requests"] if r["id"] not in self.finished]
-        result.update({
-            "steps": step,
-            "finished": dict(self.finished),
-            "unfinished": unfinished,
-            "limit_reached": result["outcome"] == "clean" and bool(unfinished),
-            "level": self.level,
-            "timing": {"build_s": round(build_s, 4), "run_s": round(run_s, 4),
-                       "run_cpu_s": round(run_cpu_s, 4),
-                       "steps_per_s": round(step / run_s, 1) if run_s > 0 else None},
-        })
+        result.steps = step
+        result.finished = dict(self.finished)
+        result.unfinished = unfinished
+        result.limit_reached = result.outcome == "clean" and bool(unfinished)
+        result.level = self.level
+        result.timing = Timing(round(build_s, 4), round(run_s, 4), round(run_cpu_s, 4),
+                               round(step / run_s, 1) if run_s > 0 else None)
         return result
 
     def refusal(self, exc: Exception) -> Exception:
@@ -272,7 +305,7 @@ class StepLoop:
         return AdapterError(f"building vLLM {a.version}'s scheduler failed: "
                             f"{type(exc).__name__}: {first}")
 
-    def _emit(self, line: dict) -> None:
+    def _emit(self, line: TraceLine) -> None:
         """Write one trace line, with the observer's fields (``annotate``) added."""
         annotate = getattr(self.observer, "annotate", None)
         if annotate is not None:
@@ -300,20 +333,20 @@ class StepLoop:
                 newly.append(rid)
         return newly
 
-    def _state(self, line: dict) -> None:
+    def _state(self, line: TraceLine) -> None:
+        """The scheduler's queues and the block pool's free count, read now, into ``line``."""
         try:
-            waiting, running, preempted = self.adapter.queues(self.scheduler)
+            line.waiting, line.running, line.preempted = self.adapter.queues(self.scheduler)
         except Exception as exc:  # noqa: BLE001 - after a crash the queues may be unreadable
-            line["state_error"] = f"{type(exc).__name__}: {exc}"
+            line.state_error = f"{type(exc).__name__}: {exc}"
             return
-        line["waiting"] = waiting
-        line["running"] = running
-        line["preempted"] = preempted
-        line["free_blocks"] = self.adapter.num_free_blocks(self.scheduler)
+        line.free_blocks = self.adapter.num_free_blocks(self.scheduler)
 
 
-def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None) -> dict:
-    """Run one scenario; write ``trace.jsonl`` and ``result.json`` into ``out_dir`` (if given).
+def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None) -> RunResult:
+    """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
+    :class:`~vllm_repro.records.TraceLine` a step. ``result.json`` is not written here: the
+    host writes it, with the verdict (:class:`~vllm_repro.records.ReportDir`).
 
     The result's ``outcome`` is ``clean``, ``crash``, ``violation``, ``stall`` or ``error``;
     ``error`` means the lab or the input failed (``error.kind``: ``input`` or ``lab``).
@@ -321,11 +354,11 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     trace_f = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        trace_f = open(out_dir / "trace.jsonl", "w")
+        trace_f = open(out_dir / ReportDir.TRACE, "w")
 
-    def write(line: dict) -> None:
+    def write(line: TraceLine) -> None:
         if trace_f is not None:
-            trace_f.write(json.dumps(line, default=str) + "\n")
+            trace_f.write(line.to_json() + "\n")
 
     try:
         if scenario.get("level") == "engine-core":
@@ -336,23 +369,19 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
             loop = StepLoop(adapter, scenario, write, observer)
         result = loop.run()
     except RefusedByRelease as exc:
-        result = {"outcome": "error", "error": {"kind": "input", "message": str(exc)}}
+        result = RunResult.failed("input", str(exc))
     except AdapterError as exc:
         cause = exc.__cause__ or exc
-        result = {"outcome": "error", "error": {
-            "kind": "lab", "message": str(exc),
-            "traceback": "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))[-4000:]}}
+        result = RunResult.failed("lab", str(exc), traceback="".join(traceback.format_exception(
+            type(cause), cause, cause.__traceback__))[-4000:])
     except Exception as exc:  # noqa: BLE001 - a bug in the lab itself: never a reproduction
-        result = {"outcome": "error", "error": {
-            "kind": "lab", "message": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc()[-4000:]}}
+        result = RunResult.failed("lab", f"{type(exc).__name__}: {exc}",
+                                  traceback=traceback.format_exc()[-4000:])
     finally:
         if trace_f is not None:
             trace_f.close()
-    result["scenario"] = scenario["name"]
-    result.setdefault("level", scenario.get("level", "scheduler"))
-    result["vllm"] = adapter.version
-    result["python"] = sys.version.split()[0]
-    if out_dir is not None:
-        (out_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    result.scenario = scenario["name"]
+    result.level = result.level or scenario.get("level", "scheduler")
+    result.vllm = adapter.version
+    result.python = sys.version.split()[0]
     return result

@@ -5,7 +5,10 @@ Protocol: one JSON object a line on stdin, ``{"id": ..., "scenario": {...}, "out
 null, "options": {"audit": bool, "keep_going": bool}}`` (tests only: ``"plant"``, ``"plant_args"``,
 see :mod:`vllm_repro.audit.plant`); one JSON reply a line on the file
 descriptor given by ``--reply-fd`` (stdout and stderr are vLLM's log). The first reply, id
-``"hello"``, reports the release and the import time, or an ``error`` if vLLM cannot be imported.
+``"hello"``, reports the release, the import time and the release's capabilities record, or an
+``error`` if vLLM cannot be imported. Every later reply is ``{"id": ..., "result": {...}}``, a
+:class:`~vllm_repro.records.RunResult` as JSON. The worker writes a run's ``trace.jsonl`` into
+``out_dir``; ``result.json`` is the host's (:class:`~vllm_repro.records.ReportDir`).
 
 Run as ``python -m vllm_repro.engine.worker --model-dir DIR --reply-fd N`` with the release tree
 and the lab's package on ``PYTHONPATH``.
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     _reply(reply, {"id": "hello", "ok": True, "vllm": adapter.version,
                    "vllm_path": str(adapter.vllm_file), "import_s": round(time.perf_counter() - t0, 3),
                    "python": sys.version.split()[0], "capabilities": adapter.caps.to_dict()})
+    from ..records import RunResult
     from .loop import run_scenario
 
     for raw in sys.stdin:
@@ -76,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                 load_plant(opts["plant"])(ctx, **(opts.get("plant_args") or {}))
             except Exception as exc:  # noqa: BLE001 - a broken test plug-in
                 ctx.restore()
-                _reply(reply, {"id": job.get("id"), "result": {
-                    "outcome": "error", "planted": {"plant": opts["plant"]},
-                    "scenario": job["scenario"].get("name"), "vllm": adapter.version,
-                    "error": {"kind": "lab", "message": f"plant: {type(exc).__name__}: {exc}"}}})
+                failed = RunResult.failed("lab", f"plant: {type(exc).__name__}: {exc}",
+                                          scenario=job["scenario"].get("name"), vllm=adapter.version)
+                failed.planted = {"plant": opts["plant"]}
+                _reply(reply, {"id": job.get("id"), "result": failed.to_dict()})
                 continue
             observer = WithPlant(ctx, observer)
         try:
@@ -88,11 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             if ctx is not None:
                 ctx.restore()
         if ctx is not None:
-            result["planted"] = {"plant": opts["plant"], "args": opts.get("plant_args") or {},
-                                 "notes": ctx.notes}
-            if out_dir is not None:
-                (out_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
-        _reply(reply, {"id": job.get("id"), "result": result})
+            result.planted = {"plant": opts["plant"], "args": opts.get("plant_args") or {},
+                              "notes": ctx.notes}
+        _reply(reply, {"id": job.get("id"), "result": result.to_dict()})
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from ..errors import InputError
+from ..records import RunResult
 from .strategies import Profile, scenarios
 
 CHUNK = 40
@@ -39,19 +40,18 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def signature(result: dict) -> str | None:
+def signature(result: RunResult) -> str | None:
     """The failure signature of a run, or None for ``clean`` and ``error``.
 
     ``crash:AssertionError@vllm/v1/core/sched/scheduler.py:schedule``,
     ``violation:REQ_STATE``, ``stall``.
     """
-    outcome = result.get("outcome")
+    outcome = result.outcome
     if outcome == "crash":
-        c = result["crash"]
-        w = c.get("where")
-        return f"crash:{c['type']}@{w['file']}:{w['function']}" if w else f"crash:{c['type']}@<no vLLM frame>"
+        c = result.crash
+        return f"crash:{c.type}@{c.where.where() if c.where else '<no vLLM frame>'}"
     if outcome == "violation":
-        codes = [v["code"] for v in result.get("violations") or []]
+        codes = [v.code for v in result.all_violations()]
         return f"violation:{codes[0]}" if codes else "violation"
     if outcome == "stall":
         return "stall"
@@ -85,7 +85,7 @@ class Finding:
 
     signature: str
     scenario: dict
-    result: dict
+    result: RunResult
     found_after_s: float
     examples: int
     worker: int
@@ -167,12 +167,12 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
                     result = worker.run(payload, None, audit=cfg.audit)
                     stats["examples"] += 1
-                    oc = result.get("outcome", "error")
+                    oc = result.outcome
                     stats["by_outcome"][oc] = stats["by_outcome"].get(oc, 0) + 1
                     if oc == "error":
                         stats["errors"] += 1
                         if stats["errors"] <= 3:
-                            out.put(("error", index, (result.get("error") or {}).get("message", "")))
+                            out.put(("error", index, result.error.message if result.error else ""))
                     if stats["examples"] % 20 == 0:
                         out.put(("progress", index, dict(stats)))
                     sig = signature(result)
@@ -299,20 +299,19 @@ def write_finding(finding: Finding, version: str, out_dir: Path) -> tuple[Path, 
     sc = json.loads(json.dumps(finding.scenario))
     sc["name"] = f"found-{name}"[:120]
     res = finding.result
-    expect: dict = {"outcome": res["outcome"]}
-    if res["outcome"] == "crash":
-        c = res["crash"]
-        expect["exception"] = c["type"]
-        if c.get("where"):
-            expect["where"] = f"{c['where']['file']}:{c['where']['function']}"
-    elif res["outcome"] == "violation":
-        expect["code"] = res["violations"][0]["code"]
+    expect: dict = {"outcome": res.outcome}
+    if res.outcome == "crash":
+        expect["exception"] = res.crash.type
+        if res.crash.where:
+            expect["where"] = res.crash.where.where()
+    elif res.outcome == "violation":
+        expect["code"] = res.violations[0].code
     sc["expect"] = expect
     sc["vllm"] = {"reproduces_on": [version]}
     sc["description"] = (f"Found by `vllm-repro fuzz --vllm {version}` and shrunk by hypothesis "
                          f"(signature {finding.signature}). Observed: "
-                         + (f"{res['crash']['type']}: {res['crash']['message']}" if res["outcome"] == "crash"
-                            else (res.get("violations") or [{}])[0].get("message", res["outcome"])))
+                         + (f"{res.crash.type}: {res.crash.message}" if res.outcome == "crash"
+                            else res.violations[0].message if res.violations else res.outcome))
     parse_scenario(sc, "<found>")  # it must load
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.yaml"

@@ -153,12 +153,14 @@ def scenario_result(out: Path, label: str, name: str, release: str) -> dict:
     ``result.json``), or ``outcome: missing`` when the suite did not run it."""
     from ..verdict import describe_observed
 
+    from ..records import RecordError, ReportDir
+
     try:
-        res = json.loads((out / label / name / release / "result.json").read_text())
-    except (OSError, ValueError):
+        res = ReportDir(out / label, name, release).read_result()
+    except (OSError, RecordError):
         return {"outcome": "missing", "observed": "no result (the suite did not run it)"}
-    return {"outcome": res.get("outcome"), "observed": describe_observed(res),
-            "violations": len(res.get("violations") or [])}
+    return {"outcome": res.outcome, "observed": describe_observed(res),
+            "violations": len(res.violations or [])}
 
 
 def judge(bundle: Path, out: Path) -> int:

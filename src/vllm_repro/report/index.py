@@ -3,28 +3,29 @@
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
+
+from ..records import RecordError, ReportDir, RunResult
 
 
 def write_index(reports: Path) -> Path | None:
     """(Re)write ``reports/index.html`` from the ``result.json`` files below ``reports``.
     Returns its path, or None when there is no report yet."""
     rows = []
-    for res in sorted(reports.glob("*/*/result.json")):
+    for res in ReportDir.results_under(reports):
         try:
-            data = json.loads(res.read_text())
-        except (OSError, ValueError):
+            data = RunResult.from_json(res.read_text())
+        except (OSError, RecordError):
             continue
         run_dir = res.parent
         rel = run_dir.relative_to(reports)
-        verdict = data.get("verdict") or {}
+        verdict = data.verdict or {}
         ok = verdict.get("ok")
         ok_text = {True: "yes", False: "NO", None: "-"}.get(ok, "-")
-        if data.get("outcome") == "error":
+        if data.outcome == "error":
             ok_text = "ERROR"
-        links = [f'<a href="{html.escape(str(rel / "result.json"))}">result.json</a>']
-        for name in ("trace.jsonl", "timeline.png"):
+        links = [f'<a href="{html.escape(str(rel / ReportDir.RESULT))}">{ReportDir.RESULT}</a>']
+        for name in (ReportDir.TRACE, ReportDir.TIMELINE):
             if (run_dir / name).is_file():
                 links.append(f'<a href="{html.escape(str(rel / name))}">{name}</a>')
         pic = ""
@@ -33,7 +34,7 @@ def write_index(reports: Path) -> Path | None:
         rows.append(
             f"<tr><td>{html.escape(rel.parts[0])}</td><td>{html.escape(rel.parts[1])}</td>"
             f"<td>{html.escape(str(verdict.get('expected', '-')))}</td>"
-            f"<td>{html.escape(str(verdict.get('observed', data.get('outcome'))))}</td>"
+            f"<td>{html.escape(str(verdict.get('observed', data.outcome)))}</td>"
             f"<td class='{ok_text}'>{ok_text}</td><td>{' '.join(links)}</td><td>{pic}</td></tr>")
     if not rows:
         return None

@@ -7,9 +7,10 @@ a step where the audit found a violation is always printed, followed by one
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator
+
+from ..records import TraceLine
 
 
 def _ids(xs) -> str:
@@ -21,22 +22,23 @@ def sched_log_lines(trace: Path) -> Iterator[str]:
     previous step's, plus the step that crashed or broke an invariant (with an ``[AUDIT]`` line
     per violation found at that step)."""
     last = None
-    with open(trace) as f:
+    with open(trace, encoding="utf-8", errors="replace") as f:
         for raw in f:
-            line = json.loads(raw)
-            state = (tuple(line.get("waiting") or ()), tuple(line.get("running") or ()),
-                     tuple(line.get("preempted") or ()), line.get("free_blocks"))
+            if not raw.strip():
+                continue
+            line = TraceLine.from_json(raw)
+            state = (tuple(line.waiting or ()), tuple(line.running or ()),
+                     tuple(line.preempted or ()), line.free_blocks)
             marker = ""
-            if line.get("crash"):
-                c = line["crash"]
-                marker = f" CRASH {c['type']} in {c['phase']}"
-            vs = line.get("violations") or []
+            if line.crash:
+                marker = f" CRASH {line.crash.type} in {line.crash.phase}"
+            vs = line.violations or []
             if vs and not marker:
-                marker = " VIOLATION " + ",".join(dict.fromkeys(v["code"] for v in vs))
+                marker = " VIOLATION " + ",".join(dict.fromkeys(v.code for v in vs))
             if state != last or marker:
-                yield (f"[SCHED] step={line['step']} waiting={_ids(state[0])} running={_ids(state[1])} "
+                yield (f"[SCHED] step={line.step} waiting={_ids(state[0])} running={_ids(state[1])} "
                        f"preempted={_ids(state[2])} free_blocks={state[3]}{marker}")
                 for v in vs:
-                    where = f" ({v['phase']})" if v.get("phase") else ""
-                    yield f"[AUDIT] step={line['step']} {v['code']}{where}: {v['message']}"
+                    where = f" ({v.phase})" if v.phase else ""
+                    yield f"[AUDIT] step={line.step} {v.code}{where}: {v.message}"
             last = state

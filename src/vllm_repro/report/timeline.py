@@ -7,53 +7,52 @@ The crash step and the steps where the audit found a violation are marked and la
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from ..records import RecordError, ReportDir, RunResult, TraceLine
 
 MAX_LABELS = 4  # violation codes labelled by name; every violation step is marked
 
 
-def read_trace(path: Path) -> list[dict]:
-    """The trace lines of ``trace.jsonl`` (one JSON object a step). A damaged last line (a
-    worker killed mid-write) is skipped."""
+def read_trace(path: Path) -> list[TraceLine]:
+    """The :class:`~vllm_repro.records.TraceLine` records of ``trace.jsonl``. A damaged line
+    (a worker killed mid-write) ends the trace there; what came before is drawn."""
     lines = []
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for raw in f:
             raw = raw.strip()
             if not raw:
                 continue
             try:
-                lines.append(json.loads(raw))
-            except ValueError:
+                lines.append(TraceLine.from_json(raw))
+            except RecordError:
                 break
     return lines
 
 
-def marks(trace: list[dict], result: dict | None = None) -> list[tuple[int, str, str]]:
+def marks(trace: list[TraceLine], result: RunResult | None = None) -> list[tuple[int, str, str]]:
     """``(step, kind, label)`` to mark: ``crash`` (``crash AssertionError in schedule @3``),
     ``stall`` and ``violation`` (``REQ_STATE @3``), in step order; violations come from the
-    trace lines and from ``result["violations"]`` (end-of-run findings have no trace line)."""
+    trace lines and from ``result.violations`` (end-of-run findings have no trace line)."""
     out: list[tuple[int, str, str]] = []
     seen = set()
     for line in trace:
-        step = line.get("step")
-        if line.get("crash"):
-            c = line["crash"]
-            out.append((step, "crash", f"crash {c.get('type')} in {c.get('phase')} @{step}"))
-        for v in line.get("violations") or ():
-            key = (step, v.get("code"))
-            if key not in seen:
-                seen.add(key)
-                out.append((step, "violation", f"{v.get('code')} @{step}"))
-    result = result or {}
-    for v in result.get("violations") or ():
-        key = (v.get("step"), v.get("code"))
-        if key not in seen and v.get("step") is not None:
-            seen.add(key)
-            out.append((v["step"], "violation", f"{v['code']} @{v['step']}"))
-    if result.get("outcome") == "stall" and result.get("stall"):
-        s = result["stall"]
-        out.append((s["step"], "stall", f"stall @{s['step']} (no progress since {s.get('since')})"))
+        step = line.step
+        if line.crash:
+            out.append((step, "crash", f"crash {line.crash.type} in {line.crash.phase} @{step}"))
+        for v in line.violations or ():
+            if (step, v.code) not in seen:
+                seen.add((step, v.code))
+                out.append((step, "violation", f"{v.code} @{step}"))
+    if result is None:
+        return sorted(out, key=lambda m: (m[0], m[1] != "crash"))
+    for v in result.all_violations():
+        if (v.step, v.code) not in seen and v.step is not None:
+            seen.add((v.step, v.code))
+            out.append((v.step, "violation", v.at()))
+    if result.outcome == "stall" and result.stall:
+        s = result.stall
+        out.append((s.step, "stall", f"stall @{s.step} (no progress since {s.since})"))
     return sorted(out, key=lambda m: (m[0], m[1] != "crash"))
 
 
@@ -73,14 +72,15 @@ def labels(all_marks: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
     return sorted(out, key=lambda m: m[0])
 
 
-def write_timeline(run_dir: Path, result: dict | None = None) -> Path | None:
+def write_timeline(run_dir: Path, result: RunResult | None = None) -> Path | None:
     """Draw ``run_dir/timeline.png`` from ``run_dir/trace.jsonl``; returns its path, or None
     when there is no trace (a run that failed before its first step).
 
-    ``result``: the run's ``result.json`` mapping (scenario, vllm, outcome, violations), for
+    ``result``: the run's :class:`~vllm_repro.records.RunResult` (scenario, vllm, outcome,
+    violations, verdict), for
     the title and for marks without a trace line. Raises ``ImportError`` without matplotlib.
     """
-    trace_path = Path(run_dir) / "trace.jsonl"
+    trace_path = Path(run_dir) / ReportDir.TRACE
     if not trace_path.is_file():
         return None
     trace = read_trace(trace_path)
@@ -92,11 +92,10 @@ def write_timeline(run_dir: Path, result: dict | None = None) -> Path | None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    result = result or {}
-    steps = [ln["step"] for ln in trace]
-    count = lambda key: [len(ln.get(key) or ()) for ln in trace]  # noqa: E731
-    free = [ln.get("free_blocks") for ln in trace]
-    audit = [ln.get("audit") or {} for ln in trace]
+    steps = [ln.step for ln in trace]
+    count = lambda key: [len(getattr(ln, key) or ()) for ln in trace]  # noqa: E731
+    free = [ln.free_blocks for ln in trace]
+    audit = [ln.audit or {} for ln in trace]
 
     fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(10, 5.8),
                                    gridspec_kw={"height_ratios": [1, 1]})
@@ -148,13 +147,13 @@ def write_timeline(run_dir: Path, result: dict | None = None) -> Path | None:
         for ax in (ax1, ax2):
             ax.set_xlim(lo - 0.5, hi + 2.5)
 
-    title = f"{result.get('scenario', Path(run_dir).parent.name)} on vLLM " \
-            f"{result.get('vllm', Path(run_dir).name)}"
-    verdict = (result.get("verdict") or {}).get("observed") or result.get("outcome", "")
+    title = f"{(result and result.scenario) or Path(run_dir).parent.name} on vLLM " \
+            f"{(result and result.vllm) or Path(run_dir).name}"
+    verdict = ((result and result.verdict) or {}).get("observed") or (result and result.outcome) or ""
     fig.suptitle(title, fontsize=11)
     ax1.set_title(verdict, fontsize=8.5, color="#444")
     fig.tight_layout()
-    out = Path(run_dir) / "timeline.png"
+    out = Path(run_dir) / ReportDir.TIMELINE
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

@@ -318,10 +318,12 @@ def scenario_files(base: Path, globs: tuple[str, ...] = SCENARIO_GLOBS) -> list[
     return list(found)
 
 
-def normalise_result(result: dict, tree: Path) -> dict:
-    """A scenario result with what legitimately differs between two trees removed: timings,
-    report and log paths, and the tree's location inside tracebacks."""
-    res = json.loads(json.dumps(result, default=str))
+def normalise_result(result, tree: Path) -> dict:
+    """A scenario result (a :class:`~vllm_repro.records.RunResult` or its JSON mapping) with
+    what legitimately differs between two trees removed: timings, report and log paths, and
+    the tree's location inside tracebacks."""
+    res = json.loads(json.dumps(result.to_dict() if hasattr(result, "to_dict") else result,
+                                default=str))
     res.pop("timing", None)
     res.pop("engine_log", None)
     res.pop("report_dir", None)

@@ -50,7 +50,7 @@ class Verification:
 
 def _summary(item: RunItem) -> dict:
     v = item.verdict
-    return {"scenario": item.scenario.name, "outcome": item.result.get("outcome"),
+    return {"scenario": item.scenario.name, "outcome": item.result.outcome,
             "observed": describe_observed(item.result), "ok": v.ok if v else None,
             "expected": v.expected if v else None}
 
@@ -99,13 +99,13 @@ def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
     after = run(patched_env, "after")
     ver = Verification(bundle, version, scenario.name, _summary(before[0]), _summary(after[0]))
     b, a = before[0], after[0]
-    if b.result.get("outcome") == "error" or a.result.get("outcome") == "error":
+    if b.result.outcome == "error" or a.result.outcome == "error":
         ver.reasons.append("the lab failed to run the scenario (see the reports); nothing is proven")
-    if b.result.get("outcome") == "clean":
+    if b.result.outcome == "clean":
         ver.reasons.append(f"{scenario.name} does not reproduce on unpatched vLLM {version}")
     elif b.verdict and b.verdict.ok is False:
         ver.reasons.append(f"before: {b.verdict.reason or 'observation differs from expect'}")
-    if a.result.get("outcome") != "clean" or a.result.get("violations"):
+    if a.result.outcome != "clean" or a.result.violations:
         ver.reasons.append(f"after the patch: {describe_observed(a.result)}")
     for ib, ia in zip(before[1:], after[1:]):
         sb, sa = _summary(ib), _summary(ia)
