@@ -180,23 +180,8 @@ class EngineCoreLoop(StepLoop):
         self._check_events()
         record_stats = self._front_door_and_stats(self.vllm_config)
         build_s = time.perf_counter() - t0
-        max_steps, stall_steps, last_add = self._limits_and_attach()
-        result = RunResult("clean")
-        step = 0
-        t1, c1 = time.perf_counter(), time.process_time()
-        for step in range(1, max_steps + 1):
-            self.step = step
-            line = TraceLine.begin(step, scheduled={})
-            ended, last_so = self._engine_step(step, line, record_stats)
-            if ended is None:
-                ended, done = self._end_of_step(step, line, last_so, last_add, stall_steps)
-            else:
-                done = True
-            if done:
-                result = ended or result
-                break
-        result = self.finish_result(result, step, build_s, time.perf_counter() - t1,
-                                    time.process_time() - c1)
+        result = self._run_steps(build_s, lambda step, line: self._engine_step(step, line, record_stats),
+                                 scheduled={})
         engine = self.engine
         result.engine = EngineInfo(
             getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),

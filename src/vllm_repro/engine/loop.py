@@ -114,18 +114,24 @@ class StepLoop:
         record_stats = self._front_door_and_stats(a.vllm_config)
         build_s = time.perf_counter() - t0
         runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
+        return self._run_steps(build_s, lambda step, line: self._step(step, line, runner, record_stats))
+
+    def _run_steps(self, build_s: float, step_fn, scheduled: dict | None = None) -> RunResult:
+        """The step loop both levels share: ``step_fn(step, line)`` (this level's step, returning
+        ``(result or None, scheduler output or None)``), then :meth:`_end_of_step`, until the run
+        ends or ``limits.max_steps``; then :meth:`finish_result`. ``scheduled``: what a line's
+        ``scheduled`` starts as (``None``: absent until ``schedule()`` returns)."""
         max_steps, stall_steps, last_add = self._limits_and_attach()
         result = RunResult("clean")
         step = 0
         t1, c1 = time.perf_counter(), time.process_time()
         for step in range(1, max_steps + 1):
             self.step = step
-            line = TraceLine.begin(step)
-            ended, so = self._step(step, line, runner, record_stats)
-            if ended is None:
+            line = TraceLine.begin(step, None if scheduled is None else dict(scheduled))
+            ended, so = step_fn(step, line)
+            done = ended is not None
+            if not done:
                 ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
-            else:
-                done = True
             if done:
                 result = ended or result
                 break
