@@ -41,6 +41,16 @@ class RunItem:
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                  audit: bool, keep_going: bool, say: Say, log_name: str | None = None) -> None:
     log = reports / "_engine" / f"{log_name or version}.log"
+    from .scenario.release_fields import unknown_passthrough
+
+    for item in items:  # a config field the release lacks: refused before vLLM is imported
+        refusal = unknown_passthrough(item.scenario.config, version, env.tree)
+        if refusal:
+            item.result = {"outcome": "error", "error": {"kind": "input", "message": refusal},
+                           "scenario": item.scenario.name, "vllm": version}
+    items = [item for item in items if not item.result]
+    if not items:
+        return
     try:
         with Worker(env, log) as worker:
             say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")
