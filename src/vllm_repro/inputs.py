@@ -218,21 +218,35 @@ def check_yaml_shape(text: str, source: str | Path, *, max_depth: int = MAX_YAML
                 raise InputError(f"{source}: more than {max_nodes} YAML nodes (the lab's limit); "
                                  "split the workload or make it smaller")
     except yaml.YAMLError as exc:
-        raise InputError(_yaml_error(source, exc)) from None
+        raise InputError(_yaml_error(source, exc, text)) from None
     except RecursionError:
         raise InputError(f"{source}: YAML nested too deep to read; flatten it") from None
 
 
-def _yaml_error(source: str | Path, exc: Exception) -> str:
+def _yaml_error(source: str | Path, exc: Exception, text: str = "") -> str:
+    """``FILE: line N: invalid YAML: problem`` (+ a fix where the problem does not say one)."""
+    yaml = _yaml()
     mark = getattr(exc, "problem_mark", None)
-    where = f" line {mark.line + 1}" if mark else ""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"{source}:{where}: invalid YAML: {problem}; fix the YAML syntax there"
+    if mark is not None:
+        where = f"line {mark.line + 1}: "
+    elif isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow
+        where = f"line {text.count(chr(10), 0, exc.position) + 1}: " if text else ""
+    else:
+        where = ""
+    if isinstance(exc, yaml.reader.ReaderError):
+        ch = exc.character
+        problem = f"character #x{ord(ch) if isinstance(ch, str) else ch:04x} is not allowed in YAML"
+    else:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    syntax = isinstance(exc, (yaml.scanner.ScannerError, yaml.parser.ParserError,
+                              yaml.reader.ReaderError))
+    return f"{source}: {where}invalid YAML: {problem}" + ("; fix the YAML syntax there" if syntax else "")
 
 
 def _strict_loader():
-    """A SafeLoader that refuses a key given twice (YAML would keep the last) and a complex
-    key (a list or mapping used as a key: ``? [a, b]``)."""
+    """A SafeLoader that refuses a key given twice (YAML would keep the last), a complex key
+    (a list or mapping used as a key: ``? [a, b]``) and a key that is not a string (``1:``,
+    ``null:``)."""
     yaml = _yaml()
 
     class StrictLoader(yaml.SafeLoader):
@@ -251,11 +265,12 @@ def _strict_loader():
                     None, None, f"a {kind} used as a key (complex key `? ...`); keys are plain "
                     "names", key_node.start_mark)
             key = loader.construct_object(key_node, deep=deep)
-            try:
-                hash(key)
-            except TypeError:
+            if not isinstance(key, str):  # every key of the lab's files is a name or an id
+                kind = ("null" if key is None else "a boolean" if isinstance(key, bool) else
+                        "a number" if isinstance(key, (int, float)) else f"a {type(key).__name__}")
                 raise yaml.constructor.ConstructorError(
-                    None, None, "an unhashable key; keys are plain names", key_node.start_mark) from None
+                    None, None, f"key {key_node.value!r} is {kind}, not a name; quote it "
+                    f"(\"{key_node.value}\") or use a field name", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} appears twice", key_node.start_mark)
@@ -274,7 +289,7 @@ def load_yaml(text: str, source: str | Path, **limits) -> object:
     try:
         return yaml.load(text, Loader=_strict_loader())  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise InputError(_yaml_error(source, exc)) from None
+        raise InputError(_yaml_error(source, exc, text)) from None
     except RecursionError:
         raise InputError(f"{source}: YAML nested too deep to read; flatten it") from None
 

@@ -42,14 +42,17 @@ def close_field(name: str, candidates, cutoff: float = 0.8) -> str | None:
 
 def _check_release(value: str) -> str:
     """A release is a version (``0.10.1.1``) or a specifier set (``>=0.9.2,<0.10.2``)."""
+    if len(value) > 64:
+        raise ValueError(f"a release of {len(value)} characters is neither a release version "
+                         "nor a version range (at most 64)")
     try:
         Version(value)
         return value
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or an integer past Python's digit limit
         pass
     try:
         SpecifierSet(value)
-    except InvalidSpecifier as exc:
+    except (InvalidSpecifier, ValueError) as exc:
         raise ValueError(f"{value!r} is neither a release version nor a version range") from exc
     return value
 
