@@ -112,12 +112,14 @@ def read_text(path: str | Path, what: str, fix: str, *, max_bytes: int = MAX_SCE
 
 
 def folder(path: str | Path, what: str, hint: str, *, create: bool = False,
-           writable: bool = False) -> Path:
+           writable: bool = False, creatable: bool = False) -> Path:
     """``path`` as a folder (made, with its parents, when ``create``), absolute and resolved.
 
     :class:`InputError` ``PATH: problem; hint`` for a symlink loop, a regular file (or a
     file among its parents), a folder that cannot be made, or one the user may not write
-    (``writable``). ``what`` names it (``--reports folder``, ``VLLM_REPRO_CACHE``)."""
+    (``writable``); ``creatable``: a missing folder must be one the user could make (its
+    nearest existing parent writable). ``what`` names it (``--reports folder``,
+    ``VLLM_REPRO_CACHE``)."""
     p = Path(path).expanduser()
     # the first part of the path that exists must be a folder (or a link to one)
     probe = p
@@ -144,6 +146,9 @@ def folder(path: str | Path, what: str, hint: str, *, create: bool = False,
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
         why = _why(exc) if isinstance(exc, OSError) else "a symlink loop (a link that leads back to itself)"
         raise InputError(f"{p}: {why} (the {what}); {hint}") from None
+    if creatable and st is not None and probe != p and not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{p}: cannot be made: {probe} is not writable by uid {os.getuid()} "
+                         f"(the {what}); {hint}")
     if create:
         try:
             resolved.mkdir(parents=True, exist_ok=True)

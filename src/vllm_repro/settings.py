@@ -35,11 +35,12 @@ def cache_dir() -> Path:
     env = os.environ.get("VLLM_REPRO_CACHE")
     if env:
         return folder(env, "VLLM_REPRO_CACHE folder",
-                      "point VLLM_REPRO_CACHE at a folder, or unset it for the default")
+                      "point VLLM_REPRO_CACHE at a folder, or unset it for the default",
+                      creatable=True)
     from platformdirs import user_cache_dir
 
     return folder(user_cache_dir("vllm-repro"), "default cache folder",
-                  "set VLLM_REPRO_CACHE to a folder")
+                  "set VLLM_REPRO_CACHE to a folder", creatable=True)
 
 
 @functools.lru_cache(maxsize=1)

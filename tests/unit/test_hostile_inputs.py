@@ -335,12 +335,26 @@ ROWS = [
      "no such bundle verdict.json"),
     ("gpu-judge-bundle-loop", lambda c: ["gpu-judge", str(c.loop()), "--out", str(c.tmp / "o")], 2,
      "symlink loop"),
+    ("gpu-verify-ssh-config-loop", lambda c: ["gpu-verify", "--remote", "h", "--bundle", str(c.tmp),
+                                              "--ssh-config", str(c.loop()), "--reports",
+                                              str(c.tmp / "r")], 2, "symlink loop"),
+    ("cache-cannot-be-made", cache_case(lambda c: _readonly(c) / "cache"), 2,
+     "cannot be made"),
+    ("slice-base-a-file", lambda c: ["slice", "0.10.2", "--base", str(c.file("f", "x"))], 2,
+     "is a regular file, not a folder (the --base folder)"),
+    ("slice-version-long", lambda c: ["slice", "1" * 70], 2, "a release name of 70 characters"),
     # ---- the catalog folder -------------------------------------------------------------
     ("catalog-directory-a-file", lambda c: ["catalog", "--directory", str(c.file("f", "x"))], 2,
      "is a regular file, not a folder (the catalog folder"),
     ("catalog-directory-loop", lambda c: ["catalog", "run", "--directory", str(c.loop()),
                                           "--reports", str(c.tmp / "r")], 2, "symlink loop"),
 ]
+
+
+def _readonly(c: Case) -> Path:
+    """A folder nobody may write (even root: a read-only bind of the file system is not at
+    hand in a test, so /proc stands for it)."""
+    return Path("/proc/self")
 
 
 def _dangling(c: Case) -> Path:

@@ -37,6 +37,11 @@ def gpu_verify(
         raise InputError(f"--gpu {gpu!r}: expected all or none")
     vllm = release_name(vllm) if vllm is not None else None
     reports = reports_dir(reports, create=False)
+    if ssh_config is not None:
+        from ..inputs import input_file
+
+        input_file(ssh_config, "ssh config file", "give --ssh-config an ssh config file (or "
+                   "leave it out for ~/.ssh/config)")
     if bundle is None:
         bundle = verify_here(scenario, patch, vllm, reports)
     else:
