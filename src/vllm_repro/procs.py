@@ -122,7 +122,7 @@ def kill_all(timeout: float = 2.0) -> None:
         kill_group(proc)
     deadline = time.monotonic() + timeout
     while True:
-        alive = descendants()
+        alive = [p for p in descendants() if not _is_resource_tracker(p)]
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -135,12 +135,34 @@ def kill_all(timeout: float = 2.0) -> None:
         time.sleep(0.02)
 
 
+def _is_resource_tracker(pid: int) -> bool:
+    """multiprocessing's resource tracker: left alone, it ends by itself when the lab exits
+    (its pipe closes) and frees what the killed search processes held; killed, the lab's own
+    exit relaunches it and prints tracebacks."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"multiprocessing.resource_tracker" in fh.read()
+    except OSError:
+        return False
+
+
 def _handler(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
     global _raised
     kill_all()
     if not _raised:  # a second signal during the clean-up only kills again
         _raised = True
         raise Interrupted(signum)
+
+
+def exit_on_signal() -> None:
+    """For a helper process of the lab (a fuzz search process): SIGINT and SIGTERM kill its
+    workers and descendants, then end it at once with ``128 + signal`` (no traceback)."""
+    def handler(signum, frame):  # noqa: ARG001
+        kill_all()
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
 
 
 def _subreaper() -> None:

@@ -90,3 +90,37 @@ def test_signal_stops_a_real_run(tmp_path, moment, sig, code):
     assert err.strip().splitlines()[-1] == "aborted" and "Traceback" not in err, err
     left = [p for p in seen if _alive(p)]
     assert not left, f"alive one second after {sig.name} at {moment}: {left}"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_a_fuzz_campaign(tmp_path, sig, code):
+    """fuzz: search processes (multiprocessing, spawned), each with its own worker; all stop."""
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "fuzz", "--vllm", "0.10.2",
+                             "--time", "120s", "--workers", "2", "--out", str(tmp_path / "found"),
+                             "--reports", str(tmp_path / "r")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the search never started its workers"
+            seen |= _tree(proc.pid)
+            workers = [p for p in seen if _alive(p) and "vllm_repro.engine.worker" in
+                       open(f"/proc/{p}/cmdline").read()]
+            if len(workers) == 2:
+                break
+            time.sleep(0.1)
+        time.sleep(3)  # the workers import vLLM and start searching
+        seen |= _tree(proc.pid)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == "aborted" and "Traceback" not in err, err
+    left = [p for p in seen if _alive(p)]
+    assert not left, f"alive one second after {sig.name}: {left}"
