@@ -343,6 +343,8 @@ ROWS = [
     ("slice-base-a-file", lambda c: ["slice", "0.10.2", "--base", str(c.file("f", "x"))], 2,
      "is a regular file, not a folder (the --base folder)"),
     ("slice-version-long", lambda c: ["slice", "1" * 70], 2, "a release name of 70 characters"),
+    ("catalog-only-typo", lambda c: ["catalog", "run", "--only", "vllm-2347-priority", "--reports",
+                                     str(c.tmp / "r")], 2, "--only vllm-2347-priority: no such entry"),  # issue
     # ---- the catalog folder -------------------------------------------------------------
     ("catalog-directory-a-file", lambda c: ["catalog", "--directory", str(c.file("f", "x"))], 2,
      "is a regular file, not a folder (the catalog folder"),
