@@ -65,7 +65,7 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
     SIGINT / SIGTERM stop every child process and exit 130 / 143 (:mod:`vllm_repro.procs`);
     any other exception of the lab is a lab failure: its traceback goes to a file, one line
     says where, exit 3. ``signals=False`` (tests calling it in-process) leaves the signal
-    handlers alone."""
+    handlers alone and never sweeps the caller's child processes."""
     from . import procs
 
     if signals:
@@ -77,7 +77,8 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
         code = app(args=argv, standalone_mode=False, prog_name="vllm-repro")
         sys.exit(code if isinstance(code, int) else 0)
     except procs.Interrupted as exc:
-        procs.kill_all()
+        if signals:  # the entry point owns its children; a caller in-process owns its own
+            procs.kill_all()
         err.print("aborted", highlight=False)
         sys.exit(exc.exit_code)
     except LabError as exc:
@@ -86,7 +87,8 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        procs.kill_all()
+        if signals:  # the entry point owns its children; a caller in-process owns its own
+            procs.kill_all()
         err.print("aborted", highlight=False)
         sys.exit(130)
     except Exception as exc:
@@ -95,7 +97,8 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(EXIT_INPUT)
-        procs.kill_all()
+        if signals:  # the entry point owns its children; a caller in-process owns its own
+            procs.kill_all()
         where = crash_report(exc)
         saved = f"the traceback is in {where}" if where else "the traceback could not be saved"
         first = " ".join(str(exc).split())[:200]
