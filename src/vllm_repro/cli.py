@@ -2,19 +2,22 @@
 :mod:`vllm_repro.commands`) and :func:`main`, the entry point.
 
 Exit codes (README, "Exit codes"): 0 observations match ``expect``; 1 mismatch or reproduction found;
-2 usage or input error; 3 environment error (fetch, import, docker, ssh).
+2 usage or input error; 3 environment error (fetch, import, docker, ssh) or a lab failure (the
+traceback saved to a file); 130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import typer
 
 from .commands import bisect, catalog, fuzz, prepare, remote, run, triage, verify
 from .commands import slice as slice_
 from .console import err, error
-from .errors import EXIT_INPUT, LabError
+from .errors import EXIT_ENV, EXIT_INPUT, LabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Reproduce vLLM engine crashes on CPU with vLLM's real scheduler code.")
@@ -32,18 +35,61 @@ app.command("gpu-judge")(remote.gpu_judge)
 app.command("bisect")(bisect.bisect)
 
 
-def main() -> None:
-    """Entry point: one-line messages and the exit codes (README) for lab and input errors."""
+def _check_cache() -> None:
+    """The cache folder (``VLLM_REPRO_CACHE``) before any command uses it: a regular file, a
+    file among its parents or a symlink loop is exit 2 naming it (:func:`settings.cache_dir`)."""
+    from .settings import cache_dir
+
+    cache_dir()
+
+
+def crash_report(exc: BaseException) -> Path | None:
+    """Write ``exc``'s traceback to a new file in the temporary folder; its path, or None
+    when even that cannot be written."""
+    import tempfile
+    import traceback
+
     try:
-        code = app(standalone_mode=False)
+        fd, name = tempfile.mkstemp(prefix="vllm-repro-crash-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+            fh.write(f"vllm-repro {' '.join(sys.argv[1:])}\n\n")
+            fh.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return Path(name)
+    except Exception:  # noqa: BLE001 - a last resort must not fail itself
+        return None
+
+
+def main(args: list[str] | None = None, *, signals: bool = True) -> None:
+    """Entry point: one-line messages and the exit codes (README) for lab and input errors.
+
+    SIGINT / SIGTERM stop every child process and exit 130 / 143 (:mod:`vllm_repro.procs`);
+    any other exception of the lab is a lab failure: its traceback goes to a file, one line
+    says where, exit 3. ``signals=False`` (tests calling it in-process) leaves the signal
+    handlers alone and never sweeps the caller's child processes."""
+    from . import procs
+
+    if signals:
+        procs.install_signal_handlers()
+    argv = sys.argv[1:] if args is None else list(args)
+    try:
+        if not {"--help", "-h"} & set(argv):
+            _check_cache()
+        code = app(args=argv, standalone_mode=False, prog_name="vllm-repro")
         sys.exit(code if isinstance(code, int) else 0)
+    except procs.Interrupted as exc:
+        if signals:  # the entry point owns its children; a caller in-process owns its own
+            procs.kill_all()
+        err.print("aborted", highlight=False)
+        sys.exit(exc.exit_code)
     except LabError as exc:
         error(str(exc))
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
+        if signals:  # the entry point owns its children; a caller in-process owns its own
+            procs.kill_all()
+        err.print("aborted", highlight=False)
         sys.exit(130)
     except Exception as exc:
         # usage errors from click (bundled inside typer in newer releases): they know how to
@@ -51,7 +97,14 @@ def main() -> None:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(EXIT_INPUT)
-        raise
+        if signals:  # the entry point owns its children; a caller in-process owns its own
+            procs.kill_all()
+        where = crash_report(exc)
+        saved = f"the traceback is in {where}" if where else "the traceback could not be saved"
+        first = " ".join(str(exc).split())[:200]
+        error(f"lab failure ({type(exc).__name__}{': ' + first if first else ''}); {saved}; "
+              "please report it with that file")
+        sys.exit(EXIT_ENV)
 
 
 if __name__ == "__main__":

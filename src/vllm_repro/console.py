@@ -28,8 +28,12 @@ def say(msg: str) -> None:
 
 
 def error(msg: str) -> None:
-    """A one-line error on stderr: ``error: MSG`` (``error:`` in red)."""
-    err.print(f"[red]error:[/red] {msg}", highlight=False)
+    """A one-line error on stderr: ``error: MSG`` (``error:`` in red). ``msg`` is printed as
+    written (no markup: a file named ``[x].yaml`` stays that), never wrapped."""
+    from rich.markup import escape
+
+    err.print(f"[red]error:[/red] {escape(' '.join(str(msg).split()))}", highlight=False,
+              soft_wrap=True)
 
 
 def table(columns: Iterable[str], *, no_wrap: bool = True, edge: bool = True) -> Table:

@@ -53,6 +53,15 @@ class RunItem:
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                  audit: bool, keep_going: bool, say: Say, log_name: str | None = None) -> None:
     log = ReportDir.engine_log(reports, log_name or version)
+    from .scenario.release_fields import unknown_passthrough
+
+    for item in items:  # a config field the release lacks: refused before vLLM is imported
+        refusal = unknown_passthrough(item.scenario.config, version, env.tree)
+        if refusal:
+            item.fail("input", refusal)
+    items = [item for item in items if item.result is None]
+    if not items:
+        return
     try:
         with Worker(env, log) as worker:
             say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")

@@ -27,13 +27,20 @@ DEFAULT_TORCH_VERSION = "2.13.0"
 
 
 def cache_dir() -> Path:
-    """The lab's cache root (created on demand by the users of each sub-folder)."""
+    """The lab's cache root (created on demand by the users of each sub-folder). Raises
+    :class:`~vllm_repro.errors.InputError` (exit 2) when ``VLLM_REPRO_CACHE`` (or the default)
+    is a regular file, lies under one, or is a symlink loop."""
+    from .inputs import folder
+
     env = os.environ.get("VLLM_REPRO_CACHE")
     if env:
-        return Path(env).expanduser().resolve()
+        return folder(env, "VLLM_REPRO_CACHE folder",
+                      "point VLLM_REPRO_CACHE at a folder, or unset it for the default",
+                      creatable=True)
     from platformdirs import user_cache_dir
 
-    return Path(user_cache_dir("vllm-repro"))
+    return folder(user_cache_dir("vllm-repro"), "default cache folder",
+                  "set VLLM_REPRO_CACHE to a folder", creatable=True)
 
 
 @functools.lru_cache(maxsize=1)

@@ -41,7 +41,8 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
      "requests[1].id", "used twice"),
     (("abort: [A]", "abort: [Z]"), "events[0].abort", "unknown request id 'Z'"),
     (("name: t", "name: t\nname: u"), "line", "appears twice"),
-    (("config: {num_gpu_blocks: 8}", "config: {}"), "config", "needs num_gpu_blocks"),
+    (("config: {num_gpu_blocks: 8}", "config: {}"), "config.num_gpu_blocks",
+     "missing required field"),
     (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, policy: lifo}"), "config.policy",
      "fcfs"),
     # a wrong type is refused, not coerced (true would become max_num_seqs 1)

@@ -56,3 +56,38 @@ def test_not_a_diff(tmp_path):
     p.write_text("hello\n")
     with pytest.raises(InputError, match="not a unified diff"):
         patch_files(p)
+
+
+SYMLINK = """diff --git a/vllm/evil b/vllm/evil
+new file mode 120000
+index 0000000..1234567
+--- /dev/null
++++ b/vllm/evil
+@@ -0,0 +1 @@
++/etc/passwd
+\\ No newline at end of file
+"""
+
+
+def test_a_patch_that_makes_a_symlink_is_refused_before_it_is_applied(tree, tmp_path):
+    p = tmp_path / "evil.diff"
+    p.write_text(SYMLINK)
+    with pytest.raises(InputError, match="line 2: the patch makes a symlink"):
+        patched_tree(tree, p, "9.9.9")
+    assert not (tmp_path / "cache" / "patched").exists()
+
+
+def test_the_patched_copy_is_checked_for_links_after_git_apply(tree, tmp_path, monkeypatch):
+    """With the mode-line check out of the way, git apply really makes the link: the check of
+    the patched copy refuses it, and no patched tree is kept."""
+    import re
+
+    import vllm_repro.verify.patch as patch_mod
+
+    monkeypatch.setattr(patch_mod, "_MODE", re.compile(r"(?!)"))
+    monkeypatch.setattr(patch_mod, "_INDEX_MODE", re.compile(r"(?!)"))
+    p = tmp_path / "evil.diff"
+    p.write_text(SYMLINK)
+    with pytest.raises(InputError, match=r"applying it makes a symlink \(vllm/evil\)"):
+        patched_tree(tree, p, "9.9.9")
+    assert not list((tmp_path / "cache" / "patched").iterdir())  # nor a half-made copy

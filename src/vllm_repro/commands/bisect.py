@@ -30,18 +30,23 @@ def bisect(
     from ..bisect.search import bisect_releases, release_span
     from ..console import out, say
     from ..errors import InputError
+    from ..inputs import release_name, reports_dir
     from ..report.index import write_index
     from ..scenario import load_scenario
     from ..sources.index import list_releases
     from ..sources.installed import installed
 
     t0 = time.perf_counter()
+    good = release_name(good, "--good") if good is not None else None
+    bad = release_name(bad, "--bad") if bad is not None else None
+    reports = reports_dir(reports, create=False)
     sc = load_scenario(scenario)
     require_expectation(sc, scenario)
     bad_v, good_v = default_endpoints(sc, scenario, bad, good)
     if installed() is not None:
         raise InputError("bisect runs each release from its sdist; unset VLLM_REPRO_VLLM "
                          "(installed mode runs only the installed vLLM)")
+    reports = reports_dir(reports)
     bad_v, good_v, span = release_span(list_releases(), bad_v, good_v)
     say(f"bisect: {len(span)} releases from {span[0]} to {span[-1]} on the index")
     classify = ReleaseClassifier(sc, reports, say=say)

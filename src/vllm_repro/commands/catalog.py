@@ -25,6 +25,11 @@ def catalog(ctx: typer.Context,
 
     from ..catalog import catalog_rows
     from ..console import out, table
+    from ..inputs import folder
+
+    folder(directory, "catalog folder (--directory)", "give --directory a folder of scenario "
+           "files such as scenarios/")
+    folder(reports, "--reports folder", "give --reports the folder of earlier runs")
 
     t = table(("entry", "issue", "reproduces_on", "clean_on", "last verdicts"), no_wrap=False)
     for name, issue, reproduces_on, clean_on, lasts in catalog_rows(directory, reports):
@@ -45,9 +50,15 @@ def catalog_run(
     """Run every catalog entry on its own releases (and --also-on ones); print the table."""
     from ..catalog import catalog_items, run_catalog
     from ..console import print_results, say
+    from ..inputs import folder, release_name, reports_dir
 
     t0 = time.perf_counter()
+    folder(directory, "catalog folder (--directory)", "give --directory a folder of scenario "
+           "files such as scenarios/")
+    extra = [release_name(v, "--also-on") for v in extra]
+    reports = reports_dir(reports, create=False)
     items = catalog_items(directory, only, extra, say=say)
+    reports = reports_dir(reports)
     run_catalog(items, reports, audit=audit, jobs=jobs, say=say)
     code = print_results(items, as_json, False)
     say(f"catalog done in {time.perf_counter() - t0:.1f}s")

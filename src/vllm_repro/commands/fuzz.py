@@ -31,11 +31,15 @@ def fuzz(
     from ..errors import EXIT_ENV, EXIT_MISMATCH, InputError
     from ..fuzz.search import Campaign, SearchConfig, parse_duration, run_campaign, write_finding
     from ..fuzz.strategies import DEFAULT, LADDER
+    from ..inputs import folder, release_name, reports_dir
     from ..sources.prepare import prepare_release
 
     if policy not in (None, "fcfs", "priority"):
         raise InputError(f"--policy {policy!r}: use fcfs or priority")
+    vllm = release_name(vllm)
     seconds = parse_duration(time_)
+    reports = reports_dir(reports, create=False)
+    folder(out_dir, "--out folder", "give --out a folder you can write", writable=True)
     env = prepare_release(vllm, say)
     levels = list(LADDER) if ladder else [DEFAULT]
     found_any = False

@@ -30,16 +30,22 @@ def gpu_verify(
     on the full vLLM of the release (CUDA image), JUnit and logs brought back."""
     from ..console import out
     from ..errors import EXIT_MISMATCH, InputError
+    from ..inputs import release_name, reports_dir
     from ..remote.ship import Ship, local_dir, run_id
 
     if gpu not in ("all", "none"):
         raise InputError(f"--gpu {gpu!r}: expected all or none")
+    vllm = release_name(vllm) if vllm is not None else None
+    reports = reports_dir(reports, create=False)
+    if ssh_config is not None:
+        from ..inputs import input_file
+
+        input_file(ssh_config, "ssh config file", "give --ssh-config an ssh config file (or "
+                   "leave it out for ~/.ssh/config)")
     if bundle is None:
         bundle = verify_here(scenario, patch, vllm, reports)
-    elif not (bundle / "manifest.json").is_file():
-        raise InputError(f"--bundle {bundle}: not a verification bundle (no manifest.json)")
     else:
-        verdict = json.loads((bundle / "verdict.json").read_text())
+        bundle, verdict = read_bundle(bundle)
         if not verdict.get("verified"):
             out.print(f"[red]not shipped[/red]: bundle {bundle} is not verified on CPU: "
                       f"{'; '.join(verdict.get('reasons', []))}")
@@ -53,15 +59,41 @@ def gpu_verify(
     raise typer.Exit(code)
 
 
+def read_bundle(bundle: Path) -> tuple[Path, dict]:
+    """A verification bundle folder (``vllm-repro verify``'s) through the loading layer: the
+    folder, its ``manifest.json`` and ``verdict.json`` as JSON objects. Returns ``(folder,
+    verdict)``; :class:`~vllm_repro.errors.InputError` names what is missing or damaged."""
+    from ..errors import InputError
+    from ..inputs import folder, input_file, load_json_file
+
+    fix = "give --bundle the folder `vllm-repro verify` wrote (reports/verify/<id>/)"
+    bundle = folder(bundle, "--bundle folder", fix)
+    if not bundle.is_dir():
+        raise InputError(f"--bundle {bundle}: no such folder; {fix}")
+    try:
+        input_file(bundle / "manifest.json", "bundle manifest", fix)
+    except InputError as exc:
+        raise InputError(f"--bundle {bundle}: not a verification bundle ({exc})") from None
+    for name in ("manifest.json", "verdict.json"):
+        data = load_json_file(bundle / name, f"bundle {name}", fix)
+        if not isinstance(data, dict):
+            raise InputError(f"{bundle / name}: holds a {type(data).__name__}, not a JSON object; {fix}")
+    return bundle, data
+
+
 def gpu_judge(
     bundle: Path = typer.Argument(..., help="A verification bundle folder."),
     out_dir: Path = typer.Option(..., "--out", help="Where JUnit XML, reports and summary.json go."),
 ) -> None:
     """Inside the CUDA image: the shared suite before and after applying the bundle's patch
     to the installed vLLM (run by gpu-verify on the GPU host)."""
+    from ..inputs import folder
     from ..remote.judge import judge
 
-    raise typer.Exit(judge(bundle.resolve(), out_dir.resolve()))
+    bundle, _ = read_bundle(bundle)
+    out_dir = folder(out_dir, "--out folder", "give --out a folder you can write", create=True,
+                     writable=True)
+    raise typer.Exit(judge(bundle, out_dir))
 
 
 def verify_here(scenario, patch, vllm, reports) -> Path:

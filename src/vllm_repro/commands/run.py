@@ -26,15 +26,19 @@ def run(
 ) -> None:
     """Run scenario(s) on vLLM release(s) and print the verdict table."""
     from ..console import print_results, say
+    from ..inputs import release_name, reports_dir
     from ..lab import RunItem, releases_for, run_matrix
     from ..report.index import write_index
     from ..scenario.load import unique_scenarios
     from ..sources.prepare import check_tree
 
     t0 = time.perf_counter()
+    vllm = [release_name(v) for v in vllm]
+    reports = reports_dir(reports, create=False)
     loaded = unique_scenarios(scenarios)
     items = [RunItem(sc, v) for sc in loaded for v in releases_for(sc, vllm)]
     check_tree(tree)
+    reports = reports_dir(reports)
     run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=say, tree=tree)
     write_index(reports)
     code = print_results(items, as_json, sched_log)

@@ -21,8 +21,13 @@ def slice_cmd(
     from ..console import out as console
     from ..console import say
     from ..slicing.slicer import make_slice
+    from ..inputs import folder, release_name
     from ..sources.sdist import validate_version
 
+    versions = [release_name(v, "VERSION") for v in versions]
+    base = folder(base, "--base folder", "give --base the lab checkout whose scenarios are traced")
+    if out is not None:
+        folder(out, "--out folder", "give --out a folder you can write", writable=True)
     code = 0
     for v in versions:
         validate_version(v)

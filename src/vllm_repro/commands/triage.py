@@ -102,15 +102,24 @@ def triage(
                                  "YAML file (guessed values marked in comments)."),
     vllm: Optional[str] = typer.Option(
         None, "--vllm", help="Release for the scenario when the log names none (or another)."),
+    force: bool = typer.Option(False, "--force", help="Let --scenario overwrite an existing file."),
 ) -> None:
     """Triage a vLLM crash log: root cause, innermost vLLM frame, stage, exit, release,
     scheduler state; optionally a replay scenario."""
     from rich.console import Console
     from rich.text import Text
 
+    from ..inputs import input_file, output_file, release_name
     from ..triage.core import triage_log, write_draft
     from ..triage.scenario import draft_scenario
 
+    if log != "-":
+        input_file(log, "crash log", "give the path of a vLLM crash log (or - for stdin)",
+                   fifo_ok=True)
+    if vllm is not None:
+        vllm = release_name(vllm)
+    if scenario is not None:  # refused before the log is read: nothing is overwritten
+        output_file(scenario, "scenario file", "--scenario", force=force)
     report, sc = triage_log(log)
     written = None
     if scenario is not None:

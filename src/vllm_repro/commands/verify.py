@@ -19,9 +19,12 @@ def verify(
     from ..console import out, say, table
     from ..errors import EXIT_MISMATCH
     from ..verify.core import verify as run_verify
+    from ..inputs import release_name, reports_dir
     from ..verify.patch import require_patch_file
 
+    vllm = release_name(vllm)
     require_patch_file(patch)
+    reports = reports_dir(reports, create=False)
     ver = run_verify(scenario, patch, vllm, reports.resolve(), catalog=catalog, say=say)
     t = table(("scenario", "vllm", "before", "after"))
     t.add_row(ver.scenario, ver.version, ver.before["observed"], ver.after["observed"])

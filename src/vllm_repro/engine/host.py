@@ -3,6 +3,10 @@
 The worker (:mod:`vllm_repro.engine.worker`) runs with ``PYTHONPATH`` = the lab's package (alone,
 through a folder holding only a link to it, so the lab's own dependencies never leak in) and the
 release's extracted tree. vLLM's log goes to a file; replies come back over a pipe.
+
+Each worker leads its own process group (a new session) and is registered with
+:mod:`vllm_repro.procs`, which kills the whole group on SIGINT / SIGTERM; no worker starts once
+an abort began.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .. import procs
 from ..errors import EnvError
 from ..records import RecordError, RunResult
 from ..settings import cache_dir
@@ -105,6 +110,8 @@ class Worker:
         self.close()
 
     def start(self) -> None:
+        if procs.aborting():
+            raise EnvError(f"not starting the vLLM {self.env.version} worker: the run is being aborted")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         r, w = os.pipe()
         # appended, not truncated: an earlier run's result.json may point at its crash dump
@@ -119,11 +126,13 @@ class Worker:
                 stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                 pass_fds=(w,),
                 env=self._environment(), text=True,
-                cwd=str(self.env.tree or self.log_path.parent))
+                cwd=str(self.env.tree or self.log_path.parent),
+                start_new_session=True)  # its own process group: procs kills it whole
         except OSError as exc:
             os.close(r)
             os.close(w)
             raise EnvError(f"cannot start the worker for vLLM {self.env.version}: {exc}") from exc
+        procs.register(self.proc)
         os.close(w)
         self._replies = os.fdopen(r, "r")
         self.hello = self._read("starting vLLM")
@@ -202,6 +211,8 @@ class Worker:
             self.proc.kill()
             self.proc.wait()
         finally:
+            procs.kill_group(self.proc)  # helpers the worker left behind in its group
+            procs.unregister(self.proc)
             self.proc = None
             self._log.close()
 

@@ -142,8 +142,12 @@ def _chunk_seed(base: int, worker: int, chunk: int) -> int:
 
 def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue, log_dir: str) -> None:
     """Body of one search process: posts ``("progress", ...)``, ``("finding", ...)``,
-    ``("error", ...)`` and finally ``("done", index)`` messages on ``out``."""
+    ``("error", ...)`` and finally ``("done", index)`` messages on ``out``. A SIGTERM (the
+    campaign's ``terminate()``) or SIGINT takes its worker down with it."""
+    from .. import procs as lab_procs
     from ..engine.host import Worker
+
+    lab_procs.exit_on_signal()
     from ..scenario import parse_scenario
     from ..sources.env import ReleaseEnv
 

@@ -8,29 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from ..errors import InputError
+from ..inputs import load_yaml, read_text
 from .schema import Scenario
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses a mapping with the same key twice (YAML would keep the last)."""
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice", key_node.start_mark)
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def _loc(loc: tuple) -> str:
@@ -58,25 +40,71 @@ def _fix_hint(err: dict) -> str:
         return f"use a value above {ctx.get('gt')}"
     if kind == "literal_error":
         return "use one of the values listed"
+    if kind == "finite_number":
+        return "write a finite number (not .nan or .inf)"
     if kind.endswith("_type"):
         plain = kind.removesuffix('_type').replace('_', ' ')
         return f"write a plain {plain} value (no quotes, no true/false for numbers)"
     return ""
 
 
+def _all_field_names() -> set[str]:
+    """Every field name of the scenario format (the candidates a misspelling is matched to)."""
+    from pydantic import BaseModel
+
+    from . import schema
+
+    names: set[str] = set()
+    for obj in vars(schema).values():
+        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj is not BaseModel:
+            names |= set(obj.model_fields)
+    return names
+
+
+def _typo(errs: list[dict]) -> tuple[dict, str, str | None] | None:
+    """An unknown field that misspells a field of the format: ``(its error, the field it
+    misspells, the missing required field it stands for or None)``."""
+    from .schema import close_field
+
+    missing = {tuple(e.get("loc", ())): e for e in errs if e.get("type") == "missing"}
+    for e in errs:
+        if e.get("type") != "extra_forbidden":
+            continue
+        loc = tuple(e.get("loc", ()))
+        siblings = [m[-1] for m in missing if m[:-1] == loc[:-1]]
+        near = close_field(loc[-1], siblings) if siblings else None
+        if near:
+            return e, near, near
+        near = close_field(loc[-1], _all_field_names())
+        if near:
+            return e, near, None
+    return None
+
+
 def format_validation_error(path: str | Path, exc: ValidationError) -> str:
-    """One line: ``FILE: FIELD: problem (fix)`` for the first error, plus a count of the rest."""
+    """One line: ``FILE: FIELD: problem; fix`` for the first error, plus a count of the rest.
+    An unknown field that misspells a field of the format (``promt_len``) is named first, with
+    the field it likely means."""
     errs = exc.errors()
     err = errs[0]
     msg = err.get("msg", "invalid").removeprefix("Value error, ")
-    if err.get("type") == "extra_forbidden":
+    hint = _fix_hint(err)
+    typo = _typo(errs)
+    if typo is not None:
+        err, near, required = typo
+        msg = f"unknown field; did you mean {near}?" + (f" ({near} is required)" if required else "")
+        hint = ""
+        errs = [e for e in errs if e is not err and not (
+            required and e.get("type") == "missing" and tuple(e.get("loc", ()))[-1] == required)]
+        errs.insert(0, err)
+    elif err.get("type") == "extra_forbidden":
         msg = "unknown field"
     elif err.get("type") == "missing":
         msg = "missing required field"
-    hint = _fix_hint(err)
     more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
     loc = _loc(tuple(err.get("loc", ())))
-    head = f"{path}: {loc}: " if loc else f"{path}: "
+    # a validator's message that names its own field (config.num_gpu_blocks: ...) stands alone
+    head = f"{path}: {loc}: " if loc and not msg.startswith(loc + ".") else f"{path}: "
     return head + msg + (f"; {hint}" if hint else "") + more
 
 
@@ -88,27 +116,17 @@ def parse_scenario(data: object, source: str | Path = "<scenario>") -> Scenario:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise InputError(format_validation_error(source, exc)) from None
+    except RecursionError:
+        raise InputError(f"{source}: nested too deep to validate; flatten it") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file. Raises :class:`InputError` for a missing or unreadable
-    file, invalid YAML, or any schema violation."""
+    """Read and validate a scenario file through the loading layer (:mod:`vllm_repro.inputs`).
+    Raises :class:`InputError` for a missing, unreadable, oversized or non-UTF-8 file, invalid
+    or too deeply nested YAML, or any schema violation."""
     p = Path(path)
-    if p.is_dir():
-        raise InputError(f"{p}: is a folder, not a scenario file; give a file such as scenarios/<name>.yaml")
-    if not p.is_file():
-        raise InputError(f"{p}: no such scenario file; give a path such as scenarios/<name>.yaml")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{p}: cannot read the file as UTF-8 text ({exc.__class__.__name__})") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{p}:{where}: invalid YAML: {problem}") from None
+    text = read_text(p, "scenario file", "give a scenario file such as scenarios/<name>.yaml")
+    data = load_yaml(text, p)
     return parse_scenario(data, p)
 
 
@@ -118,10 +136,11 @@ def unique_scenarios(paths: list[Path]) -> list[Scenario]:
     by_name: dict[str, tuple[Path, Scenario]] = {}
     seen: set[Path] = set()
     for p in paths:
-        if Path(p).resolve() in seen:
+        sc = load_scenario(p)  # first: a path that cannot be resolved is refused there
+        key = Path(p).resolve()
+        if key in seen:
             continue
-        seen.add(Path(p).resolve())
-        sc = load_scenario(p)
+        seen.add(key)
         if sc.name in by_name:
             raise InputError(f"{p}: name: {sc.name!r} is also the name of {by_name[sc.name][0]}; "
                              "reports/<name>/<version>/ would collide; rename one")

@@ -11,6 +11,7 @@ Units: lengths in tokens, pool sizes in blocks, times in steps (step n is the n-
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Literal
 
@@ -25,21 +26,33 @@ NonNegInt = Annotated[int, Field(ge=0)]
 
 class Strict(BaseModel):
     """Unknown fields are errors, and so are values of the wrong type: ``true`` or ``"2"`` for a
-    count is refused, not coerced to 1 or 2 (YAML ints are still fine where floats go)."""
+    count is refused, not coerced to 1 or 2 (YAML ints are still fine where floats go). A
+    number must be finite: ``.nan`` and ``.inf`` are refused."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=False, strict=True, allow_inf_nan=False)
+
+
+def close_field(name: str, candidates, cutoff: float = 0.8) -> str | None:
+    """The one of ``candidates`` that ``name`` most likely misspells, or None."""
+    import difflib
+
+    near = difflib.get_close_matches(str(name), list(candidates), n=1, cutoff=cutoff)
+    return near[0] if near else None
 
 
 def _check_release(value: str) -> str:
     """A release is a version (``0.10.1.1``) or a specifier set (``>=0.9.2,<0.10.2``)."""
+    if len(value) > 64:
+        raise ValueError(f"a release of {len(value)} characters is neither a release version "
+                         "nor a version range (at most 64)")
     try:
         Version(value)
         return value
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or an integer past Python's digit limit
         pass
     try:
         SpecifierSet(value)
-    except InvalidSpecifier as exc:
+    except (InvalidSpecifier, ValueError) as exc:
         raise ValueError(f"{value!r} is neither a release version nor a version range") from exc
     return value
 
@@ -60,6 +73,30 @@ class VllmRefs(Strict):
     @classmethod
     def _releases(cls, v: list[str]) -> list[str]:
         return [_check_release(x) for x in v]
+
+    @model_validator(mode="after")
+    def _not_both(self):
+        """A release cannot both reproduce and run clean: a concrete release of one list that
+        is (or falls in a range of) the other is a contradiction, refused."""
+        for mine, other, here, there in ((self.reproduces_on, self.clean_on, "reproduces_on",
+                                          "clean_on"),
+                                         (self.clean_on, self.reproduces_on, "clean_on",
+                                          "reproduces_on")):
+            for v in mine:
+                try:
+                    ver = Version(v)
+                except InvalidVersion:
+                    continue
+                for e in other:
+                    try:
+                        hit = Version(e) == ver
+                    except InvalidVersion:
+                        hit = ver in SpecifierSet(e, prereleases=True)
+                    if hit:
+                        raise ValueError(
+                            f"vllm.{here}: release {v} is also in vllm.{there} ({e!r}); a "
+                            "release either reproduces the bug or runs clean: keep it in one list")
+        return self
 
     def concrete(self) -> list[str]:
         """The concrete releases named, reproducing ones first, in file order."""
@@ -149,14 +186,24 @@ class SchedulerSettings(Strict):
 
     @model_validator(mode="after")
     def _limits(self):
+        extra = self.model_extra or {}
         if self.num_gpu_blocks is None and self.kv_cache_memory_bytes is None:
-            raise ValueError("config needs num_gpu_blocks (the KV pool in blocks) or, at level "
-                             "engine-core, kv_cache_memory_bytes (the memory start-up sizes it from)")
-        for key, value in (self.model_extra or {}).items():
+            for key in extra:
+                near = close_field(key, ("num_gpu_blocks", "kv_cache_memory_bytes"))
+                if near:
+                    raise ValueError(f"config.{key}: unknown field; did you mean {near}? "
+                                     f"(config.{near} is required)")
+            raise ValueError("config.num_gpu_blocks: missing required field (the KV pool in "
+                             "blocks; at level engine-core kv_cache_memory_bytes, the memory "
+                             "start-up sizes it from, may stand for it); add it")
+        for key, value in extra.items():
             if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a vLLM config field name")
             if isinstance(value, (dict, list)):
-                raise ValueError(f"{key}: only plain values pass through to vLLM's config classes")
+                raise ValueError(f"config.{key}: only plain values pass through to vLLM's config "
+                                 "classes")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"config.{key}: {value} is not a finite number; give a number")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when enable_chunked_prefill is "

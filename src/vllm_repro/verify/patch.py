@@ -4,6 +4,10 @@ A patch is a unified diff whose paths are ``vllm/...`` (``a/vllm/...`` and ``b/v
 writes them, or bare ``vllm/...``). It is applied with ``git apply`` (no fuzz: it applies
 cleanly or not at all) to a copy of ``trees/<version>`` kept under ``patched/<version>-<sha>/``
 in the cache, so the pristine tree stays as the release shipped it.
+
+A patch may change and create regular files only: one that makes a symlink (mode 120000), a
+submodule (160000) or any other non-regular file is refused (exit 2) before it is applied, and
+the patched copy is checked again after ``git apply`` (a link there refuses the patch too).
 """
 
 from __future__ import annotations
@@ -20,14 +24,20 @@ from ..errors import EnvError, InputError
 from ..settings import cache_dir
 
 _HEADER = re.compile(r"^(?:\+\+\+|---) (\S+)")
+#: git's mode lines: a regular file is 100644 or 100755; anything else (120000 a symlink,
+#: 160000 a submodule) is refused
+_MODE = re.compile(r"^(?:new file mode|new mode|old mode|deleted file mode) (\d+)\s*$")
+_INDEX_MODE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+ (\d+)\s*$")
+_RENAME = re.compile(r"^(?:rename|copy) (?:from|to) (.+)$")
+_FIX = "give --patch path/to/fix.diff"
 
 
 def require_patch_file(patch: Path) -> None:
-    """Raises :class:`InputError` when ``patch`` is missing or a folder (one line, with the fix)."""
-    if patch.is_dir():
-        raise InputError(f"{patch}: is a folder, not a patch file; give --patch path/to/fix.diff")
-    if not patch.is_file():
-        raise InputError(f"{patch}: no such patch file; give --patch path/to/fix.diff")
+    """Raises :class:`InputError` when ``patch`` is missing, a folder, a link loop, a special
+    file or unreadable (one line, with the fix; :func:`vllm_repro.inputs.input_file`)."""
+    from ..inputs import input_file
+
+    input_file(patch, "patch file", _FIX)
 
 
 def patch_files(patch: Path) -> list[str]:
@@ -36,12 +46,23 @@ def patch_files(patch: Path) -> list[str]:
     Raises :class:`InputError` when the file is not a unified diff or touches anything outside
     the ``vllm`` package (the lab only patches vLLM's own code).
     """
-    try:
-        text = patch.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{patch}: cannot read the patch ({exc.__class__.__name__})") from None
+    from ..inputs import read_text
+
+    text = read_text(patch, "patch file", _FIX)
     files: list[str] = []
-    for line in text.splitlines():
+    for lineno, line in enumerate(text.splitlines(), 1):
+        mode = _MODE.match(line) or _INDEX_MODE.match(line)
+        if mode and mode.group(1) not in ("100644", "100755", "100664"):
+            what = {"120000": "a symlink", "160000": "a submodule (gitlink)"}.get(
+                mode.group(1), f"a file of mode {mode.group(1)}")
+            raise InputError(f"{patch}: line {lineno}: the patch makes {what}; a fix may only "
+                             "change or create regular files under vllm/")
+        ren = _RENAME.match(line)
+        if ren:
+            target = ren.group(1).strip()
+            if not target.startswith("vllm/") or ".." in Path(target).parts:
+                raise InputError(f"{patch}: line {lineno}: renames or copies {target!r}; a fix "
+                                 "may only change files under vllm/")
         m = _HEADER.match(line)
         if not m or m.group(1) == "/dev/null":
             continue
@@ -56,6 +77,22 @@ def patch_files(patch: Path) -> list[str]:
     if not files:
         raise InputError(f"{patch}: not a unified diff (no ---/+++ file headers)")
     return files
+
+
+def _only_regular_files(tree: Path, patch: Path) -> None:
+    """Refuse a patched tree holding anything but folders and regular files (the copy was made
+    with links followed, so any link or special file there came from the patch)."""
+    import stat
+
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            mode = os.lstat(p).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                kind = "a symlink" if stat.S_ISLNK(mode) else "a special file"
+                raise InputError(f"{patch}: applying it makes {kind} "
+                                 f"({p.relative_to(tree)}); a fix may only change or create "
+                                 "regular files under vllm/")
 
 
 def _strip_level(patch: Path) -> int:
@@ -100,6 +137,7 @@ def patched_tree(tree: Path, patch: Path, version: str) -> Path:
                               cwd=work, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise InputError(f"{patch}: failed to apply to vLLM {version}: {proc.stderr.strip()[:300]}")
+        _only_regular_files(work, patch)
         (work / ".patched").write_text(f"{patch.resolve()}\nsha256-prefix {sha}\n")
         if target.exists():
             shutil.rmtree(target)

@@ -1,0 +1,185 @@
+"""The lab's child processes, and stopping all of them on a signal (README, "Exit codes").
+
+Every engine worker runs in its own process group (``start_new_session``) and is registered
+here by :class:`vllm_repro.engine.host.Worker`. :func:`install_signal_handlers` (called first
+thing by :func:`vllm_repro.cli.main`) turns SIGINT and SIGTERM into :class:`Interrupted` in
+the main thread, after killing every registered worker's whole process group and every other
+descendant of the lab (environment builds, search processes, their children). On Linux the lab
+is also a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): a grandchild whose parent died
+is re-parented to the lab, not to PID 1, so it is found and killed too. The CLI then prints
+``aborted`` and exits 130 (SIGINT) or 143 (SIGTERM). No worker is started once an abort began.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+_workers: set[subprocess.Popen] = set()
+_lock = threading.Lock()
+_aborting = False
+_raised = False
+
+
+class Interrupted(BaseException):
+    """A SIGINT or SIGTERM reached the lab (a BaseException: no ``except Exception`` of the
+    lab swallows it). ``signum`` is the signal; the exit code is ``128 + signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def aborting() -> bool:
+    """Whether an abort began (no new worker may start)."""
+    return _aborting
+
+
+def register(proc: subprocess.Popen) -> None:
+    """Track a worker process (the leader of its own process group). Killed at once when an
+    abort already began (a worker started by a thread while the signal was handled)."""
+    with _lock:
+        _workers.add(proc)
+    if _aborting:
+        kill_group(proc)
+
+
+def unregister(proc: subprocess.Popen) -> None:
+    with _lock:
+        _workers.discard(proc)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group ``proc`` leads (the worker and whatever it left there)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    try:
+        proc.kill()
+    except OSError:
+        pass
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """``{pid: (ppid, state)}`` of every process visible (``/proc``, else ``ps``)."""
+    table: dict[int, tuple[int, str]] = {}
+    if os.path.isdir("/proc"):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    data = fh.read().decode(errors="replace")
+            except OSError:
+                continue
+            rest = data.rsplit(")", 1)[-1].split()
+            if len(rest) >= 2:
+                table[int(name)] = (int(rest[1]), rest[0])
+        return table
+    try:
+        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,stat="], capture_output=True,
+                             text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return table
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit():
+            table[int(parts[0])] = (int(parts[1]), parts[2][:1])
+    return table
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """The live (not zombie) processes below ``root`` (default: this one)."""
+    root = os.getpid() if root is None else root
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return [p for p in out if table.get(p, (0, "Z"))[1] not in ("Z", "X")]
+
+
+def kill_all(timeout: float = 2.0) -> None:
+    """Stop every worker's process group and every descendant of the lab (SIGKILL), until
+    none is left alive or ``timeout`` seconds passed. Marks the abort: no worker starts after."""
+    global _aborting
+    _aborting = True
+    for proc in list(_workers):
+        kill_group(proc)
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in descendants() if not _is_resource_tracker(p)]
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        # exited children stay zombies (not alive) until the lab exits: reaping them here
+        # could take a status another thread's subprocess call waits for
+        if not alive or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    """multiprocessing's resource tracker: left alone, it ends by itself when the lab exits
+    (its pipe closes) and frees what the killed search processes held; killed, the lab's own
+    exit relaunches it and prints tracebacks."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"multiprocessing.resource_tracker" in fh.read()
+    except OSError:
+        return False
+
+
+def _handler(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
+    global _raised
+    kill_all()
+    if not _raised:  # a second signal during the clean-up only kills again
+        _raised = True
+        raise Interrupted(signum)
+
+
+def exit_on_signal() -> None:
+    """For a helper process of the lab (a fuzz search process): SIGINT and SIGTERM kill its
+    workers and descendants, then end it at once with ``128 + signal`` (no traceback)."""
+    def handler(signum, frame):  # noqa: ARG001
+        kill_all()
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def _subreaper() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def install_signal_handlers() -> None:
+    """SIGINT and SIGTERM stop every child process and raise :class:`Interrupted` in the main
+    thread (call it from the main thread, first)."""
+    _subreaper()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _handler)

@@ -1,0 +1,105 @@
+"""A scenario's pass-through ``config:`` fields checked against a release's source, before any
+vLLM import.
+
+A ``config:`` key that is not one of the lab's own fields is handed to the release's
+``SchedulerConfig``, ``CacheConfig``, ``ParallelConfig`` or ``SpeculativeConfig`` (see
+:class:`~vllm_repro.scenario.schema.SchedulerSettings`). The worker refuses a key none of them
+has, but only after importing vLLM (seconds). Here the same question is answered from the
+extracted tree with :mod:`ast` (``vllm/config.py`` or ``vllm/config/*.py``): the classes'
+annotated fields and ``__init__`` parameters. The answer is conservative: when a class is not
+found, takes ``**kwargs``, or inherits from a class not found, nothing is refused here and the
+worker's own check decides. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .schema import SchedulerSettings, close_field
+
+#: the classes a pass-through field may belong to (engine/adapter/build.py's lookup order)
+PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig")
+
+
+def _config_sources(tree: Path) -> list[Path]:
+    single = tree / "vllm" / "config.py"
+    pkg = tree / "vllm" / "config"
+    files = [single] if single.is_file() else []
+    if pkg.is_dir():
+        files += sorted(pkg.glob("*.py"))
+    return files
+
+
+def _class_fields(node: ast.ClassDef) -> tuple[set[str], bool]:
+    """``(field names, open)``: annotated class attributes and ``__init__`` parameters;
+    ``open`` when ``__init__`` takes ``**kwargs`` (any name is accepted)."""
+    names: set[str] = set()
+    open_ = False
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            names.add(stmt.target.id)
+        elif isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
+            a = stmt.args
+            names |= {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]} - {"self"}
+            open_ = open_ or a.kwarg is not None
+    return names, open_
+
+
+def release_config_fields(tree: Path) -> set[str] | None:
+    """Every field name the four pass-through classes of the release in ``tree`` take, or None
+    when the source does not settle it (a class missing, open, or inheriting from one unseen)."""
+    classes: dict[str, ast.ClassDef] = {}
+    for path in _config_sources(tree):
+        try:
+            mod = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, SyntaxError, ValueError, RecursionError):
+            return None
+        for node in ast.walk(mod):
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, node)
+    fields: set[str] = set()
+    for name in PASSTHROUGH_CLASSES:
+        todo, seen = [name], set()
+        while todo:
+            cls = todo.pop()
+            if cls in seen:
+                continue
+            seen.add(cls)
+            node = classes.get(cls)
+            if node is None:
+                return None
+            names, open_ = _class_fields(node)
+            if open_:
+                return None
+            fields |= names
+            for base in node.bases:
+                base_name = base.id if isinstance(base, ast.Name) else (
+                    base.attr if isinstance(base, ast.Attribute) else None)
+                if base_name in (None, "object", "Generic", "Protocol"):
+                    continue
+                if base_name in ("BaseModel", "SupportsHash", "SupportsMetricsInfo", "ABC"):
+                    continue  # framework / marker bases: they add no constructor field a user sets
+                todo.append(base_name)
+    return fields
+
+
+def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | None) -> str | None:
+    """The one-line refusal of the first pass-through key of ``config`` that the release in
+    ``tree`` has in none of :data:`PASSTHROUGH_CLASSES` (with the field it likely misspells),
+    or None when every key is there or the source does not settle it."""
+    extra = list(config.model_extra or {})
+    if not extra or tree is None:
+        return None
+    known = release_config_fields(tree)
+    if known is None:
+        return None
+    for key in extra:
+        if key in known:
+            continue
+        near = close_field(key, set(SchedulerSettings.model_fields) | known)
+        guess = f"did you mean {near}? " if near else ""
+        return (f"config.{key}: vLLM {version} has no such field in "
+                f"{', '.join(PASSTHROUGH_CLASSES)}; {guess}check the name against that "
+                "release's vllm/config, or drop it for this release")
+    return None

@@ -1,0 +1,126 @@
+"""SIGINT and SIGTERM to a real ``vllm-repro run`` (vLLM 0.10.2, nothing mocked): while the
+worker imports vLLM and in the middle of a 700-step workload. Every process of the run is gone
+one second after; "aborted"; exit 130 / 143. (The four moments with a stand-in worker, including
+environment build and report writing, are tests/unit/test_signals.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")]
+
+STRESS = ROOT / "scenarios" / "stress" / "stress-fcfs-nocache.yaml"
+
+
+def _table() -> dict[int, tuple[int, str]]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                rest = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            out[int(name)] = (int(rest[1]), rest[0])
+    return out
+
+
+def _tree(root: int) -> set[int]:
+    table = _table()
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        for child, (ppid, _) in table.items():
+            if ppid == pid and child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", ["import", "mid-run"])
+def test_signal_stops_a_real_run(tmp_path, moment, sig, code):
+    reports = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(STRESS), "--vllm",
+                             "0.10.2", "--reports", str(reports), "--jobs", "1"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trace = reports / "stress-fcfs-nocache" / "0.10.2" / "trace.jsonl"
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 900  # a first run builds the environment
+        while True:
+            assert proc.poll() is None, f"the run ended before the {moment} moment: {proc.communicate()}"
+            assert time.monotonic() < deadline, f"never reached the {moment} moment"
+            seen |= _tree(proc.pid)
+            if moment == "import" and seen and any("vllm_repro.engine.worker" in
+                                                   open(f"/proc/{p}/cmdline").read()
+                                                   for p in seen if _alive(p)):
+                if not trace.parent.exists():  # still importing: no report folder yet
+                    break
+            if moment == "mid-run" and trace.is_file() and trace.read_text().count("\n") > 50:
+                break
+            time.sleep(0.05)
+        seen |= _tree(proc.pid)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == "aborted" and "Traceback" not in err, err
+    left = [p for p in seen if _alive(p)]
+    assert not left, f"alive one second after {sig.name} at {moment}: {left}"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_a_fuzz_campaign(tmp_path, sig, code):
+    """fuzz: search processes (multiprocessing, spawned), each with its own worker; all stop."""
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "fuzz", "--vllm", "0.10.2",
+                             "--time", "120s", "--workers", "2", "--out", str(tmp_path / "found"),
+                             "--reports", str(tmp_path / "r")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the search never started its workers"
+            seen |= _tree(proc.pid)
+            workers = [p for p in seen if _alive(p) and "vllm_repro.engine.worker" in
+                       open(f"/proc/{p}/cmdline").read()]
+            if len(workers) == 2:
+                break
+            time.sleep(0.1)
+        time.sleep(3)  # the workers import vLLM and start searching
+        seen |= _tree(proc.pid)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == "aborted" and "Traceback" not in err, err
+    left = [p for p in seen if _alive(p)]
+    assert not left, f"alive one second after {sig.name}: {left}"

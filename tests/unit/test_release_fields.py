@@ -1,0 +1,94 @@
+"""Pass-through ``config:`` fields against a release's source, before vLLM is imported."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import vllm_repro.lab as lab
+from vllm_repro.scenario import parse_scenario
+from vllm_repro.scenario.release_fields import release_config_fields, unknown_passthrough
+from vllm_repro.sources.env import ReleaseEnv
+from vllm_repro.verdict import exit_code
+
+CONFIG = textwrap.dedent("""\
+    from dataclasses import dataclass
+
+    class _Base:
+        inherited_field: int = 0
+
+    @dataclass
+    class SchedulerConfig:
+        max_num_seqs: int = 128
+        max_num_partial_prefills: int = 1
+
+    @dataclass
+    class CacheConfig(_Base):
+        block_size: int = 16
+        num_gpu_blocks_override: int | None = None
+
+    class ParallelConfig:
+        def __init__(self, pipeline_parallel_size: int = 1):
+            self.pipeline_parallel_size = pipeline_parallel_size
+
+    @dataclass
+    class SpeculativeConfig:
+        num_speculative_tokens: int = 0
+    """)
+
+
+def tree(tmp_path: Path, source: str = CONFIG, package: bool = True) -> Path:
+    t = tmp_path / "tree"
+    target = t / "vllm" / "config" / "scheduler.py" if package else t / "vllm" / "config.py"
+    target.parent.mkdir(parents=True)
+    target.write_text(source)
+    return t
+
+
+def scenario(**extra):
+    return parse_scenario({"name": "t", "config": {"num_gpu_blocks": 8, **extra},
+                           "requests": [{"id": "A", "prompt_len": 10}]})
+
+
+@pytest.mark.parametrize("package", [True, False], ids=["vllm/config/", "vllm/config.py"])
+def test_fields_of_the_four_classes_with_bases_and_init(tmp_path, package):
+    fields = release_config_fields(tree(tmp_path, package=package))
+    assert {"max_num_partial_prefills", "num_gpu_blocks_override", "inherited_field",
+            "pipeline_parallel_size", "num_speculative_tokens"} <= fields
+    assert "self" not in fields
+
+
+@pytest.mark.parametrize("change", [
+    ("class SpeculativeConfig:", "class SpeculativeConfigX:"),           # a class not found
+    ("def __init__(self, pipeline_parallel_size: int = 1):",
+     "def __init__(self, pipeline_parallel_size: int = 1, **kwargs):"),  # takes any name
+    ("class CacheConfig(_Base):", "class CacheConfig(Elsewhere):"),      # a base not seen
+])
+def test_the_source_does_not_settle_it_so_nothing_is_refused(tmp_path, change):
+    t = tree(tmp_path, CONFIG.replace(*change))
+    assert release_config_fields(t) is None
+    assert unknown_passthrough(scenario(max_num_partial_prefils=2).config, "9.9.9", t) is None
+
+
+def test_a_misspelled_field_is_named_with_the_one_it_likely_means(tmp_path):
+    msg = unknown_passthrough(scenario(max_num_partial_prefils=2).config, "9.9.9", tree(tmp_path))
+    assert msg.startswith("config.max_num_partial_prefils: vLLM 9.9.9 has no such field")
+    assert "did you mean max_num_partial_prefills?" in msg
+    assert unknown_passthrough(scenario(max_num_partial_prefills=2).config, "9.9.9",
+                               tree(tmp_path / "b")) is None
+
+
+def test_run_matrix_refuses_it_without_starting_a_worker(tmp_path, monkeypatch):
+    class NoWorker:
+        def __init__(self, *a, **k):
+            raise AssertionError("a worker was started (vLLM imported) for a refused scenario")
+
+    monkeypatch.setattr(lab, "Worker", NoWorker)
+    env = ReleaseEnv(version="9.9.9", tree=tree(tmp_path), root=tmp_path / "env")
+    item = lab.RunItem(scenario(num_gpu_blocks_overide=50), "9.9.9")
+    lab.run_matrix([item], tmp_path / "r", prepare=lambda v: env)
+    assert item.result.outcome == "error" and item.result.error.kind == "input"
+    assert "did you mean num_gpu_blocks_override?" in item.result.error.message
+    assert exit_code([item.verdict]) == 2
