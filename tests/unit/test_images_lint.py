@@ -59,3 +59,36 @@ def test_catalog_release_list_for_the_image():
     proc = subprocess.run([sys.executable, str(ROOT / "images/cpu/releases.py"), str(ROOT / "scenarios"),
                            "not-a-version"], capture_output=True, text=True)
     assert proc.returncode == 2 and "not a vLLM version number" in proc.stderr
+
+
+def test_the_bake_stage_copies_every_module_the_bake_imports(tmp_path):
+    """The CPU image bakes its releases from a few modules copied into /tmp/bake (not the whole
+    package, so that a lab change elsewhere keeps the baked layer cached). Copy exactly what
+    the Dockerfile's bake stage copies and import what bake.py uses, as the build would: a
+    module the bake reaches but the stage lacks fails here instead of in a 25-minute build."""
+    import re
+
+    text = (ROOT / "images/cpu/Dockerfile").read_text()
+    copied = 0
+    for line in text.splitlines():
+        m = re.match(r"COPY (src/vllm_repro/\S+(?: src/vllm_repro/\S+)*) (/tmp/bake/vllm_repro/\S*)$", line)
+        if not m:
+            continue
+        dest = tmp_path / m.group(2).removeprefix("/tmp/bake/")
+        for src in m.group(1).split():
+            s = ROOT / src
+            if s.is_dir():
+                shutil.copytree(s, dest, dirs_exist_ok=True)
+            else:
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copy(s, dest / s.name)
+            copied += 1
+    assert copied >= 3, "the bake stage's COPY lines were not found"
+    code = ("import vllm_repro.sources.prepare, vllm_repro.settings, vllm_repro.errors\n"
+            "from vllm_repro.settings import cache_dir\n"
+            "cache_dir()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin",
+                               "VLLM_REPRO_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path)},
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
