@@ -279,3 +279,49 @@ def test_pip_show_version_and_the_engine_banner_wins_over_prose(tmp_path):
     assert d["vllm_version"] == "0.8.4"
     d = tri(tmp_path, "I saw it on vllm 0.9.0 too\n" + "\n".join(CORE) + "\n", "b.log")
     assert d["vllm_version"] == "0.10.2"  # the log's own banner beats what prose says
+
+
+# ---- shapes the corpus brought -----------------------------------------------------------------
+def test_indented_and_mangled_logger_headers(tmp_path):
+    body = [line.split(" ", 2)[2] for line in CORE[2:9]]  # "ERROR 09-20 ... [core.py:712] ..."
+    d = tri(tmp_path, "\n".join(" " + line for line in body) + "\n")  # one space in front
+    assert d["exception_type"] == "AssertionError"
+    assert frame(d) == "vllm/v1/core/sched/scheduler.py:schedule"
+    mangled = "\n".join(line.replace("[core.py:712]", "[core.py:712[]") for line in body) + "\n"
+    d = tri(tmp_path, mangled, "mangled.log")
+    assert d["exception_type"] == "AssertionError"
+    assert frame(d) == "vllm/v1/core/sched/scheduler.py:schedule"
+
+
+def test_a_log_in_newest_first_order(tmp_path):
+    log = "\n".join([
+        "ERROR 05-29 07:34:21 [core.py:491] AssertionError",
+        'ERROR 05-29 07:34:21 [core.py:491]   File "/workspace/vllm/vllm/v1/core/sched/'
+        'scheduler.py", line 386, in schedule',
+        "ERROR 05-29 07:34:21 [core.py:491]     assert num_new_tokens > 0",
+    ]) + "\n"
+    d = tri(tmp_path, log)
+    assert d["exception_type"] == "AssertionError"
+    assert frame(d) == "vllm/v1/core/sched/scheduler.py:schedule" and d["stage"] == "runtime"
+    assert any("newest line first" in n for n in d["notes"])
+
+
+def test_another_projects_vllm_integration_folder_is_not_vllm(tmp_path):
+    from vllm_repro.triage.frames import vllm_module
+    assert vllm_module("/x/lmcache/integration/vllm/vllm_v1_adapter.py") is None
+    assert vllm_module("/x/site-packages/vllm/distributed/kv_transfer/kv_connector/v1/"
+                       "lmcache_connector.py") == ("vllm/distributed/kv_transfer/kv_connector/"
+                                                   "v1/lmcache_connector.py")
+
+
+def test_a_wrapper_then_its_own_cut_traceback_stays_the_wrapper(tmp_path):
+    # the API server's EngineDeadError, then its stream generator's traceback, cut: the cut
+    # traceback is the wrapper's fallout, not a better view of the crash
+    log = CORE[9:] + [
+        "(APIServer pid=1) ERROR 09-20 10:00:31 [serving_chat.py:1136] Traceback (most recent "
+        "call last):",
+        f'(APIServer pid=1) ERROR 09-20 10:00:31 [serving_chat.py:1136]   File "{SP}/vllm/'
+        'entrypoints/openai/serving_chat.py", line 562, in chat_completion_stream_generator',
+    ]
+    d = tri(tmp_path, "\n".join(log) + "\n")
+    assert d["exception_type"].endswith("EngineDeadError") and d["truncated"] is False

@@ -67,7 +67,12 @@ RUNTIME_FUNCS = frozenset({
     "create_chat_completion", "create_completion", "create_embedding", "_process_input_queue",
     "process_input_sockets", "process_output_sockets", "sample_tokens",
     "start_worker_execution_loop", "_process_model_outputs", "_handle_client_request",
-    "process_outputs", "_process_engine_outputs", "run_output_handler"})
+    "process_outputs", "_process_engine_outputs", "run_output_handler",
+    # the model runner's per-step work and the KV connector's per-step hooks
+    "_prepare_inputs", "_update_states", "_calc_spec_decode_metadata", "_bookkeeping_sync",
+    "propose_draft_token_ids", "_sample", "start_load_kv", "wait_for_layer_load",
+    "save_kv_layer", "wait_for_save", "get_finished", "build_connector_meta",
+    "update_state_after_alloc", "get_num_new_matched_tokens", "request_finished"})
 ENGINE_BUILD_FUNCS = frozenset({
     "__init__", "_initialize_kv_caches", "initialize_cache", "initialize_from_config",
     "initialize_kv_cache", "determine_available_memory", "determine_num_available_blocks",
@@ -84,7 +89,7 @@ ENGINE_BUILD_FUNCS = frozenset({
     "unify_kv_cache_configs", "unify_hybrid_kv_cache_specs", "generate_scheduler_kv_cache_config",
     "_get_kv_cache_config_uniform_type", "_get_kv_cache_config_uniform_page_size",
     "get_max_concurrency_for_kv_cache_config", "initialize_attn_backend",
-    "may_reinitialize_input_batch", "_init_device_properties"})
+    "may_reinitialize_input_batch", "_init_device_properties", "register_kv_caches"})
 # modules whose code only runs on the serving path (the scheduler, the KV cache books, sampling,
 # structured output, output processing): a stack of only these frames is a runtime crash
 _RUNTIME_MODULE = re.compile(
@@ -337,10 +342,19 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
     if root is None or _priority(root, sc.exceptions, sc.last_healthy) <= 1:
         # only a wrapper or a consequence (or nothing) finished: a traceback cut off before its
         # exception line that shows vLLM frames is the better evidence of the crash
-        cut = next((t for t in sc.truncated_frames if _has_vllm(t.frames) and not t.side_thread),
-                   None) or next((t for t in sc.truncated_frames if _has_vllm(t.frames)), None)
+        # (printed before it, or by another process: a traceback that the same process
+        # prints after its wrapper is the wrapper's fallout)
+        cands = [t for t in sc.truncated_frames if _has_vllm(t.frames) and (
+            root is None or t.lineno < root.lineno or t.proc != root.proc)]
+        cut = next((t for t in cands if not t.side_thread), None) or next(iter(cands), None)
         if cut is not None:
             root = None
+    reversed_tb = None
+    if root is not None and root.standalone:
+        # a log in reverse order (a newest-first viewer, lines pasted bottom-up): the
+        # exception line comes first and its frames right after it, with no exception line
+        reversed_tb = next((t for t in sc.truncated_frames if t.proc == root.proc
+                            and 0 < t.lineno - root.lineno <= 2 and _has_vllm(t.frames)), None)
     sig, sig_frames = choose_signal(sc, root)
     notes: list[str] = []
 
@@ -358,6 +372,10 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         exit_kind = None
 
     frames = root.frames if root is not None else (cut.frames if cut is not None else [])
+    if reversed_tb is not None:
+        frames = reversed_tb.frames
+        notes.append(f"the frames of the exception at line {root.lineno} follow it (line "
+                     f"{reversed_tb.lineno} on): the log reads newest line first")
     if exit_kind and exit_kind.startswith("signal:") and _has_vllm(sig_frames):
         frames = sig_frames
     elif not _has_vllm(frames) and (root is None or is_death_notice(root)) and _has_vllm(sig_frames):
@@ -400,7 +418,7 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         n, proc, text = sc.death_lines[0]
         notes.append(f"a vLLM process died without a Python traceback or signal in the log (line "
                      f"{n}: {text[:120]}): look for the OOM killer (dmesg) or a core dump")
-    if root is not None and root.standalone:
+    if root is not None and root.standalone and reversed_tb is None:
         notes.append("the root cause is a bare exception line: its traceback is not in the log")
     if sc.self_kill_lines:
         notes.append(f"vLLM's 'fatal signal from worker processes' notice at line "

@@ -47,7 +47,7 @@ _TORCH_RANK = re.compile(r"^\[(rank\d+)\]:\s?")
 
 _HEADER = re.compile(
     r"^(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?:\d{4}-)?\d{2}-\d{2}\s+"
-    r"\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+\[?([\w./\\-]+:\d+)\]\s?")
+    r"\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+\[?([\w./\\-]+:\d+)(?:\]|\[\])\s?")  # "485[]": mangled
 _LEVEL_COLON = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):(?:[\w.]+:)?\s+")
 
 
@@ -191,6 +191,10 @@ def normalize(line: str, prefix: re.Pattern | None = None) -> tuple[str, str | N
             break
     proc = " / ".join(procs)
     level = site = None
+    if s[:1] == " " and s.lstrip(" ")[:1] in "DIWEC":  # a header indented by the paste
+        m = _HEADER.match(s.lstrip(" "))
+        if m:
+            s = s.lstrip(" ")
     if s[:1] in "DIWEC":
         m = _HEADER.match(s)
         if m:
