@@ -325,3 +325,24 @@ def test_a_wrapper_then_its_own_cut_traceback_stays_the_wrapper(tmp_path):
     ]
     d = tri(tmp_path, "\n".join(log) + "\n")
     assert d["exception_type"].endswith("EngineDeadError") and d["truncated"] is False
+
+
+def test_python_313_multi_line_source_excerpts_stay_in_the_traceback(tmp_path):
+    log = "\n".join([
+        "Traceback (most recent call last):",
+        f'  File "{SP}/vllm/v1/engine/core_client.py", line 600, in __init__',
+        "    super().__init__(",
+        "    ~~~~~~~~~~~~~~~~^",
+        "        asyncio_mode=False,",
+        "        ^^^^^^^^^^^^^^^^^^^",
+        "    ...<2 lines>...",
+        "    )",
+        "    ^",
+        f'  File "{SP}/vllm/v1/engine/utils.py", line 759, in wait_for_engine_startup',
+        '    raise RuntimeError("Engine core initialization failed. "',
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]) + "\n"
+    d = tri(tmp_path, log)
+    assert d["exception_type"] == "RuntimeError"
+    assert frame(d) == "vllm/v1/engine/utils.py:wait_for_engine_startup"
+    assert d["crash_path"][0] == "vllm/v1/engine/core_client.py:__init__"

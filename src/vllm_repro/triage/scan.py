@@ -566,6 +566,8 @@ class LogScanner:
                 return
             if st.startswith("[Previous line repeated") or st == "...":
                 return
+            if s.frames and indent > s.frame_indent:
+                return  # more of a multi-line source excerpt (Python 3.13: "...<2 lines>...")
             self._finish_tb_truncated(s)  # something else: the traceback was cut
 
         if s.mode == _Stream.IDLE and text[:1] not in " \t" and level in (None, "ERROR", "CRITICAL"):
