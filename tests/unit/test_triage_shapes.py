@@ -346,3 +346,12 @@ def test_python_313_multi_line_source_excerpts_stay_in_the_traceback(tmp_path):
     assert d["exception_type"] == "RuntimeError"
     assert frame(d) == "vllm/v1/engine/utils.py:wait_for_engine_startup"
     assert d["crash_path"][0] == "vllm/v1/engine/core_client.py:__init__"
+
+
+def test_only_vllms_crash_dump_is_a_cut_off_crash_not_no_crash(tmp_path):
+    log = ("(EngineCore_0 pid=9) ERROR 09-02 08:04:02 [dump_input.py:69] Dumping input data for "
+           "V1 LLM engine (v0.10.1.1) with config: model='m', speculative_config=None\n")
+    d = tri(tmp_path, log)
+    assert d["truncated"] is True and d["exception_type"] is None and d["exit_kind"] is None
+    assert d["stage"] == "runtime" and d["vllm_version"] == "0.10.1.1"
+    assert any("crash dump" in n for n in d["notes"])

@@ -132,7 +132,8 @@ class TriageReport:
     dump: dict | None = None
     lines: int = 0
     #: the crash's traceback is cut off before its exception line (an excerpt, a log cut at its
-    #: end): ``exception_type`` is None and the frame and stage come from the frames it shows
+    #: end), or only vLLM's crash dump is there: ``exception_type`` is None and the frame and
+    #: stage come from the frames it shows (from the dump: runtime)
     truncated: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -357,6 +358,11 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
                             and 0 < t.lineno - root.lineno <= 2 and _has_vllm(t.frames)), None)
     sig, sig_frames = choose_signal(sc, root)
     notes: list[str] = []
+    d = sc.dump
+    # vLLM's crash dump (dump_input.py) with no traceback or signal after it: EngineCore writes
+    # it only when a step raised, so the log shows a crash whose report is cut off
+    dump_only = (root is None and cut is None and sig is None and d is not None
+                 and bool(d.config or d.scheduler_output or d.stats))
 
     if root is not None and is_cuda(root):
         exit_kind = "cuda_error"
@@ -386,6 +392,11 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
     lifecycle = root.lifecycle if root is not None else (
         sig.lifecycle if sig else (cut.lifecycle if cut is not None else sc.lifecycle))
     stage, reason = decide_stage(root, frames, sig_frames, lifecycle)
+    if dump_only:
+        stage, reason = "runtime", (f"vLLM's crash dump at line {d.lineno} (dump_input.py): "
+                                    "EngineCore writes it only when a step raised")
+        notes.append("the log holds vLLM's crash dump but not the exception after it (cut "
+                     "off?): paste the lines that follow the dump for the root cause")
 
     version = None
     version_source = None
@@ -473,5 +484,5 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         notes=notes,
         dump=dump_info,
         lines=sc.lines,
-        truncated=cut is not None,
+        truncated=cut is not None or dump_only,
     )
