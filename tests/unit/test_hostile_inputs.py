@@ -293,7 +293,6 @@ ROWS = [
     ("log-empty", triage_case(""), 2, "the log is empty"),
     ("log-gzip", triage_case(gzip.compress(LOG.encode())), 2, "gzip-compressed"),
     ("log-nul-bytes", triage_case(b"INFO x\n\x00\x00\n"), 2, "binary data"),
-    ("log-latin1", triage_case(b"ValueError: caf\xe9\n"), 2, "not UTF-8 text"),
     ("log-vllm-banana", triage_case(LOG, "--vllm", "x" * 80), 2, "a release name of 80 characters"),
     ("triage-scenario-exists", triage_out(lambda c: c.file("old.yaml", "keep me")), 2,  # issue
      "already exists; give --scenario a new path, or add --force"),

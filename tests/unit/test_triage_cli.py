@@ -60,9 +60,9 @@ BAD_INPUTS = {
     "empty": (b"", "empty"),
     "binary": (b"\x00\x01\x02ELF junk\n", "binary"),
     "gzip": (gzip.compress(CRASH.encode()), "gzip"),
-    "latin1": (CRASH.replace("cmpl-7", "caf\u00e9").encode("latin-1"), "not UTF-8"),
-    "cut-utf8": (CRASH.encode() + "\u00e9".encode()[:1], "ends inside a UTF-8 character"),
-    "cut-traceback": (CRASH.encode().rsplit(b"\n", 2)[0] + b"\n", "cut off before its exception"),
+    "header-only-traceback": (b"INFO 06-01 00:00:00 [core.py:61] starting\n"
+                              b"ERROR 06-01 00:00:09 [core.py:500] Traceback (most recent call "
+                              b"last):\n", "cut off before its exception"),
     "no-crash": (b"INFO 06-01 00:00:00 [api_server.py:1] all good\n", "no crash found"),
     "utf16": (CRASH.encode("utf-16"), "UTF-16"),
 }
@@ -128,6 +128,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, kind):
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert str(log) in err and words in err
+
+
+def test_bytes_that_are_not_utf8_are_replaced_not_refused(tmp_path):
+    for name, data in (("latin1", CRASH.replace("cmpl-7", "caf\u00e9").encode("latin-1")),
+                       ("cut-utf8", CRASH.encode() + "\u00e9".encode()[:1])):
+        log = tmp_path / f"{name}.log"
+        log.write_bytes(data)
+        p = run(str(log), "--json")
+        assert p.returncode == 0, p.stderr
+        d = json.loads(p.stdout)
+        assert d["exception_type"] == "KeyError" and d["vllm_version"] == "0.9.2"
+        assert any("not UTF-8" in n for n in d["notes"]), d["notes"]
+    assert d["notes"] and "line 8" in next(n for n in d["notes"] if "UTF-8" in n)
+
+
+def test_a_traceback_cut_before_its_exception_reports_its_frames(tmp_path):
+    log = tmp_path / "cut.log"
+    log.write_bytes(CRASH.encode().rsplit(b"\n", 2)[0] + b"\n")
+    p = run(str(log), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["truncated"] is True and d["exception_type"] is None
+    assert d["last_vllm_frame"]["function"] == "update_from_output"
+    assert d["stage"] == "runtime" and d["exit_kind"] == "python_exception"
+    p = run(str(log))
+    assert p.returncode == 0 and "cut off before its exception line" in p.stdout.decode()
 
 
 def test_missing_file_and_folder_are_input_errors(tmp_path):

@@ -51,7 +51,8 @@ def render(report: TriageReport, console: Console) -> None:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="cyan", no_wrap=True)
     t.add_column()
-    exc = report.exception_type or "(no Python exception)"
+    exc = report.exception_type or ("(not in the log: its traceback is cut off)" if report.truncated
+                                    else "(no Python exception)")
     if report.exception_message:
         exc += f": {report.exception_message}"
     rc = report.root_cause or {}

@@ -67,7 +67,12 @@ RUNTIME_FUNCS = frozenset({
     "create_chat_completion", "create_completion", "create_embedding", "_process_input_queue",
     "process_input_sockets", "process_output_sockets", "sample_tokens",
     "start_worker_execution_loop", "_process_model_outputs", "_handle_client_request",
-    "process_outputs", "_process_engine_outputs", "run_output_handler"})
+    "process_outputs", "_process_engine_outputs", "run_output_handler",
+    # the model runner's per-step work and the KV connector's per-step hooks
+    "_prepare_inputs", "_update_states", "_calc_spec_decode_metadata", "_bookkeeping_sync",
+    "propose_draft_token_ids", "_sample", "start_load_kv", "wait_for_layer_load",
+    "save_kv_layer", "wait_for_save", "get_finished", "build_connector_meta",
+    "update_state_after_alloc", "get_num_new_matched_tokens", "request_finished"})
 ENGINE_BUILD_FUNCS = frozenset({
     "__init__", "_initialize_kv_caches", "initialize_cache", "initialize_from_config",
     "initialize_kv_cache", "determine_available_memory", "determine_num_available_blocks",
@@ -79,7 +84,20 @@ ENGINE_BUILD_FUNCS = frozenset({
     "build_async_engine_client", "build_async_engine_client_from_engine_args",
     "_initialize_model", "get_model", "create_weights", "init_distributed_environment",
     "initialize_model_parallel", "ensure_model_parallel_initialized", "_warmup",
-    "warming_up_model", "init_device_env"})
+    "warming_up_model", "init_device_env", "check_enough_kv_cache_memory",
+    "_check_enough_kv_cache_memory", "get_kv_cache_configs", "estimate_max_model_len",
+    "unify_kv_cache_configs", "unify_hybrid_kv_cache_specs", "generate_scheduler_kv_cache_config",
+    "_get_kv_cache_config_uniform_type", "_get_kv_cache_config_uniform_page_size",
+    "get_max_concurrency_for_kv_cache_config", "initialize_attn_backend",
+    "may_reinitialize_input_batch", "_init_device_properties", "register_kv_caches"})
+# modules whose code only runs on the serving path (the scheduler, the KV cache books, sampling,
+# structured output, output processing): a stack of only these frames is a runtime crash
+_RUNTIME_MODULE = re.compile(
+    r"^vllm/(?:v1/core/(?:sched/|kv_cache_manager|block_pool|single_type_kv_cache_manager|"
+    r"kv_cache_coordinator|kv_cache_utils|encoder_cache_manager)|core/(?:scheduler|block_manager|"
+    r"block/|evictor)|v1/structured_output/|v1/sample/|v1/spec_decode/|v1/request\.py|"
+    r"v1/engine/(?:output_processor|detokenizer|logprobs)|model_executor/layers/sampler|"
+    r"model_executor/guided_decoding/|sequence\.py)")
 
 
 @dataclass
@@ -113,6 +131,10 @@ class TriageReport:
     notes: list[str] = field(default_factory=list)
     dump: dict | None = None
     lines: int = 0
+    #: the crash's traceback is cut off before its exception line (an excerpt, a log cut at its
+    #: end), or only vLLM's crash dump is there: ``exception_type`` is None and the frame and
+    #: stage come from the frames it shows (from the dump: runtime)
+    truncated: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain JSON-able data (keys in the order above)."""
@@ -178,9 +200,11 @@ def _priority(rec: ExcRecord, all_recs: list[ExcRecord], last_healthy: int | Non
         return 1
     if last_healthy is not None and last_healthy > rec.lineno:
         return 1  # the engine served again afterwards: not what killed it
+    if rec.side_thread:
+        return 2  # a side thread's (or an ignored) exception: the crash is elsewhere if anywhere
     if rec.standalone:
-        return 2
-    return 3
+        return 3
+    return 4
 
 
 def choose_root(sc: LogScanner) -> tuple[ExcRecord | None, list[ExcRecord]]:
@@ -247,6 +271,9 @@ def decide_stage(root: ExcRecord | None, frames: list[Frame], sig_frames: list[F
         return marker, f"{mf.module}:{mf.function} in the root-cause stack"
     if sum(f.function == "<module>" for f in frames) >= 2 and inner is not None:
         return "import", f"raised while modules were being imported ({inner.module})"
+    if vframes and all(_RUNTIME_MODULE.match(f.module) for f in vframes):
+        return "runtime", (f"only serving-path frames ({inner.module}:{inner.function}): the "
+                           "scheduler / KV cache code runs on requests")
     marker, mf = _marker_stage(sig_frames)
     if marker:
         return marker, f"{mf.module}:{mf.function} in the dying thread's stack"
@@ -312,8 +339,30 @@ def _crash_path(frames: list[Frame]) -> list[str]:
 def analyze(sc: LogScanner, source: str) -> TriageReport:
     """Turn a finished :class:`LogScanner` into a :class:`TriageReport` (no I/O)."""
     root, finals = choose_root(sc)
+    cut = None
+    if root is None or _priority(root, sc.exceptions, sc.last_healthy) <= 1:
+        # only a wrapper or a consequence (or nothing) finished: a traceback cut off before its
+        # exception line that shows vLLM frames is the better evidence of the crash
+        # (printed before it, or by another process: a traceback that the same process
+        # prints after its wrapper is the wrapper's fallout)
+        cands = [t for t in sc.truncated_frames if _has_vllm(t.frames) and (
+            root is None or t.lineno < root.lineno or t.proc != root.proc)]
+        cut = next((t for t in cands if not t.side_thread), None) or next(iter(cands), None)
+        if cut is not None:
+            root = None
+    reversed_tb = None
+    if root is not None and root.standalone:
+        # a log in reverse order (a newest-first viewer, lines pasted bottom-up): the
+        # exception line comes first and its frames right after it, with no exception line
+        reversed_tb = next((t for t in sc.truncated_frames if t.proc == root.proc
+                            and 0 < t.lineno - root.lineno <= 2 and _has_vllm(t.frames)), None)
     sig, sig_frames = choose_signal(sc, root)
     notes: list[str] = []
+    d = sc.dump
+    # vLLM's crash dump (dump_input.py) with no traceback or signal after it: EngineCore writes
+    # it only when a step raised, so the log shows a crash whose report is cut off
+    dump_only = (root is None and cut is None and sig is None and d is not None
+                 and bool(d.config or d.scheduler_output or d.stats))
 
     if root is not None and is_cuda(root):
         exit_kind = "cuda_error"
@@ -323,10 +372,16 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         exit_kind = "python_exception"
     elif sc.cuda_lines:
         exit_kind = "cuda_error"
+    elif cut is not None:
+        exit_kind = "python_exception"  # a Python traceback, whose exception line is lost
     else:
         exit_kind = None
 
-    frames = root.frames if root is not None else []
+    frames = root.frames if root is not None else (cut.frames if cut is not None else [])
+    if reversed_tb is not None:
+        frames = reversed_tb.frames
+        notes.append(f"the frames of the exception at line {root.lineno} follow it (line "
+                     f"{reversed_tb.lineno} on): the log reads newest line first")
     if exit_kind and exit_kind.startswith("signal:") and _has_vllm(sig_frames):
         frames = sig_frames
     elif not _has_vllm(frames) and (root is None or is_death_notice(root)) and _has_vllm(sig_frames):
@@ -334,8 +389,14 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
     inner = innermost_vllm(frames)
     plugin = innermost_plugin(frames)
 
-    lifecycle = root.lifecycle if root is not None else (sig.lifecycle if sig else sc.lifecycle)
+    lifecycle = root.lifecycle if root is not None else (
+        sig.lifecycle if sig else (cut.lifecycle if cut is not None else sc.lifecycle))
     stage, reason = decide_stage(root, frames, sig_frames, lifecycle)
+    if dump_only:
+        stage, reason = "runtime", (f"vLLM's crash dump at line {d.lineno} (dump_input.py): "
+                                    "EngineCore writes it only when a step raised")
+        notes.append("the log holds vLLM's crash dump but not the exception after it (cut "
+                     "off?): paste the lines that follow the dump for the root cause")
 
     version = None
     version_source = None
@@ -345,7 +406,8 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         break
 
     crash_line = root.lineno if root is not None else (
-        sig.lineno if sig else (sc.death_lines[0][0] if sc.death_lines else None))
+        sig.lineno if sig else (sc.death_lines[0][0] if sc.death_lines else (
+            cut.lineno if cut is not None else None)))
     chain: list[dict] = []
     if root is not None:
         c = root.cause
@@ -367,15 +429,23 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         n, proc, text = sc.death_lines[0]
         notes.append(f"a vLLM process died without a Python traceback or signal in the log (line "
                      f"{n}: {text[:120]}): look for the OOM killer (dmesg) or a core dump")
-    if root is not None and root.standalone:
+    if root is not None and root.standalone and reversed_tb is None:
         notes.append("the root cause is a bare exception line: its traceback is not in the log")
     if sc.self_kill_lines:
         notes.append(f"vLLM's 'fatal signal from worker processes' notice at line "
                      f"{sc.self_kill_lines[0]}: a following bare 'Killed' is vLLM killing its own "
                      "process group, not the OOM killer")
-    if sc.truncated_tracebacks:
+    if cut is not None:
+        notes.append(f"the crash's traceback (line {cut.lineno}"
+                     + (f", {cut.proc}" if cut.proc else "") + ") is cut off before its exception "
+                     "line: the frames it shows are reported; paste the lines that follow it for "
+                     "the exception")
+    elif sc.truncated_tracebacks:
         notes.append(f"{len(sc.truncated_tracebacks)} traceback(s) cut off before their exception "
                      f"line (first at line {sc.truncated_tracebacks[0]})")
+    if sc.not_utf8[0]:
+        notes.append(f"{sc.not_utf8[0]} line(s) hold bytes that are not UTF-8, read as U+FFFD "
+                     f"(first at line {sc.not_utf8[1]})")
     if sc.exceptions_dropped:
         notes.append(f"{sc.exceptions_dropped} exceptions from the middle of the log not kept")
     if root is not None and root.frames_dropped:
@@ -396,7 +466,9 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         exit_kind=exit_kind,
         vllm_version=version,
         scheduler_state=scheduler_state(sc, crash_line),
-        root_cause=None if root is None else {
+        root_cause=({"log_line": cut.lineno, "process": cut.proc or None, "logger": None,
+                     "traceback_line": cut.lineno, "standalone": False, "truncated": True}
+                    if cut is not None else None) if root is None else {
             "log_line": root.lineno, "process": root.proc or None, "logger": root.site,
             "traceback_line": root.tb_lineno, "standalone": root.standalone},
         signal=None if sig is None else {"name": sig.name, "source": sig.source,
@@ -412,4 +484,5 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         notes=notes,
         dump=dump_info,
         lines=sc.lines,
+        truncated=cut is not None or dump_only,
     )

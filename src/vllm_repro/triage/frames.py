@@ -21,6 +21,10 @@ _CHECKOUT_ONLY = frozenset({"tests", "benchmarks", "examples", "docs", "csrc", "
 _PKG_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLUGIN_ROOT = re.compile(r"vllm_[A-Za-z0-9_]+")
 _SITE = ("site-packages", "dist-packages")
+# folders another project keeps its vLLM integration in (lmcache/integration/vllm/...): a
+# ``vllm`` folder under one of these is that project's code, not the vLLM package
+_INTEGRATION_PARENTS = frozenset({"integration", "integrations", "contrib", "adapters", "llms",
+                                  "providers", "third_party_integrations"})
 
 
 @dataclass
@@ -59,6 +63,8 @@ def _package_tail(parts: list[str], i: int) -> str | None:
     if not _PKG_PART.fullmatch(rest[-1][:-3]):
         return None
     if i > 0 and parts[i - 1].startswith("."):  # ~/.cache/vllm, ~/.config/vllm: not a package
+        return None
+    if i > 0 and parts[i - 1] in _INTEGRATION_PARENTS and parts[i] == "vllm":
         return None
     return "/".join(parts[i:])
 

@@ -1,15 +1,17 @@
 """Read a crash log as a stream of text lines, in bounded memory.
 
-The file (or stdin) is read line by line in binary and decoded as strict UTF-8; a line longer
-than :data:`MAX_LINE` bytes is cut there (the rest of it is skipped, never held). Anything that
-is not a text log is an :class:`~vllm_repro.errors.InputError` with a one-line message: an
-empty file, a binary or compressed file, bytes that are not UTF-8 (including a multi-byte
-character cut off at the end of a truncated file).
+The file (or stdin) is read line by line in binary and decoded as UTF-8; bytes that are not
+UTF-8 (a latin-1 ``é`` in a prompt, a multi-byte character cut off at the end of a truncated
+copy) become U+FFFD and are counted in :class:`ReadStats`, they never make the log unreadable.
+A line longer than :data:`MAX_LINE` bytes is cut there (the rest of it is skipped, never held).
+Anything that is not a text log is an :class:`~vllm_repro.errors.InputError` with a one-line
+message: an empty file, a binary (NUL bytes) or compressed file, UTF-16 text.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -45,37 +47,53 @@ def _open(source: str | Path) -> tuple[BinaryIO, str, bool]:
         raise InputError(f"{p}: cannot read it ({exc.strerror or exc.__class__.__name__})") from None
 
 
-def _bad_bytes(name: str, block: bytes, exc: UnicodeDecodeError, first_line: int,
-               at_eof: bool) -> InputError:
-    line = first_line + block.count(b"\n", 0, exc.start)
-    col = exc.start - (block.rfind(b"\n", 0, exc.start) + 1) + 1
-    if at_eof and exc.reason == "unexpected end of data":
-        return InputError(f"{name}: line {line}: the file ends inside a UTF-8 character "
-                          "(truncated download or copy?); re-fetch the complete log")
-    return InputError(f"{name}: line {line}: not UTF-8 text (byte 0x{block[exc.start]:02x} at "
-                      f"column {col}); convert the log to UTF-8 first, e.g. iconv -f latin1 "
-                      "-t utf-8")
+@dataclass
+class ReadStats:
+    """What reading the log had to repair: lines with bytes that are not UTF-8 (shown as
+    U+FFFD), the first such line."""
+
+    bad_lines: int = 0
+    first_bad_line: int | None = None
+
+    def bad(self, first_line: int, text: str) -> None:
+        n = 0
+        for i, line in enumerate(text.split("\n")):
+            if "\ufffd" in line:
+                n += 1
+                if self.first_bad_line is None:
+                    self.first_bad_line = first_line + i
+        self.bad_lines += n
 
 
-def _decode_cut(raw: bytes) -> str:
+def _decode(raw: bytes, first_line: int, stats: ReadStats | None) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+        if stats is not None:
+            stats.bad(first_line, text)
+        return text
+
+
+def _decode_cut(raw: bytes, lineno: int, stats: ReadStats | None) -> str:
     """A line cut at MAX_LINE bytes may end inside a character: drop that partial character."""
     for trim in range(4):
         try:
             return raw[:len(raw) - trim].decode("utf-8")
         except UnicodeDecodeError as exc:
             if exc.start < len(raw) - 4:
-                raise
-    return raw.decode("utf-8")
+                break
+    return _decode(raw, lineno, stats)
 
 
-def iter_lines(source: str | Path) -> Iterator[tuple[int, str]]:
+def iter_lines(source: str | Path, stats: ReadStats | None = None) -> Iterator[tuple[int, str]]:
     """Yield ``(lineno, text)`` for each line of ``source`` (a path, or ``-`` for stdin).
 
     ``lineno`` counts from 1; ``text`` has no line terminator. The input is read in 1 MiB
     blocks and decoded a block at a time; memory stays near one block plus one line (at most
-    :data:`MAX_LINE` bytes; the rest of a longer line is skipped, never held). Raises
-    :class:`InputError` for a missing, empty, binary, compressed or non-UTF-8 input; the
-    message names the file and the line.
+    :data:`MAX_LINE` bytes; the rest of a longer line is skipped, never held). Bytes that are
+    not UTF-8 are replaced (U+FFFD) and counted in ``stats``. Raises :class:`InputError` for a
+    missing, empty, binary, compressed or UTF-16 input; the message names the file.
     """
     fh, name, close = _open(source)
     max_line = MAX_LINE
@@ -119,28 +137,19 @@ def iter_lines(source: str | Path) -> Iterator[tuple[int, str]]:
                 carry = data
                 if len(carry) >= max_line:
                     lineno += 1
-                    try:
-                        yield lineno, _decode_cut(carry[:max_line]).rstrip("\r")
-                    except UnicodeDecodeError as exc:
-                        raise _bad_bytes(name, carry, exc, lineno, False) from None
+                    yield lineno, _decode_cut(carry[:max_line], lineno, stats).rstrip("\r")
                     carry = b""
                     skipping = True
                 continue
             block, carry = data[:last_nl], data[last_nl + 1:]
-            try:
-                text = block.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _bad_bytes(name, block, exc, lineno + 1, False) from None
+            text = _decode(block, lineno + 1, stats)
             for line in text.split("\n"):
                 lineno += 1
                 if len(line) > max_line:
                     line = line[:max_line]
                 yield lineno, line.rstrip("\r")
         if carry:
-            try:
-                text = carry.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _bad_bytes(name, carry, exc, lineno + 1, True) from None
+            text = _decode(carry, lineno + 1, stats)
             lineno += 1
             yield lineno, text[:max_line].rstrip("\r")
     finally:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
-from .frames import Frame
+from .frames import Frame, plugin_module, vllm_module
 from .normalize import normalize
 
 MAX_EXCEPTIONS = 160
@@ -59,6 +59,9 @@ class ExcRecord:
     site: str | None
     level: str | None
     standalone: bool = False
+    #: printed for a side thread (``Exception in thread ...``) or an ignored exception
+    #: (``Exception ignored in: ...``), not by the flow that crashed
+    side_thread: bool = False
     cause: "ExcRecord | None" = None
     link: str | None = None
     lifecycle: str | None = None
@@ -90,6 +93,18 @@ class SignalEvent:
     lifecycle: str | None = None
 
 
+@dataclass(eq=False)
+class TruncatedTraceback:
+    """A traceback cut off before its exception line (an excerpt, a log cut at its end): where
+    it starts, the frames it shows (outermost first), the process and engine stage."""
+
+    lineno: int
+    frames: list[Frame]
+    proc: str
+    lifecycle: str | None
+    side_thread: bool = False
+
+
 @dataclass
 class Dump:
     """What ``vllm/logging_utils/dump_input.py`` (``_dump_engine_exception``) logged when the
@@ -117,6 +132,13 @@ _FATAL_NAMES = {"Segmentation fault": "SIGSEGV", "Segfault": "SIGSEGV", "Aborted
 _TB_HEADER = "Traceback (most recent call last)"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+),? in (?P<func>.+?)\s*$')
 _FRAME_NOLINE = re.compile(r'^\s*File "(?P<file>[^"]*)", in (?P<func>.+?)\s*$')
+# an abbreviated frame as people retype or trim it: "vllm/v1/core/sched/scheduler.py, in
+# schedule", "scheduler.py:432 in schedule", 'File vllm/x.py, line 3, in f' (no quotes)
+_FRAME_ABBR = re.compile(r'^\s*(?:File\s+)?"?(?P<file>[\w./\\~:-]*\w\.py)"?'
+                         r'(?:(?:,\s*line\s+|:)(?P<line>\d+))?,?\s+in\s+(?P<func>[\w<>.]+)\s*$')
+# a traceback Python prints for a thread or a __del__ that is not the main flow's crash
+_SIDE = re.compile(r"^(?:Exception in thread |Exception ignored in: |Exception ignored on |"
+                   r"Task exception was never retrieved)")
 _IPY_HEADER = re.compile(r"^([A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _IPY_FRAME = re.compile(
     r"^(?:\[(?P<a>[^\]]+)\]\([^)]*\)|(?P<b>\S+\.py|<[^>]+>)) in (?P<f><[^>]*>|[\w.]+)(?:\(|\s*$)"
@@ -189,7 +211,13 @@ _VERSION_TIERS = [
                + r"|\u2588\s+version\s+" + _V),
     re.compile(r"\bvllm\s*==\s*" + _V + r"|vllm-openai:" + _V + r"|\bvllm-" + _V
                + r"(?=\.dist-info|\.tar|-cp3|-py3|\+)|^vllm\s{2,}" + _V + r"\s*$"),
+    # how people write it in a report or a package list: "Observed with vLLM 0.28.0",
+    # "vLLM `0.28.0rc2`", "- vllm 0.19.1", conda's "vllm  0.9.1  pypi_0  pypi", "vllm: 0.9.1"
+    re.compile(r"(?i:\bvllm)(?:\s+version)?\s*[:=]?\s*`?" + _V + r"`?(?![\w.-])"),
 ]
+#: pip show's "Name: vllm" then "Version: X" (the version is read on the line after)
+_PIP_SHOW_NAME = re.compile(r"^Name:\s*vllm\s*$", re.I)
+_PIP_SHOW_VERSION = re.compile(r"^Version:\s*" + _V + r"\s*$")
 
 # ---- scheduler state, config, lifecycle ------------------------------------------------------
 _STATS_REQS = re.compile(r"\b(Running|Waiting|Swapped|Pending): (\d+) reqs")
@@ -257,11 +285,13 @@ class _Stream:
     """Traceback state of one stream (process prefix + logger site)."""
 
     __slots__ = ("mode", "frames", "dropped", "frame_indent", "expect_source", "ipython",
-                 "ipython_type", "pending_link", "last_exc", "tb_lineno", "fault", "dump_open")
+                 "ipython_type", "pending_link", "last_exc", "tb_lineno", "fault", "dump_open",
+                 "side", "side_pending", "proc")
 
     IDLE, TB, EXC, FAULT, FAULT_OTHER = range(5)
 
-    def __init__(self) -> None:
+    def __init__(self, proc: str = "") -> None:
+        self.proc = proc
         self.mode = self.IDLE
         self.frames: list[Frame] = []
         self.dropped = 0
@@ -270,6 +300,8 @@ class _Stream:
         self.ipython = False
         self.ipython_type: str | None = None
         self.pending_link: str | None = None
+        self.side = False  # the traceback being read is a side thread's
+        self.side_pending = False  # "Exception in thread ...:" seen, its traceback comes next
         self.last_exc: ExcRecord | None = None
         self.tb_lineno: int | None = None
         self.fault: SignalEvent | None = None
@@ -300,7 +332,9 @@ class LogScanner:
     sc.finish()``. Attributes hold the evidence (lists are bounded).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: re.Pattern | None = None) -> None:
+        #: a per-line prefix learned from the log's head (:func:`.normalize.learn_prefix`)
+        self.prefix = prefix
         self.lines = 0
         self.exceptions: list[ExcRecord] = []
         self._in_logging_error = False  # inside a "--- Logging error ---" block
@@ -311,6 +345,7 @@ class LogScanner:
         self.cuda_lines: list[tuple[int, str, str]] = []  # (lineno, proc, text)
         # the first version string of each strength tier: tier -> (lineno, version, text)
         self.versions: dict[int, tuple[int, str, str]] = {}
+        self._pip_show: int | None = None  # the line of pip show's "Name: vllm"
         self.stats: list[tuple[int, dict]] = []
         self.gpu_blocks: tuple[int, int | None, int] | None = None  # (gpu, cpu, lineno)
         self.kv_cache_tokens: tuple[int, int] | None = None  # (tokens, lineno)
@@ -323,6 +358,10 @@ class LogScanner:
         self.lifecycle_line: int | None = None
         self.last_healthy: int | None = None
         self.truncated_tracebacks: list[int] = []
+        #: the frames of tracebacks cut off before their exception line (the first 16)
+        self.truncated_frames: list[TruncatedTraceback] = []
+        #: lines whose bytes were not UTF-8 (read as U+FFFD): (count, first line)
+        self.not_utf8: tuple[int, int | None] = (0, None)
         self._streams: dict[tuple[str, str | None], _Stream] = {}
         self._prev_tb: tuple[int, tuple[str, str | None]] | None = None
 
@@ -333,7 +372,7 @@ class LogScanner:
             if len(self._streams) >= MAX_STREAMS:
                 for k in [k for k, v in self._streams.items() if v.mode == _Stream.IDLE][:1024]:
                     del self._streams[k]
-            s = self._streams[key] = _Stream()
+            s = self._streams[key] = _Stream(key[0])
         return s
 
     def _record_exc(self, rec: ExcRecord) -> None:
@@ -353,6 +392,9 @@ class LogScanner:
     def _finish_tb_truncated(self, s: _Stream) -> None:
         if s.mode == _Stream.TB and s.tb_lineno is not None and len(self.truncated_tracebacks) < 64:
             self.truncated_tracebacks.append(s.tb_lineno)
+            if s.frames and len(self.truncated_frames) < 16:
+                self.truncated_frames.append(TruncatedTraceback(
+                    s.tb_lineno, s.frames, s.proc, self.lifecycle, s.side))
         s.mode = _Stream.IDLE
         s.frames = []
 
@@ -363,6 +405,7 @@ class LogScanner:
                         tb_lineno=s.tb_lineno if not standalone else None, ipython=s.ipython)
         if self._in_logging_error:
             rec.logging_error = True
+        rec.side_thread = s.side
         if s.pending_link and s.last_exc is not None:
             rec.cause, rec.link = s.last_exc, s.pending_link
         s.pending_link = None
@@ -376,7 +419,7 @@ class LogScanner:
     def feed(self, lineno: int, raw: str) -> None:
         """Read one log line (without its terminator)."""
         self.lines = lineno
-        proc, level, site, text = normalize(raw)
+        proc, level, site, text = normalize(raw, self.prefix)
         if text.strip() == "--- Logging error ---":
             # logging.Handler.handleError: the chain that follows, up to its closing line, is
             # the record's formatting failure (with the exception being logged as its context)
@@ -424,7 +467,7 @@ class LogScanner:
             return
         if s is None:
             # only lines that can open something need a stream
-            if not ("Traceback" in st or "File" in st or "exception" in st
+            if not ("Traceback" in st or "File" in st or "xception" in st or ".py" in st
                     or "most recent call first" in st
                     or (level is None or level == "ERROR" or level == "CRITICAL")
                     and (":" in st or st.isidentifier()) and _EXC_LINE.match(st)):
@@ -434,8 +477,18 @@ class LogScanner:
         if _TB_HEADER in st:
             if s.mode == _Stream.TB and s.frames:
                 self._finish_tb_truncated(s)
+            if s.side_pending:
+                s.side_pending = False
+            elif s.pending_link is None:
+                s.side = False
             m = _IPY_HEADER.match(st)
             s.start_tb(lineno, ipython=bool(m), ipython_type=m.group(1) if m else None)
+            return
+        if st[:1] in "ET" and _SIDE.match(st):
+            if s.mode == _Stream.TB and s.frames:
+                self._finish_tb_truncated(s)
+            s.side = s.side_pending = True
+            s.mode = _Stream.IDLE
             return
         if st.startswith("During handling of the above exception"):
             s.pending_link = "context"
@@ -474,6 +527,10 @@ class LogScanner:
             s.mode = _Stream.IDLE  # and read the line normally
 
         m = _FRAME.match(text) or _FRAME_NOLINE.match(text)
+        if m is None and ".py" in st and " in " in st:
+            m = _FRAME_ABBR.match(text)
+            if m and s.mode != _Stream.TB and not (vllm_module(m["file"]) or plugin_module(m["file"])):
+                m = None  # outside a traceback, only a vLLM file makes it a frame, not prose
         if m:
             if s.mode != _Stream.TB:
                 s.start_tb(lineno)  # a traceback whose header is not in the log
@@ -509,6 +566,8 @@ class LogScanner:
                 return
             if st.startswith("[Previous line repeated") or st == "...":
                 return
+            if s.frames and indent > s.frame_indent:
+                return  # more of a multi-line source excerpt (Python 3.13: "...<2 lines>...")
             self._finish_tb_truncated(s)  # something else: the traceback was cut
 
         if s.mode == _Stream.IDLE and text[:1] not in " \t" and level in (None, "ERROR", "CRITICAL"):
@@ -526,6 +585,10 @@ class LogScanner:
                 return
         # --- version ---------------------------------------------------------------------------
         if 0 not in self.versions and ("ersion" in st or "llm" in st or "LLM" in st):
+            if self._pip_show == lineno - 1 and (m := _PIP_SHOW_VERSION.match(st)):
+                self.versions.setdefault(2, (lineno, m.group(1), st[:200]))
+            elif st[:1] in "Nn" and _PIP_SHOW_NAME.match(st):
+                self._pip_show = lineno
             for tier, rx in enumerate(_VERSION_TIERS):
                 m = rx.search(st)
                 if m:
@@ -663,5 +726,5 @@ class LogScanner:
     def finish(self) -> None:
         """End of input: a traceback still open at the end was cut off."""
         for s in self._streams.values():
-            if s.mode == _Stream.TB and s.frames:
+            if s.mode == _Stream.TB:
                 self._finish_tb_truncated(s)
