@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-#: the outcomes of a run (``RunResult.outcome``)
-OUTCOMES = ("clean", "crash", "violation", "stall", "error")
+#: the outcomes of a run (``RunResult.outcome``); ``incomplete``: ``limits.max_steps`` reached
+#: with requests unfinished and nothing else wrong (never clean)
+OUTCOMES = ("clean", "crash", "violation", "stall", "incomplete", "error")
 
 
 class RecordError(ValueError):
@@ -283,8 +284,9 @@ class RunResult(Record):
 
     ``outcome`` is one of :data:`OUTCOMES`; its evidence is in ``crash``, ``violations``,
     ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
-    finish status (``FINISHED_STOPPED``...), ``unfinished`` lists the rest; ``limit_reached``: a
-    clean run stopped at ``limits.max_steps`` with requests unfinished. ``level`` is
+    finish status (``FINISHED_STOPPED``...), ``unfinished`` lists the rest; ``limit_reached``:
+    the run stopped at ``limits.max_steps`` with requests unfinished (outcome ``incomplete``
+    when nothing else went wrong: a run that did not finish is not clean). ``level`` is
     ``scheduler`` or ``engine-core``; ``vllm`` the release; ``python`` the worker's interpreter.
     ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
     ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the

@@ -62,7 +62,7 @@ def _at(violations: list[Violation], limit: int = 3) -> str:
 
 def _ran(result: RunResult) -> str:
     n = len(result.finished or {})
-    if result.limit_reached or result.unfinished:
+    if result.unfinished:
         return f"max_steps {result.steps} reached, {n} finished"
     return f"{n} finished, {result.steps} steps"
 
@@ -123,10 +123,10 @@ def describe_observed(result: RunResult) -> str:
         s = result.stall
         return f"stall @{s.step} ({len(s.unfinished)} unfinished)"
     if outcome == "clean":
-        n = len(result.finished or {})
-        if result.limit_reached:
-            return f"clean (max_steps {result.steps} reached, {n} finished)"
-        return f"clean ({n} finished, {result.steps} steps)"
+        return f"clean ({len(result.finished or {})} finished, {result.steps} steps)"
+    if outcome == "incomplete":
+        return (f"incomplete (max_steps {result.steps} reached, {len(result.unfinished or [])} "
+                f"unfinished, {len(result.finished or {})} finished)")
     return f"error: {result.error.message if result.error else 'unknown'}"
 
 
@@ -165,7 +165,8 @@ def judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
         return v
     if outcome == "violation" and result.violations and not result.stopped:
         # the audit collected violations and the run went on to its end
-        v.observed = f"violation {_at(result.violations)}, ran to the end ({_ran(result)})"
+        end = "did not finish" if result.unfinished else "ran to the end"
+        v.observed = f"violation {_at(result.violations)}, {end} ({_ran(result)})"
     if kind is None:
         if outcome != "clean":
             v.reason = (f"{version} is in neither vllm.reproduces_on nor clean_on, so the "
@@ -193,7 +194,7 @@ def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult
     if outcome == "clean":
         v.ok = True
         return v
-    if outcome == "violation" and not stopped and not sig:
+    if outcome == "violation" and not stopped and not sig and not result.unfinished:
         v.ok = True
         v.also = violations
         v.observed = f"ran to the end ({_ran(result)}); also: {_at(violations)}"
@@ -201,9 +202,11 @@ def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult
     v.ok = False
     if outcome == "violation" and sig:
         v.reason = f"the scenario's own bug ({_at(sig)}) shows on {version}, a clean_on release"
-    elif outcome == "violation":
+    elif outcome == "violation" and stopped:
         v.reason = (f"the audit stopped the run at step {stopped['step']} ({stopped['code']}) "
                     "before its end; a clean verdict needs the whole run (--keep-going)")
+    elif outcome == "incomplete" or (outcome == "violation" and result.unfinished):
+        v.reason = _incomplete_reason(result)
     else:
         v.reason = f"expected clean on {version}, observed {outcome}"
     if violations and outcome != "violation":
@@ -217,6 +220,10 @@ def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdi
     the scenario gives none); findings other than an expected crash or stall are ``also``."""
     exp = scenario.expect
     outcome = result.outcome
+    if outcome == "incomplete":  # neither clean nor evidence of the bug
+        v.ok = False
+        v.reason = _incomplete_reason(result)
+        return v
     if exp is None:
         v.ok = outcome != "clean"
         return v
@@ -231,6 +238,12 @@ def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdi
     v.ok = not reasons
     v.reason = "; ".join(reasons)
     return v
+
+
+def _incomplete_reason(result: RunResult) -> str:
+    return (f"the run reached limits.max_steps ({result.steps}) with "
+            f"{len(result.unfinished or [])} request(s) unfinished: it did not finish, so it is "
+            "neither clean nor a reproduction (raise limits.max_steps)")
 
 
 def _compare(exp, result: RunResult) -> list[str]:

@@ -102,3 +102,21 @@ def test_a_configuration_vllms_own_validators_refuse_is_an_input_error(cli, tmp_
     assert ("vLLM 0.33.0 refuses this configuration: ValidationError: 1 validation error for "
             "SchedulerConfig") in proc.stdout
     assert "long_prefill_token_threshold (64) cannot be greater than the max_model_len (48)" in proc.stdout
+
+
+def test_a_run_stopped_by_max_steps_is_incomplete_not_clean(cli, tmp_path):
+    """0.10.2 with too few steps for both requests to finish: the run did not finish, so the
+    clean_on verdict is a mismatch (exit 1), result.json says incomplete (issue 18)."""
+    text = FLAGSHIP.read_text().replace("limits: {max_steps: 200}", "limits: {max_steps: 6}")
+    assert "max_steps: 6" in text
+    short = tmp_path / "short.yaml"
+    short.write_text(text.replace("name: vllm-23347-priority-preempt-scheduled", "name: short"))
+    proc = cli("run", str(short), "--vllm", "0.10.2", "--no-audit", "--reports", str(tmp_path / "r"),
+               "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (verdict,) = json.loads(proc.stdout)
+    assert verdict["outcome"] == "incomplete" and verdict["ok"] is False
+    assert "did not finish" in verdict["reason"]
+    res = json.loads((tmp_path / "r" / "short" / "0.10.2" / "result.json").read_text())
+    assert res["outcome"] == "incomplete" and res["limit_reached"] is True
+    assert res["steps"] == 6 and sorted(res["unfinished"]) == ["H", "L"]

@@ -93,3 +93,22 @@ def test_no_expectation_violation_is_a_finding_exit_1():
     v = judge(flagship(), "0.8.5", ran_to_end([violation()],
                                               stopped={"step": 3, "code": "REQ_STATE", "phase": ""}))
     assert v.ok is None and v.observed == "violation REQ_STATE @3" and exit_code([v]) == 1
+
+
+def test_a_run_that_did_not_finish_is_never_clean():
+    """limits.max_steps reached with requests unfinished (issue 18: 20,000 requests, 19,250
+    unfinished, was judged clean): outcome incomplete, a mismatch on a clean_on release and not
+    a reproduction on a reproduces_on one."""
+    res = make_result("incomplete", steps=500, finished={"A": "FINISHED_STOPPED"},
+                      unfinished=["B", "C"], limit_reached=True)
+    clean = judge(flagship(), "0.10.2", res)
+    assert clean.ok is False and exit_code([clean]) == 1
+    assert clean.observed == "incomplete (max_steps 500 reached, 2 unfinished, 1 finished)"
+    assert "limits.max_steps (500) with 2 request(s) unfinished" in clean.reason
+    bad = judge(flagship(), "0.10.1.1", res)
+    assert bad.ok is False and "neither clean nor a reproduction" in bad.reason
+    # findings collected on the way do not make an unfinished run clean either
+    kept = ran_to_end([violation()])
+    kept.unfinished = ["B"]
+    v = judge(flagship(), "0.10.2", kept)
+    assert v.ok is False and "did not finish" in v.reason

@@ -270,9 +270,10 @@ class StepLoop:
     def finish_result(self, result: RunResult, step: int, build_s: float, run_s: float,
                       run_cpu_s: float) -> RunResult:
         """The end of a run at either level: the observer's end-of-run checks (a clean run
-        with violations becomes ``violation``), then ``steps``, ``finished`` (request id ->
-        finish status), ``unfinished``, ``limit_reached`` and ``timing`` (seconds; steps/s of
-        the loop alone) set on ``result``, which is returned."""
+        with violations becomes ``violation``; one that reached ``limits.max_steps`` with
+        requests unfinished becomes ``incomplete``), then ``steps``, ``finished`` (request id
+        -> finish status), ``unfinished``, ``limit_reached`` and ``timing`` (seconds; steps/s
+        of the loop alone) set on ``result``, which is returned."""
         if self.observer is not None:
             fin = self.observer.finish(self, result.outcome)
             if fin and result.outcome == "clean":
@@ -285,7 +286,9 @@ class StepLoop:
         result.steps = step
         result.finished = dict(self.finished)
         result.unfinished = unfinished
-        result.limit_reached = result.outcome == "clean" and bool(unfinished)
+        if result.outcome == "clean" and unfinished:
+            result.outcome = "incomplete"  # the run did not finish: never clean
+        result.limit_reached = result.outcome == "incomplete"
         result.level = self.level
         result.timing = Timing(round(build_s, 4), round(run_s, 4), round(run_cpu_s, 4),
                                round(step / run_s, 1) if run_s > 0 else None)
