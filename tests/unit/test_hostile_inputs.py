@@ -236,6 +236,8 @@ ROWS = [
     ("name-empty", edit("name: t", 'name: ""'), 2, "name"),
     ("description-a-list", edit("name: t", "name: t\ndescription: [a]"), 2, "description"),
     ("abort-unknown-id", edit("abort: [A]", "abort: [Z]"), 2, "unknown request id 'Z'"),
+    ("abort-before-arrival", edit("{at_step: 3, abort: [A]}", "{at_step: 1, abort: [B]}"), 2,  # issue
+     "B arrives at step 2, after this abort at step 1"),
     ("event-past-max-steps", edit("abort: [A]}", "abort: [A]}\nlimits: {max_steps: 2}"), 2,
      "past limits.max_steps 2"),
     ("request-past-max-steps", edit("at_step: 2}", "at_step: 9}\nlimits: {max_steps: 5}"), 2,

@@ -111,8 +111,10 @@ def scenarios(draw, profile: Profile = DEFAULT, version: str | None = None) -> d
     ids = [r["id"] for r in requests]
     events = []
     if profile.aborts:
-        for step, rid in draw(st.lists(st.tuples(st.integers(1, 40), st.sampled_from(ids)), max_size=3)):
-            events.append({"at_step": step, "abort": [rid]})
+        arrives = {r["id"]: r["at_step"] for r in requests}
+        # an abort lands at or after its request's arrival (before it, vLLM ignores the id)
+        for delay, rid in draw(st.lists(st.tuples(st.integers(0, 39), st.sampled_from(ids)), max_size=3)):
+            events.append({"at_step": arrives[rid] + delay, "abort": [rid]})
     model: dict = {"token": 100}
     if profile.eos:
         eos = draw(st.dictionaries(st.sampled_from(ids), st.integers(1, 16), max_size=3))

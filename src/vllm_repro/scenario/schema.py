@@ -408,9 +408,16 @@ class Scenario(Strict):
             if self.level == "scheduler" and (e.when == "in_flight" or not e.abort):
                 raise ValueError(f"events[{i}]: in-flight aborts, reset_prefix_cache and "
                                  "pause/resume are EngineCore calls; add `level: engine-core`")
+            arrives = {r.id: r.at_step for r in self.requests}
             for rid in e.abort or ():
                 if rid not in ids:
                     raise ValueError(f"events[{i}].abort: unknown request id {rid!r}")
+                if arrives[rid] > e.at_step:
+                    # vLLM's abort_requests ignores ids it does not hold: a silent no-op
+                    raise ValueError(f"events[{i}].abort: {rid} arrives at step {arrives[rid]}, "
+                                     f"after this abort at step {e.at_step}; vLLM ignores an "
+                                     "abort of a request it does not hold (a no-op): move the "
+                                     f"abort to step {arrives[rid]} or later")
         for key in ("eos_at", "empty_at"):
             for rid in getattr(self.model, key):
                 if rid not in ids:
