@@ -120,3 +120,17 @@ def test_a_run_stopped_by_max_steps_is_incomplete_not_clean(cli, tmp_path):
     res = json.loads((tmp_path / "r" / "short" / "0.10.2" / "result.json").read_text())
     assert res["outcome"] == "incomplete" and res["limit_reached"] is True
     assert res["steps"] == 6 and sorted(res["unfinished"]) == ["H", "L"]
+
+
+def test_a_trace_over_its_limit_stops_the_run_as_an_input_error(cli, tmp_path, monkeypatch):
+    """VLLM_REPRO_MAX_TRACE_MB (issue 18: 20,000 requests wrote a 559 MB trace): the 256-request
+    stress workload on 0.10.2 with a quarter-MB limit stops where its trace reaches it, exit 2,
+    the trace no longer than the limit."""
+    monkeypatch.setenv("VLLM_REPRO_MAX_TRACE_MB", "0.25")
+    proc = cli("run", str(ROOT / "scenarios/stress/stress-fcfs-cache.yaml"), "--vllm", "0.10.2",
+               "--reports", str(tmp_path / "r"), "--json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (verdict,) = json.loads(proc.stdout)
+    assert verdict["outcome"] == "error" and "VLLM_REPRO_MAX_TRACE_MB" in verdict["observed"]
+    trace = tmp_path / "r" / "stress-fcfs-cache" / "0.10.2" / "trace.jsonl"
+    assert 0 < trace.stat().st_size <= 0.25 * (1 << 20)

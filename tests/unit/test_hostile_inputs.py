@@ -83,6 +83,14 @@ def edit(old: str, new: str):
     return build
 
 
+def with_env(build, **env):
+    """A row run with these settings in the environment."""
+    def wrapped(c: Case):
+        c.env.update(env)
+        return build(c)
+    return wrapped
+
+
 def deep_list(n: int) -> str:
     return GOOD + "description: " + "[" * n + "]" * n + "\n"
 
@@ -236,6 +244,20 @@ ROWS = [
     ("name-empty", edit("name: t", 'name: ""'), 2, "name"),
     ("description-a-list", edit("name: t", "name: t\ndescription: [a]"), 2, "description"),
     ("abort-unknown-id", edit("abort: [A]", "abort: [Z]"), 2, "unknown request id 'Z'"),
+    # ---- the machine's limits (vllm_repro.limits) ---------------------------------------------
+    ("kv-pool-a-billion-blocks", edit("{num_gpu_blocks: 8}", "{num_gpu_blocks: 1000000000}"), 2,  # issue
+     "config.num_gpu_blocks: 1,000,000,000 is over this machine's limit"),
+    ("kv-pool-over-the-setting", with_env(edit("{num_gpu_blocks: 8}", "{num_gpu_blocks: 9}"),
+                                          VLLM_REPRO_MAX_KV_BLOCKS="8"), 2,
+     "limit of 8 (VLLM_REPRO_MAX_KV_BLOCKS"),
+    ("tokens-over-the-setting", with_env(lambda c: c.run(c.good()), VLLM_REPRO_MAX_TOKENS="29"), 2,
+     "prompt_len + max_tokens"),
+    ("steps-over-the-setting", with_env(edit("abort: [A]}", "abort: [A]}\nlimits: {max_steps: 50}"),
+                                        VLLM_REPRO_MAX_STEPS="40"), 2, "limits.max_steps: 50 is over"),
+    ("limit-setting-not-a-number", with_env(lambda c: c.run(c.good()), VLLM_REPRO_MAX_KV_BLOCKS="lots"),
+     2, "VLLM_REPRO_MAX_KV_BLOCKS='lots': expected a positive number"),
+    ("trace-limit-setting-negative", with_env(lambda c: c.run(c.good()), VLLM_REPRO_MAX_TRACE_MB="-1"),
+     2, "VLLM_REPRO_MAX_TRACE_MB='-1'"),
     ("abort-before-arrival", edit("{at_step: 3, abort: [A]}", "{at_step: 1, abort: [B]}"), 2,  # issue
      "B arrives at step 2, after this abort at step 1"),
     ("event-past-max-steps", edit("abort: [A]}", "abort: [A]}\nlimits: {max_steps: 2}"), 2,
@@ -435,3 +457,20 @@ def test_the_real_entry_point_says_one_line_too(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "symlink loop" in proc.stderr
+
+
+def test_a_billion_block_pool_is_refused_in_under_five_seconds(tmp_path):
+    """Issue 18: `num_gpu_blocks: 1000000000` grew the worker by 100 MB/s; now it ends at once,
+    as a user runs it (a subprocess), with exit 2 naming the setting, and nothing started."""
+    import time
+
+    s = tmp_path / "huge.yaml"
+    s.write_text(GOOD.replace("{num_gpu_blocks: 8}", "{num_gpu_blocks: 1000000000}"))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "vllm_repro.cli", "run", str(s), "--reports",
+                           str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
+    took = time.perf_counter() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert took < 5, f"{took:.1f} s"
+    assert "VLLM_REPRO_MAX_KV_BLOCKS" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()

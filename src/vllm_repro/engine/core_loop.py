@@ -34,7 +34,7 @@ from .adapter import (AdapterError, RefusedByRelease, _import, _try_import, call
 from .executor import FakeWorker, available_memory, kv_cache_spec, make_executor_class
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from .fake_runner import FakeModelRunner
-from .loop import StepLoop, describe_exception, vllm_frames
+from .loop import OverLimit, StepLoop, describe_exception, vllm_frames
 
 
 class EngineCoreLoop(StepLoop):
@@ -58,6 +58,13 @@ class EngineCoreLoop(StepLoop):
         vllm_config, _ = self._config_or_refusal(lambda: a.build_vllm_config(cfg))
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
+        cap = self.lab_limits.get("max_kv_blocks")
+        if cap and bytes_per_block and memory // bytes_per_block > cap:
+            # vLLM's BlockPool makes a Python object per block at start-up: refuse before it does
+            raise OverLimit(f"config.kv_cache_memory_bytes: {memory:,} bytes make "
+                            f"{memory // bytes_per_block:,} KV blocks of {bytes_per_block:,} bytes, "
+                            f"over this machine's limit of {cap:,} (VLLM_REPRO_MAX_KV_BLOCKS): "
+                            "lower it, or raise VLLM_REPRO_MAX_KV_BLOCKS")
         split = a.caps.split_sampling
         self.worker = FakeWorker(specs, memory, self._make_output, self._on_execute, split)
         multiproc = _try_import("vllm.v1.executor.multiproc_executor:MultiprocExecutor")

@@ -183,7 +183,9 @@ class Worker:
         release for this run (:mod:`vllm_repro.audit.plant`); the result is marked ``planted``.
         """
         assert self.proc and self.proc.stdin
-        options = {"audit": audit, "keep_going": keep_going}
+        from ..limits import run_limits
+
+        options = {"audit": audit, "keep_going": keep_going, "limits": run_limits().as_dict()}
         if plant:
             options.update(plant=plant, plant_args=plant_args or {})
         job = {"id": scenario["name"], "scenario": scenario,

@@ -85,6 +85,7 @@ class StepLoop:
         self.created: dict[str, Any] = {}
         self.finished: dict[str, str] = {}
         self.order = 0
+        self.lab_limits: dict = {}  # vllm_repro.limits.RunLimits as a mapping (run_scenario's)
         self._idle = 0  # steps in a row without progress
         self._paused = False  # the scenario paused the scheduler (engine-core events)
 
@@ -352,10 +353,20 @@ class StepLoop:
         line.free_blocks = self.adapter.num_free_blocks(self.scheduler)
 
 
-def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None) -> RunResult:
+class OverLimit(RefusedByRelease):
+    """The run reached one of the lab's limits (:mod:`vllm_repro.limits`): an input error
+    (exit 2) naming the setting, never a crash or a lab failure."""
+
+
+def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
+                 limits: dict | None = None) -> RunResult:
     """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
     :class:`~vllm_repro.records.TraceLine` a step. ``result.json`` is not written here: the
     host writes it, with the verdict (:class:`~vllm_repro.records.ReportDir`).
+
+    ``limits`` (:class:`vllm_repro.limits.RunLimits` as a mapping): ``max_trace_mb`` stops a
+    run whose trace reaches it, ``max_kv_blocks`` refuses an engine-core pool larger than it
+    (both :class:`OverLimit`: outcome ``error``, kind ``input``).
 
     The result's ``outcome`` is ``clean``, ``crash``, ``violation``, ``stall`` or ``error``;
     ``error`` means the lab or the input failed (``error.kind``: ``input`` or ``lab``).
@@ -365,9 +376,20 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         out_dir.mkdir(parents=True, exist_ok=True)
         trace_f = open(out_dir / ReportDir.TRACE, "w")
 
+    limits = limits or {}
+    cap = int(float(limits.get("max_trace_mb") or 0) * (1 << 20))
+    written = 0
+
     def write(line: TraceLine) -> None:
+        nonlocal written
         if trace_f is not None:
-            trace_f.write(line.to_json() + "\n")
+            text = line.to_json() + "\n"
+            written += len(text)
+            if cap and written > cap:
+                raise OverLimit(f"trace.jsonl reached {limits['max_trace_mb']} MB at step "
+                                f"{line.step} (VLLM_REPRO_MAX_TRACE_MB): the run was stopped there; "
+                                "fewer requests or steps, or raise VLLM_REPRO_MAX_TRACE_MB")
+            trace_f.write(text)
 
     try:
         if scenario.get("level") == "engine-core":
@@ -376,6 +398,7 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
             loop: StepLoop = EngineCoreLoop(adapter, scenario, write, observer)
         else:
             loop = StepLoop(adapter, scenario, write, observer)
+        loop.lab_limits = limits
         result = loop.run()
     except RefusedByRelease as exc:
         result = RunResult.failed("input", str(exc))

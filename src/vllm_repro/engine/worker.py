@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             observer = WithPlant(ctx, observer)
         try:
-            result = run_scenario(adapter, job["scenario"], out_dir, observer=observer)
+            result = run_scenario(adapter, job["scenario"], out_dir, observer=observer,
+                                  limits=opts.get("limits"))
         finally:
             if ctx is not None:
                 ctx.restore()

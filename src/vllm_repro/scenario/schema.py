@@ -426,7 +426,26 @@ class Scenario(Strict):
             for rid in self.model.spec_decode.accept:
                 if rid not in ids:
                     raise ValueError(f"model.spec_decode.accept: unknown request id {rid!r}")
+        self._check_lab_limits()
         return self
+
+    def _check_lab_limits(self) -> None:
+        """The machine's limits (:mod:`vllm_repro.limits`): the KV pool, the tokens of all
+        requests, the steps; refused before any release is prepared."""
+        from ..limits import over_limit, run_limits
+
+        lim = run_limits()
+        blocks = self.config.num_gpu_blocks
+        if blocks is not None and blocks > lim.max_kv_blocks:
+            raise ValueError(over_limit("config.num_gpu_blocks", blocks, "max_kv_blocks", lim,
+                                        "vLLM's BlockPool makes a Python object per block"))
+        tokens = sum(r.prompt_len + r.max_tokens for r in self.requests)
+        if tokens > lim.max_tokens:
+            raise ValueError(over_limit("requests: prompt_len + max_tokens", tokens, "max_tokens",
+                                        lim, "every token is held in Python lists"))
+        if self.limits.max_steps > lim.max_steps:
+            raise ValueError(over_limit("limits.max_steps", self.limits.max_steps, "max_steps",
+                                        lim, "each step writes a trace line"))
 
     def child_payload(self) -> dict:
         """The plain-JSON form the engine worker receives (no pydantic on that side). The config
