@@ -14,6 +14,9 @@ setting that allows it:
 - ``VLLM_REPRO_MAX_STEPS``: ``limits.max_steps``. Default 200,000.
 - ``VLLM_REPRO_MAX_TRACE_MB``: the size of one run's ``trace.jsonl``; a run that reaches it stops
   there with ``error`` (input) saying so. Default 256 MB.
+- ``VLLM_REPRO_WORKER_MEMORY_MB``: the address space of an engine worker (``RLIMIT_AS``, set by
+  the worker on itself before it imports vLLM); a run that exhausts it is ``error: out of memory
+  (limit N MB)``, never a crash of vLLM. Default: three quarters of this machine's memory.
 
 Standard library only: the trace limit is applied inside the worker (it arrives in the job).
 """
@@ -39,6 +42,7 @@ class RunLimits:
     max_tokens: int
     max_steps: int
     max_trace_mb: float
+    worker_memory_mb: int
     memory_gib: float
 
     def as_dict(self) -> dict:
@@ -46,7 +50,8 @@ class RunLimits:
 
 
 SETTINGS = {"max_kv_blocks": "VLLM_REPRO_MAX_KV_BLOCKS", "max_tokens": "VLLM_REPRO_MAX_TOKENS",
-            "max_steps": "VLLM_REPRO_MAX_STEPS", "max_trace_mb": "VLLM_REPRO_MAX_TRACE_MB"}
+            "max_steps": "VLLM_REPRO_MAX_STEPS", "max_trace_mb": "VLLM_REPRO_MAX_TRACE_MB",
+            "worker_memory_mb": "VLLM_REPRO_WORKER_MEMORY_MB"}
 
 
 def run_limits() -> RunLimits:
@@ -56,7 +61,7 @@ def run_limits() -> RunLimits:
 
     mem = _memory_bytes()
     defaults = {"max_kv_blocks": mem // 8192, "max_tokens": mem // 2048, "max_steps": 200_000,
-                "max_trace_mb": 256}
+                "max_trace_mb": 256, "worker_memory_mb": (mem * 3 // 4) >> 20}
     values = {}
     for key, env in SETTINGS.items():
         raw = os.environ.get(env)

@@ -134,3 +134,18 @@ def test_a_trace_over_its_limit_stops_the_run_as_an_input_error(cli, tmp_path, m
     assert verdict["outcome"] == "error" and "VLLM_REPRO_MAX_TRACE_MB" in verdict["observed"]
     trace = tmp_path / "r" / "stress-fcfs-cache" / "0.10.2" / "trace.jsonl"
     assert 0 < trace.stat().st_size <= 0.25 * (1 << 20)
+
+
+def test_a_run_that_exhausts_the_workers_memory_limit_says_out_of_memory(cli, tmp_path):
+    """The worker limits its own address space (VLLM_REPRO_WORKER_MEMORY_MB, RLIMIT_AS) before
+    it imports vLLM: a 20-million-block pool (the KV limit raised on purpose) in a 1.4 GB worker
+    is 'error: out of memory (limit 1400 MB)', exit 2, never a crash of vLLM or a dead worker."""
+    s = tmp_path / "mem.yaml"
+    s.write_text("name: mem\nvllm: {clean_on: ['0.10.2']}\nconfig: {num_gpu_blocks: 20000000}\n"
+                 "requests:\n  - {id: A, prompt_len: 10}\n")
+    proc = cli("run", str(s), "--reports", str(tmp_path / "r"), "--no-audit", "--json",
+               env={"VLLM_REPRO_WORKER_MEMORY_MB": "1400", "VLLM_REPRO_MAX_KV_BLOCKS": "30000000"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (verdict,) = json.loads(proc.stdout)
+    assert verdict["outcome"] == "error"
+    assert "out of memory (limit 1400 MB, VLLM_REPRO_WORKER_MEMORY_MB)" in verdict["observed"]

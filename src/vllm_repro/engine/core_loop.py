@@ -80,7 +80,7 @@ class EngineCoreLoop(StepLoop):
             engine = call_supported(engine_cls, vllm_config=vllm_config,
                                     executor_class=executor_cls, log_stats=True,
                                     executor_fail_callback=None)
-        except (AdapterError, RefusedByRelease):
+        except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:
             if not vllm_frames(exc.__traceback__, a.vllm_file) or _raised_in_lab(exc):
@@ -109,7 +109,7 @@ class EngineCoreLoop(StepLoop):
     def _config_or_refusal(self, build):
         try:
             return build()
-        except (AdapterError, RefusedByRelease):
+        except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:
             raise self.refusal(exc) from exc
@@ -248,6 +248,8 @@ class EngineCoreLoop(StepLoop):
             raise
         except (self._stop_exception(), _ObserverStop):
             return self._stopped(line), None
+        except MemoryError:  # the worker's memory limit, not vLLM's failure
+            raise
         except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
             if _raised_in_lab(exc):
                 # the fake worker (called from inside vLLM's executor) or the observer

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import procs
 from ..errors import EnvError
+from ..limits import run_limits
 from ..records import RecordError, RunResult
 from ..settings import cache_dir
 from ..sources.env import ReleaseEnv
@@ -122,7 +123,8 @@ class Worker:
         try:
             self.proc = subprocess.Popen(
                 [str(self.env.python), "-m", "vllm_repro.engine.worker",
-                 "--model-dir", str(self.model_dir), "--reply-fd", str(w)],
+                 "--model-dir", str(self.model_dir), "--reply-fd", str(w),
+                 "--memory-limit-mb", str(run_limits().worker_memory_mb)],
                 stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                 pass_fds=(w,),
                 env=self._environment(), text=True,
@@ -183,8 +185,6 @@ class Worker:
         release for this run (:mod:`vllm_repro.audit.plant`); the result is marked ``planted``.
         """
         assert self.proc and self.proc.stdin
-        from ..limits import run_limits
-
         options = {"audit": audit, "keep_going": keep_going, "limits": run_limits().as_dict()}
         if plant:
             options.update(plant=plant, plant_args=plant_args or {})

@@ -105,7 +105,7 @@ class StepLoop:
         t0 = time.perf_counter()
         try:
             _, self.scheduler = a.build(self.cfg)
-        except (AdapterError, RefusedByRelease):
+        except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:
             raise self.refusal(exc) from exc
@@ -190,6 +190,8 @@ class StepLoop:
             raise
         except self._stop_exception():  # the observer stopped the run inside a vLLM call
             return self._stopped(line), so
+        except MemoryError:  # the worker's memory limit, not vLLM's failure
+            raise
         except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
             return self._crashed(exc, step, phase, line), so
         return None, so
@@ -328,7 +330,7 @@ class StepLoop:
         a vLLM crash."""
         try:
             return fn(*args)
-        except (RefusedByRelease, AdapterError):
+        except (RefusedByRelease, AdapterError, MemoryError):
             raise
         except Exception as exc:
             raise AdapterError(f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}") from exc
@@ -402,6 +404,11 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         result = loop.run()
     except RefusedByRelease as exc:
         result = RunResult.failed("input", str(exc))
+    except MemoryError:
+        mb = (limits or {}).get("worker_memory_mb")
+        result = RunResult.failed("input", f"out of memory (limit {mb} MB, VLLM_REPRO_WORKER_MEMORY_MB): "
+                                  "the run needs more than the worker may map; a smaller "
+                                  "scenario, or raise VLLM_REPRO_WORKER_MEMORY_MB")
     except AdapterError as exc:
         cause = exc.__cause__ or exc
         result = RunResult.failed("lab", str(exc), traceback="".join(traceback.format_exception(

@@ -30,12 +30,35 @@ def _reply(fd_file, obj: dict) -> None:
     fd_file.flush()
 
 
+def limit_memory(mb: int) -> None:
+    """``RLIMIT_AS`` of this process to ``mb`` MB (``VLLM_REPRO_WORKER_MEMORY_MB``), before vLLM is
+    imported: a run that would exhaust the machine gets ``MemoryError`` (reported as ``out of
+    memory``) instead. Not lowered below what the process already maps; a no-op where the
+    platform has no ``resource`` module."""
+    if mb <= 0:
+        return
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = mb << 20
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    except (ValueError, OSError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vllm_repro.engine.worker")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--reply-fd", type=int, required=True)
+    ap.add_argument("--memory-limit-mb", type=int, default=0)
     args = ap.parse_args(argv)
     reply = os.fdopen(args.reply_fd, "w", buffering=1)
+    limit_memory(args.memory_limit_mb)
     t0 = time.perf_counter()
     try:  # on a slice tree: its finder ("vllm.x.y is not in the slice ...") and stubs
         import _vllm_slice  # noqa: F401  (normally already imported by the slice's sitecustomize)
