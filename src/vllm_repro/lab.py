@@ -67,15 +67,36 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
             say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")
             for item in items:
                 item.report = ReportDir(reports, item.scenario.name, version)
+                start = _size(log)
                 # a verdict about a run's end (clean, or an expected crash/stall) needs the run
                 # to reach it: the audit then collects violations instead of stopping
-                item.result = worker.run(item.scenario.child_payload(), item.report.path,
+                item.result = worker.run(item.scenario.child_payload(), item.report.begin(),
                                          audit=audit, keep_going=keep_going or audit_keeps_going(
                                              item.scenario, version))
-                item.result.engine_log = str(log)
+                item.result.engine_log = str(_run_log(log, start, item.report))
     except LabError as exc:
         for item in items:
             item.fail("env", str(exc))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _run_log(log: Path, start: int, report: ReportDir) -> Path:
+    """This run's part of the worker's log (what vLLM logged from ``start`` on, its crash dump
+    included) copied into the run's report as ``engine.log``; returns where it will be once the
+    report is committed (the worker's whole log, ``log``, when it cannot be read)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(start)
+            (report.current / ReportDir.ENGINE_LOG).write_bytes(f.read())
+    except OSError:
+        return log
+    return report.path / ReportDir.ENGINE_LOG
 
 
 def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
@@ -127,10 +148,11 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     for item in items:
         item.fail("lab", "the run produced no result")  # never silently clean
         item.verdict = judge(item.scenario, item.version, item.result)
-        if item.report is not None and item.report.path.is_dir():
+        if item.report is not None and item.report.current.is_dir():
             item.result.verdict = item.verdict.as_dict()
             item.report.write_result(item.result)
             _timeline(item, item.result, say)
+            item.report.commit()  # the whole report replaces the previous run's
     return items
 
 
@@ -139,7 +161,7 @@ def _timeline(item: RunItem, result: RunResult, say: Say) -> None:
     from .report.timeline import write_timeline
 
     try:
-        write_timeline(item.report_dir, result)
+        write_timeline(item.report.current, result)
     except Exception as exc:  # noqa: BLE001 - matplotlib or a damaged trace
         say(f"{item.scenario.name} on {item.version}: no timeline.png ({type(exc).__name__}: {exc})")
 

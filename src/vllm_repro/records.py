@@ -14,7 +14,8 @@ Who writes what:
 - the host writes ``result.json`` once, through :class:`ReportDir`, after the verdict is known.
 
 Layout of a report (``ReportDir``): ``<reports>/<scenario>/<release>/{result.json,
-trace.jsonl, timeline.png}``; the engine logs under ``<reports>/_engine/``.
+trace.jsonl, timeline.png, engine.log}``, staged in ``.<release>.partial`` until whole; the
+workers' whole logs under ``<reports>/_engine/``.
 """
 
 from __future__ import annotations
@@ -400,7 +401,12 @@ def read_trace(path: Path) -> list[TraceLine]:
 class ReportDir:
     """One run's report folder, ``<reports>/<scenario>/<release>/``, and the only writer of its
     ``result.json`` (:meth:`write_result`, once the verdict is in: written to a temporary file
-    and renamed, so a reader never sees half of one)."""
+    and renamed, so a reader never sees half of one).
+
+    A run is reported in a hidden staging folder beside it (:meth:`begin`: the worker's trace,
+    then the result and the picture) that :meth:`commit` moves into place once the report is
+    whole: an interrupted run leaves the previous run's report as it was, never a new trace next
+    to an old result; its staging folder is cleared by the next :meth:`begin`."""
 
     reports: Path
     scenario: str
@@ -409,6 +415,7 @@ class ReportDir:
     RESULT: ClassVar[str] = "result.json"
     TRACE: ClassVar[str] = "trace.jsonl"
     TIMELINE: ClassVar[str] = "timeline.png"
+    ENGINE_LOG: ClassVar[str] = "engine.log"  # this run's part of the worker's vLLM log
 
     @property
     def path(self) -> Path:
@@ -429,19 +436,55 @@ class ReportDir:
 
     @classmethod
     def results_under(cls, reports: Path) -> list[Path]:
-        """Every ``result.json`` below ``reports`` (``<scenario>/<release>/result.json``)."""
-        return sorted(Path(reports).glob(f"*/*/{cls.RESULT}"))
+        """Every ``result.json`` below ``reports`` (``<scenario>/<release>/result.json``; runs
+        still staged, or left staged by an interruption, are not reports)."""
+        return sorted(p for p in Path(reports).glob(f"*/*/{cls.RESULT}")
+                      if not p.parent.name.startswith("."))
+
+    @property
+    def staging(self) -> Path:
+        """``<reports>/<scenario>/.<release>.partial``: where a run in progress is reported."""
+        return self.path.parent / f".{self.release}.partial"
+
+    def begin(self) -> Path:
+        """A fresh, empty staging folder for a run (a stale one, left by an interrupted run,
+        removed first); returns it."""
+        import shutil
+
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        return self.staging
+
+    @property
+    def current(self) -> Path:
+        """Where the report is written now: the staging folder during a run, else the report."""
+        return self.staging if self.staging.is_dir() else self.path
+
+    def commit(self) -> Path:
+        """Move the staged report into place (the previous run's report goes); returns the
+        report's path. A no-op when nothing is staged."""
+        import shutil
+
+        if not self.staging.is_dir():
+            return self.path
+        old = self.path.parent / f".{self.release}.old.{os.getpid()}"
+        if self.path.exists():
+            os.replace(self.path, old)
+        os.replace(self.staging, self.path)
+        shutil.rmtree(old, ignore_errors=True)
+        return self.path
 
     def exists(self) -> bool:
         return self.result_path.is_file()
 
     def write_result(self, result: RunResult) -> Path:
-        """Write ``result.json`` (atomically); returns its path."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / f".{self.RESULT}.{os.getpid()}.tmp"
+        """Write ``result.json`` (atomically) into :attr:`current`; returns its path."""
+        where = self.current
+        where.mkdir(parents=True, exist_ok=True)
+        tmp = where / f".{self.RESULT}.{os.getpid()}.tmp"
         tmp.write_text(result.to_json(indent=1))
-        os.replace(tmp, self.result_path)
-        return self.result_path
+        os.replace(tmp, where / self.RESULT)
+        return where / self.RESULT
 
     def read_result(self) -> RunResult:
         """Raises ``OSError`` and :class:`RecordError`."""

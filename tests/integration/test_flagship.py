@@ -37,6 +37,9 @@ def test_make_cpu_repro_table_reproduces_on_0_10_1_1_and_clean_on_0_10_2(cli, tm
     assert result["vllm"] == "0.10.1.1"
     assert result["crash"]["phase"] == "schedule"
     assert "assert (len(scheduled_new_reqs)" in result["crash"]["traceback"]
+    # the run's own part of vLLM's log sits in its report; no staging folder is left behind
+    assert result["engine_log"] == str(bad / "engine.log") and (bad / "engine.log").is_file()
+    assert sorted(p.name for p in bad.parent.iterdir()) == ["0.10.1.1", "0.10.2"]
     steps = trace(bad)
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert steps[1]["scheduled"] == {"L": 1, "H": 32}  # L decodes, H prefills: pool now full

@@ -108,3 +108,26 @@ def test_the_documented_schema_is_the_records_own():
     assert schema() in text, "docs/records.md is out of date: paste vllm_repro.records.schema()"
     for name in ("RunResult", "Crash", "Frame", "Stall", "Violation", "TraceLine"):
         assert f"### `{name}`" in text
+
+
+def test_a_report_is_staged_and_replaces_the_previous_one_only_when_whole(tmp_path):
+    rd = ReportDir(tmp_path, "s", "0.10.2")
+    old = crash_result()
+    rd.write_result(old)  # the previous run's report
+    (rd.path / "trace.jsonl").write_text("old trace\n")
+    staged = rd.begin()
+    assert staged != rd.path and staged.parent == rd.path.parent and staged.name.startswith(".")
+    (staged / "trace.jsonl").write_text("new trace\n")
+    new = make_result("clean", scenario="s", vllm="0.10.2", steps=3)
+    rd.write_result(new)
+    # until the commit, readers see the previous run whole, and the staged run is no report
+    assert rd.read_result() == old and (rd.path / "trace.jsonl").read_text() == "old trace\n"
+    assert ReportDir.results_under(tmp_path) == [rd.result_path]
+    rd.commit()
+    assert rd.read_result() == new and (rd.path / "trace.jsonl").read_text() == "new trace\n"
+    assert sorted(p.name for p in rd.path.parent.iterdir()) == ["0.10.2"], "nothing left behind"
+    # an interrupted run: its staging folder stays hidden and the next run starts clean
+    rd.begin()
+    (rd.staging / "trace.jsonl").write_text("half\n")
+    assert rd.read_result() == new
+    assert not any((rd.begin()).iterdir())
