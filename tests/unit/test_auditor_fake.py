@@ -66,3 +66,29 @@ def test_end_of_a_clean_run_finds_the_block_never_given_back():
     assert aud.finish(loop, "clean") is True
     (v,) = [v for v in aud.violations if vf(v, "code") == KV_LEAK]
     assert vf(v, "step") == 9 and vf(v, "blocks") == [1, 2] and vf(v, "requests") == ["A"]
+
+
+def test_figures_of_a_step_whose_update_freed_blocks_are_read_after_the_frees():
+    """Issue 18 item 6: a step's audit figures came from before update_from_output when that
+    call only freed blocks (free 61 where the pool's free count said 63). A request finishing
+    in the update gives its blocks back; the line's figures must count them."""
+    aud, books, s, loop = attached(num_gpu_blocks=8, tables={"A": [1, 2]})
+    so = make_output({"A": 1}, cached={"A": 16})
+    s.requests["A"].num_computed_tokens = 16
+    loop.step = 1
+    aud.after_schedule(1, so, None)
+    aud.after_update(1, so, TraceLine(1, scheduled={"A": 1}))
+    loop.step = 2
+    aud.after_schedule(2, so, None)
+    # A finishes inside update_from_output: the manager frees its blocks through the pool
+    m = s.kv_cache_manager.coordinator.single_type_managers[0] if hasattr(
+        s.kv_cache_manager, "coordinator") else s.kv_cache_manager.single_type_manager
+    blocks = m.req_to_blocks.pop("A")
+    s.running.remove(s.requests.pop("A"))
+    loop.finished = {"A": "FINISHED_STOPPED"}
+    books.pool.free_blocks(blocks)
+    line = TraceLine(2, scheduled={"A": 1}, finished=["A"])
+    aud.after_update(2, so, line)
+    aud.annotate(line)
+    assert line.audit["free"] == books.num_free() == 7
+    assert line.audit["used"] == 0

@@ -169,6 +169,8 @@ class Auditor:
                 and self.checks % self.full_every != 1:
             if self.hooks is None or self.hooks.verified_frees == self._fingerprint[4]:
                 self._fig_step = getattr(self.loop, "step", None)  # the books did not move
+            else:  # frees moved them since the figures were read: annotate reads them afresh
+                self._fig_step = None
             return check_leaks(b, requests, getattr(self.loop, "finished", {})) if with_leaks else []
         full = self.checks % self.full_every == 1 or self._fingerprint is None
         refs = b.refs()
