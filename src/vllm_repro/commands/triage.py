@@ -95,6 +95,47 @@ def render(report: TriageReport, console: Console) -> None:
     console.print(t)
 
 
+def _replay(report, sc, vllm, reports: Path, scenario: Optional[Path], force: bool,
+            as_json: bool) -> None:
+    """``--replay``: the draft (into ``--scenario`` or ``<reports>/triage/<name>.yaml``), its run,
+    the comparison table; exits with the run's verdict code (0: the replay shows the log's
+    crash as the draft expects; 1: it does not; 2 / 3: input / lab error)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..console import say
+    from ..inputs import folder, output_file
+    from ..triage.replay import replay
+    from ..triage.scenario import _scenario_name
+
+    reports = folder(reports, "--reports folder", "give a folder the lab may write", create=True,
+                     writable=True)
+    if scenario is None:
+        scenario = reports / "triage" / f"{_scenario_name(report.source)}.yaml"
+        scenario.parent.mkdir(parents=True, exist_ok=True)
+        output_file(scenario, "scenario file", "--scenario", force=True)
+    rep = replay(report, sc, version=vllm, reports=reports, scenario_path=scenario, say=say)
+    if as_json:
+        data = report.as_dict()
+        data["replay"] = rep.as_dict()
+        print(json.dumps(data, indent=1, ensure_ascii=False, default=str))
+    else:
+        out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+        render(report, out)
+        out.print(f"replay: {rep.scenario} on vLLM {rep.release}: {rep.observed}"
+                  f" ({'the log' + chr(39) + 's crash reproduced' if rep.reproduced else 'not the log' + chr(39) + 's crash'})",
+                  markup=False)
+        t = Table("field", "dumped", "replayed", "", title=None)
+        for r in rep.rows:
+            mark = {True: "same", False: "differs", None: "-"}[r.agree]
+            t.add_row(r.field, str(r.dumped if r.dumped is not None else "-"),
+                      str(r.replayed if r.replayed is not None else "-"), mark)
+        out.print(t)
+        if rep.report_dir:
+            out.print(f"report: {rep.report_dir}", markup=False)
+    raise typer.Exit(rep.exit_code)
+
+
 def triage(
     log: str = typer.Argument(..., help="The crash log (a file, or - to read stdin)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -104,6 +145,11 @@ def triage(
     vllm: Optional[str] = typer.Option(
         None, "--vllm", help="Release for the scenario when the log names none (or another)."),
     force: bool = typer.Option(False, "--force", help="Let --scenario overwrite an existing file."),
+    do_replay: bool = typer.Option(
+        False, "--replay", help="Draft the scenario and run it on the logged release (or --vllm); "
+                                "print how the replay's last step compares with the dump."),
+    reports: Path = typer.Option(Path("reports"), "--reports",
+                                 help="With --replay: where the run's report goes."),
 ) -> None:
     """Triage a vLLM crash log: root cause, innermost vLLM frame, stage, exit, release,
     scheduler state; optionally a replay scenario."""
@@ -122,6 +168,8 @@ def triage(
     if scenario is not None:  # refused before the log is read: nothing is overwritten
         output_file(scenario, "scenario file", "--scenario", force=force)
     report, sc = triage_log(log)
+    if do_replay:
+        _replay(report, sc, vllm, reports, scenario, force, as_json)
     written = None
     if scenario is not None:
         text, sc_obj = draft_scenario(report, sc, version=vllm)
