@@ -283,7 +283,8 @@ class RunResult(Record):
 
     ``outcome`` is one of :data:`OUTCOMES`; its evidence is in ``crash``, ``violations``,
     ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
-    finish status (``FINISHED_STOPPED``...), ``unfinished`` lists the rest; ``limit_reached``: a
+    finish status (``FINISHED_STOPPED``...), ``refused`` maps the requests the release's front
+    door refused (never added) -> its error, ``unfinished`` lists the rest; ``limit_reached``: a
     clean run stopped at ``limits.max_steps`` with requests unfinished. ``level`` is
     ``scheduler`` or ``engine-core``; ``vllm`` the release; ``python`` the worker's interpreter.
     ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
@@ -303,6 +304,7 @@ class RunResult(Record):
     error: RunError | None = None
     steps: int | None = None
     finished: dict[str, str] | None = None
+    refused: dict[str, str] | None = None
     unfinished: list[str] | None = None
     limit_reached: bool | None = None
     timing: Timing | None = None
@@ -336,7 +338,8 @@ class TraceLine(Record):
     """One engine step: a line of ``trace.jsonl``.
 
     ``step`` (0: ``EngineCore`` start-up, with ``phase: engine-build``); the request ids
-    ``added`` and ``aborted`` before it; ``scheduled`` (request id -> tokens scheduled in this
+    ``added`` and ``aborted`` before it, and ``refused`` (request id -> the release's
+    front-door error: the request never reached EngineCore); ``scheduled`` (request id -> tokens scheduled in this
     step's ``schedule()``); ``idle`` (nothing to schedule: vLLM's early return), ``applied``
     (engine-core: how many batches ``update_from_output`` applied, which with async scheduling or
     a batch queue is not the one just scheduled); events (``reset_prefix_cache``: what it
@@ -351,6 +354,7 @@ class TraceLine(Record):
     phase: str | None = None
     added: list[str] | None = None
     aborted: list[str] | None = None
+    refused: dict[str, str] | None = None
     scheduled: dict[str, int] | None = None
     idle: bool | None = None
     applied: int | None = None
