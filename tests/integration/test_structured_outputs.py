@@ -59,6 +59,23 @@ def test_43920_crashes_on_0_25_and_fails_the_request_alone_once_fixed(cli, tmp_p
     assert trace(tmp_path, name, "0.33.0")[2]["refused"] == newest["refused"]
 
 
+def test_23215_a_blank_grammar_kills_engine_core_until_the_front_door_refuses_it(cli, tmp_path):
+    """vLLM #23215 (the catalog entry): 0.10.2 (guided_decoding / GuidedDecodingParams, the
+    bitmask on the scheduler output) and 0.11.0 crash compiling grammar ""; 0.12.0 and 0.33.0
+    refuse it at the front door."""
+    entry = SCENARIOS / "vllm-23215-empty-grammar-kills-engine.yaml"
+    proc = cli("run", str(entry), "--reports", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for version in ("0.10.2", "0.11.0"):
+        res = result(tmp_path, entry.stem, version)
+        assert res["outcome"] == "crash" and res["crash"]["type"] == "RuntimeError", version
+        assert (res["crash"]["phase"], res["crash"]["step"]) == ("schedule", 2), version
+    for version in ("0.12.0", "0.33.0"):
+        res = result(tmp_path, entry.stem, version)
+        assert res["outcome"] == "clean" and res["finished"] == {"A": "FINISHED_STOPPED"}
+        assert res["refused"]["E"].endswith("structured_outputs.grammar cannot be an empty string")
+
+
 BAD_INPUT = """
     name: so-bad-input
     level: engine-core
