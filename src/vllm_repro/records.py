@@ -339,11 +339,13 @@ class TraceLine(Record):
 
     ``step`` (0: ``EngineCore`` start-up, with ``phase: engine-build``); the request ids
     ``added`` and ``aborted`` before it, and ``refused`` (request id -> the release's
-    front-door error: the request never reached EngineCore); ``scheduled`` (request id -> tokens scheduled in this
-    step's ``schedule()``); ``idle`` (nothing to schedule: vLLM's early return), ``applied``
-    (engine-core: how many batches ``update_from_output`` applied, which with async scheduling or
-    a batch queue is not the one just scheduled); events (``reset_prefix_cache``: what it
-    returned, ``paused``: the mode or true, ``resumed``); after the step the request ids
+    front-door error: the request never reached EngineCore); ``scheduled`` (request id ->
+    tokens scheduled in this step's ``schedule()``); ``sampled`` (structured-output requests:
+    request id -> the token ids the fake worker sampled through the grammar bitmask in this
+    step); ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
+    many batches ``update_from_output`` applied, which with async scheduling or a batch queue
+    is not the one just scheduled); events (``reset_prefix_cache``: what it returned,
+    ``paused``: the mode or true, ``resumed``); after the step the request ids
     ``finished``, the scheduler's ``waiting``, ``running`` and ``preempted`` queues and
     ``free_blocks`` (the block pool's free count), or ``state_error`` when they could not be
     read (after a crash); ``crash`` (:meth:`Crash.brief`) on the step that crashed; the audit's
@@ -356,6 +358,7 @@ class TraceLine(Record):
     aborted: list[str] | None = None
     refused: dict[str, str] | None = None
     scheduled: dict[str, int] | None = None
+    sampled: dict[str, list[int]] | None = None
     idle: bool | None = None
     applied: int | None = None
     reset_prefix_cache: Any = None

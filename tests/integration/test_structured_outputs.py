@@ -52,6 +52,9 @@ def test_43920_crashes_on_0_25_and_fails_the_request_alone_once_fixed(cli, tmp_p
     assert fixed["outcome"] == "clean" and fixed["unfinished"] == []
     # A's grammar took it to EOS ({, }, EOS: stopped, not capped); B failed alone
     assert fixed["finished"] == {"A": "FINISHED_STOPPED", "B": "FINISHED_ERROR"}
+    # what A sampled through its bitmask: "{" (id 260 + 123 - 32), "}", then EOS
+    sampled = [line.get("sampled", {}).get("A") for line in trace(tmp_path, name, "0.26.0")]
+    assert sampled[:3] == [[351], [353], [2]]
 
     newest = result(tmp_path, name, "0.33.0")
     assert newest["outcome"] == "clean" and newest["finished"] == {"A": "FINISHED_STOPPED"}

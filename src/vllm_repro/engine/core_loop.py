@@ -137,6 +137,10 @@ class EngineCoreLoop(StepLoop):
             def masked():
                 rows = state.grammar_rows(grammar_output, so, spec)
                 tokens = self.runner.apply_grammar(req_ids, sampled, rows) if rows else sampled
+                if rows:  # what the grammar let through, on the line of the step sampling it
+                    line = self._line
+                    line.sampled = {**(line.sampled or {}), **{
+                        rid: list(t) for rid, t in zip(req_ids, tokens) if rid in rows}}
                 return a.model_output(req_ids, tokens, drafts)
             return self._lab(masked)
         return sample, draft_ids
