@@ -235,3 +235,16 @@ def test_scripted_tokens_are_the_models_per_output_position():
     assert runner.execute(2, [Scheduled("A", 1, 4, [], False)], r)[1] == [[12]]
     r["A"].num_output_tokens = 2
     assert runner.execute(3, [Scheduled("A", 1, 5, [], False)], r)[1] == [[7]]  # then `token`
+
+
+def test_the_params_classes_own_refusal_is_an_input_error_quoting_it(sampling_module):
+    @dataclass
+    class Picky(StructuredOutputsParams):
+        def __post_init__(self):
+            raise ValueError("You can only use one kind of structured outputs constraint")
+
+    sampling_module.StructuredOutputsParams = Picky
+    with pytest.raises(RefusedByRelease) as err:
+        FakeAdapter(NewSamplingParams).structured_outputs_kwargs("A", {"regex": "a"})
+    assert "requests[A].structured_outputs: vLLM 9.9.9's Picky refuses it: ValueError: You can" \
+        in str(err.value)

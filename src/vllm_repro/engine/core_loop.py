@@ -374,6 +374,7 @@ class EngineCoreLoop(StepLoop):
             first = " ".join(str(exc).strip().splitlines()[:1])
             return f"{type(exc).__name__}: {first}"
         return None
+
     def _engine_core_request(self, r: dict):
         """An ``EngineCoreRequest`` (``vllm/v1/engine/__init__.py``) as the front end's
         ``Processor.process_inputs`` makes it for a token-id prompt."""

@@ -37,13 +37,12 @@ class FakeWorker:
     ``kv_cache_spec``: ``{layer name: KVCacheSpec}`` (the model's attention layers);
     ``available_memory``: bytes free for the KV cache after profiling (int);
     ``on_execute(scheduler_output)``: called when a batch starts executing (the lab's hook for
-    in-flight events), before the output is computed; ``make_output(scheduler_output,
-    grammar_output)`` returns ``(ModelRunnerOutput, DraftTokenIds or None)`` for it:
-    ``grammar_output`` is what the engine hands ``sample_tokens`` (the scheduler's
-    ``get_grammar_bitmask``), or None where sampling is not split off (the bitmask then rides
-    on the scheduler output). ``make_output`` may return a callable instead of the output: the
-    logits are computed, and the callable samples them with the bitmask
-    (``sample_tokens``).
+    in-flight events), before the output is computed; ``make_output(scheduler_output)`` returns
+    ``(sample, DraftTokenIds or None)``: the logits are computed then, and
+    ``sample(grammar_output)`` samples them into the ``ModelRunnerOutput``, through the grammar
+    bitmask ``grammar_output`` (what the engine hands ``sample_tokens``: the scheduler's
+    ``get_grammar_bitmask``), or None where sampling is not split off (the bitmask then rides on
+    the scheduler output).
     ``split_sampling``: the release's executor has ``sample_tokens``: ``execute_model`` returns
     None and ``sample_tokens`` the output, as ``GPUModelRunner`` does there.
     """

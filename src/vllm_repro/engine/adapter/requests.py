@@ -78,7 +78,13 @@ class RequestsMixin:
                 raise RefusedByRelease(
                     f"requests[{req_id}].structured_outputs.{key}: vLLM {self.version}'s "
                     f"{cls.__name__} has no such field (it has {', '.join(sorted(names))})")
-        return {field: cls(**spec)}
+        try:
+            return {field: cls(**spec)}
+        except Exception as exc:  # noqa: BLE001 - the params class's own checks (__post_init__)
+            first = " ".join(str(exc).strip().splitlines()[:1])
+            raise RefusedByRelease(f"requests[{req_id}].structured_outputs: vLLM {self.version}'s "
+                                   f"{cls.__name__} refuses it: {type(exc).__name__}: {first}") \
+                from None
 
     def structured_params_class(self) -> tuple[str | None, type | None]:
         """``(SamplingParams field, its params class)``: ``structured_outputs`` /
