@@ -126,7 +126,8 @@ def describe_observed(result: RunResult) -> str:
         n = len(result.finished or {})
         if result.limit_reached:
             return f"clean (max_steps {result.steps} reached, {n} finished)"
-        return f"clean ({n} finished, {result.steps} steps)"
+        refused = f", {len(result.refused)} refused" if result.refused else ""
+        return f"clean ({n} finished{refused}, {result.steps} steps)"
     return f"error: {result.error.message if result.error else 'unknown'}"
 
 

@@ -248,3 +248,13 @@ def test_the_params_classes_own_refusal_is_an_input_error_quoting_it(sampling_mo
         FakeAdapter(NewSamplingParams).structured_outputs_kwargs("A", {"regex": "a"})
     assert "requests[A].structured_outputs: vLLM 9.9.9's Picky refuses it: ValueError: You can" \
         in str(err.value)
+
+
+def test_the_verdict_table_counts_refused_requests():
+    from vllm_repro.records import RunResult
+    from vllm_repro.verdict import describe_observed
+
+    res = RunResult("clean", steps=4, finished={"A": "FINISHED_STOPPED"}, unfinished=[],
+                    refused={"B": "VLLMValidationError: only one backend per engine"})
+    assert describe_observed(res) == "clean (1 finished, 1 refused, 4 steps)"
+    assert RunResult.from_json(res.to_json()).refused == res.refused
