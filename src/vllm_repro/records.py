@@ -285,7 +285,8 @@ class RunResult(Record):
 
     ``outcome`` is one of :data:`OUTCOMES`; its evidence is in ``crash``, ``violations``,
     ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
-    finish status (``FINISHED_STOPPED``...), ``unfinished`` lists the rest; ``limit_reached``:
+    finish status (``FINISHED_STOPPED``...), ``refused`` maps the requests the release's front
+    door refused (never added) -> its error, ``unfinished`` lists the rest; ``limit_reached``:
     the run stopped at ``limits.max_steps`` with requests unfinished (outcome ``incomplete``
     when nothing else went wrong: a run that did not finish is not clean). ``level`` is
     ``scheduler`` or ``engine-core``; ``vllm`` the release; ``python`` the worker's interpreter.
@@ -306,6 +307,7 @@ class RunResult(Record):
     error: RunError | None = None
     steps: int | None = None
     finished: dict[str, str] | None = None
+    refused: dict[str, str] | None = None
     unfinished: list[str] | None = None
     limit_reached: bool | None = None
     timing: Timing | None = None
@@ -339,11 +341,14 @@ class TraceLine(Record):
     """One engine step: a line of ``trace.jsonl``.
 
     ``step`` (0: ``EngineCore`` start-up, with ``phase: engine-build``); the request ids
-    ``added`` and ``aborted`` before it; ``scheduled`` (request id -> tokens scheduled in this
-    step's ``schedule()``); ``idle`` (nothing to schedule: vLLM's early return), ``applied``
-    (engine-core: how many batches ``update_from_output`` applied, which with async scheduling or
-    a batch queue is not the one just scheduled); events (``reset_prefix_cache``: what it
-    returned, ``paused``: the mode or true, ``resumed``); after the step the request ids
+    ``added`` and ``aborted`` before it, and ``refused`` (request id -> the release's
+    front-door error: the request never reached EngineCore); ``scheduled`` (request id ->
+    tokens scheduled in this step's ``schedule()``); ``sampled`` (structured-output requests:
+    request id -> the token ids the fake worker sampled through the grammar bitmask in this
+    step); ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
+    many batches ``update_from_output`` applied, which with async scheduling or a batch queue
+    is not the one just scheduled); events (``reset_prefix_cache``: what it returned,
+    ``paused``: the mode or true, ``resumed``); after the step the request ids
     ``finished``, the scheduler's ``waiting``, ``running`` and ``preempted`` queues and
     ``free_blocks`` (the block pool's free count), or ``state_error`` when they could not be
     read (after a crash); ``crash`` (:meth:`Crash.brief`) on the step that crashed; the audit's
@@ -354,7 +359,9 @@ class TraceLine(Record):
     phase: str | None = None
     added: list[str] | None = None
     aborted: list[str] | None = None
+    refused: dict[str, str] | None = None
     scheduled: dict[str, int] | None = None
+    sampled: dict[str, list[int]] | None = None
     idle: bool | None = None
     applied: int | None = None
     reset_prefix_cache: Any = None

@@ -123,7 +123,8 @@ def describe_observed(result: RunResult) -> str:
         s = result.stall
         return f"stall @{s.step} ({len(s.unfinished)} unfinished)"
     if outcome == "clean":
-        return f"clean ({len(result.finished or {})} finished, {result.steps} steps)"
+        refused = f", {len(result.refused)} refused" if result.refused else ""
+        return f"clean ({len(result.finished or {})} finished{refused}, {result.steps} steps)"
     if outcome == "incomplete":
         return (f"incomplete (max_steps {result.steps} reached, {len(result.unfinished or [])} "
                 f"unfinished, {len(result.finished or {})} finished)")

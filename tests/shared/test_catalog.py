@@ -197,3 +197,29 @@ def test_29747_children_share_priority_and_arrival_and_both_finish_once_fixed(ca
     assert crash.phase == "add_request" and crash.step == 1
     fixed = item_of(catalog_runs, name, "0.12.0").result
     assert sorted(fixed.finished.values()) == ["FINISHED_LENGTH_CAPPED"] * 2
+
+
+@needs("0.25.0", "0.26.0")
+def test_43920_the_fix_fails_the_bad_grammar_alone(catalog_runs):
+    """0.25.0: the latched xgrammar's compile failure escapes Future.result() inside
+    schedule(); 0.26.0 (PR #47312) keeps it as the request's grammar and finishes that request
+    alone as FINISHED_ERROR, while A's grammar takes it to EOS."""
+    name = "vllm-43920-grammar-compile-failure-after-valid"
+    crash = item_of(catalog_runs, name, "0.25.0").result.crash
+    assert (crash.phase, crash.step) == ("schedule", 3)
+    frames = [(f.file, f.function) for f in crash.vllm_frames]
+    assert ("vllm/v1/structured_output/request.py", "_check_grammar_completion") in frames
+    fixed = item_of(catalog_runs, name, "0.26.0").result
+    assert fixed.finished == {"A": "FINISHED_STOPPED", "B": "FINISHED_ERROR"}
+
+
+@needs("0.11.0", "0.12.0")
+def test_23215_the_fixed_front_door_refuses_the_blank_grammar(catalog_runs):
+    """0.11.0 lets grammar "" through and EngineCore dies compiling it, with A; 0.12.0 (PR
+    #28210) refuses it at the front door and A runs to its end."""
+    name = "vllm-23215-empty-grammar-kills-engine"
+    bad = item_of(catalog_runs, name, "0.11.0").result
+    assert bad.crash.phase == "schedule" and sorted(bad.unfinished) == ["A", "E"]
+    fixed = item_of(catalog_runs, name, "0.12.0").result
+    assert fixed.finished == {"A": "FINISHED_STOPPED"}
+    assert fixed.refused == {"E": "ValueError: structured_outputs.grammar cannot be an empty string"}

@@ -18,7 +18,10 @@ NEW = Capabilities(version="0.33.0", priority=True, spec_decode=True,
                    kv_group_kinds=("full", "sliding_window"), engine_core=True,
                    split_sampling=True, batch_queue_from_config=True,
                    events=("abort", "abort_in_flight", "reset_prefix_cache",
-                           "reset_running_requests", "pause", "resume"))
+                           "reset_running_requests", "pause", "resume"),
+                   structured_outputs=True, structured_outputs_field="structured_outputs",
+                   structured_backends=("xgrammar", "guidance"),
+                   preprocess_errors_per_request=True)
 
 
 def test_round_trip_through_json_and_the_cache(tmp_path):
@@ -27,6 +30,11 @@ def test_round_trip_through_json_and_the_cache(tmp_path):
     raw = {**OLD.to_dict(), "some_future_field": True}
     raw.pop("events")
     assert Capabilities.from_dict(raw).events == ()
+    # the structured-output fields travel too (a tuple of backends back from a JSON list)
+    back = Capabilities.from_dict(NEW.to_dict())
+    assert (back.structured_outputs_field, back.structured_backends) == (
+        "structured_outputs", ("xgrammar", "guidance"))
+    assert Capabilities.from_dict(OLD.to_dict()).structured_outputs_field is None
     save(tmp_path, NEW)
     assert load(tmp_path, "0.33.0") == NEW
     assert load(tmp_path, "0.9.2") is None

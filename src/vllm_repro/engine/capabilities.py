@@ -28,7 +28,14 @@ class Capabilities:
     ``pause_mode`` (``pause_scheduler(mode=...)``), ``resume``); ``spec_methods``: the
     ``SpeculativeConfig.method`` values the lab's fake drafter
     can stand for (``ngram``, ``ngram_gpu``); ``kv_group_kinds``: KV cache spec kinds
-    (``full``, ``sliding_window``).
+    (``full``, ``sliding_window``). ``structured_outputs``: the release has V1's
+    ``StructuredOutputManager``; ``structured_outputs_field``: the ``SamplingParams`` field a
+    request's constraint goes in (``structured_outputs``, or ``guided_decoding`` on older
+    releases); ``structured_backends``: the backends of ``vllm/v1/structured_output`` whose
+    library imports in the release's environment (``xgrammar``, ``guidance``, ``outlines``,
+    ``lm-format-enforcer``); ``preprocess_errors_per_request``: the engine process's input
+    thread answers an exception in ``preprocess_add_request`` with an error for that request
+    (``EngineCoreProc._handle_request_preproc_error``) instead of dying.
     """
 
     version: str
@@ -44,6 +51,9 @@ class Capabilities:
     batch_queue_from_config: bool = False
     events: tuple[str, ...] = ()
     structured_outputs: bool = False
+    structured_outputs_field: str | None = None
+    structured_backends: tuple[str, ...] = ()
+    preprocess_errors_per_request: bool = False
     kv_connectors: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -168,6 +178,11 @@ def probe(adapter) -> Capabilities:
     proc = _class_source("vllm.v1.engine.core", "EngineCoreProc")
     executor = _class_source("vllm.v1.executor.abstract", "Executor")
     connector = _module_exists("vllm.distributed.kv_transfer.kv_connector.v1")
+    so_field = adapter.structured_params_class()[0] if adapter.StructuredOutputManager else None
+    backends = tuple(name for name, module, lib in _SO_BACKENDS
+                     if adapter.StructuredOutputManager is not None
+                     and _module_exists(f"vllm.v1.structured_output.{module}")
+                     and _module_exists(lib))
     return Capabilities(
         version=adapter.version,
         priority="priority" in params_of(adapter.Request)[0],
@@ -187,9 +202,20 @@ def probe(adapter) -> Capabilities:
         batch_queue_from_config=batch_from_config,
         events=tuple(events),
         structured_outputs=adapter.StructuredOutputManager is not None,
+        structured_outputs_field=so_field,
+        structured_backends=backends,
+        preprocess_errors_per_request=proc is not None
+        and "_handle_request_preproc_error" in proc[0],
         kv_connectors=connector,
         notes=tuple(adapter.platform_notes),
     )
+
+
+#: (backend name, its module in vllm/v1/structured_output, the library it needs)
+_SO_BACKENDS = (("xgrammar", "backend_xgrammar", "xgrammar"),
+                ("guidance", "backend_guidance", "llguidance"),
+                ("outlines", "backend_outlines", "outlines_core"),
+                ("lm-format-enforcer", "backend_lm_format_enforcer", "lmformatenforcer"))
 
 
 def _module_exists(name: str) -> bool:

@@ -24,6 +24,7 @@ a crash in a step writes vLLM's own crash dump (``dump_engine_exception``) and t
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import time
@@ -33,6 +34,7 @@ from .adapter import (AdapterError, RefusedByRelease, _import, _try_import, call
                       init_params, iter_queue)
 from .executor import FakeWorker, available_memory, kv_cache_spec, make_executor_class
 from ..records import EngineInfo, RunResult, Timing, TraceLine
+from . import state
 from .fake_runner import FakeModelRunner
 from .loop import OverLimit, StepLoop, describe_exception, vllm_frames
 
@@ -55,7 +57,12 @@ class EngineCoreLoop(StepLoop):
                 f"config.max_concurrent_batches: vLLM {a.version}'s EngineCore sizes its batch "
                 "queue from VllmConfig.max_concurrent_batches, not from the executor; use "
                 "pipeline_parallel_size / async_scheduling on this release")
-        vllm_config, _ = self._config_or_refusal(lambda: a.build_vllm_config(cfg))
+        self._structured = any(r.get("structured_outputs") for r in self.sc["requests"])
+        if self._structured and not a.caps.structured_outputs:
+            raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
+                                   "StructuredOutputManager (vllm/v1/structured_output)")
+        vllm_config, _ = self._config_or_refusal(
+            lambda: a.build_vllm_config(cfg, load_tokenizer=self._structured))
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
         cap = self.lab_limits.get("max_kv_blocks")
@@ -116,8 +123,11 @@ class EngineCoreLoop(StepLoop):
 
     # ---- what the worker computes -------------------------------------------------------------
     def _make_output(self, so):
-        """``(ModelRunnerOutput, DraftTokenIds or None)`` for ``so`` (the fake worker's
-        computation; a failure here is a lab error, raised as :class:`AdapterError`)."""
+        """``(sample, DraftTokenIds or None)`` for ``so``: the fake worker's computation, where
+        ``sample(grammar_output)`` returns the ``ModelRunnerOutput`` with the step's grammar
+        bitmask applied (``grammar_output``: what ``sample_tokens`` received; None: the bitmask
+        on ``so`` where the release puts it there). A failure in either is a lab error, raised
+        as :class:`AdapterError`."""
         return self._lab(self._compute_output, so)
 
     def _compute_output(self, so):
@@ -125,11 +135,22 @@ class EngineCoreLoop(StepLoop):
         scheduled = a.scheduled(so)
         req_ids, sampled, drafts = self.runner.execute(
             self.step, scheduled, self.scheduler.requests, getattr(so, "finished_req_ids", ()))
-        output = a.model_output(req_ids, sampled, drafts)
         draft_ids = None
         if drafts is not None and a.DraftTokenIds is not None and "spec_token_ids" not in a._mro_fields:
             draft_ids = a.DraftTokenIds(req_ids, drafts)
-        return output, draft_ids
+        spec = {s.req_id: len(s.spec_tokens) for s in scheduled}
+
+        def sample(grammar_output):
+            def masked():
+                rows = state.grammar_rows(grammar_output, so, spec)
+                tokens = self.runner.apply_grammar(req_ids, sampled, rows) if rows else sampled
+                if rows:  # what the grammar let through, on the line of the step sampling it
+                    line = self._line
+                    line.sampled = {**(line.sampled or {}), **{
+                        rid: list(t) for rid, t in zip(req_ids, tokens) if rid in rows}}
+                return a.model_output(req_ids, tokens, drafts)
+            return self._lab(masked)
+        return sample, draft_ids
 
     def _on_execute(self, so) -> None:
         """A batch starts executing: in-flight aborts arrive now, as the engine's input thread
@@ -223,8 +244,12 @@ class EngineCoreLoop(StepLoop):
         self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
-                self._add(r)
-                line.added.append(r["id"])
+                refused = self._add(r)
+                if refused is None:
+                    line.added.append(r["id"])
+                else:
+                    self.refused[r["id"]] = refused
+                    line.refused = {**(line.refused or {}), r["id"]: refused}
             self._phase = "events"
             for e in self.events_by_step.get(step, []):
                 self._event(e, line)
@@ -288,19 +313,61 @@ class EngineCoreLoop(StepLoop):
             return True
         return bool(getattr(self.engine, "batch_queue", None))
 
-    def _add(self, r: dict) -> None:
+    def _add(self, r: dict) -> str | None:
+        """Add request ``r`` as the engine's input thread does; returns the front door's error
+        where the release refuses the request (its structured-output validation: an HTTP 400
+        that never reaches EngineCore), else None."""
         a = self.adapter
         engine = self.engine
         ecr = self._lab(self._engine_core_request, r)
         self.order += 1
+        if r.get("structured_outputs"):
+            refused = self._front_door_refuses(ecr.sampling_params)
+            if refused is not None:
+                return refused
         if hasattr(engine, "preprocess_add_request"):
-            req, wave = engine.preprocess_add_request(ecr)
+            try:
+                req, wave = engine.preprocess_add_request(ecr)
+            except Exception as exc:
+                # the engine process runs this in its input thread: where that thread answers
+                # an exception with an error for the request, the request is refused and
+                # EngineCore lives on; elsewhere it is a crash (add_request phase)
+                if not a.caps.preprocess_errors_per_request or _raised_in_lab(exc) \
+                        or not vllm_frames(exc.__traceback__, a.vllm_file):
+                    raise
+                first = " ".join(str(exc).strip().splitlines()[:1])
+                return f"{type(exc).__name__}: {first} (EngineCore.preprocess_add_request)"
             engine.add_request(req, wave)
         else:  # <= 0.9: EngineCore.add_request takes the EngineCoreRequest itself
             engine.add_request(ecr)
             req = self.scheduler.requests.get(r["id"])
         self.created[r["id"]] = req if req is not None else self.scheduler.requests.get(r["id"])
+        fut = state.grammar_future(self.created[r["id"]])
+        if fut is not None:
+            # the StructuredOutputManager compiles on its thread pool; the lab lets it finish
+            # before the next step (compilation time zero), so runs are deterministic
+            concurrent.futures.wait([fut])
         del a  # the adapter's request maker is the scheduler level's; here EngineCore makes it
+        return None
+
+    def _front_door_refuses(self, sp) -> str | None:
+        """The release's own front-door validation of a structured-output request
+        (:meth:`~vllm_repro.engine.adapter.V1Adapter.validate_structured_outputs`, on the
+        engine's tokenizer): ``"ExcType: message"`` where vLLM refuses it, None where it
+        passes (and picked the request's backend)."""
+        a = self.adapter
+        tokenizer = getattr(self.engine.structured_output_manager, "tokenizer", None)
+        try:
+            a.validate_structured_outputs(sp, tokenizer)
+        except (AdapterError, RefusedByRelease):
+            raise
+        except Exception as exc:  # noqa: BLE001 - vLLM's refusal, or a lab failure
+            if not vllm_frames(exc.__traceback__, a.vllm_file) or _raised_in_lab(exc):
+                raise AdapterError(f"the front door's structured-output validation failed in the "
+                                   f"lab: {type(exc).__name__}: {exc}") from exc
+            first = " ".join(str(exc).strip().splitlines()[:1])
+            return f"{type(exc).__name__}: {first}"
+        return None
 
     def _engine_core_request(self, r: dict):
         """An ``EngineCoreRequest`` (``vllm/v1/engine/__init__.py``) as the front end's
@@ -308,7 +375,8 @@ class EngineCoreLoop(StepLoop):
         a = self.adapter
         ecr_cls = _import("vllm.v1.engine:EngineCoreRequest")
         sp = call_supported(a.SamplingParams, max_tokens=r["max_tokens"], ignore_eos=False,
-                            temperature=0.0)
+                            temperature=0.0,
+                            **a.structured_outputs_kwargs(r["id"], r.get("structured_outputs")))
         if hasattr(sp, "update_from_generation_config"):
             try:
                 sp.update_from_generation_config({}, 2)

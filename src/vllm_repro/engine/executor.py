@@ -38,7 +38,11 @@ class FakeWorker:
     ``available_memory``: bytes free for the KV cache after profiling (int);
     ``on_execute(scheduler_output)``: called when a batch starts executing (the lab's hook for
     in-flight events), before the output is computed; ``make_output(scheduler_output)`` returns
-    ``(ModelRunnerOutput, DraftTokenIds or None)`` for it.
+    ``(sample, DraftTokenIds or None)``: the logits are computed then, and
+    ``sample(grammar_output)`` samples them into the ``ModelRunnerOutput``, through the grammar
+    bitmask ``grammar_output`` (what the engine hands ``sample_tokens``: the scheduler's
+    ``get_grammar_bitmask``), or None where sampling is not split off (the bitmask then rides on
+    the scheduler output).
     ``split_sampling``: the release's executor has ``sample_tokens``: ``execute_model`` returns
     None and ``sample_tokens`` the output, as ``GPUModelRunner`` does there.
     """
@@ -97,19 +101,19 @@ class FakeWorker:
         self.executed += 1
         if self.on_execute is not None:
             self.on_execute(scheduler_output)
-        output, drafts = self.make_output(scheduler_output)
+        sample, drafts = self.make_output(scheduler_output)
         self._drafts = drafts
         if self.split_sampling and getattr(scheduler_output, "total_num_scheduled_tokens", 1) > 0:
             # GPUModelRunner.execute_model returns None and keeps the logits for sample_tokens;
             # with nothing scheduled it returns its empty output at once
-            self._pending.append(output)
+            self._pending.append(sample)
             return None
-        return output
+        return sample(None)
 
     def sample_tokens(self, grammar_output=None, *args, **kwargs):
         if not self._pending:
             raise AdapterError("sample_tokens called with no executed batch pending")
-        return self._pending.pop(0)
+        return self._pending.pop(0)(grammar_output)
 
     def take_draft_token_ids(self):
         drafts, self._drafts = self._drafts, None

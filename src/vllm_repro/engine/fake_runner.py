@@ -5,7 +5,10 @@ This is where the lab's fakes stop (the model-runner / executor boundary). Like
 requests whose prompt is fully computed after this step (a partial prefill chunk yields no token),
 verifies draft tokens for spec decode (accepted drafts + one bonus token), and proposes the next
 drafts. What it emits comes from the scenario's ``model`` section: the token id, EOS at a given
-output length, empty outputs at given steps, draft tokens and how many are accepted.
+output length, empty outputs at given steps, draft tokens and how many are accepted, a
+scripted token list per request; and, for structured-output requests, the step's grammar
+bitmask applied as the GPU sampler applies it (``apply_grammar``: the scheduler's
+``get_grammar_bitmask`` rows, one per position of a request, drafts included).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class FakeModelRunner:
 
     def __init__(self, model: dict, num_speculative_tokens: int | None):
         self.token = model.get("token", 100)
+        self.scripted = {rid: list(toks) for rid, toks in (model.get("tokens") or {}).items()}
         self.eos_at = model.get("eos_at") or {}
         self.empty_at = {rid: set(steps) for rid, steps in (model.get("empty_at") or {}).items()}
         self.num_spec = num_speculative_tokens
@@ -68,9 +72,11 @@ class FakeModelRunner:
             n_acc = len(s.spec_tokens)
             if s.req_id in self.accept:
                 n_acc = min(self.accept[s.req_id], n_acc)
-            tokens = list(s.spec_tokens[:n_acc]) + [self.token]
             # async scheduling: tokens still in flight count as output (Request's placeholders)
             outputs = _num_output_tokens(req) + (getattr(req, "num_output_placeholders", 0) or 0)
+            script = self.scripted.get(s.req_id, ())
+            bonus = script[outputs + n_acc] if outputs + n_acc < len(script) else self.token
+            tokens = list(s.spec_tokens[:n_acc]) + [bonus]
             eos = self.eos_at.get(s.req_id)
             if eos is not None:
                 for i in range(len(tokens)):
@@ -81,6 +87,61 @@ class FakeModelRunner:
             book[1] += len(tokens)
             drafts.append(list(self.draft_tokens) if self.num_spec else [])
         return req_ids, sampled, (drafts if self.num_spec else None)
+
+
+    # ---- structured outputs -------------------------------------------------------------------
+    def apply_grammar(self, req_ids: list[str], sampled: list[list[int]],
+                      rows: dict[str, list]) -> list[list[int]]:
+        """``sampled`` with each structured-output request's tokens sampled through its
+        bitmask rows (``rows``: request id -> the packed int32 rows of its positions, as the
+        scheduler's ``get_grammar_bitmask`` lays them out: one per scheduled draft, then the
+        bonus position). As the GPU sampler: the logits of a forbidden token are ``-inf``, so a
+        draft the bitmask forbids is rejected and that position is sampled from the masked
+        distribution, and a forbidden token gives way to the allowed choice (:meth:`choose`)."""
+        out = []
+        for rid, tokens in zip(req_ids, sampled):
+            masks = rows.get(rid)
+            if not masks or not tokens:
+                out.append(tokens)
+                continue
+            kept: list[int] = []
+            for i, tok in enumerate(tokens):
+                if i >= len(masks):
+                    break
+                if allowed(masks[i], tok):
+                    kept.append(tok)
+                    continue
+                kept.append(self.choose(masks[i], tok))
+                break
+            out.append(kept)
+        return out
+
+    def choose(self, row, preferred: int) -> int:
+        """The token the masked sampler picks at a position whose row forbids ``preferred``:
+        the model's ``token`` where allowed, else EOS where allowed, else the highest allowed
+        token id; a row that allows nothing gives 0 (``argmax`` over all ``-inf`` logits)."""
+        for cand in (preferred, self.token, EOS_TOKEN_ID):
+            if allowed(row, cand):
+                return cand
+        return highest_allowed(row)
+
+
+def allowed(row, token: int) -> bool:
+    """Whether a packed int32 bitmask row (xgrammar's layout: bit ``t % 32`` of word
+    ``t // 32``) allows ``token``."""
+    word = token >> 5
+    if token < 0 or word >= len(row):
+        return False
+    return bool(int(row[word]) & (1 << (token & 31)))
+
+
+def highest_allowed(row) -> int:
+    """The highest token id a packed row allows, or 0 where it allows none."""
+    for word in range(len(row) - 1, -1, -1):
+        bits = int(row[word]) & 0xFFFFFFFF
+        if bits:
+            return word * 32 + bits.bit_length() - 1
+    return 0
 
 
 def _num_output_tokens(req) -> int:

@@ -84,6 +84,8 @@ class StepLoop:
             self.events_by_step.setdefault(e["at_step"], []).append(e)
         self.created: dict[str, Any] = {}
         self.finished: dict[str, str] = {}
+        #: request id -> the release's front-door error, for requests it refused (never added)
+        self.refused: dict[str, str] = {}
         self.order = 0
         self.lab_limits: dict = {}  # vllm_repro.limits.RunLimits as a mapping (run_scenario's)
         self._idle = 0  # steps in a row without progress
@@ -285,9 +287,11 @@ class StepLoop:
                 result.violations = list(self.observer.violations)
             if hasattr(self.observer, "summary"):
                 result.audit = self.observer.summary()
-        unfinished = [r["id"] for r in self.sc["requests"] if r["id"] not in self.finished]
+        unfinished = [r["id"] for r in self.sc["requests"]
+                      if r["id"] not in self.finished and r["id"] not in self.refused]
         result.steps = step
         result.finished = dict(self.finished)
+        result.refused = dict(self.refused) or None
         result.unfinished = unfinished
         if result.outcome == "clean" and unfinished:
             result.outcome = "incomplete"  # the run did not finish: never clean

@@ -301,3 +301,39 @@ def computed_before(so) -> tuple[dict[str, int], set]:
 def spec_tokens(so) -> dict:
     """``scheduled_spec_decode_tokens`` (request id -> draft tokens), ``{}`` where absent."""
     return getattr(so, "scheduled_spec_decode_tokens", None) or {}
+
+
+def grammar_rows(grammar_output, so, spec_counts: dict[str, int]) -> dict[str, list]:
+    """Request id -> the grammar bitmask rows of its positions (one per scheduled draft, then
+    the bonus position), as the GPU model runner unpacks them. From ``GrammarOutput``
+    (``structured_output_request_ids``: a list, ``grammar_bitmask``; what ``EngineCore.step``
+    hands ``sample_tokens``, ``vllm/v1/core/sched/output.py``), else from the scheduler
+    output's own ``grammar_bitmask`` and ``structured_output_request_ids`` (releases that do not
+    split sampling: a dict of request id -> row, or a list). Empty without a bitmask."""
+    src = grammar_output if grammar_output is not None else so
+    bitmask = getattr(src, "grammar_bitmask", None)
+    ids = getattr(src, "structured_output_request_ids", None)
+    if bitmask is None or not ids:
+        return {}
+    if hasattr(bitmask, "numpy"):  # a torch tensor on some releases
+        bitmask = bitmask.cpu().numpy()
+    order = sorted(ids, key=ids.get) if isinstance(ids, dict) else list(ids)
+    rows: dict[str, list] = {}
+    at = 0
+    for rid in order:
+        n = 1 + spec_counts.get(rid, 0)
+        rows[rid] = [bitmask[at + i] for i in range(n) if at + i < len(bitmask)]
+        at += n
+    return rows
+
+
+def grammar_future(request):
+    """The ``concurrent.futures.Future`` of a request's grammar while the release's
+    StructuredOutputManager compiles it (``StructuredOutputRequest._grammar``,
+    ``vllm/v1/structured_output/request.py``), else None (compiled, failed and resolved, or no
+    structured output)."""
+    from concurrent.futures import Future
+
+    so_req = getattr(request, "structured_output_request", None)
+    fut = getattr(so_req, "_grammar", None) if so_req is not None else None
+    return fut if isinstance(fut, Future) else None

@@ -211,6 +211,54 @@ class SchedulerSettings(Strict):
         return self
 
 
+#: the constraint kinds of vLLM's ``StructuredOutputsParams`` (``GuidedDecodingParams`` before
+#: 0.11): a request gives exactly one of them
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+class StructuredOutputs(Strict):
+    """A request's structured-output constraint, under the release's own names: the fields of
+    ``StructuredOutputsParams`` (``SamplingParams.structured_outputs``; ``GuidedDecodingParams``
+    and ``SamplingParams.guided_decoding`` on older releases). Exactly one kind of
+    :data:`STRUCTURED_KINDS` (``json``: a schema, as a mapping or a JSON string; ``regex``;
+    ``choice``: a list of strings; ``grammar``: EBNF or Lark text; ``json_object: true``;
+    ``structural_tag``: its JSON text). Any other key (``disable_any_whitespace``,
+    ``whitespace_pattern``, ...) is handed to the release's params class as written; one the
+    release does not have is an input error naming it and the release. The values are not
+    judged here: the release's own front door and backend do (a grammar the release refuses is
+    a refused request or a crash, as that release behaves)."""
+
+    model_config = ConfigDict(extra="allow", frozen=False, strict=True, populate_by_name=True)
+
+    #: ``json`` in the file (vLLM's name; pydantic's BaseModel has a ``json`` method)
+    json_schema: str | dict | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        given = self.params()
+        kinds = [k for k in STRUCTURED_KINDS if k in given]
+        if len(kinds) != 1:
+            raise ValueError(f"give exactly one of {', '.join(STRUCTURED_KINDS)} "
+                             f"(this one: {kinds or 'none'})")
+        for key, value in (self.model_extra or {}).items():
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", key) or key.startswith("_"):
+                raise ValueError(f"{key!r} is not a structured-outputs parameter name")
+            if isinstance(value, (dict, list)):
+                raise ValueError(f"{key}: only plain values pass through to the release's "
+                                 "structured-outputs params")
+        return self
+
+    def params(self) -> dict:
+        """The keyword arguments for the release's params class (absent fields left out)."""
+        return {k: v for k, v in self.model_dump(mode="json", by_alias=True).items()
+                if v is not None}
+
+
 class RequestSpec(Strict):
     """One request: added just before step ``at_step``.
 
@@ -227,6 +275,9 @@ class RequestSpec(Strict):
     arrival_time: float | None = None
     prefix: str | None = None
     prefix_len: PosInt | None = None
+    #: structured outputs (``level: engine-core``): the release's StructuredOutputManager and
+    #: its real backend compile the constraint and the fake model samples through its bitmask
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("id")
     @classmethod
@@ -298,13 +349,21 @@ class SpecDecode(Strict):
 class ModelBehaviour(Strict):
     """What the fake model runner emits (what the GPU would compute).
 
-    ``token``: the token id sampled each step. ``eos_at``: request id -> the output length at
+    ``token``: the token id sampled each step (``tokens``: a scripted list per request).
+    Structured-output requests sample through the step's grammar bitmask: ``token`` (or the
+    scripted token) where the bitmask allows it, else EOS where allowed, else the highest
+    allowed token id (a bitmask that allows nothing gives token 0, what ``argmax`` over all
+    ``-inf`` logits gives). ``eos_at``: request id -> the output length at
     which the model emits EOS (the request then finishes as stopped). ``empty_at``: request id ->
     steps at which the model returns no sampled token for that request although it was scheduled
     (what a preempted or aborted request looks like to the runner).
     """
 
     token: NonNegInt = 100
+    #: request id -> the token ids the model prefers, one per output position (then ``token``);
+    #: for a structured-output request the grammar's bitmask is applied as the GPU sampler
+    #: applies it: a scripted token the bitmask forbids gives way to the allowed choice
+    tokens: dict[str, list[NonNegInt]] = Field(default_factory=dict)
     eos_at: dict[str, PosInt] = Field(default_factory=dict)
     empty_at: dict[str, list[PosInt]] = Field(default_factory=dict)
     draft_tokens: list[NonNegInt] | None = None
@@ -418,7 +477,14 @@ class Scenario(Strict):
                                      f"after this abort at step {e.at_step}; vLLM ignores an "
                                      "abort of a request it does not hold (a no-op): move the "
                                      f"abort to step {arrives[rid]} or later")
-        for key in ("eos_at", "empty_at"):
+        if self.level == "scheduler":
+            for i, r in enumerate(self.requests):
+                if r.structured_outputs is not None:
+                    raise ValueError(
+                        f"requests[{i}].structured_outputs: grammars are compiled by the "
+                        "engine's StructuredOutputManager and applied by EngineCore.step "
+                        "(get_grammar_bitmask); add `level: engine-core`")
+        for key in ("eos_at", "empty_at", "tokens"):
             for rid in getattr(self.model, key):
                 if rid not in ids:
                     raise ValueError(f"model.{key}: unknown request id {rid!r}")
@@ -453,4 +519,8 @@ class Scenario(Strict):
         data = self.model_dump(mode="json")
         extra = set(self.config.model_extra or {})
         data["config"]["passthrough"] = {k: data["config"].pop(k) for k in sorted(extra)}
+        for spec, r in zip(self.requests, data["requests"]):
+            # vLLM's own names (``json``), extra parameters included, absent ones left out
+            r["structured_outputs"] = (spec.structured_outputs.params()
+                                       if spec.structured_outputs is not None else None)
         return data

@@ -27,7 +27,11 @@ class BuildMixin:
         return vllm_config, self._build_scheduler(cfg, vllm_config, sched_cls)
 
     #: the vLLM config classes a scenario's pass-through fields may belong to, in lookup order
-    PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig")
+    PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig",
+                           "StructuredOutputsConfig", "DecodingConfig")
+    #: the ``VllmConfig`` field each pass-through class beyond the first four is handed in as
+    VLLM_CONFIG_FIELD = {"StructuredOutputsConfig": "structured_outputs_config",
+                         "DecodingConfig": "decoding_config"}
 
     def config_fields(self, class_name: str) -> set[str]:
         """The field names of the release's ``vllm.config.<class_name>`` (dataclass fields or
@@ -55,10 +59,13 @@ class BuildMixin:
                     "release's vllm/config, or drop it for this release")
         return routed
 
-    def build_vllm_config(self, cfg: dict[str, Any]) -> tuple[Any, type]:
+    def build_vllm_config(self, cfg: dict[str, Any], load_tokenizer: bool = False) -> tuple[Any, type]:
         """``(vllm_config, scheduler class)`` as ``EngineArgs.create_engine_config`` would make
         them for the scenario's ``config`` (``num_gpu_blocks`` already set on the cache config
-        when the scenario gives it). Pass-through fields go to their config class as written."""
+        when the scenario gives it). Pass-through fields go to their config class as written.
+        ``load_tokenizer``: the engine loads the packaged tokenizer (structured outputs need
+        it: ``StructuredOutputManager`` builds its backend on it); otherwise
+        ``skip_tokenizer_init``."""
         c = self.config_mod
         routed = self.route_passthrough(cfg)
         importlib.import_module("torch")  # as vLLM imports it before its configs
@@ -67,7 +74,7 @@ class BuildMixin:
             model_config = call_supported(
                 c.ModelConfig, model=str(self.model_dir), task="generate",
                 tokenizer=str(self.model_dir), tokenizer_mode="auto", trust_remote_code=False,
-                dtype="float16", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len,
+                dtype="float16", seed=0, skip_tokenizer_init=not load_tokenizer, max_model_len=max_model_len,
                 enforce_eager=True)
         except Exception as exc:
             raise AdapterError(f"ModelConfig on {self.model_dir}: {type(exc).__name__}: {exc}") from exc
@@ -111,6 +118,10 @@ class BuildMixin:
         if routed.get("ParallelConfig"):
             extra["parallel_config"] = self._strict_call(
                 c.ParallelConfig, dict(routed["ParallelConfig"]), routed["ParallelConfig"])
+        for cls_name, field in self.VLLM_CONFIG_FIELD.items():
+            if routed.get(cls_name) and hasattr(c, cls_name):
+                extra[field] = self._strict_call(getattr(c, cls_name), dict(routed[cls_name]),
+                                                 routed[cls_name])
         if hasattr(c, "DeviceConfig"):  # 0.8.x leaves it None unless EngineArgs fills it in
             try:
                 extra["device_config"] = call_supported(c.DeviceConfig, device="cpu")

@@ -79,6 +79,16 @@ def init_params(cls: type) -> tuple[set[str], bool]:
     return params_of(cls)
 
 
+def fields_of(cls) -> set[str]:
+    """The field names of a vLLM params or config class: dataclass fields, msgspec struct
+    fields, pydantic model fields and constructor parameters (private ``_`` names left out)."""
+    names = set(getattr(cls, "__dataclass_fields__", None) or {})
+    names |= set(getattr(cls, "__struct_fields__", None) or ())
+    names |= set(getattr(cls, "model_fields", None) or {})
+    names |= init_params(cls)[0]
+    return {n for n in names if not n.startswith("_")}
+
+
 def call_supported(fn: Callable, /, **kwargs):
     """Call ``fn`` with the subset of ``kwargs`` it accepts (drift in optional parameters).
     For a class, its effective constructor (:func:`init_params`) decides."""

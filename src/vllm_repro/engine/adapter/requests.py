@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import zlib
 
-from .probes import RefusedByRelease, _import, _try_import, call_supported, params_of
+from .probes import (AdapterError, RefusedByRelease, _import, _try_import, call_supported,
+                     fields_of, params_of)
 
 EOS_TOKEN_ID = 2  # OPT's eos_token_id (the packaged config.json)
 VOCAB = 50000
@@ -57,6 +58,79 @@ class RequestsMixin:
         kwargs.setdefault("prompt", None)
         request = call_supported(self.Request, **kwargs)
         return request
+
+    def structured_outputs_kwargs(self, req_id: str, spec: dict | None) -> dict:
+        """The ``SamplingParams`` keyword for a request's ``structured_outputs`` mapping (the
+        scenario's, under vLLM's names): ``{"structured_outputs": StructuredOutputsParams(...)}``,
+        or ``{"guided_decoding": GuidedDecodingParams(...)}`` on releases that spell it so
+        (found from ``SamplingParams``' fields, never from the version). ``{}`` without one.
+        Raises :class:`RefusedByRelease` where the release has no structured outputs or its
+        params class lacks a key."""
+        if not spec:
+            return {}
+        field, cls = self.structured_params_class()
+        if cls is None:
+            raise RefusedByRelease(f"requests[{req_id}].structured_outputs: vLLM {self.version}'s "
+                                   "SamplingParams has no structured_outputs / guided_decoding")
+        names = fields_of(cls)
+        for key in spec:
+            if key not in names:
+                raise RefusedByRelease(
+                    f"requests[{req_id}].structured_outputs.{key}: vLLM {self.version}'s "
+                    f"{cls.__name__} has no such field (it has {', '.join(sorted(names))})")
+        try:
+            return {field: cls(**spec)}
+        except Exception as exc:  # noqa: BLE001 - the params class's own checks (__post_init__)
+            first = " ".join(str(exc).strip().splitlines()[:1])
+            raise RefusedByRelease(f"requests[{req_id}].structured_outputs: vLLM {self.version}'s "
+                                   f"{cls.__name__} refuses it: {type(exc).__name__}: {first}") \
+                from None
+
+    def structured_params_class(self) -> tuple[str | None, type | None]:
+        """``(SamplingParams field, its params class)``: ``structured_outputs`` /
+        ``StructuredOutputsParams`` (0.11+), ``guided_decoding`` / ``GuidedDecodingParams``
+        (0.6 to 0.10), or ``(None, None)``."""
+        sp_fields = fields_of(self.SamplingParams)
+        for field, cand in (("structured_outputs", "StructuredOutputsParams"),
+                            ("guided_decoding", "GuidedDecodingParams")):
+            cls = _try_import(f"vllm.sampling_params:{cand}")
+            if field in sp_fields and cls is not None:
+                return field, cls
+        return None, None
+
+    def validate_structured_outputs(self, sp, tokenizer) -> None:
+        """The front end's structured-output validation of one request, the release's own:
+        ``SamplingParams._validate_structured_outputs(model_config, structured_outputs_config,
+        tokenizer)`` (called from ``SamplingParams.verify`` by the input processor), or the
+        processor's ``_validate_structured_output(params)`` on releases that validate there.
+        It picks the request's backend (``_backend``: ``auto`` falls back from xgrammar to
+        guidance or outlines), which the engine's StructuredOutputManager reads. What it
+        raises is the release refusing the request (an HTTP 400), and propagates."""
+        cfg = self.vllm_config
+        if hasattr(sp, "_validate_structured_outputs"):
+            call_supported(sp._validate_structured_outputs, model_config=cfg.model_config,
+                           structured_outputs_config=getattr(cfg, "structured_outputs_config", None),
+                           decoding_config=getattr(cfg, "decoding_config", None),
+                           tokenizer=tokenizer)
+            return
+        if not hasattr(self, "_so_processor"):
+            self._so_processor = None
+            for cand in ("vllm.v1.engine.input_processor:InputProcessor",
+                         "vllm.v1.engine.processor:Processor"):
+                cls = _try_import(cand)
+                if cls is None:
+                    continue
+                try:
+                    self._so_processor = call_supported(cls, vllm_config=cfg, tokenizer=tokenizer)
+                except Exception:  # noqa: BLE001 - API drift: try the next form
+                    continue
+                break
+        proc = self._so_processor
+        if proc is None or not hasattr(proc, "_validate_structured_output"):
+            raise AdapterError(f"vLLM {self.version}: no front-door structured-output validation "
+                               "found (SamplingParams._validate_structured_outputs or the "
+                               "processor's _validate_structured_output)")
+        proc._validate_structured_output(sp)
 
     def front_door(self, req_id: str, prompt: list[int], max_tokens: int, priority: int) -> None:
         """Refuse what the release's own front door refuses before a request reaches the
