@@ -7,7 +7,7 @@ from vllm_repro.scenario import load_scenario
 from vllm_repro.verdict import audit_keeps_going, exit_code, findings_lines, judge
 
 from ..conftest import FLAGSHIP
-from .builders import make_result, make_violation
+from .builders import make_result, make_scenario, make_violation
 
 
 def flagship():
@@ -112,3 +112,12 @@ def test_a_run_that_did_not_finish_is_never_clean():
     kept.unfinished = ["B"]
     v = judge(flagship(), "0.10.2", kept)
     assert v.ok is False and "did not finish" in v.reason
+
+
+def test_an_unfinished_run_without_an_expectation_is_not_a_finding_of_a_bug():
+    sc = make_scenario(vllm={"clean_on": ["0.10.2"]}, limits={"max_steps": 5})
+    res = make_result("incomplete", steps=5, finished={}, unfinished=["R0", "R1"], limit_reached=True)
+    v = judge(sc, "0.10.2", res)
+    assert v.expected == "clean" and v.ok is False and exit_code([v]) == 1
+    other = judge(sc, "0.9.0", res)  # a release the scenario says nothing about
+    assert other.ok is None and exit_code([other]) == 1

@@ -225,3 +225,28 @@ def test_a_start_up_crash_drafts_an_engine_core_replay(tmp_path, monkeypatch):
     save(tmp_path, Capabilities(version=report.vllm_version))
     with pytest.raises(InputError):  # and at scheduler level there is nothing to replay
         draft_scenario(report, sc)
+
+
+def test_whether_a_release_defaults_to_v1_is_read_from_its_tree_not_its_number(tmp_path, monkeypatch):
+    """The draft's chunked-prefill / prefix-caching defaults follow the V1 engine where the
+    release runs it by default: read from the cached tree's vllm/envs.py (VLLM_USE_V1's default,
+    or no switch at all beside a vllm/v1 package), never from a version comparison."""
+    from vllm_repro.triage.scenario import _v1_default
+
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path))
+
+    def tree(version, envs, v1=True):
+        d = tmp_path / "trees" / version / "vllm"
+        (d / "v1").mkdir(parents=True) if v1 else d.mkdir(parents=True)
+        (d / "envs.py").write_text(envs)
+
+    tree("9.0.0", '"VLLM_USE_V1":\n    lambda: bool(int(os.getenv("VLLM_USE_V1", "0"))),\n')
+    tree("0.1.0", '"VLLM_USE_V1":\n    lambda: bool(int(os.getenv("VLLM_USE_V1", "1"))),\n')
+    tree("1.0.0", "# no switch: V0 is gone\n")
+    tree("2.0.0", "# no switch and no V1\n", v1=False)
+    assert _v1_default("9.0.0")[0] is False  # a high number, but its default is V0
+    assert _v1_default("0.1.0")[0] is True
+    assert _v1_default("1.0.0")[0] is True
+    assert _v1_default("2.0.0")[0] is False
+    got, why = _v1_default("3.0.0")
+    assert got is None and "not in the cache" in why

@@ -153,11 +153,27 @@ def _choose_level(report: TriageReport, version: str, notes: list[str]) -> tuple
     return "engine-core", f"the crash went through {hits[0]}", phase
 
 
-def _version_default_v1(version: str | None) -> bool:
+_V1_DEFAULT = re.compile(r'os\.getenv\(\s*"VLLM_USE_V1"\s*,\s*"([01])"\s*\)')
+
+
+def _v1_default(version: str) -> tuple[bool | None, str]:
+    """Whether ``version`` runs the V1 engine by default, read from its own ``vllm/envs.py``
+    when its tree is in the cache (no download): ``VLLM_USE_V1``'s default there, or V1 only
+    when the release has no such switch (V0 removed) but does have ``vllm/v1``. ``(None, why)``
+    when the tree is not at hand."""
+    from ..sources.sdist import tree_dir
+
+    envs = tree_dir(version) / "vllm" / "envs.py"
     try:
-        return version is None or Version(version) >= Version("0.8")
-    except InvalidVersion:
-        return True
+        text = envs.read_text(errors="replace")
+    except OSError:
+        return None, f"vLLM {version}'s tree is not in the cache (vllm-repro prepare {version} reads it)"
+    m = _V1_DEFAULT.search(text)
+    if m:
+        return m.group(1) == "1", f"VLLM_USE_V1 defaults to {m.group(1)} in vLLM {version}'s vllm/envs.py"
+    if (envs.parent / "v1").is_dir():
+        return True, f"vLLM {version} has only the V1 engine (no VLLM_USE_V1 in its vllm/envs.py)"
+    return False, f"vLLM {version} has no vllm/v1 package"
 
 
 def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None = None,
@@ -248,10 +264,13 @@ class _Draft:
 
     def _switches(self) -> None:
         c, version = self.c, self.version
-        v1_default = _version_default_v1(version)
-        if not v1_default:
-            self.notes.append(f"vLLM {version} predates the V1 engine the lab drives (0.8 and "
-                              "later): replay the draft with --vllm on a V1 release")
+        v1_default, why = _v1_default(version)
+        if v1_default is False:
+            self.notes.append(f"vLLM {version} does not run the V1 engine the lab drives by "
+                              f"default ({why}): replay the draft with --vllm on a V1 release")
+        elif v1_default is None:
+            self.notes.append(f"assumed the V1 engine's defaults: {why}")
+            v1_default = True
         default_why = f"vLLM {version}'s default" + (" (V1 engine)" if v1_default else "")
         c["enable_chunked_prefill"] = self.known("enable_chunked_prefill", _bool) or _Val(
             v1_default, "guess", default_why)
