@@ -336,91 +336,57 @@ def _crash_path(frames: list[Frame]) -> list[str]:
     return out
 
 
-def analyze(sc: LogScanner, source: str) -> TriageReport:
-    """Turn a finished :class:`LogScanner` into a :class:`TriageReport` (no I/O)."""
-    root, finals = choose_root(sc)
-    cut = None
-    if root is None or _priority(root, sc.exceptions, sc.last_healthy) <= 1:
-        # only a wrapper or a consequence (or nothing) finished: a traceback cut off before its
-        # exception line that shows vLLM frames is the better evidence of the crash
-        # (printed before it, or by another process: a traceback that the same process
-        # prints after its wrapper is the wrapper's fallout)
-        cands = [t for t in sc.truncated_frames if _has_vllm(t.frames) and (
-            root is None or t.lineno < root.lineno or t.proc != root.proc)]
-        cut = next((t for t in cands if not t.side_thread), None) or next(iter(cands), None)
-        if cut is not None:
-            root = None
-    reversed_tb = None
-    if root is not None and root.standalone:
-        # a log in reverse order (a newest-first viewer, lines pasted bottom-up): the
-        # exception line comes first and its frames right after it, with no exception line
-        reversed_tb = next((t for t in sc.truncated_frames if t.proc == root.proc
-                            and 0 < t.lineno - root.lineno <= 2 and _has_vllm(t.frames)), None)
-    sig, sig_frames = choose_signal(sc, root)
-    notes: list[str] = []
-    d = sc.dump
-    # vLLM's crash dump (dump_input.py) with no traceback or signal after it: EngineCore writes
-    # it only when a step raised, so the log shows a crash whose report is cut off
-    dump_only = (root is None and cut is None and sig is None and d is not None
-                 and bool(d.config or d.scheduler_output or d.stats))
-
+def _exit_kind(sc: LogScanner, root, sig, cut) -> str | None:
+    """python_exception, cuda_error or signal:NAME (a signal printed before the exception, or
+    with only a death notice, is how the process died)."""
     if root is not None and is_cuda(root):
-        exit_kind = "cuda_error"
-    elif sig is not None and (root is None or is_death_notice(root) or sig.lineno <= root.lineno):
-        exit_kind = f"signal:{sig.name}"
-    elif root is not None:
-        exit_kind = "python_exception"
-    elif sc.cuda_lines:
-        exit_kind = "cuda_error"
-    elif cut is not None:
-        exit_kind = "python_exception"  # a Python traceback, whose exception line is lost
-    else:
-        exit_kind = None
+        return "cuda_error"
+    if sig is not None and (root is None or is_death_notice(root) or sig.lineno <= root.lineno):
+        return f"signal:{sig.name}"
+    if root is not None:
+        return "python_exception"
+    if sc.cuda_lines:
+        return "cuda_error"
+    if cut is not None:
+        return "python_exception"  # a Python traceback, whose exception line is lost
+    return None
 
-    frames = root.frames if root is not None else (cut.frames if cut is not None else [])
-    if reversed_tb is not None:
-        frames = reversed_tb.frames
-        notes.append(f"the frames of the exception at line {root.lineno} follow it (line "
-                     f"{reversed_tb.lineno} on): the log reads newest line first")
-    if exit_kind and exit_kind.startswith("signal:") and _has_vllm(sig_frames):
-        frames = sig_frames
-    elif not _has_vllm(frames) and (root is None or is_death_notice(root)) and _has_vllm(sig_frames):
-        frames = sig_frames
-    inner = innermost_vllm(frames)
-    plugin = innermost_plugin(frames)
 
-    lifecycle = root.lifecycle if root is not None else (
-        sig.lifecycle if sig else (cut.lifecycle if cut is not None else sc.lifecycle))
-    stage, reason = decide_stage(root, frames, sig_frames, lifecycle)
-    if dump_only:
-        stage, reason = "runtime", (f"vLLM's crash dump at line {d.lineno} (dump_input.py): "
-                                    "EngineCore writes it only when a step raised")
-        notes.append("the log holds vLLM's crash dump but not the exception after it (cut "
-                     "off?): paste the lines that follow the dump for the root cause")
-
-    version = None
-    version_source = None
+def _version(sc: LogScanner) -> tuple[str | None, dict | None]:
+    """The release the log names, from its most trusted source, and where."""
     for tier in sorted(sc.versions):
         lineno, v, text = sc.versions[tier]
-        version, version_source = v, {"log_line": lineno, "text": text}
-        break
+        return v, {"log_line": lineno, "text": text}
+    return None, None
 
-    crash_line = root.lineno if root is not None else (
-        sig.lineno if sig else (sc.death_lines[0][0] if sc.death_lines else (
-            cut.lineno if cut is not None else None)))
+
+def _cause_chain(root) -> list[dict]:
+    """The root cause's ``__cause__`` / ``__context__`` chain, at most 16 deep."""
     chain: list[dict] = []
-    if root is not None:
-        c = root.cause
-        while c is not None and len(chain) < 16:
-            chain.append({"type": c.type, "message": c.message,
-                          "last_vllm_frame": _frame_dict(innermost_vllm(c.frames)),
-                          "link": root.link if c is root.cause else None})
-            c = c.cause
-    wrappers = [_exc_brief(r) for r in sc.exceptions
-                if r is not root and is_wrapper(r, sc.exceptions)][:16]
-    last = sc.exceptions[-1] if sc.exceptions else None
-    last_printed = _exc_brief(last) if last is not None and last is not root else None
+    c = root.cause if root is not None else None
+    while c is not None and len(chain) < 16:
+        chain.append({"type": c.type, "message": c.message,
+                      "last_vllm_frame": _frame_dict(innermost_vllm(c.frames)),
+                      "link": root.link if c is root.cause else None})
+        c = c.cause
+    return chain
 
+
+def _root_cause(root, cut) -> dict | None:
+    """Where the root cause is: its exception line, or the cut traceback's first line."""
+    if root is not None:
+        return {"log_line": root.lineno, "process": root.proc or None, "logger": root.site,
+                "traceback_line": root.tb_lineno, "standalone": root.standalone}
+    if cut is not None:
+        return {"log_line": cut.lineno, "process": cut.proc or None, "logger": None,
+                "traceback_line": cut.lineno, "standalone": False, "truncated": True}
+    return None
+
+
+def _notes(sc: LogScanner, root, sig, cut, reversed_tb) -> list[str]:
+    """What a reader of the report should know about the log itself: missing processes, cut
+    tracebacks, bytes that are not UTF-8, what was not kept."""
+    notes: list[str] = []
     if root is not None and is_wrapper(root, sc.exceptions):
         notes.append("only exceptions that report another one are in the log: the root cause "
                      "was printed by another process (EngineCore, a worker) whose output is "
@@ -451,6 +417,73 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
     if root is not None and root.frames_dropped:
         notes.append(f"{root.frames_dropped} frames of a deep traceback not kept")
 
+    return notes
+
+
+def analyze(sc: LogScanner, source: str) -> TriageReport:
+    """Turn a finished :class:`LogScanner` into a :class:`TriageReport` (no I/O)."""
+    root, finals = choose_root(sc)
+    cut = None
+    if root is None or _priority(root, sc.exceptions, sc.last_healthy) <= 1:
+        # only a wrapper or a consequence (or nothing) finished: a traceback cut off before its
+        # exception line that shows vLLM frames is the better evidence of the crash
+        # (printed before it, or by another process: a traceback that the same process
+        # prints after its wrapper is the wrapper's fallout)
+        cands = [t for t in sc.truncated_frames if _has_vllm(t.frames) and (
+            root is None or t.lineno < root.lineno or t.proc != root.proc)]
+        cut = next((t for t in cands if not t.side_thread), None) or next(iter(cands), None)
+        if cut is not None:
+            root = None
+    reversed_tb = None
+    if root is not None and root.standalone:
+        # a log in reverse order (a newest-first viewer, lines pasted bottom-up): the
+        # exception line comes first and its frames right after it, with no exception line
+        reversed_tb = next((t for t in sc.truncated_frames if t.proc == root.proc
+                            and 0 < t.lineno - root.lineno <= 2 and _has_vllm(t.frames)), None)
+    sig, sig_frames = choose_signal(sc, root)
+    notes: list[str] = []
+    d = sc.dump
+    # vLLM's crash dump (dump_input.py) with no traceback or signal after it: EngineCore writes
+    # it only when a step raised, so the log shows a crash whose report is cut off
+    dump_only = (root is None and cut is None and sig is None and d is not None
+                 and bool(d.config or d.scheduler_output or d.stats))
+
+    exit_kind = _exit_kind(sc, root, sig, cut)
+
+    frames = root.frames if root is not None else (cut.frames if cut is not None else [])
+    if reversed_tb is not None:
+        frames = reversed_tb.frames
+        notes.append(f"the frames of the exception at line {root.lineno} follow it (line "
+                     f"{reversed_tb.lineno} on): the log reads newest line first")
+    if exit_kind and exit_kind.startswith("signal:") and _has_vllm(sig_frames):
+        frames = sig_frames
+    elif not _has_vllm(frames) and (root is None or is_death_notice(root)) and _has_vllm(sig_frames):
+        frames = sig_frames
+    inner = innermost_vllm(frames)
+    plugin = innermost_plugin(frames)
+
+    lifecycle = root.lifecycle if root is not None else (
+        sig.lifecycle if sig else (cut.lifecycle if cut is not None else sc.lifecycle))
+    stage, reason = decide_stage(root, frames, sig_frames, lifecycle)
+    if dump_only:
+        stage, reason = "runtime", (f"vLLM's crash dump at line {d.lineno} (dump_input.py): "
+                                    "EngineCore writes it only when a step raised")
+        notes.append("the log holds vLLM's crash dump but not the exception after it (cut "
+                     "off?): paste the lines that follow the dump for the root cause")
+
+    version, version_source = _version(sc)
+
+    crash_line = root.lineno if root is not None else (
+        sig.lineno if sig else (sc.death_lines[0][0] if sc.death_lines else (
+            cut.lineno if cut is not None else None)))
+    chain = _cause_chain(root)
+    wrappers = [_exc_brief(r) for r in sc.exceptions
+                if r is not root and is_wrapper(r, sc.exceptions)][:16]
+    last = sc.exceptions[-1] if sc.exceptions else None
+    last_printed = _exc_brief(last) if last is not None and last is not root else None
+
+    notes += _notes(sc, root, sig, cut, reversed_tb)
+
     dump_info = None
     if sc.dump is not None:
         dump_info = {"log_line": sc.dump.lineno, "config": sc.dump.config is not None,
@@ -466,11 +499,7 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         exit_kind=exit_kind,
         vllm_version=version,
         scheduler_state=scheduler_state(sc, crash_line),
-        root_cause=({"log_line": cut.lineno, "process": cut.proc or None, "logger": None,
-                     "traceback_line": cut.lineno, "standalone": False, "truncated": True}
-                    if cut is not None else None) if root is None else {
-            "log_line": root.lineno, "process": root.proc or None, "logger": root.site,
-            "traceback_line": root.tb_lineno, "standalone": root.standalone},
+        root_cause=_root_cause(root, cut),
         signal=None if sig is None else {"name": sig.name, "source": sig.source,
                                          "log_line": sig.lineno, "process": sig.proc or None,
                                          "text": sig.text},
