@@ -456,14 +456,15 @@ class LogScanner:
             s.dump_open = None
 
     def _traceback_line(self, lineno: int, key, level: str | None, text: str) -> None:
+        """One line for the traceback state machine of its process (``key``): a blank line ends
+        an exception block; then, in turn, the structural lines (headers, chain links,
+        faulthandler), faulthandler's frames, frame lines, the rest of an open traceback, and a
+        standalone exception line. Each part returns True when it consumed the line."""
         s = self._streams.get(key)
         st = text.strip()
         if not st:
-            if s is not None:
-                if s.mode in (_Stream.FAULT, _Stream.FAULT_OTHER):
-                    s.mode = _Stream.IDLE
-                elif s.mode == _Stream.EXC:
-                    s.mode = _Stream.IDLE
+            if s is not None and s.mode in (_Stream.FAULT, _Stream.FAULT_OTHER, _Stream.EXC):
+                s.mode = _Stream.IDLE
             return
         if s is None:
             # only lines that can open something need a stream
@@ -473,7 +474,19 @@ class LogScanner:
                     and (":" in st or st.isidentifier()) and _EXC_LINE.match(st)):
                 return
             s = self._stream(key)
+        if self._structure_line(s, lineno, key, st) or self._fault_frame(s, text, st) \
+                or self._frame_line(s, lineno, text, st) \
+                or self._in_traceback(s, lineno, key, level, text, st):
+            return
+        if s.mode == _Stream.IDLE and text[:1] not in " \t" and level in (None, "ERROR", "CRITICAL"):
+            m = _EXC_LINE.match(st)
+            if m and is_exception_name(m.group(1)) and m.group(1).split("(")[0].rsplit(".", 1)[-1] \
+                    not in _NOT_STANDALONE and not m.group(1).endswith("Warning"):
+                self._exception(s, m, lineno, key, level, standalone=True)
 
+    def _structure_line(self, s: _Stream, lineno: int, key, st: str) -> bool:
+        """A traceback header, a side thread's ``Exception in thread``, a chain link ("During
+        handling ...", "The above exception ..."), or faulthandler's header."""
         if _TB_HEADER in st:
             if s.mode == _Stream.TB and s.frames:
                 self._finish_tb_truncated(s)
@@ -483,98 +496,110 @@ class LogScanner:
                 s.side = False
             m = _IPY_HEADER.match(st)
             s.start_tb(lineno, ipython=bool(m), ipython_type=m.group(1) if m else None)
-            return
+            return True
         if st[:1] in "ET" and _SIDE.match(st):
             if s.mode == _Stream.TB and s.frames:
                 self._finish_tb_truncated(s)
             s.side = s.side_pending = True
             s.mode = _Stream.IDLE
-            return
+            return True
         if st.startswith("During handling of the above exception"):
             s.pending_link = "context"
             s.mode = _Stream.IDLE
-            return
+            return True
         if st.startswith("The above exception was the direct cause"):
             s.pending_link = "cause"
             s.mode = _Stream.IDLE
-            return
+            return True
         m = _FAULT_HEADER.match(st)
+        if not m:
+            return False
+        if s.mode == _Stream.TB and s.frames:
+            self._finish_tb_truncated(s)
+        if m.group(1) == "Thread":
+            s.mode = _Stream.FAULT_OTHER
+            return True
+        s.mode = _Stream.FAULT
+        ev = None
+        for prev in reversed(self.signals):  # the fatal-error line just before it
+            if prev.proc == key[0] and prev.source == "faulthandler" and not prev.frames \
+                    and lineno - prev.lineno < 50:
+                ev = prev
+                break
+        s.fault = ev
+        return True
+
+    def _fault_frame(self, s: _Stream, text: str, st: str) -> bool:
+        """A frame of faulthandler's stack (most recent first); any other line ends it (and is
+        read on, False)."""
+        if s.mode not in (_Stream.FAULT, _Stream.FAULT_OTHER):
+            return False
+        m = _FRAME.match(text)
         if m:
-            if s.mode == _Stream.TB and s.frames:
-                self._finish_tb_truncated(s)
-            if m.group(1) == "Thread":
-                s.mode = _Stream.FAULT_OTHER
-                return
-            s.mode = _Stream.FAULT
-            ev = None
-            for prev in reversed(self.signals):  # the fatal-error line just before it
-                if prev.proc == key[0] and prev.source == "faulthandler" and not prev.frames \
-                        and lineno - prev.lineno < 50:
-                    ev = prev
-                    break
-            s.fault = ev
-            return
+            if s.mode == _Stream.FAULT and s.fault is not None and len(s.fault.frames) < MAX_FRAMES:
+                # faulthandler prints most recent first
+                s.fault.frames.insert(0, Frame.make(m["file"], int(m["line"]), m["func"]))
+            return True
+        if st.startswith("<no Python frame>"):
+            return True
+        s.mode = _Stream.IDLE  # and read the line normally
+        return False
 
-        if s.mode in (_Stream.FAULT, _Stream.FAULT_OTHER):
-            m = _FRAME.match(text)
-            if m:
-                if s.mode == _Stream.FAULT and s.fault is not None and len(s.fault.frames) < MAX_FRAMES:
-                    # faulthandler prints most recent first
-                    s.fault.frames.insert(0, Frame.make(m["file"], int(m["line"]), m["func"]))
-                return
-            if st.startswith("<no Python frame>"):
-                return
-            s.mode = _Stream.IDLE  # and read the line normally
-
+    def _frame_line(self, s: _Stream, lineno: int, text: str, st: str) -> bool:
+        """A ``File "...", line N, in f`` line (or a retyped ``vllm/...py, in f`` one, inside a
+        traceback or naming a vLLM file); outside a traceback it opens one whose header is
+        missing."""
         m = _FRAME.match(text) or _FRAME_NOLINE.match(text)
         if m is None and ".py" in st and " in " in st:
             m = _FRAME_ABBR.match(text)
             if m and s.mode != _Stream.TB and not (vllm_module(m["file"]) or plugin_module(m["file"])):
                 m = None  # outside a traceback, only a vLLM file makes it a frame, not prose
-        if m:
-            if s.mode != _Stream.TB:
-                s.start_tb(lineno)  # a traceback whose header is not in the log
-            line = int(m["line"]) if "line" in m.groupdict() and m["line"] else None
-            s.add_frame(Frame.make(m["file"], line, m["func"]), len(text) - len(text.lstrip()))
-            return
+        if not m:
+            return False
+        if s.mode != _Stream.TB:
+            s.start_tb(lineno)  # a traceback whose header is not in the log
+        line = int(m["line"]) if "line" in m.groupdict() and m["line"] else None
+        s.add_frame(Frame.make(m["file"], line, m["func"]), len(text) - len(text.lstrip()))
+        return True
 
-        if s.mode == _Stream.TB:
-            indent = len(text) - len(text.lstrip())
-            if s.ipython:
-                m = _IPY_FRAME.match(st)
-                if m:
-                    f = m["a"] or m["b"] or m["c"]
-                    s.add_frame(Frame.make(f, int(m["l"]) if m["l"] else None,
-                                           m["f"] or m["g"] or "?"), 0)
-                    s.expect_source = False
-                    return
-            if _CARET.match(text):
-                return
-            if s.expect_source and indent > s.frame_indent:
+    def _in_traceback(self, s: _Stream, lineno: int, key, level: str | None, text: str,
+                      st: str) -> bool:
+        """Inside an open traceback: IPython frames, carets, source lines, the exception line
+        that closes it; anything else means the traceback was cut (closed as truncated, False:
+        the line is read on)."""
+        if s.mode != _Stream.TB:
+            return False
+        indent = len(text) - len(text.lstrip())
+        if s.ipython:
+            m = _IPY_FRAME.match(st)
+            if m:
+                f = m["a"] or m["b"] or m["c"]
+                s.add_frame(Frame.make(f, int(m["l"]) if m["l"] else None,
+                                       m["f"] or m["g"] or "?"), 0)
                 s.expect_source = False
-                return
-            m = _EXC_LINE.match(st)
-            if m and (not s.ipython or indent == 0) and (
-                    is_exception_name(m.group(1))
-                    # after the last frame's source line: any Class or module.Class line
-                    or (not s.expect_source and s.frames and indent <= s.frame_indent
-                        and _class_like(m.group(1)))):
-                self._exception(s, m, lineno, key, level, standalone=False)
-                return
-            if s.expect_source or s.ipython:
-                s.expect_source = False  # an unindented source line (indentation lost)
-                return
-            if st.startswith("[Previous line repeated") or st == "...":
-                return
-            if s.frames and indent > s.frame_indent:
-                return  # more of a multi-line source excerpt (Python 3.13: "...<2 lines>...")
-            self._finish_tb_truncated(s)  # something else: the traceback was cut
-
-        if s.mode == _Stream.IDLE and text[:1] not in " \t" and level in (None, "ERROR", "CRITICAL"):
-            m = _EXC_LINE.match(st)
-            if m and is_exception_name(m.group(1)) and m.group(1).split("(")[0].rsplit(".", 1)[-1] \
-                    not in _NOT_STANDALONE and not m.group(1).endswith("Warning"):
-                self._exception(s, m, lineno, key, level, standalone=True)
+                return True
+        if _CARET.match(text):
+            return True
+        if s.expect_source and indent > s.frame_indent:
+            s.expect_source = False
+            return True
+        m = _EXC_LINE.match(st)
+        if m and (not s.ipython or indent == 0) and (
+                is_exception_name(m.group(1))
+                # after the last frame's source line: any Class or module.Class line
+                or (not s.expect_source and s.frames and indent <= s.frame_indent
+                    and _class_like(m.group(1)))):
+            self._exception(s, m, lineno, key, level, standalone=False)
+            return True
+        if s.expect_source or s.ipython:
+            s.expect_source = False  # an unindented source line (indentation lost)
+            return True
+        if st.startswith("[Previous line repeated") or st == "...":
+            return True
+        if s.frames and indent > s.frame_indent:
+            return True  # more of a multi-line source excerpt (Python 3.13: "...<2 lines>...")
+        self._finish_tb_truncated(s)  # something else: the traceback was cut
+        return False
 
     def _evidence_line(self, lineno: int, proc: str, level: str | None, key, text: str) -> None:
         st = text.strip()
