@@ -65,23 +65,46 @@ class BuildMixin:
         when the scenario gives it). Pass-through fields go to their config class as written.
         ``load_tokenizer``: the engine loads the packaged tokenizer (structured outputs need
         it: ``StructuredOutputManager`` builds its backend on it); otherwise
-        ``skip_tokenizer_init``."""
+        ``skip_tokenizer_init``. Raises :class:`RefusedByRelease` for what the release's
+        configs refuse and :class:`AdapterError` when the lab cannot satisfy them."""
         c = self.config_mod
         routed = self.route_passthrough(cfg)
         importlib.import_module("torch")  # as vLLM imports it before its configs
-        max_model_len = cfg["max_model_len"]
+        model_config = self._model_config(cfg, load_tokenizer)
+        scheduler_config = self._scheduler_config(cfg, model_config, routed)
+        cache_kwargs = dict(block_size=cfg["block_size"], gpu_memory_utilization=0.9, swap_space=0,
+                            cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
+        cache_kwargs.update(routed.get("CacheConfig", {}))
+        cache_config = self._strict_call(c.CacheConfig, cache_kwargs, routed.get("CacheConfig", {}))
+        spec_config = self._spec_config(cfg, routed)
+        vllm_config = call_supported(
+            c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
+            cache_config=cache_config, speculative_config=spec_config, **self._other_configs(routed))
+        # what the GPU worker would have reported after profiling (at level engine-core,
+        # EngineCore._initialize_kv_caches sets it from the fake executor's figures instead)
+        if cfg.get("num_gpu_blocks") is not None:
+            cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
+        sched_cls = self._scheduler_class(cfg, vllm_config, spec_config)
+        self.vllm_config = vllm_config
+        return vllm_config, sched_cls
+
+    def _model_config(self, cfg: dict[str, Any], load_tokenizer: bool):
+        """``ModelConfig`` on the packaged model folder (its config.json and tokenizer)."""
         try:
-            model_config = call_supported(
-                c.ModelConfig, model=str(self.model_dir), task="generate",
+            return call_supported(
+                self.config_mod.ModelConfig, model=str(self.model_dir), task="generate",
                 tokenizer=str(self.model_dir), tokenizer_mode="auto", trust_remote_code=False,
-                dtype="float16", seed=0, skip_tokenizer_init=not load_tokenizer, max_model_len=max_model_len,
-                enforce_eager=True)
+                dtype="float16", seed=0, skip_tokenizer_init=not load_tokenizer,
+                max_model_len=cfg["max_model_len"], enforce_eager=True)
         except Exception as exc:
             raise AdapterError(f"ModelConfig on {self.model_dir}: {type(exc).__name__}: {exc}") from exc
+
+    def _scheduler_config(self, cfg: dict[str, Any], model_config, routed: dict):
+        """``SchedulerConfig`` from the scenario's scheduler fields and its pass-through ones."""
         sched_kwargs = dict(
             max_num_seqs=cfg["max_num_seqs"],
             max_num_batched_tokens=cfg["max_num_batched_tokens"],
-            max_model_len=max_model_len,
+            max_model_len=cfg["max_model_len"],
             enable_chunked_prefill=cfg["enable_chunked_prefill"],
             policy=cfg["policy"],
             long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
@@ -92,28 +115,35 @@ class BuildMixin:
         if cfg["long_prefill_token_threshold"] == 0:
             sched_kwargs.pop("long_prefill_token_threshold")
         sched_kwargs.update(routed.get("SchedulerConfig", {}))
-        scheduler_config = self._strict_call(c.SchedulerConfig, sched_kwargs,
-                                             routed.get("SchedulerConfig", {}))
-        cache_kwargs = dict(block_size=cfg["block_size"], gpu_memory_utilization=0.9, swap_space=0,
-                            cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
-        cache_kwargs.update(routed.get("CacheConfig", {}))
-        cache_config = self._strict_call(c.CacheConfig, cache_kwargs, routed.get("CacheConfig", {}))
-        spec_config = None
-        if cfg.get("num_speculative_tokens"):
-            if not self.caps.spec_decode:
-                # 0.6.x/0.7.0: the V1 scheduler has no draft tokens (SpeculativeConfig is V0's)
-                raise RefusedByRelease(f"config.num_speculative_tokens: "
-                                       f"{self.caps.refusal('spec decode')}; drop it for this release")
-            spec_kwargs = dict(model="ngram", method=cfg.get("speculative_method", "ngram"),
-                               num_speculative_tokens=cfg["num_speculative_tokens"],
-                               prompt_lookup_max=4, prompt_lookup_min=1)
-            spec_kwargs.update(routed.get("SpeculativeConfig", {}))
-            spec_config = self._strict_call(c.SpeculativeConfig, spec_kwargs,
-                                            routed.get("SpeculativeConfig", {}))
-        elif routed.get("SpeculativeConfig"):
-            raise RefusedByRelease(
-                f"config.{next(iter(routed['SpeculativeConfig']))}: a SpeculativeConfig field "
-                "needs num_speculative_tokens (spec decode on)")
+        return self._strict_call(self.config_mod.SchedulerConfig, sched_kwargs,
+                                 routed.get("SchedulerConfig", {}))
+
+    def _spec_config(self, cfg: dict[str, Any], routed: dict):
+        """``SpeculativeConfig`` (ngram drafts by default) when the scenario turns spec decode
+        on, else None; a SpeculativeConfig field without it, or spec decode on a release whose
+        V1 scheduler has no draft tokens, is refused."""
+        if not cfg.get("num_speculative_tokens"):
+            if routed.get("SpeculativeConfig"):
+                raise RefusedByRelease(
+                    f"config.{next(iter(routed['SpeculativeConfig']))}: a SpeculativeConfig field "
+                    "needs num_speculative_tokens (spec decode on)")
+            return None
+        if not self.caps.spec_decode:
+            # 0.6.x/0.7.0: the V1 scheduler has no draft tokens (SpeculativeConfig is V0's)
+            raise RefusedByRelease(f"config.num_speculative_tokens: "
+                                   f"{self.caps.refusal('spec decode')}; drop it for this release")
+        spec_kwargs = dict(model="ngram", method=cfg.get("speculative_method", "ngram"),
+                           num_speculative_tokens=cfg["num_speculative_tokens"],
+                           prompt_lookup_max=4, prompt_lookup_min=1)
+        spec_kwargs.update(routed.get("SpeculativeConfig", {}))
+        return self._strict_call(self.config_mod.SpeculativeConfig, spec_kwargs,
+                                 routed.get("SpeculativeConfig", {}))
+
+    def _other_configs(self, routed: dict) -> dict[str, Any]:
+        """The rest of ``VllmConfig``'s parts: the pass-through ones (``ParallelConfig``,
+        :attr:`VLLM_CONFIG_FIELD`'s), and the device and observability configs that
+        ``EngineArgs.create_engine_config`` always fills in."""
+        c = self.config_mod
         extra = {}
         if routed.get("ParallelConfig"):
             extra["parallel_config"] = self._strict_call(
@@ -134,13 +164,12 @@ class BuildMixin:
                 extra["observability_config"] = call_supported(c.ObservabilityConfig)
             except Exception:  # noqa: BLE001 - keep the release's default
                 pass
-        vllm_config = call_supported(
-            c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
-            cache_config=cache_config, speculative_config=spec_config, **extra)
-        # what the GPU worker would have reported after profiling (at level engine-core,
-        # EngineCore._initialize_kv_caches sets it from the fake executor's figures instead)
-        if cfg.get("num_gpu_blocks") is not None:
-            cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
+        return extra
+
+    def _scheduler_class(self, cfg: dict[str, Any], vllm_config, spec_config) -> type:
+        """The scheduler class the config selects (``AsyncScheduler`` with async scheduling),
+        with the config's ``scheduler_cls`` pointing at it as ``EngineArgs`` leaves it; async
+        scheduling kept on where the CPU platform turned it off."""
         sched_cls = self.Scheduler
         get_cls = getattr(vllm_config.scheduler_config, "get_scheduler_cls", None)
         if callable(get_cls) and not cfg["async_scheduling"]:
@@ -174,8 +203,7 @@ class BuildMixin:
             # (or AsyncScheduler) the engine then resolves; EngineCore reads it from the config
             vllm_config.scheduler_config.scheduler_cls = (
                 f"{sched_cls.__module__}.{sched_cls.__qualname__}")
-        self.vllm_config = vllm_config
-        return vllm_config, sched_cls
+        return sched_cls
 
     def _strict_call(self, cls, kwargs: dict, passthrough: dict):
         """``call_supported`` that never drops a pass-through field silently."""
