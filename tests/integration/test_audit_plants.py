@@ -74,7 +74,8 @@ def first(res: RunResult) -> Violation:
 def test_unplanted_scenarios_are_clean(worker, tmp_path):
     for sc in (scenario("plain"), scenario("plain-cached", prefix_caching=True)):
         res = run(worker, tmp_path, None, sc)
-        assert res.outcome == "clean", res.violations
+        # clean, or (0.8.x) only its real leak of cached request data (KNOWN_RESIDUE, below)
+        assert res.outcome == "clean" or real_findings(res) == [], res.violations
         assert sorted(res.finished) == ["A", "B", "C"]
         assert res.audit.checks >= 2 * res.steps
         assert res.audit.hook_calls.get("free_blocks", 0) >= 3  # A, B, C freed
@@ -181,3 +182,97 @@ def test_a_planted_run_is_never_a_verdict(worker, tmp_path):
     res = run(worker, tmp_path, "two_queues", sc, at_step=3)
     verdict = judge(sc, worker.hello["vllm"], res)
     assert verdict.ok is False and "planted" in verdict.reason
+
+
+# ---- issue 14: the audit sees more ------------------------------------------------------------
+
+#: a real leak the residue check finds unplanted: 0.8.x's update_from_output hands a finished
+#: request's CachedRequestData back to ``Scheduler._cached_reqs_data`` (a defaultdict) after
+#: ``_free_request`` popped it (vLLM PR #17567, fixed after 0.8.5)
+KNOWN_RESIDUE = "Scheduler._cached_reqs_data (dict"
+
+
+def real_findings(res: RunResult) -> list[Violation]:
+    """The run's violations less the known 0.8.x leak above."""
+    return [v for v in res.violations or () if not (
+        v.code == "REQ_RESIDUE" and v.message.count(" (dict") + v.message.count(" (set") == 1
+        and KNOWN_RESIDUE in v.message)]
+
+
+def test_unplanted_scenarios_have_no_residue_starvation_or_overflow(worker, tmp_path):
+    """The new checks stay quiet on the plain runs (keep going: every finding would show),
+    except for the real leak of 0.8.x (KNOWN_RESIDUE), which the residue check finds."""
+    for sc in (scenario("plain-kg"), scenario("plain-cached-kg", prefix_caching=True)):
+        res = run(worker, tmp_path, None, sc, keep_going=True)
+        assert real_findings(res) == [], res.violations
+        if res.violations:  # only the known leak: A and C finished before B's last step
+            assert worker.hello["vllm"].startswith("0.8.")
+            assert sorted(r for v in res.violations for r in v.requests) == ["A", "C"]
+        else:
+            assert res.outcome == "clean"
+
+
+def test_a_key_left_behind_by_a_finished_request_is_residue(worker, tmp_path):
+    res = run(worker, tmp_path, "residue_entry", scenario("residue"), request="A")
+    planted = res.planted["notes"]
+    assert res.outcome == "violation", (res.outcome, res.violations)
+    [v] = real_findings(res)  # nothing else is wrong: no block is held, only the key stays
+    assert (v.code, v.step, v.phase, v.requests) == ("REQ_RESIDUE", planted["step"], "end of run",
+                                                     ["A"])
+    assert f"A left the scheduler at step {planted['step']}" in v.message
+    assert ".req_to_blocks (dict, value [])" in v.message
+
+
+def test_a_running_request_skipped_with_room_to_spare_is_starved(worker, tmp_path):
+    res = run(worker, tmp_path, "starve", scenario("starve"), at_step=7, request="B")
+    v, planted = first(res), res.planted["notes"]
+    assert (v.code, v.step, v.phase, v.requests) == ("REQ_STARVED", 7, "after schedule", ["B"])
+    assert planted["step"] == 7
+    assert "B is running with 1 token(s) pending" in v.message and "of 64 tokens" in v.message
+
+
+def test_a_preemption_missing_from_the_report_is_unreported(worker, tmp_path):
+    res = run(worker, tmp_path, "preempt_unreported", scenario("preempt-unreported"), at_step=7)
+    planted = res.planted["notes"]
+    assert planted["preempted"], planted  # vLLM preempted somebody at the refused allocation
+    if not planted["has_report"]:
+        # the release's SchedulerOutput has no preempted_req_ids: nothing to compare
+        assert real_findings(res) == [], res.violations
+        return
+    v = first(res)
+    assert (v.code, v.step, v.requests) == ("PREEMPT_UNREPORTED", 7, planted["preempted"])
+    assert "preempted in this step's schedule() but is not in its" in v.message
+
+
+def test_a_reported_preemption_is_clean(worker, tmp_path):
+    res = run(worker, tmp_path, "preempt_unreported", scenario("preempt-reported"), at_step=7,
+              report=True, keep_going=True)
+    planted = res.planted["notes"]
+    assert planted["preempted"]
+    if planted["has_report"]:
+        assert set(planted["preempted"]) <= set(planted["reported"])
+    assert real_findings(res) == [], res.violations
+
+
+def test_more_requests_than_the_workers_slots_overflow_its_batch(worker, tmp_path):
+    data = scenario("overflow").model_dump(exclude_none=True)
+    # six short prompts at step 1 (48 tokens: within the 64-token budget), four slots
+    data["requests"] = [{"id": rid, "at_step": 1, "prompt_len": 8, "max_tokens": 3}
+                        for rid in "ABCDEF"]
+    sc = Scenario.model_validate(data)
+    res = run(worker, tmp_path, "lift_seq_limit", sc, keep_going=True, at_step=1)
+    over = [x for x in res.violations if x.code == "WORKER_BATCH_OVERFLOW"]
+    assert over, res.violations
+    assert {x.step for x in over} == {1}
+    # six requests scheduled at step 1 on four slots: the last two found none
+    assert sorted(r for x in over for r in x.requests) == ["E", "F"]
+    assert "has no slot for E: 4 of its 4 slots" in over[0].message
+    # the scheduler's own books show it too
+    assert any(x.code == "BATCH_LIMIT" and x.step == 1 for x in res.violations)
+
+
+def test_computed_tokens_past_max_model_len(worker, tmp_path):
+    res = run(worker, tmp_path, "overrun_max_len", scenario("max-len"), at_step=7, request="B")
+    v, planted = first(res), res.planted["notes"]
+    assert (v.code, v.step, v.phase, v.requests) == ("REQ_OVER_MAX_LEN", 7, "after schedule", ["B"])
+    assert v.message.startswith(f"B num_computed_tokens {planted['value']} is over max_model_len 512")
