@@ -273,8 +273,10 @@ class Auditor:
         running requests are read just before it runs: a preemption inside ``schedule()`` is
         told apart from one made between steps (``reset_prefix_cache``). Undone at the first
         output without ``preempted_req_ids`` and at the end of the run."""
+        orig = getattr(sched, "schedule", None)
+        if orig is None:
+            return
         before = vars(sched).get("schedule")
-        orig = sched.schedule
         auditor = self
 
         def schedule(*args, **kwargs):
