@@ -276,3 +276,40 @@ def test_computed_tokens_past_max_model_len(worker, tmp_path):
     v, planted = first(res), res.planted["notes"]
     assert (v.code, v.step, v.phase, v.requests) == ("REQ_OVER_MAX_LEN", 7, "after schedule", ["B"])
     assert v.message.startswith(f"B num_computed_tokens {planted['value']} is over max_model_len 512")
+
+
+@pytest.mark.parametrize("plant,code,args", [
+    ("starve", "REQ_STARVED", {"at_step": 7, "request": "B"}),
+    ("preempt_unreported", "PREEMPT_UNREPORTED", {"at_step": 7}),
+    ("lift_seq_limit", "WORKER_BATCH_OVERFLOW", {"at_step": 1}),
+])
+def test_the_new_codes_fire_at_engine_core_level(worker, tmp_path, plant, code, args):
+    """Through the release's own EngineCore: the scheduler's schedule() is already observed
+    (wrapped on the instance) by the engine-core loop, and the fake runner runs inside vLLM's
+    executor; the codes fire at the same steps."""
+    data = scenario(f"ec-{plant}").model_dump(exclude_none=True)
+    data["level"] = "engine-core"
+    # vLLM's start-up check wants room for one max_model_len request besides the null block
+    data["config"]["num_gpu_blocks"] = 33
+    if plant == "lift_seq_limit":
+        data["requests"] = [{"id": rid, "at_step": 1, "prompt_len": 8, "max_tokens": 3}
+                            for rid in "ABCDEF"]
+    sc = Scenario.model_validate(data)
+    out = tmp_path / sc.name
+    res = worker.run(sc.child_payload(), out, audit=True, keep_going=True,
+                     plant=f"{PLANTS}:{plant}", plant_args=args)
+    if res.outcome == "error" and res.error.kind == "input":
+        pytest.skip(f"{worker.hello['vllm']} refuses level engine-core: {res.error.message}")
+    assert res.outcome != "error", res.error
+    # vLLM's own assert on its running queue (len(running) <= max_num_running_reqs) may end an
+    # over-admitted run at a later step, once the planted limit is back
+    assert res.outcome != "crash" or (plant == "lift_seq_limit" and res.crash.step > 1), res.crash
+    planted = res.planted["notes"]
+    if plant == "preempt_unreported" and not planted["has_report"]:
+        assert real_findings(res) == [], res.violations
+        return
+    found = [v for v in res.violations or () if v.code == code]
+    assert found and found[0].step == args["at_step"], res.violations
+    want = {"starve": ["B"], "preempt_unreported": planted.get("preempted"),
+            "lift_seq_limit": ["E", "F"]}[plant]
+    assert sorted(r for v in found for r in v.requests) == want
