@@ -347,12 +347,11 @@ def _attrs(obj) -> list[tuple[str, object]]:
 
 
 def _is_plain_object(val) -> bool:
-    """An object of a class (not a container, number, string, function, module or type)."""
-    if val is None or isinstance(val, (str, bytes, int, float, bool, list, tuple, *_KEYED)):
+    """An instance of a library's class with attributes of its own: not a container, number,
+    string, class, function, method or module (their types are builtins)."""
+    if val is None or isinstance(val, (type, str, bytes, int, float, bool, list, tuple, *_KEYED)):
         return False
-    if isinstance(val, type) or callable(val) and not hasattr(val, "__dict__"):
-        return False
-    return hasattr(val, "__dict__") and type(val).__module__.split(".")[0] != "builtins"
+    return hasattr(val, "__dict__") and type(val).__module__ != "builtins"
 
 
 def keyed_containers(obj) -> list[tuple[str, object]]:
