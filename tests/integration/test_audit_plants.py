@@ -282,6 +282,7 @@ def test_computed_tokens_past_max_model_len(worker, tmp_path):
     ("starve", "REQ_STARVED", {"at_step": 7, "request": "B"}),
     ("preempt_unreported", "PREEMPT_UNREPORTED", {"at_step": 7}),
     ("lift_seq_limit", "WORKER_BATCH_OVERFLOW", {"at_step": 1}),
+    ("residue_entry", "REQ_RESIDUE", {"request": "A"}),
 ])
 def test_the_new_codes_fire_at_engine_core_level(worker, tmp_path, plant, code, args):
     """Through the release's own EngineCore: the scheduler's schedule() is already observed
@@ -308,8 +309,8 @@ def test_the_new_codes_fire_at_engine_core_level(worker, tmp_path, plant, code, 
     if plant == "preempt_unreported" and not planted["has_report"]:
         assert real_findings(res) == [], res.violations
         return
-    found = [v for v in res.violations or () if v.code == code]
-    assert found and found[0].step == args["at_step"], res.violations
+    found = [v for v in real_findings(res) if v.code == code]
+    assert found and found[0].step == args.get("at_step", planted["step"]), res.violations
     want = {"starve": ["B"], "preempt_unreported": planted.get("preempted"),
-            "lift_seq_limit": ["E", "F"]}[plant]
+            "lift_seq_limit": ["E", "F"], "residue_entry": ["A"]}[plant]
     assert sorted(r for v in found for r in v.requests) == want
