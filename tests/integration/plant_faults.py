@@ -280,3 +280,19 @@ def overrun_max_len(ctx, at_step: int = 7, request: str = "B") -> None:
         ctx.note("value", req.num_computed_tokens)
 
     _after_schedule_at(ctx, at_step, action)
+
+
+def zero_count(ctx, at_step: int = 3, request: str = "A") -> None:
+    """BATCH_LIMIT (a scheduled count <= 0): the output of ``schedule()`` at ``at_step`` lists
+    ``request`` with 0 tokens (the total kept the sum of the counts)."""
+    def around(orig, self, *args, **kwargs):
+        so = orig(self, *args, **kwargs)
+        if ctx.step == at_step and "step" not in ctx.notes:
+            n = so.num_scheduled_tokens[request]
+            so.num_scheduled_tokens[request] = 0
+            so.total_num_scheduled_tokens -= n
+            ctx.note("step", at_step)
+            ctx.note("request", request)
+        return so
+
+    _schedule_wrapper(ctx, around)

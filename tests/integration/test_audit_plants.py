@@ -314,3 +314,12 @@ def test_the_new_codes_fire_at_engine_core_level(worker, tmp_path, plant, code, 
     want = {"starve": ["B"], "preempt_unreported": planted.get("preempted"),
             "lift_seq_limit": ["E", "F"], "residue_entry": ["A"]}[plant]
     assert sorted(r for v in found for r in v.requests) == want
+
+
+def test_a_scheduled_count_of_zero(worker, tmp_path):
+    """Every scheduled count is > 0: BATCH_LIMIT already says so (issue 14 extends it to draft
+    counts rather than adding a code)."""
+    res = run(worker, tmp_path, "zero_count", scenario("zero-count"), at_step=3, request="A")
+    v = first(res)
+    assert (v.code, v.step, v.phase, v.requests) == ("BATCH_LIMIT", 3, "after schedule", ["A"])
+    assert v.message == "A is scheduled with 0 tokens (expected > 0)"
