@@ -258,3 +258,19 @@ def test_draft_tokens_must_belong_to_a_scheduled_count():
                     "part of its scheduled count)",
                     "B has 1 draft tokens in scheduled_spec_decode_tokens but no "
                     "num_scheduled_tokens entry (expected drafts only for a scheduled request)"]
+
+
+def test_residue_walks_vllm_objects_under_the_connector_but_not_a_tokenizer_or_a_script():
+    books, s = make_books(num_gpu_blocks=8, tables={"A": [1]})
+    finish_request(books, s, "A")
+    half = type("SchedulerHalf", (), {"__module__": "vllm.distributed.kv_transfer.x"})()
+    half.load_pending = {"A": 1}
+    tok = type("Tokenizer", (), {"__module__": "transformers.tokenization"})()
+    tok.encoder = {"A": 32}  # a vocabulary: keyed by strings, not by requests
+    lab = type("ScriptedConnector", (), {"__module__": "vllm_repro.engine.connector",
+                                        "audit_static_attrs": ("script",)})()
+    lab.script, lab.half, lab.tok = {"A": {"hits": 16}}, half, tok
+    s.connector = lab
+    (v,) = check_residue(books, {"A"}, {"A": 1}, before_step=2, end_step=3)
+    assert vf(v, "message").count(" (dict") == 1
+    assert "KVConnector.half.load_pending (dict, value 1)" in vf(v, "message")

@@ -314,9 +314,10 @@ def per_request_owners(scheduler) -> list[tuple[str, object]]:
     request id: the ``Scheduler``, its ``kv_cache_manager``, the manager's ``coordinator``
     (0.9.2+) and single-type managers (``kv_cache_coordinator.py``), the
     ``structured_output_manager`` (``vllm/v1/structured_output/__init__.py``) and the KV
-    connector (``Scheduler.connector``, ``vllm/distributed/kv_transfer``), with the objects
-    those two hold directly (a connector's scheduler half, ``connector_scheduler``; a grammar
-    backend). Found by attribute, whichever exist."""
+    connector (``Scheduler.connector``, ``vllm/distributed/kv_transfer``), with the objects of
+    vLLM's (or the lab's) own classes those two hold directly (a connector's scheduler half,
+    ``connector_scheduler``; a grammar backend; not a tokenizer, whose vocabulary is keyed by
+    strings). Found by attribute, whichever exist."""
     out: list[tuple[str, object]] = [("Scheduler", scheduler)]
     kvm = getattr(scheduler, "kv_cache_manager", None)
     if kvm is not None:
@@ -334,7 +335,7 @@ def per_request_owners(scheduler) -> list[tuple[str, object]]:
             continue
         out.append((label, obj))
         for name, val in _attrs(obj):
-            if _is_plain_object(val):
+            if _is_plain_object(val) and type(val).__module__.split(".")[0] in _OWN_PACKAGES:
                 out.append((f"{label}.{name}", val))
     return out
 
@@ -354,10 +355,19 @@ def _is_plain_object(val) -> bool:
     return hasattr(val, "__dict__") and type(val).__module__ != "builtins"
 
 
+#: packages whose objects the residue walk enters below the connector and the structured-output
+#: manager
+_OWN_PACKAGES = ("vllm", "vllm_repro")
+
+
 def keyed_containers(obj) -> list[tuple[str, object]]:
     """``(attribute, container)`` for every dict or set attribute of ``obj`` (defaultdicts,
-    OrderedDicts and subclasses included)."""
-    return [(name, val) for name, val in _attrs(obj) if isinstance(val, _KEYED)]
+    OrderedDicts and subclasses included), less the attributes its class names in
+    ``audit_static_attrs``: a lab class (a scripted connector) keeps its scenario script there,
+    keyed by request id but not per-request state."""
+    static = getattr(type(obj), "audit_static_attrs", ())
+    return [(name, val) for name, val in _attrs(obj)
+            if isinstance(val, _KEYED) and name not in static]
 
 
 def request_key(key):
