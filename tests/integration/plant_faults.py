@@ -162,3 +162,137 @@ def broken_fake_model(ctx, at_step: int = 3) -> None:
         return orig(self, step, *args, **kwargs)
 
     ctx.patch(FakeModelRunner, "execute", execute)
+
+
+def _schedule_wrapper(ctx, around) -> None:
+    """Patch ``Scheduler.schedule`` with ``around(orig, self, *args, **kwargs)``."""
+    Scheduler = ctx.find("vllm.v1.core.sched.scheduler:Scheduler", "vllm.v1.core.scheduler:Scheduler")
+    orig = Scheduler.schedule
+
+    def schedule(self, *args, **kwargs):
+        return around(orig, self, *args, **kwargs)
+
+    ctx.patch(Scheduler, "schedule", schedule)
+
+
+def residue_entry(ctx, request: str = "A") -> None:
+    """REQ_RESIDUE: when ``request`` is freed, an empty block-table entry is left behind for it
+    (as a ``defaultdict`` read after the free would create one): no block is held, only the
+    key stays."""
+    KVCacheManager = ctx.find("vllm.v1.core.kv_cache_manager:KVCacheManager")
+    orig = KVCacheManager.free
+
+    def free(self, req, *args, **kwargs):
+        out = orig(self, req, *args, **kwargs)
+        if getattr(req, "request_id", None) == request and "step" not in ctx.notes:
+            ctx.tables(self)[0][request] = []  # the fault: the key stays
+            ctx.note("step", ctx.step)
+            ctx.note("request", request)
+        return out
+
+    ctx.patch(KVCacheManager, "free", free)
+
+
+def starve(ctx, at_step: int = 7, request: str = "B") -> None:
+    """REQ_STARVED: during ``schedule()`` of ``at_step`` the running ``request`` is hidden from
+    the running queue (put back at its place afterwards), so it gets nothing though the step has
+    budget and blocks to spare."""
+    def around(orig, self, *args, **kwargs):
+        if ctx.step != at_step or "step" in ctx.notes:
+            return orig(self, *args, **kwargs)
+        req = self.requests[request]
+        i = self.running.index(req)
+        self.running.remove(req)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            self.running.insert(i, req)
+            ctx.note("step", at_step)
+            ctx.note("request", request)
+
+    _schedule_wrapper(ctx, around)
+
+
+def preempt_unreported(ctx, at_step: int = 7, report: bool = False) -> None:
+    """PREEMPT_UNREPORTED: in ``schedule()`` of ``at_step`` the first ``allocate_slots`` call
+    finds no room, so the scheduler preempts (its own path); with ``report=False`` the
+    preempted request is then taken out of the output's ``preempted_req_ids``. Notes whether
+    the release's output has that field (``has_report``) and whom vLLM preempted."""
+    KVCacheManager = ctx.find("vllm.v1.core.kv_cache_manager:KVCacheManager")
+    orig_alloc = KVCacheManager.allocate_slots
+
+    def allocate_slots(self, *args, **kwargs):
+        if ctx.step == at_step and "refused" not in ctx.notes:
+            ctx.note("refused", True)
+            return None
+        return orig_alloc(self, *args, **kwargs)
+
+    ctx.patch(KVCacheManager, "allocate_slots", allocate_slots)
+
+    def around(orig, self, *args, **kwargs):
+        before = {r.request_id for r in self.running}
+        so = orig(self, *args, **kwargs)
+        if ctx.step == at_step and "step" not in ctx.notes:
+            ctx.note("step", at_step)
+            gone = sorted(rid for rid in before if rid in self.requests
+                          and getattr(self.requests[rid].status, "name", "") == "PREEMPTED")
+            ctx.note("preempted", gone)
+            ctx.note("has_report", hasattr(so, "preempted_req_ids"))
+            if hasattr(so, "preempted_req_ids"):
+                ctx.note("reported", sorted(so.preempted_req_ids or ()))
+                if not report and so.preempted_req_ids:
+                    for rid in gone:
+                        so.preempted_req_ids.discard(rid)  # the fault: not told to the worker
+        return so
+
+    _schedule_wrapper(ctx, around)
+
+
+def lift_seq_limit(ctx, at_step: int = 1) -> None:
+    """WORKER_BATCH_OVERFLOW: during ``schedule()`` of ``at_step`` the scheduler's request
+    limits (``max_num_running_reqs``, 0.33's ``max_num_active_reqs``) are 100x max_num_seqs,
+    so it schedules more requests than the worker's persistent batch has slots."""
+    def around(orig, self, *args, **kwargs):
+        if ctx.step != at_step:
+            return orig(self, *args, **kwargs)
+        names = [n for n in ("max_num_running_reqs", "max_num_active_reqs") if hasattr(self, n)]
+        saved = {n: getattr(self, n) for n in names}
+        for n in names:
+            setattr(self, n, saved[n] * 100)
+        ctx.note("step", at_step)
+        ctx.note("limit", saved.get("max_num_running_reqs"))
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            for n, v in saved.items():
+                setattr(self, n, v)
+
+    _schedule_wrapper(ctx, around)
+
+
+def overrun_max_len(ctx, at_step: int = 7, request: str = "B") -> None:
+    """REQ_OVER_MAX_LEN: after ``schedule()`` of ``at_step`` ``request``'s
+    ``num_computed_tokens`` is set one past ``max_model_len``."""
+    def action(s):
+        req = s.requests[request]
+        req.num_computed_tokens = s.max_model_len + 1
+        ctx.note("request", request)
+        ctx.note("value", req.num_computed_tokens)
+
+    _after_schedule_at(ctx, at_step, action)
+
+
+def zero_count(ctx, at_step: int = 3, request: str = "A") -> None:
+    """BATCH_LIMIT (a scheduled count <= 0): the output of ``schedule()`` at ``at_step`` lists
+    ``request`` with 0 tokens (the total kept the sum of the counts)."""
+    def around(orig, self, *args, **kwargs):
+        so = orig(self, *args, **kwargs)
+        if ctx.step == at_step and "step" not in ctx.notes:
+            n = so.num_scheduled_tokens[request]
+            so.num_scheduled_tokens[request] = 0
+            so.total_num_scheduled_tokens -= n
+            ctx.note("step", at_step)
+            ctx.note("request", request)
+        return so
+
+    _schedule_wrapper(ctx, around)

@@ -74,7 +74,8 @@ def first(res: RunResult) -> Violation:
 def test_unplanted_scenarios_are_clean(worker, tmp_path):
     for sc in (scenario("plain"), scenario("plain-cached", prefix_caching=True)):
         res = run(worker, tmp_path, None, sc)
-        assert res.outcome == "clean", res.violations
+        # clean, or (0.8.x) only its real leak of cached request data (KNOWN_RESIDUE, below)
+        assert res.outcome == "clean" or real_findings(res) == [], res.violations
         assert sorted(res.finished) == ["A", "B", "C"]
         assert res.audit.checks >= 2 * res.steps
         assert res.audit.hook_calls.get("free_blocks", 0) >= 3  # A, B, C freed
@@ -181,3 +182,144 @@ def test_a_planted_run_is_never_a_verdict(worker, tmp_path):
     res = run(worker, tmp_path, "two_queues", sc, at_step=3)
     verdict = judge(sc, worker.hello["vllm"], res)
     assert verdict.ok is False and "planted" in verdict.reason
+
+
+# ---- issue 14: the audit sees more ------------------------------------------------------------
+
+#: a real leak the residue check finds unplanted: 0.8.x's update_from_output hands a finished
+#: request's CachedRequestData back to ``Scheduler._cached_reqs_data`` (a defaultdict) after
+#: ``_free_request`` popped it (vLLM PR #17567, fixed after 0.8.5)
+KNOWN_RESIDUE = "Scheduler._cached_reqs_data (dict"
+
+
+def real_findings(res: RunResult) -> list[Violation]:
+    """The run's violations less the known 0.8.x leak above."""
+    return [v for v in res.violations or () if not (
+        v.code == "REQ_RESIDUE" and v.message.count(" (dict") + v.message.count(" (set") == 1
+        and KNOWN_RESIDUE in v.message)]
+
+
+def test_unplanted_scenarios_have_no_residue_starvation_or_overflow(worker, tmp_path):
+    """The new checks stay quiet on the plain runs (keep going: every finding would show),
+    except for the real leak of 0.8.x (KNOWN_RESIDUE), which the residue check finds."""
+    for sc in (scenario("plain-kg"), scenario("plain-cached-kg", prefix_caching=True)):
+        res = run(worker, tmp_path, None, sc, keep_going=True)
+        assert real_findings(res) == [], res.violations
+        if res.violations:  # only the known leak: A and C finished before B's last step
+            assert worker.hello["vllm"].startswith("0.8.")
+            assert sorted(r for v in res.violations for r in v.requests) == ["A", "C"]
+        else:
+            assert res.outcome == "clean"
+
+
+def test_a_key_left_behind_by_a_finished_request_is_residue(worker, tmp_path):
+    res = run(worker, tmp_path, "residue_entry", scenario("residue"), request="A")
+    planted = res.planted["notes"]
+    assert res.outcome == "violation", (res.outcome, res.violations)
+    [v] = real_findings(res)  # nothing else is wrong: no block is held, only the key stays
+    assert (v.code, v.step, v.phase, v.requests) == ("REQ_RESIDUE", planted["step"], "end of run",
+                                                     ["A"])
+    assert f"A left the scheduler at step {planted['step']}" in v.message
+    assert ".req_to_blocks (dict, value [])" in v.message
+
+
+def test_a_running_request_skipped_with_room_to_spare_is_starved(worker, tmp_path):
+    res = run(worker, tmp_path, "starve", scenario("starve"), at_step=7, request="B")
+    v, planted = first(res), res.planted["notes"]
+    assert (v.code, v.step, v.phase, v.requests) == ("REQ_STARVED", 7, "after schedule", ["B"])
+    assert planted["step"] == 7
+    assert "B is running with 1 token(s) pending" in v.message and "of 64 tokens" in v.message
+
+
+def test_a_preemption_missing_from_the_report_is_unreported(worker, tmp_path):
+    res = run(worker, tmp_path, "preempt_unreported", scenario("preempt-unreported"), at_step=7)
+    planted = res.planted["notes"]
+    assert planted["preempted"], planted  # vLLM preempted somebody at the refused allocation
+    if not planted["has_report"]:
+        # the release's SchedulerOutput has no preempted_req_ids: nothing to compare
+        assert real_findings(res) == [], res.violations
+        return
+    v = first(res)
+    assert (v.code, v.step, v.requests) == ("PREEMPT_UNREPORTED", 7, planted["preempted"])
+    assert "preempted in this step's schedule() but is not in its" in v.message
+
+
+def test_a_reported_preemption_is_clean(worker, tmp_path):
+    res = run(worker, tmp_path, "preempt_unreported", scenario("preempt-reported"), at_step=7,
+              report=True, keep_going=True)
+    planted = res.planted["notes"]
+    assert planted["preempted"]
+    if planted["has_report"]:
+        assert set(planted["preempted"]) <= set(planted["reported"])
+    assert real_findings(res) == [], res.violations
+
+
+def test_more_requests_than_the_workers_slots_overflow_its_batch(worker, tmp_path):
+    data = scenario("overflow").model_dump(exclude_none=True)
+    # six short prompts at step 1 (48 tokens: within the 64-token budget), four slots
+    data["requests"] = [{"id": rid, "at_step": 1, "prompt_len": 8, "max_tokens": 3}
+                        for rid in "ABCDEF"]
+    sc = Scenario.model_validate(data)
+    res = run(worker, tmp_path, "lift_seq_limit", sc, keep_going=True, at_step=1)
+    over = [x for x in res.violations if x.code == "WORKER_BATCH_OVERFLOW"]
+    assert over, res.violations
+    assert {x.step for x in over} == {1}
+    # six requests scheduled at step 1 on four slots: the last two found none
+    assert sorted(r for x in over for r in x.requests) == ["E", "F"]
+    assert "has no slot for E: 4 of its 4 slots" in over[0].message
+    # the scheduler's own books show it too
+    assert any(x.code == "BATCH_LIMIT" and x.step == 1 for x in res.violations)
+
+
+def test_computed_tokens_past_max_model_len(worker, tmp_path):
+    res = run(worker, tmp_path, "overrun_max_len", scenario("max-len"), at_step=7, request="B")
+    v, planted = first(res), res.planted["notes"]
+    assert (v.code, v.step, v.phase, v.requests) == ("REQ_OVER_MAX_LEN", 7, "after schedule", ["B"])
+    assert v.message.startswith(f"B num_computed_tokens {planted['value']} is over max_model_len 512")
+
+
+@pytest.mark.parametrize("plant,code,args", [
+    ("starve", "REQ_STARVED", {"at_step": 7, "request": "B"}),
+    ("preempt_unreported", "PREEMPT_UNREPORTED", {"at_step": 7}),
+    ("lift_seq_limit", "WORKER_BATCH_OVERFLOW", {"at_step": 1}),
+    ("residue_entry", "REQ_RESIDUE", {"request": "A"}),
+])
+def test_the_new_codes_fire_at_engine_core_level(worker, tmp_path, plant, code, args):
+    """Through the release's own EngineCore: the scheduler's schedule() is already observed
+    (wrapped on the instance) by the engine-core loop, and the fake runner runs inside vLLM's
+    executor; the codes fire at the same steps."""
+    data = scenario(f"ec-{plant}").model_dump(exclude_none=True)
+    data["level"] = "engine-core"
+    # vLLM's start-up check wants room for one max_model_len request besides the null block
+    data["config"]["num_gpu_blocks"] = 33
+    if plant == "lift_seq_limit":
+        data["requests"] = [{"id": rid, "at_step": 1, "prompt_len": 8, "max_tokens": 3}
+                            for rid in "ABCDEF"]
+    sc = Scenario.model_validate(data)
+    out = tmp_path / sc.name
+    res = worker.run(sc.child_payload(), out, audit=True, keep_going=True,
+                     plant=f"{PLANTS}:{plant}", plant_args=args)
+    if res.outcome == "error" and res.error.kind == "input":
+        pytest.skip(f"{worker.hello['vllm']} refuses level engine-core: {res.error.message}")
+    assert res.outcome != "error", res.error
+    # vLLM's own assert on its running queue (len(running) <= max_num_running_reqs) may end an
+    # over-admitted run at a later step, once the planted limit is back
+    assert res.outcome != "crash" or (plant == "lift_seq_limit" and res.crash.step > 1), res.crash
+    planted = res.planted["notes"]
+    if plant == "preempt_unreported" and not planted["has_report"]:
+        assert real_findings(res) == [], res.violations
+        return
+    found = [v for v in real_findings(res) if v.code == code]
+    assert found and found[0].step == args.get("at_step", planted["step"]), res.violations
+    want = {"starve": ["B"], "preempt_unreported": planted.get("preempted"),
+            "lift_seq_limit": ["E", "F"], "residue_entry": ["A"]}[plant]
+    assert sorted(r for v in found for r in v.requests) == want
+
+
+def test_a_scheduled_count_of_zero(worker, tmp_path):
+    """Every scheduled count is > 0: BATCH_LIMIT already says so (issue 14 extends it to draft
+    counts rather than adding a code)."""
+    res = run(worker, tmp_path, "zero_count", scenario("zero-count"), at_step=3, request="A")
+    v = first(res)
+    assert (v.code, v.step, v.phase, v.requests) == ("BATCH_LIMIT", 3, "after schedule", ["A"])
+    assert v.message == "A is scheduled with 0 tokens (expected > 0)"

@@ -21,8 +21,11 @@ from itertools import compress
 
 from ..records import AuditSummary, TraceLine, Violation
 from .books import Books
-from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, check_end_of_run,
-                     check_free_queue, check_leaks, check_refcounts, used_blocks)
+from ..engine import state
+from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, StarvationCheck,
+                     check_end_of_run, check_free_queue, check_leaks, check_preempt_report,
+                     check_refcounts, check_residue, check_worker_batch, status_name,
+                     used_blocks)
 from .codes import KV_CODES, NO_PROGRESS, make_violation, names
 from .hooks import PoolHooks
 
@@ -81,15 +84,31 @@ class Auditor:
         self.map_check = PrefixMapCheck(self.books)
         self.hooks = PoolHooks(self.books, self._hook_report)
         self.hook_names = list(self.hooks.install())
+        self.starve_check = StarvationCheck(self.books)
+        self._left_at: dict[str, int] = {}  # request id -> the step it left the scheduler
+        self._last_schedule_step = 0
+        self._overflow_seen = 0  # entries of the fake runner's PersistentBatch.overflow read
+        self._pre_running: list | None = None  # (id, num_preemptions) of running, before schedule
+        self._schedule_wrapped = None
+        self._wrap_schedule(loop.scheduler)
 
     def after_schedule(self, step: int, so, scheduled) -> bool:
         found = self._kv_checks(scheduled_ids=so.num_scheduled_tokens)
         found += self.req_checks.check("schedule", so, scheduled)
+        self._last_schedule_step = step
+        found += check_preempt_report(so, self._preempted_in_schedule(so))
+        if not self.req_checks.preempted_now:
+            # a preemption in this step: the running loop may have stopped at the request whose
+            # allocation failed (it preempted itself), whatever the pool has free afterwards
+            found += self.starve_check.check(so, paused=bool(getattr(self.loop, "_paused", False)))
         return self._record_all(found, step, "after schedule")
 
     def after_update(self, step: int, so, line: TraceLine) -> bool:
         found = self._kv_checks(quick=True)
         found += self.req_checks.check("update", so)
+        found += self._worker_batch()
+        for rid in line.finished or ():
+            self._left_at.setdefault(rid, step)
         if line.progressed():
             self._last_progress = step
         return self._record_all(found, step, "after update_from_output")
@@ -117,6 +136,7 @@ class Auditor:
         cache's books as vLLM left them. Returns True if any violation was recorded."""
         if self.hooks is not None:
             self.hooks.uninstall()
+        self._unwrap_schedule()
         if self.books is None:
             return bool(self.violations)
         step = getattr(loop, "step", 0)
@@ -125,6 +145,8 @@ class Auditor:
             refs = self.books.refs()
             free, _ = self.books.free_list()
             found = check_end_of_run(self.books, refs, free) + self.map_check.check(full=True)
+            found += check_residue(self.books, set(loop.created), self._left_at,
+                                   self._last_schedule_step, step)
             self._record_all(found, step, "end of run", stop=False)
         elif outcome == "stall":
             v = self._no_progress(loop, step)
@@ -247,10 +269,71 @@ class Auditor:
             f"{self.books.num_blocks - 1} usable blocks free; expected progress every step"),
             requests=unfinished)
 
+    # ---- preemptions inside schedule(), the worker's batch -----------------------------------
+    def _wrap_schedule(self, sched) -> None:
+        """Wrap the scheduler instance's ``schedule`` (the class is never patched) so that the
+        running requests are read just before it runs: a preemption inside ``schedule()`` is
+        told apart from one made between steps (``reset_prefix_cache``). Undone at the first
+        output without ``preempted_req_ids`` and at the end of the run."""
+        orig = getattr(sched, "schedule", None)
+        if orig is None:
+            return
+        before = vars(sched).get("schedule")
+        auditor = self
+
+        def schedule(*args, **kwargs):
+            auditor._pre_running = [(r.request_id, getattr(r, "num_preemptions", 0) or 0)
+                                    for r in sched.running]
+            return orig(*args, **kwargs)
+
+        schedule.__wrapped__ = orig
+        sched.schedule = schedule
+        self._schedule_wrapped = (sched, schedule, before)
+
+    def _unwrap_schedule(self) -> None:
+        if self._schedule_wrapped is None:
+            return
+        sched, wrapper, before = self._schedule_wrapped
+        self._schedule_wrapped = None
+        if vars(sched).get("schedule") is wrapper:
+            if before is None:
+                del sched.schedule
+            else:
+                sched.schedule = before
+
+    def _preempted_in_schedule(self, so) -> list[str]:
+        """Requests running before this ``schedule()`` and preempted inside it (status
+        PREEMPTED now, or ``num_preemptions`` up: preempted and resumed in the same call)."""
+        pre, self._pre_running = self._pre_running, None
+        if state.preempted_report(so) is state.ABSENT:
+            self._unwrap_schedule()  # the release reports no preemptions: nothing to compare
+            return []
+        if not pre:
+            return []
+        reqs = self.books.scheduler.requests
+        out = []
+        for rid, npre in pre:
+            r = reqs.get(rid)
+            if r is not None and (status_name(r) == "PREEMPTED"
+                                  or (getattr(r, "num_preemptions", 0) or 0) > npre):
+                out.append(rid)
+        return out
+
+    def _worker_batch(self) -> list[Violation]:
+        """WORKER_BATCH_OVERFLOW from the fake runner's persistent batch, new entries only."""
+        slots = getattr(getattr(self.loop, "runner", None), "slots", None)
+        overflow = getattr(slots, "overflow", None)
+        if not overflow or len(overflow) <= self._overflow_seen:
+            return []
+        new = overflow[self._overflow_seen:]
+        self._overflow_seen = len(overflow)
+        return check_worker_batch(new)
+
     # ---- recording ------------------------------------------------------------------------
     def _record(self, v: Violation, step: int, phase: str) -> bool:
-        """Store ``v`` unless it repeats a stored one; True if it is new."""
-        v.step = step
+        """Store ``v`` unless it repeats a stored one; True if it is new. ``step``: the step
+        it was found in, unless the check named the step of the fault itself (``v.step``)."""
+        v.step = step if v.step is None else v.step
         v.phase = v.phase or phase
         key = (v.code, tuple(v.requests), tuple(v.blocks), re.sub(r"\d+", "#", v.message))
         first = self._keys.get(key)

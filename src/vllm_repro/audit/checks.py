@@ -15,8 +15,9 @@ from operator import attrgetter, is_not
 from ..engine import state
 from ..records import Violation
 from .books import HOLDING_WAIT_STATUSES, Books, block_hash_of
-from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT, REQ_STATE,
-                    make_violation, names)
+from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT,
+                    PREEMPT_UNREPORTED, REQ_OVER_MAX_LEN, REQ_RESIDUE, REQ_STARVED, REQ_STATE,
+                    WORKER_BATCH_OVERFLOW, make_violation, names)
 
 _bid = attrgetter("block_id")
 _ref = attrgetter("ref_cnt")
@@ -499,6 +500,7 @@ class RequestChecks:
         nst = getattr(so, "num_scheduled_tokens", None) or {}
         last = self.last
         names_of = self._names
+        mml = self.books.max_model_len
         if phase == "update":
             # update_from_output only touches the requests it was given (the others keep the
             # status and count the after-schedule check saw); finished ones leave the dict
@@ -538,6 +540,10 @@ class RequestChecks:
                     "cannot be negative)")
             if prev is not None and nct == prev[0]:
                 continue  # unchanged since the last look: bounds held then
+            if mml is not None and nct > mml:
+                out.append(make_violation(REQ_OVER_MAX_LEN, (
+                    f"{rid} num_computed_tokens {nct} is over max_model_len {mml} (num_tokens "
+                    f"{req.num_tokens}); expected at most {mml}"), requests=[rid]))
             ntok = req.num_tokens
             if nct < 0 or nct > ntok:
                 upper = ntok + max(len(getattr(req, "spec_token_ids", None) or ()),
@@ -614,6 +620,17 @@ class RequestChecks:
                 by_rid.setdefault(rid, []).append(
                     f"{rid} num_computed_tokens is {req.num_computed_tokens} after schedule(); "
                     f"expected {b} + {n} scheduled = {b + n}")
+        for rid, drafts in state.spec_tokens(so).items():
+            n = nst.get(rid)
+            if n is None:
+                out.append(make_violation(BATCH_LIMIT, (
+                    f"{rid} has {len(drafts)} draft tokens in scheduled_spec_decode_tokens but no "
+                    "num_scheduled_tokens entry (expected drafts only for a scheduled request)"),
+                    requests=[rid]))
+            elif len(drafts) > n:
+                out.append(make_violation(BATCH_LIMIT, (
+                    f"{rid} is scheduled with {n} tokens but {len(drafts)} draft tokens (expected "
+                    "the drafts to be part of its scheduled count)"), requests=[rid]))
         total = sum(nst.values())
         limit = self.books.max_tokens
         if limit is not None and total > limit:
@@ -637,3 +654,175 @@ class RequestChecks:
                     f"{len(nst)} requests scheduled in one step, over max_num_seqs {seqs}"),
                     requests=list(nst)))
         return out
+
+
+# ---- what the books say about requests that left, were skipped or preempted ---------------
+
+def check_residue(books: Books, seen: set, left_at: dict[str, int], before_step: int,
+                  end_step: int) -> list[Violation]:
+    """REQ_RESIDUE at the end of a run where every request finished: no request that left the
+    scheduler is still a key of a dict or set attribute of the scheduler, the KV cache manager,
+    its coordinator and single-type managers, the structured-output manager or the KV connector
+    (:func:`vllm_repro.engine.state.per_request_owners`). The containers are found by walking
+    those objects' attributes (any dict or set with a request id among its keys, or a request
+    object), not by a list of names per release.
+
+    Only requests that left before ``before_step`` (the last step whose ``schedule()`` ran) are
+    judged: ids of the last step stay legitimately until the next ``schedule()`` hands them to
+    the worker (``Scheduler.finished_req_ids`` and the like). ``left_at``: request id -> the
+    step it left the scheduler; the record's step is that step."""
+    found: dict[str, list[str]] = {}
+    for label, obj in state.per_request_owners(books.scheduler):
+        for attr, cont in state.keyed_containers(obj):
+            try:
+                keys = list(cont)
+            except Exception:  # noqa: BLE001 - a container changing or unreadable: skip it
+                continue
+            for key in keys:
+                rid = state.request_key(key)
+                if rid is None or rid not in seen:
+                    continue
+                if left_at.get(rid, end_step) >= before_step:
+                    continue
+                kind = "set" if isinstance(cont, (set, frozenset)) else "dict"
+                what = f"{label}.{attr} ({kind}"
+                if kind == "dict":
+                    val = cont.get(key)
+                    shown = repr(val)
+                    what += f", value {shown[:40] + '...' if len(shown) > 40 else shown}"
+                found.setdefault(rid, []).append(what + ")")
+    out = []
+    for rid, where in found.items():
+        at = left_at.get(rid)
+        when = f"left the scheduler at step {at}" if at is not None else "left the scheduler"
+        out.append(make_violation(REQ_RESIDUE, (
+            f"{rid} {when} but is still a key of {names(where)} at the end of the run (step "
+            f"{end_step}); expected every per-request entry dropped when a request leaves"),
+            requests=[rid], step=at))
+    return out
+
+
+def _block_size(books: Books) -> int:
+    for m in books.managers:
+        bs = getattr(m, "block_size", None)
+        if bs:
+            return bs
+    return getattr(books.kvm, "block_size", None) or 16
+
+
+class StarvationCheck:
+    """REQ_STARVED after ``schedule()``: a running request with tokens pending that got nothing
+    in a step which left room for it: the output's total (with every request's draft and
+    lookahead slots) left token budget under ``max_num_batched_tokens``, and the block pool
+    still has blocks enough for everything the request could have asked for (its pending tokens
+    up to the budget, lookahead included, one block more per KV cache group).
+
+    Room and pending work are read from vLLM's own state (the output, the block pool, the
+    request's counts); the check does not schedule anything itself. It stays quiet where a
+    release legitimately withholds a running request: a paused scheduler, a KV connector
+    (pending block frees stop the running loop), a request in flight in the batch queue
+    (``scheduled_req_ids``), async scheduling's last placeholder, the max_model_len cap, a
+    grammar not compiled yet, encoder inputs, a prefill held back by prefill cadence, prefill
+    lookahead or Mamba block alignment, a prefill that does not fit whole without chunked
+    prefill, V2+PP decode eligibility, and every running request after the first one the pool
+    could not have served (the running loop may stop there). The auditor does not run it in a
+    step with a preemption: the running loop may have stopped at the request that preempted
+    itself (0.10.x breaks there), though its blocks are free afterwards.
+    """
+
+    def __init__(self, books: Books):
+        self.books = books
+        s = books.scheduler
+        cfg = getattr(s, "scheduler_config", None)
+        limits = [x for x in (books.max_tokens, getattr(cfg, "max_num_batched_tokens", None)) if x]
+        self.budget = min(limits) if limits else None
+        self.block_size = _block_size(books)
+        self.look = state.lookahead_tokens(s)
+        self.chunked = state.chunked_prefill(s)
+        self.groups = max(1, len(books.managers))
+        self.holds_prefills = bool((getattr(s, "local_prefill_interval", 1) or 1) > 1
+                                   or getattr(s, "num_prefill_lookahead", 0)
+                                   or getattr(s, "need_mamba_block_aligned_split", False))
+
+    def check(self, so, paused: bool = False) -> list[Violation]:
+        s = self.books.scheduler
+        nst = so.num_scheduled_tokens
+        running = s.running
+        if len(running) <= len(nst) and all(r.request_id in nst for r in running):
+            return []
+        if self.budget is None or paused or state.scheduler_paused(s) \
+                or getattr(s, "connector", None) is not None:
+            return []
+        total = sum(nst.values())
+        left = self.budget - total - self.look * (len(nst) + 1)
+        if left < 1:
+            return []
+        free = self.books.num_free()
+        in_flight = state.in_flight_ids(s)
+        mml = self.books.max_model_len
+        bs = self.block_size
+        out = []
+        for r in list(running):
+            rid = r.request_id
+            if rid in nst:
+                continue
+            if status_name(r) != "RUNNING" or rid in in_flight:
+                continue
+            if state.grammar_pending(r) or getattr(r, "has_encoder_inputs", False):
+                continue
+            nct = r.num_computed_tokens
+            nop = getattr(r, "num_output_placeholders", 0) or 0
+            with_spec = getattr(r, "num_tokens_with_spec", None)
+            if with_spec is None:
+                with_spec = r.num_tokens + len(getattr(r, "spec_token_ids", None) or ())
+            pending = with_spec + nop - nct
+            if pending <= 0:
+                continue
+            if nop > 0:
+                mt = state.request_max_tokens(r)
+                outs = getattr(r, "num_output_tokens", None)
+                if mt is None or outs is None or outs + nop + self.look + 1 >= mt:
+                    continue  # async: the tokens in flight may already end it
+            if mml is not None and mml - nct - 1 - self.look < 1:
+                continue
+            prefill = nct < getattr(r, "num_prompt_tokens", 0)
+            if prefill and (self.holds_prefills or (not self.chunked and pending > left)):
+                continue
+            if getattr(r, "next_decode_eligible_step", 0) > getattr(s, "current_step", 1 << 62):
+                continue
+            need = self.groups * (-(-(min(pending, self.budget) + self.look) // bs) + 1)
+            if free < need:
+                break  # the running loop may have stopped at this one
+            out.append(make_violation(REQ_STARVED, (
+                f"{rid} is running with {pending} token(s) pending (num_computed_tokens {nct}) "
+                f"but got none in a step that scheduled {total} of {self.budget} tokens ({left} "
+                f"left) and left {free} blocks free (it needs at most {need}); expected the "
+                f"scheduler to schedule it"), requests=[rid]))
+        return out
+
+
+def check_preempt_report(so, preempted: list[str]) -> list[Violation]:
+    """PREEMPT_UNREPORTED: every request preempted inside this step's ``schedule()`` is in its
+    ``SchedulerOutput.preempted_req_ids`` (which tells the worker to drop the request's state)
+    where the release has that field; ``preempted``: those ids (read by the auditor)."""
+    report = state.preempted_report(so)
+    if report is state.ABSENT or report is None or not preempted:
+        return []
+    missing = [rid for rid in preempted if rid not in report]
+    if not missing:
+        return []
+    return [make_violation(PREEMPT_UNREPORTED, (
+        f"{rid} was preempted in this step's schedule() but is not in its "
+        f"SchedulerOutput.preempted_req_ids ({names(sorted(report)) if report else 'empty'}); "
+        f"expected every preemption reported to the worker"), requests=[rid]) for rid in missing]
+
+
+def check_worker_batch(overflow: list) -> list[Violation]:
+    """WORKER_BATCH_OVERFLOW: the fake runner's persistent batch
+    (:class:`vllm_repro.engine.fake_runner.PersistentBatch`) found no free slot for a scheduled
+    request; ``overflow``: its new ``(step, request id, slots in use, max_num_reqs)`` entries."""
+    return [make_violation(WORKER_BATCH_OVERFLOW, (
+        f"the worker's persistent batch has no slot for {rid}: {used} of its {cap} slots "
+        f"(max_num_seqs) are taken by requests scheduled in this step, and InputBatch.add_request"
+        f" would fail (assert new_req_index < max_num_reqs); expected at most {cap} requests in "
+        f"one batch"), requests=[rid], step=step) for step, rid, used, cap in overflow]

@@ -15,6 +15,11 @@ KV_PREFIX_MAP = "KV_PREFIX_MAP"
 REQ_STATE = "REQ_STATE"
 BATCH_LIMIT = "BATCH_LIMIT"
 NO_PROGRESS = "NO_PROGRESS"
+REQ_RESIDUE = "REQ_RESIDUE"
+REQ_STARVED = "REQ_STARVED"
+PREEMPT_UNREPORTED = "PREEMPT_UNREPORTED"
+WORKER_BATCH_OVERFLOW = "WORKER_BATCH_OVERFLOW"
+REQ_OVER_MAX_LEN = "REQ_OVER_MAX_LEN"
 
 #: code -> what it means (docs/audit.md says the same).
 CODES: dict[str, str] = {
@@ -32,8 +37,21 @@ CODES: dict[str, str] = {
                "is not running or is scheduled twice, num_computed_tokens out of bounds or "
                "moving backwards without a preemption",
     BATCH_LIMIT: "scheduled tokens over max_num_batched_tokens, running over max_num_seqs, a "
-                 "scheduled count <= 0, or a total that is not the sum of its parts",
+                 "scheduled count <= 0 (also: draft tokens of a request not scheduled, or more "
+                 "of them than its scheduled count), or a total that is not the sum of its parts",
     NO_PROGRESS: "unfinished requests and nothing scheduled or finished for stall_steps steps",
+    REQ_RESIDUE: "at the end of a run, a request that left the scheduler is still a key of a "
+                 "per-request dict or set of the scheduler, the KV cache manager (and its "
+                 "coordinator and single-type managers), the structured-output manager or the "
+                 "KV connector",
+    REQ_STARVED: "a running request with tokens pending gets nothing in a step that left token "
+                 "budget and free blocks enough for it",
+    PREEMPT_UNREPORTED: "a request preempted inside schedule() is missing from that step's "
+                        "SchedulerOutput.preempted_req_ids (where the release reports them)",
+    WORKER_BATCH_OVERFLOW: "the worker's persistent batch (max_num_seqs slots, as the GPU model "
+                           "runner's InputBatch keeps them) has no free slot for a scheduled "
+                           "request",
+    REQ_OVER_MAX_LEN: "a request's num_computed_tokens is over max_model_len",
 }
 
 #: codes about the KV cache's own books (checked again after a crash)

@@ -35,6 +35,8 @@ class FakeModelRunner:
         # the runner's own per-request books (GPUModelRunner.requests: CachedRequestState):
         # req_id -> [num_computed_tokens as last told by the scheduler, num_tokens it has seen]
         self.books: dict[str, list[int]] = {}
+        #: the worker's persistent batch (set by the step loop: :class:`PersistentBatch`)
+        self.slots: PersistentBatch | None = None
 
     def execute(self, step: int, scheduled: list[Scheduled], requests: dict,
                 finished_ids=()) -> tuple[list[str], list[list[int]], list[list[int]] | None]:
@@ -47,6 +49,8 @@ class FakeModelRunner:
         runner's own books, which a request scheduled without new or cached data keeps stale.
         """
         req_ids, sampled, drafts = [], [], []
+        if self.slots is not None:
+            self.slots.update(step, [s.req_id for s in scheduled], finished_ids)
         for rid in finished_ids:
             self.books.pop(rid, None)
         for s in scheduled:
@@ -142,6 +146,36 @@ def highest_allowed(row) -> int:
         if bits:
             return word * 32 + bits.bit_length() - 1
     return 0
+
+
+class PersistentBatch:
+    """The worker's persistent batch: ``max_num_reqs`` slots (``max_num_seqs``), kept as
+    ``GPUModelRunner._update_states`` keeps its ``InputBatch`` (``vllm/v1/worker/
+    gpu_model_runner.py``, ``gpu_input_batch.py``): each step the finished requests
+    (``finished_req_ids``) and those not scheduled in this step leave their slots, then every
+    scheduled request not in the batch takes a free one. Where none is free the worker's
+    ``InputBatch.add_request`` fails (``assert new_req_index < self.max_num_reqs``): that is
+    recorded in ``overflow`` as ``(step, request id, slots in use, max_num_reqs)``, for the
+    audit to report (``WORKER_BATCH_OVERFLOW``); the request is not given a slot and the step
+    goes on, so that the run's other findings are still seen."""
+
+    def __init__(self, max_num_reqs: int | None):
+        self.max_num_reqs = max_num_reqs
+        self.slots: set[str] = set()
+        self.overflow: list[tuple[int, str, int, int]] = []
+
+    def update(self, step: int, scheduled_ids: list[str], finished_ids=()) -> None:
+        slots = self.slots
+        slots.difference_update(finished_ids)
+        slots.intersection_update(scheduled_ids)
+        cap = self.max_num_reqs
+        for rid in scheduled_ids:
+            if rid in slots:
+                continue
+            if cap is not None and len(slots) >= cap:
+                self.overflow.append((step, rid, len(slots), cap))
+                continue
+            slots.add(rid)
 
 
 def _num_output_tokens(req) -> int:

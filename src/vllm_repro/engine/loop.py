@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLine
 from .adapter import AdapterError, RefusedByRelease, V1Adapter, token_stream
-from .fake_runner import FakeModelRunner
+from .fake_runner import FakeModelRunner, PersistentBatch
+from .state import worker_max_num_reqs
 
 
 def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
@@ -117,6 +118,7 @@ class StepLoop:
         record_stats = self._front_door_and_stats(a.vllm_config)
         build_s = time.perf_counter() - t0
         runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
+        self.runner = runner
         return self._run_steps(build_s, lambda step, line: self._step(step, line, runner, record_stats))
 
     def _run_steps(self, build_s: float, step_fn, scheduled: dict | None = None) -> RunResult:
@@ -268,9 +270,17 @@ class StepLoop:
         with the observer attached to the built loop. Shared by both levels."""
         limits = self.sc.get("limits") or {}
         last_add = max([*self.requests_by_step, *self.events_by_step, 0])
+        self._track_worker_batch()
         if self.observer is not None:
             self.observer.attach(self)
         return limits.get("max_steps", 500), limits.get("stall_steps", 20), last_add
+
+    def _track_worker_batch(self) -> None:
+        """Give the fake runner the worker's persistent batch (``max_num_seqs`` slots), which
+        the audit reads (``WORKER_BATCH_OVERFLOW``). Shared by both levels."""
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.slots = PersistentBatch(worker_max_num_reqs(self.scheduler))
 
     def finish_result(self, result: RunResult, step: int, build_s: float, run_s: float,
                       run_cpu_s: float) -> RunResult:

@@ -337,3 +337,162 @@ def grammar_future(request):
     so_req = getattr(request, "structured_output_request", None)
     fut = getattr(so_req, "_grammar", None) if so_req is not None else None
     return fut if isinstance(fut, Future) else None
+
+
+# ---- per-request containers, preemption report, what the scheduler may withhold -----------
+#: the containers the end-of-run residue check walks (dicts and sets; a deque or list of
+#: requests is a queue, which REQ_STATE reads)
+_KEYED = (dict, set, frozenset)
+
+
+def per_request_owners(scheduler) -> list[tuple[str, object]]:
+    """``(label, object)`` for every object whose dict and set attributes may be keyed by
+    request id: the ``Scheduler``, its ``kv_cache_manager``, the manager's ``coordinator``
+    (0.9.2+) and single-type managers (``kv_cache_coordinator.py``), the
+    ``structured_output_manager`` (``vllm/v1/structured_output/__init__.py``) and the KV
+    connector (``Scheduler.connector``, ``vllm/distributed/kv_transfer``), with the objects of
+    vLLM's (or the lab's) own classes those two hold directly (a connector's scheduler half,
+    ``connector_scheduler``; a grammar backend; not a tokenizer, whose vocabulary is keyed by
+    strings). Found by attribute, whichever exist."""
+    out: list[tuple[str, object]] = [("Scheduler", scheduler)]
+    kvm = getattr(scheduler, "kv_cache_manager", None)
+    if kvm is not None:
+        out.append(("KVCacheManager", kvm))
+        coord = getattr(kvm, "coordinator", None)
+        if coord is not None:
+            out.append(("KVCacheManager.coordinator", coord))
+        for g, m in enumerate(managers_of(kvm)):
+            if m is not kvm:
+                out.append((f"{type(m).__name__}[g{g}]", m))
+    for label, attr in (("StructuredOutputManager", "structured_output_manager"),
+                        ("KVConnector", "connector")):
+        obj = getattr(scheduler, attr, None)
+        if obj is None:
+            continue
+        out.append((label, obj))
+        for name, val in _attrs(obj):
+            if _is_plain_object(val) and type(val).__module__.split(".")[0] in _OWN_PACKAGES:
+                out.append((f"{label}.{name}", val))
+    return out
+
+
+def _attrs(obj) -> list[tuple[str, object]]:
+    try:
+        return list(vars(obj).items())
+    except TypeError:  # __slots__ only
+        return []
+
+
+def _is_plain_object(val) -> bool:
+    """An instance of a library's class with attributes of its own: not a container, number,
+    string, class, function, method or module (their types are builtins)."""
+    if val is None or isinstance(val, (type, str, bytes, int, float, bool, list, tuple, *_KEYED)):
+        return False
+    return hasattr(val, "__dict__") and type(val).__module__ != "builtins"
+
+
+#: packages whose objects the residue walk enters below the connector and the structured-output
+#: manager
+_OWN_PACKAGES = ("vllm", "vllm_repro")
+
+
+def keyed_containers(obj) -> list[tuple[str, object]]:
+    """``(attribute, container)`` for every dict or set attribute of ``obj`` (defaultdicts,
+    OrderedDicts and subclasses included), less the attributes its class names in
+    ``audit_static_attrs``: a lab class (a scripted connector) keeps its scenario script there,
+    keyed by request id but not per-request state."""
+    static = getattr(type(obj), "audit_static_attrs", ())
+    return [(name, val) for name, val in _attrs(obj)
+            if isinstance(val, _KEYED) and name not in static]
+
+
+def request_key(key):
+    """The request id a container key stands for: the key itself (a string), or a
+    ``Request``'s ``request_id`` (sets and dicts keyed by the request object); else None."""
+    if isinstance(key, str):
+        return key
+    rid = getattr(key, "request_id", None)
+    return rid if isinstance(rid, str) else None
+
+
+_ABSENT = object()
+
+
+def preempted_report(so):
+    """``SchedulerOutput.preempted_req_ids`` (the step's preemptions, as the worker is told
+    them; ``vllm/v1/core/sched/output.py``): a set of ids, None where the release's output has
+    the field but left it unset, and ``ABSENT`` where its output has no such field."""
+    return getattr(so, "preempted_req_ids", _ABSENT)
+
+
+ABSENT = _ABSENT
+
+
+def worker_max_num_reqs(scheduler):
+    """The persistent batch's size on the worker (``GPUModelRunner``'s ``InputBatch(
+    max_num_reqs=scheduler_config.max_num_seqs)``); the scheduler's ``max_num_running_reqs``
+    where the config is not found; None where neither."""
+    cfg = getattr(scheduler, "scheduler_config", None)
+    return getattr(cfg, "max_num_seqs", None) or getattr(scheduler, "max_num_running_reqs", None)
+
+
+def scheduler_paused(scheduler) -> bool:
+    """Whether the release's scheduler is paused (``Scheduler._pause_state`` other than
+    ``UNPAUSED``, where it exists: ``pause_scheduler``)."""
+    st = getattr(scheduler, "_pause_state", None)
+    if st is None:
+        return False
+    name = getattr(st, "name", str(st))
+    return name != "UNPAUSED"
+
+
+def in_flight_ids(scheduler):
+    """Ids of requests whose batch is still executing, which the scheduler skips
+    (``Scheduler.scheduled_req_ids``, the batch queue's set in 0.9/0.10); empty where absent."""
+    return getattr(scheduler, "scheduled_req_ids", None) or ()
+
+
+def lookahead_tokens(scheduler) -> int:
+    """Slots a scheduled request takes beyond its scheduled tokens: draft tokens per request
+    (``num_spec_tokens``) and lookahead slots (``num_lookahead_tokens``), where they exist."""
+    return (getattr(scheduler, "num_spec_tokens", 0) or 0) + \
+        (getattr(scheduler, "num_lookahead_tokens", 0) or 0)
+
+
+def chunked_prefill(scheduler) -> bool:
+    """``SchedulerConfig.chunked_prefill_enabled`` (or ``enable_chunked_prefill``); True where
+    neither is found."""
+    cfg = getattr(scheduler, "scheduler_config", None)
+    for name in ("chunked_prefill_enabled", "enable_chunked_prefill"):
+        v = getattr(cfg, name, None)
+        if v is not None:
+            return bool(v)
+    return True
+
+
+def num_kv_groups(scheduler) -> int:
+    return max(1, len(managers_of(scheduler.kv_cache_manager)))
+
+
+def request_max_tokens(req):
+    """``Request.max_tokens`` or its ``sampling_params.max_tokens``; None where neither."""
+    n = getattr(req, "max_tokens", None)
+    if n is None:
+        n = getattr(getattr(req, "sampling_params", None), "max_tokens", None)
+    return n
+
+
+def grammar_pending(req) -> bool:
+    """A structured-output request whose grammar is not ready yet
+    (``StructuredOutputRequest.is_grammar_ready`` / its ``grammar``)."""
+    if not getattr(req, "use_structured_output", False):
+        return False
+    sor = getattr(req, "structured_output_request", None)
+    if sor is None:
+        return True
+    ready = getattr(sor, "is_grammar_ready", None)
+    if callable(ready):
+        ready = ready()
+    if ready is None:
+        ready = getattr(sor, "grammar", None) is not None
+    return not ready
