@@ -74,9 +74,9 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
                                          audit=audit, keep_going=keep_going or audit_keeps_going(
                                              item.scenario, version))
                 item.result.engine_log = str(_run_log(log, start, item.report))
-    except LabError as exc:
+    except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
-            item.fail("env", str(exc))
+            item.fail("input" if exc.exit_code == 2 else "env", str(exc))
 
 
 def _size(path: Path) -> int:

@@ -68,22 +68,27 @@ def run_limits() -> RunLimits:
         if raw is None or raw.strip() == "":
             values[key] = defaults[key]
             continue
+        # the trace's size may be a fraction of a MB; the others are counts
+        kind = float if key == "max_trace_mb" else int
         try:
-            # the trace's size may be a fraction of a MB; the others are counts
-            values[key] = (float if key == "max_trace_mb" else int)(raw.replace("_", ""))
+            values[key] = kind(raw.replace("_", ""))
         except ValueError:
             values[key] = 0
         if not values[key] > 0 or values[key] == float("inf"):
-            raise InputError(f"{env}={raw!r}: expected a positive number (default "
-                             f"{defaults[key]} here); set it to one, or unset it")
+            what = "a positive number" if kind is float else "a positive whole number"
+            raise InputError(f"{env}={raw!r}: expected {what} (default {defaults[key]} here); "
+                             "set it to one, or unset it")
     return RunLimits(**values, memory_gib=round(mem / (1 << 30), 1))
 
 
 def over_limit(what: str, value: int, key: str, limits: RunLimits, why: str) -> str:
-    """The one-line refusal for ``value`` over the ``key`` limit."""
-    return (f"{what}: {value:,} is over this machine's limit of {getattr(limits, key):,} "
-            f"({SETTINGS[key]}; {why}, {limits.memory_gib} GiB here): lower it, or raise "
-            f"{SETTINGS[key]} if the machine can take it")
+    """The one-line refusal for ``value`` over the ``key`` limit (set by hand, or this
+    machine's default)."""
+    env = SETTINGS[key]
+    source = (f"the limit of {getattr(limits, key):,} {env} sets" if os.environ.get(env, "").strip()
+              else f"this machine's limit of {getattr(limits, key):,} ({env}; {why}, "
+                   f"{limits.memory_gib} GiB here)")
+    return f"{what}: {value:,} is over {source}: lower it, or raise {env} if the machine can take it"
 
 
 __all__ = ["RunLimits", "run_limits", "over_limit", "SETTINGS"]

@@ -14,7 +14,7 @@ Who writes what:
 - the host writes ``result.json`` once, through :class:`ReportDir`, after the verdict is known.
 
 Layout of a report (``ReportDir``): ``<reports>/<scenario>/<release>/{result.json,
-trace.jsonl, timeline.png, engine.log}``, staged in ``.<release>.partial`` until whole; the
+trace.jsonl, timeline.png, engine.log}``, staged in ``.<release>.partial-<pid>`` until whole; the
 workers' whole logs under ``<reports>/_engine/``.
 """
 
@@ -247,7 +247,8 @@ class Timing(Record):
 @dataclass
 class AuditSummary(Record):
     """The ``audit`` section: ``keep_going`` (collect every violation), ``stopped`` (``{step,
-    code, phase}`` where the audit stopped the run, else ``None``), ``checks`` (how many),
+    code, phase}`` where the audit stopped the run, else ``None``: the one field written even
+    when ``None``, to say so), ``checks`` (how many),
     ``by_code`` (code -> distinct violations), ``distinct``, ``dropped`` (over the record cap),
     ``hooks`` (block-pool methods hooked) and ``hook_calls`` (method -> calls)."""
 
@@ -283,7 +284,8 @@ class EngineInfo(Record):
 class RunResult(Record):
     """What one run of a scenario on one release observed: ``result.json``.
 
-    ``outcome`` is one of :data:`OUTCOMES`; its evidence is in ``crash``, ``violations``,
+    ``outcome`` is one of ``clean``, ``crash``, ``violation``, ``stall``, ``incomplete`` or
+    ``error`` (:data:`OUTCOMES`); its evidence is in ``crash``, ``violations``,
     ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
     finish status (``FINISHED_STOPPED``...), ``refused`` maps the requests the release's front
     door refused (never added) -> its error, ``unfinished`` lists the rest; ``limit_reached``:
@@ -450,14 +452,19 @@ class ReportDir:
 
     @property
     def staging(self) -> Path:
-        """``<reports>/<scenario>/.<release>.partial``: where a run in progress is reported."""
-        return self.path.parent / f".{self.release}.partial"
+        """``<reports>/<scenario>/.<release>.partial-<pid>``: where this process reports a run
+        in progress (one per process, so that two runs at once never share one)."""
+        return self.path.parent / f".{self.release}.partial-{os.getpid()}"
 
     def begin(self) -> Path:
-        """A fresh, empty staging folder for a run (a stale one, left by an interrupted run,
-        removed first); returns it."""
+        """A fresh, empty staging folder for a run; stale ones, left by interrupted runs whose
+        process is gone, are removed first. Returns it."""
         import shutil
 
+        for old in self.path.parent.glob(f".{self.release}.partial-*"):
+            pid = old.name.rsplit("-", 1)[-1]
+            if old != self.staging and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
         return self.staging
@@ -496,6 +503,16 @@ class ReportDir:
     def read_result(self) -> RunResult:
         """Raises ``OSError`` and :class:`RecordError`."""
         return RunResult.from_json(self.result_path.read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def schema() -> str:

@@ -171,7 +171,8 @@ def judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
     if kind is None:
         if outcome != "clean":
             v.reason = (f"{version} is in neither vllm.reproduces_on nor clean_on, so the "
-                        f"scenario expects nothing there: a {outcome} where none was expected "
+                        f"scenario expects nothing there: {'an' if outcome[0] in 'aeiou' else 'a'} "
+                        f"{outcome} where none was expected "
                         f"(add {version} to reproduces_on to judge it against expect)")
         return v
     if kind == "clean" and getattr(scenario, "fixed", None) is not None:

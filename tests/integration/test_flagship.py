@@ -152,3 +152,14 @@ def test_a_run_that_exhausts_the_workers_memory_limit_says_out_of_memory(cli, tm
     (verdict,) = json.loads(proc.stdout)
     assert verdict["outcome"] == "error"
     assert "out of memory (limit 1400 MB, VLLM_REPRO_WORKER_MEMORY_MB)" in verdict["observed"]
+
+
+def test_a_memory_limit_too_small_to_import_vllm_names_the_setting(cli, tmp_path):
+    """A newcomer's find: VLLM_REPRO_WORKER_MEMORY_MB=300 cannot even import vLLM; that is the
+    setting's fault, said as such (exit 2 naming it), not a cryptic environment error."""
+    proc = cli("run", str(FLAGSHIP), "--vllm", "0.10.2", "--reports", str(tmp_path / "r"), "--json",
+               env={"VLLM_REPRO_WORKER_MEMORY_MB": "300"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (verdict,) = json.loads(proc.stdout)
+    assert "out of memory while importing vLLM (limit 300 MB, VLLM_REPRO_WORKER_MEMORY_MB)" in \
+        verdict["observed"]

@@ -47,7 +47,7 @@ def render(report: TriageReport, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console.print(Text(f"vLLM crash triage: {report.source} ({report.lines} lines)", style="bold"))
+    console.print(Text(f"vLLM crash triage: {report.source} ({report.lines} line{'' if report.lines == 1 else 's'})", style="bold"))
     t = Table.grid(padding=(0, 2))
     t.add_column(style="cyan", no_wrap=True)
     t.add_column()

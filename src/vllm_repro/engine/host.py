@@ -14,18 +14,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
 
 from .. import procs
-from ..errors import EnvError
+from ..errors import EnvError, InputError
 from ..limits import run_limits
 from ..records import RecordError, RunResult
 from ..settings import cache_dir
 from ..sources.env import ReleaseEnv
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
+#: what an import that ran out of the worker's address space says (RLIMIT_AS)
+_MEMORY = re.compile(r"MemoryError|failed to map segment|[Cc]annot allocate memory|std::bad_alloc")
 MODELS_DIR = PACKAGE_DIR / "models"
 DEFAULT_MODEL = MODELS_DIR / "opt"
 
@@ -140,7 +143,14 @@ class Worker:
         self.hello = self._read("starting vLLM")
         if not self.hello.get("ok"):
             self.close()
-            raise EnvError(f"vLLM {self.env.version}: {self.hello.get('error')} (log: {self.log_path})")
+            error = str(self.hello.get("error"))
+            mb = run_limits().worker_memory_mb
+            if _MEMORY.search(error + str(self.hello.get("traceback", ""))):
+                # the worker's address-space limit is below what importing vLLM maps
+                raise InputError(f"vLLM {self.env.version}: out of memory while importing vLLM "
+                                 f"(limit {mb} MB, VLLM_REPRO_WORKER_MEMORY_MB): raise "
+                                 f"VLLM_REPRO_WORKER_MEMORY_MB, or unset it ({error[:160]})")
+            raise EnvError(f"vLLM {self.env.version}: {error} (log: {self.log_path})")
         from .capabilities import save
 
         save(cache_dir(), self.capabilities)

@@ -407,6 +407,13 @@ class Expect(Strict):
         return self
 
 
+#: what a scenario may not be named: the lab's own entries in a reports folder (the index page,
+#: the engine logs, the docs site, triage's drafts, verify's bundles, the test report)
+RESERVED_NAMES = frozenset({"index.html", "_engine", "site", "triage", "verify", "junit.xml"})
+#: a scenario's name is a folder name; with the staging suffix it must stay under NAME_MAX (255)
+MAX_NAME_CHARS = 120
+
+
 class Scenario(Strict):
     """A whole scenario file (format v1). See docs/scenarios.md for the format."""
 
@@ -429,8 +436,15 @@ class Scenario(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
+        if v in RESERVED_NAMES:
+            raise ValueError(f"{v!r} is a name the lab uses inside the reports folder "
+                             f"({', '.join(sorted(RESERVED_NAMES))}); rename the scenario")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):
-            raise ValueError("names use letters, digits and _ . - (they become report folders)")
+            raise ValueError("names start with a letter or digit and use letters, digits and "
+                             "_ . - (they become report folders)")
+        if len(v) > MAX_NAME_CHARS:
+            raise ValueError(f"{len(v)} characters, over {MAX_NAME_CHARS} (it becomes a report "
+                             "folder name); shorten it")
         return v
 
     @model_validator(mode="after")
@@ -492,8 +506,26 @@ class Scenario(Strict):
             for rid in self.model.spec_decode.accept:
                 if rid not in ids:
                     raise ValueError(f"model.spec_decode.accept: unknown request id {rid!r}")
+        self._check_drafts()
         self._check_lab_limits()
         return self
+
+    def _check_drafts(self) -> None:
+        """``model.draft_tokens`` are what the drafter proposes after each step: at most
+        ``config.num_speculative_tokens`` of them (vLLM's proposer never makes more), and only
+        with spec decode on."""
+        drafts = self.model.draft_tokens
+        if drafts is None:
+            return
+        k = self.config.num_speculative_tokens
+        if not k:
+            raise ValueError("model.draft_tokens: spec decode is off (no config.num_speculative_"
+                             "tokens), so no drafts are proposed; set num_speculative_tokens or "
+                             "drop draft_tokens")
+        if len(drafts) > k:
+            raise ValueError(f"model.draft_tokens: {len(drafts)} drafts, over config."
+                             f"num_speculative_tokens {k} (vLLM's drafter proposes at most that "
+                             "many a step); give at most that many")
 
     def _check_lab_limits(self) -> None:
         """The machine's limits (:mod:`vllm_repro.limits`): the KV pool, the tokens of all
