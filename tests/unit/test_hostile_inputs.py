@@ -245,6 +245,9 @@ ROWS = [
     ("description-a-list", edit("name: t", "name: t\ndescription: [a]"), 2, "description"),
     ("abort-unknown-id", edit("abort: [A]", "abort: [Z]"), 2, "unknown request id 'Z'"),
     # ---- names the reports folder needs, drafts vLLM never makes (a newcomer's finds) --------
+    ("empty-output-past-max-steps",
+     edit("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8}\nmodel: {empty_at: {A: [1000000000]}}"), 2,
+     "model.empty_at.A: step 1000000000 is past limits.max_steps 500"),
     ("name-index-html", edit("name: t", "name: index.html"), 2, "a name the lab uses inside the reports"),
     ("name-engine-logs", edit("name: t", "name: _engine"), 2, "a name the lab uses inside the reports"),
     ("name-300-chars", edit("name: t", "name: " + "n" * 300), 2, "300 characters, over 120"),

@@ -502,6 +502,11 @@ class Scenario(Strict):
             for rid in getattr(self.model, key):
                 if rid not in ids:
                     raise ValueError(f"model.{key}: unknown request id {rid!r}")
+        for rid, steps in self.model.empty_at.items():
+            late = [n for n in steps if n > max_steps]
+            if late:
+                raise ValueError(f"model.empty_at.{rid}: step {late[0]} is past limits.max_steps "
+                                 f"{max_steps}: it would never happen; raise max_steps or drop it")
         if self.model.spec_decode:
             for rid in self.model.spec_decode.accept:
                 if rid not in ids:
