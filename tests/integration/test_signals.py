@@ -76,7 +76,9 @@ def test_signal_stops_a_real_run(tmp_path, moment, sig, code):
                                                    for p in seen if _alive(p)):
                 if not trace.parent.exists():  # still importing: no report folder yet
                     break
-            if moment == "mid-run" and trace.is_file() and trace.read_text().count("\n") > 50:
+            # a run in progress is reported in its staging folder (records.ReportDir.begin)
+            staged = next(iter(trace.parent.parent.glob(".0.10.2.partial-*/trace.jsonl")), None)
+            if moment == "mid-run" and staged is not None and staged.read_text().count("\n") > 50:
                 break
             time.sleep(0.05)
         seen |= _tree(proc.pid)
@@ -90,6 +92,7 @@ def test_signal_stops_a_real_run(tmp_path, moment, sig, code):
     assert err.strip().splitlines()[-1] == "aborted" and "Traceback" not in err, err
     left = [p for p in seen if _alive(p)]
     assert not left, f"alive one second after {sig.name} at {moment}: {left}"
+    assert not trace.exists(), "an interrupted run left a half report in place"
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
