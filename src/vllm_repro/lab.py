@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from .engine.host import Worker
-from .errors import EnvError, InputError, LabError
+from .errors import EXIT_INPUT, EnvError, InputError, LabError
 from .records import ReportDir, RunResult
 from .scenario.schema import Scenario
 from .sources.env import ReleaseEnv
@@ -49,6 +49,11 @@ class RunItem:
             self.result = RunResult.failed(kind, message, scenario=self.scenario.name,
                                            vllm=self.version)
 
+    def fail_from(self, exc: LabError) -> None:
+        """:meth:`fail` with a lab exception: an input error (exit 2) stays one, anything else
+        is the environment's (exit 3)."""
+        self.fail("input" if exc.exit_code == EXIT_INPUT else "env", str(exc))
+
 
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                  audit: bool, keep_going: bool, say: Say, log_name: str | None = None) -> None:
@@ -76,7 +81,7 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
                 item.result.engine_log = str(_run_log(log, start, item.report))
     except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
-            item.fail("input" if exc.exit_code == 2 else "env", str(exc))
+            item.fail_from(exc)
 
 
 def _size(path: Path) -> int:
@@ -132,7 +137,7 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
             envs[key] = prepare(version) if custom else prepare_release(version, say, tree=kind)
         except LabError as exc:
             for item in groups[key]:
-                item.fail("input" if exc.exit_code == 2 else "env", str(exc))
+                item.fail_from(exc)
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
     runnable = [k for k in groups if k in envs]
     kinds_of: dict[str, int] = {}

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -459,8 +460,6 @@ class ReportDir:
     def begin(self) -> Path:
         """A fresh, empty staging folder for a run; stale ones, left by interrupted runs whose
         process is gone, are removed first. Returns it."""
-        import shutil
-
         for old in self.path.parent.glob(f".{self.release}.partial-*"):
             pid = old.name.rsplit("-", 1)[-1]
             if old != self.staging and pid.isdigit() and not _alive(int(pid)):
@@ -477,8 +476,6 @@ class ReportDir:
     def commit(self) -> Path:
         """Move the staged report into place (the previous run's report goes); returns the
         report's path. A no-op when nothing is staged."""
-        import shutil
-
         if not self.staging.is_dir():
             return self.path
         old = self.path.parent / f".{self.release}.old.{os.getpid()}"

@@ -55,6 +55,16 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _assert_stopped(proc, err: str, code: int, seen: set[int], what: str) -> None:
+    """The run exited with ``code``, said "aborted" without a traceback, and no process it had
+    is alive one second later."""
+    time.sleep(1.0)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == "aborted" and "Traceback" not in err, err
+    left = [p for p in seen if _alive(p)]
+    assert not left, f"alive one second after {what}: {left}"
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
                          ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("moment", ["import", "mid-run"])
@@ -87,11 +97,7 @@ def test_signal_stops_a_real_run(tmp_path, moment, sig, code):
     finally:
         if proc.poll() is None:
             proc.kill()
-    time.sleep(1.0)
-    assert proc.returncode == code, err
-    assert err.strip().splitlines()[-1] == "aborted" and "Traceback" not in err, err
-    left = [p for p in seen if _alive(p)]
-    assert not left, f"alive one second after {sig.name} at {moment}: {left}"
+    _assert_stopped(proc, err, code, seen, f"{sig.name} at {moment}")
     assert not trace.exists(), "an interrupted run left a half report in place"
 
 
@@ -122,8 +128,4 @@ def test_signal_stops_a_fuzz_campaign(tmp_path, sig, code):
     finally:
         if proc.poll() is None:
             proc.kill()
-    time.sleep(1.0)
-    assert proc.returncode == code, err
-    assert err.strip().splitlines()[-1] == "aborted" and "Traceback" not in err, err
-    left = [p for p in seen if _alive(p)]
-    assert not left, f"alive one second after {sig.name}: {left}"
+    _assert_stopped(proc, err, code, seen, sig.name)
