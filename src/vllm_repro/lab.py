@@ -1,8 +1,9 @@
 """Orchestration: releases -> environments -> workers -> results -> verdicts.
 
-``run_matrix`` runs a set of (scenario, release) pairs, one worker process per release (vLLM
-imported once per release), releases in parallel up to ``jobs`` processes, and returns the
-verdicts in input order. Releases are made ready by
+``run_matrix`` runs a set of (scenario, release) pairs, one worker process per release, tree
+and platform (vLLM imported once per worker; the scenario's ``platform:`` is what the worker
+presents to vLLM, ``engine/adapter/platform.py``), releases in parallel up to ``jobs``
+processes, and returns the verdicts in input order. Releases are made ready by
 :func:`vllm_repro.sources.prepare.prepare_release` (re-exported here).
 """
 
@@ -56,7 +57,8 @@ class RunItem:
 
 
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
-                 audit: bool, keep_going: bool, say: Say, log_name: str | None = None) -> None:
+                 audit: bool, keep_going: bool, say: Say, log_name: str | None = None,
+                 platform: str | None = None) -> None:
     log = ReportDir.engine_log(reports, log_name or version)
     from .scenario.release_fields import unknown_passthrough
 
@@ -68,7 +70,7 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
     if not items:
         return
     try:
-        with Worker(env, log) as worker:
+        with Worker(env, log, extra_env=platform_env(platform)) as worker:
             say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")
             for item in items:
                 item.report = ReportDir(reports, item.scenario.name, version)
@@ -79,9 +81,26 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
                                          audit=audit, keep_going=keep_going or audit_keeps_going(
                                              item.scenario, version))
                 item.result.engine_log = str(_run_log(log, start, item.report))
+                item.result.substitutions = env.substitutions() or None
     except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
             item.fail_from(exc)
+
+
+def platform_env(platform: str | None) -> dict[str, str]:
+    """The worker's ``VLLM_REPRO_PLATFORM`` (a :meth:`Platform.key` JSON; none: the default)."""
+    return {"VLLM_REPRO_PLATFORM": platform} if platform else {}
+
+
+def _log_name(version: str, kind: str | None, several_kinds: bool, platform: str,
+              several_platforms: bool) -> str | None:
+    """The worker log's name under ``_engine/`` when one release has more than one worker."""
+    name = f"{version}-{kind}" if several_kinds and kind == "slice" else version
+    if several_platforms:
+        import hashlib
+
+        name += "-" + hashlib.sha256(platform.encode()).hexdigest()[:8]
+    return None if name == version else name
 
 
 def _size(path: Path) -> int:
@@ -124,30 +143,34 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     except OSError:  # a bind mount in a container, most often: say so before any run
         raise EnvError(f"cannot write reports to {reports} as uid {os.getuid()} (in a container: "
                        "mount a folder that user may write, or run it with --user)") from None
-    # one worker per (release, tree): with --tree auto a release with a committed slice runs
-    # its scheduler-level scenarios in the slice and its engine-core ones in the full tree
-    groups: dict[tuple[str, str | None], list[RunItem]] = {}
+    # one worker per (release, tree, platform): with --tree auto a release with a committed
+    # slice runs its scheduler-level scenarios in the slice and its engine-core ones in the full
+    # tree; a worker presents one platform (vLLM's modules bind it when they are imported)
+    groups: dict[tuple[str, str | None], dict[str, list[RunItem]]] = {}
     for item in items:
         kind = None if custom else resolve_tree(item.version, tree, item.scenario.level)
-        groups.setdefault((item.version, kind), []).append(item)
+        by_platform = groups.setdefault((item.version, kind), {})
+        by_platform.setdefault(item.scenario.platform.key(), []).append(item)
     envs: dict[tuple[str, str | None], ReleaseEnv] = {}
     for key in groups:
         version, kind = key
         try:
             envs[key] = prepare(version) if custom else prepare_release(version, say, tree=kind)
         except LabError as exc:
-            for item in groups[key]:
-                item.fail_from(exc)
+            for group in groups[key].values():
+                for item in group:
+                    item.fail_from(exc)
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
     runnable = [k for k in groups if k in envs]
     kinds_of: dict[str, int] = {}
     for version, _ in runnable:
         kinds_of[version] = kinds_of.get(version, 0) + 1
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(_run_release, v, envs[(v, k)], groups[(v, k)], reports, audit,
+        futures = [pool.submit(_run_release, v, envs[(v, k)], group, reports, audit,
                                keep_going, say,
-                               f"{v}-{k}" if kinds_of[v] > 1 and k == "slice" else None)
-                   for v, k in runnable]
+                               _log_name(v, k, kinds_of[v] > 1, platform, len(groups[(v, k)]) > 1),
+                               platform)
+                   for v, k in runnable for platform, group in groups[(v, k)].items()]
         for f in futures:
             f.result()
     for item in items:

@@ -292,7 +292,11 @@ class RunResult(Record):
     door refused (never added) -> its error, ``unfinished`` lists the rest; ``limit_reached``:
     the run stopped at ``limits.max_steps`` with requests unfinished (outcome ``incomplete``
     when nothing else went wrong: a run that did not finish is not clean). ``level`` is
-    ``scheduler`` or ``engine-core``; ``vllm`` the release; ``python`` the worker's interpreter.
+    ``scheduler`` or ``engine-core``; ``vllm`` the release; ``python`` the worker's interpreter;
+    ``platform`` the platform vLLM saw (``cuda 9.0 (emulated NonNvmlCudaPlatform)``, ``cpu
+    (vLLM's CpuPlatform)``: ``engine/adapter/platform.py``); ``substitutions`` the release's
+    pinned requirements its environment has as another version, because the index no longer
+    has the pinned one (``xgrammar==0.1.16 -> xgrammar==0.1.17 ...``; ``sources/env.py``).
     ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
     ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the
     report is written.
@@ -303,6 +307,8 @@ class RunResult(Record):
     vllm: str | None = None
     level: str | None = None
     python: str | None = None
+    platform: str | None = None
+    substitutions: list[str] | None = None
     crash: Crash | None = None
     stall: Stall | None = None
     violations: list[Violation] | None = None

@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     _reply(reply, {"id": "hello", "ok": True, "vllm": adapter.version,
                    "vllm_path": str(adapter.vllm_file), "import_s": round(time.perf_counter() - t0, 3),
-                   "python": sys.version.split()[0], "capabilities": adapter.caps.to_dict()})
+                   "python": sys.version.split()[0], "platform": adapter.platform,
+                   "capabilities": adapter.caps.to_dict()})
     from ..records import RunResult
     from .loop import run_scenario
 
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if ctx is not None:
                 ctx.restore()
+        result.platform = adapter.platform
         if ctx is not None:
             result.planted = {"plant": opts["plant"], "args": opts.get("plant_args") or {},
                               "notes": ctx.notes}

@@ -370,6 +370,34 @@ class ModelBehaviour(Strict):
     spec_decode: SpecDecode | None = None
 
 
+class Platform(Strict):
+    """The platform vLLM sees (``vllm.platforms.current_platform``), emulated at vLLM's platform
+    seam (``engine/adapter/platform.py``, which lists the hooks): ``cuda`` by default, the GPU
+    deployment being debugged, so that config rules (block sizes, async scheduling, spec-decode
+    methods, defaults in ``check_and_update_config``) are the GPU's; ``cpu`` runs vLLM's own
+    ``CpuPlatform`` with its rules. ``capability``: the CUDA compute capability the emulated
+    device reports (``"9.0"``: Hopper, ``"8.0"``: Ampere, ``"10.0"``: Blackwell);
+    ``device_name``; ``total_memory_gib``: what ``get_device_total_memory`` reports (GiB)."""
+
+    name: Literal["cuda", "cpu"] = "cuda"
+    capability: str = Field(default="9.0", pattern=r"^[0-9]{1,2}\.[0-9]$")
+    device_name: str = Field(default="NVIDIA H100 80GB HBM3", min_length=1, max_length=80)
+    total_memory_gib: float = Field(default=80.0, gt=0, le=4096)
+
+    @field_validator("capability", mode="before")
+    @classmethod
+    def _capability_text(cls, v):
+        # YAML reads `capability: 9.0` as a float; the compute capability is MAJOR.MINOR text
+        return f"{v:.1f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    def key(self) -> str:
+        """The JSON the worker reads (``VLLM_REPRO_PLATFORM``); also what groups runs into
+        workers (a worker presents one platform: vLLM's modules bind it at import)."""
+        import json
+
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
+
 class Limits(Strict):
     """``max_steps``: stop after this many steps; ``stall_steps``: this many steps with no
     progress while requests are unfinished is a stall."""
@@ -428,6 +456,8 @@ class Scenario(Strict):
     events: list[Event] = Field(default_factory=list)
     model: ModelBehaviour = Field(default_factory=ModelBehaviour)
     limits: Limits = Field(default_factory=Limits)
+    #: the platform vLLM sees: the GPU deployment's (CUDA, emulated) unless the scenario says
+    platform: Platform = Field(default_factory=Platform)
     expect: Expect | None = None
     #: what the fixed releases (``clean_on``) must do; default: run clean. E.g. the fix refuses the
     #: config at start-up: ``{outcome: crash, phase: engine-build, exception: ValueError}``

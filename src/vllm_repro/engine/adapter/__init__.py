@@ -36,9 +36,10 @@ Probes (each names the vLLM source it follows):
   reads it from ``computed_advanced_in_schedule``.
 - draft tokens: ``ModelRunnerOutput.spec_token_ids`` (<= 0.10.1) or
   ``Scheduler.update_draft_token_ids(DraftTokenIds)`` (0.10.2+).
-- the CPU platform: the tree's ``vllm-X+cpu.dist-info`` makes ``vllm.platforms`` pick the CPU
-  platform (0.8 to 0.10 look for "cpu" in the installed version); ``VLLM_TARGET_DEVICE=cpu``
-  does it for newer ones; as a last resort ``vllm.platforms._current_platform`` is set.
+- the platform: :mod:`.platform` sets ``vllm.platforms._current_platform`` to the deployment's
+  (vLLM's CUDA platform class with a GPU runtime's answers emulated; or vLLM's CPU platform)
+  before any module reads it. The tree's ``vllm-X+cpu.dist-info`` and ``VLLM_TARGET_DEVICE=cpu``
+  only keep the detection in ``vllm.platforms`` from probing for a GPU.
 
 Layout: :mod:`.probes` (imports and parameters), :mod:`.build` (configs, scheduler),
 :mod:`.requests` (requests in), :mod:`.outputs` (outputs), and :mod:`vllm_repro.engine.state`
@@ -78,7 +79,10 @@ class V1Adapter(BuildMixin, RequestsMixin, OutputsMixin):
 
         self.vllm_file = Path(sys.modules["vllm"].__file__).parent
         self.version = self._version()
-        self._ensure_cpu_platform()
+        from .platform import install as install_platform
+
+        #: the platform vLLM sees (adapter/platform.py): the deployment's, CUDA by default
+        self.platform = install_platform(self.platform_notes)
         self.config_mod = _import("vllm.config")
         self.Scheduler = _import("vllm.v1.core.sched.scheduler:Scheduler", "vllm.v1.core.scheduler:Scheduler")
         self.Request = _import("vllm.v1.request:Request")
@@ -112,17 +116,6 @@ class V1Adapter(BuildMixin, RequestsMixin, OutputsMixin):
         mod = _try_import("vllm.version", "vllm._version")
         v = getattr(mod, "__version__", None) if mod else None
         return str(v or getattr(sys.modules["vllm"], "__version__", "unknown"))
-
-    def _ensure_cpu_platform(self) -> None:
-        platforms = _import("vllm.platforms")
-        try:
-            current = platforms.current_platform
-            is_cpu = current.is_cpu() if hasattr(current, "is_cpu") else False
-        except Exception:  # noqa: BLE001 - detection itself failed; fall back below
-            is_cpu = False
-        if not is_cpu and hasattr(platforms, "_current_platform"):
-            cpu_cls = _import("vllm.platforms.cpu:CpuPlatform")
-            platforms._current_platform = cpu_cls()
 
     def _register_model(self) -> None:
         """Register the packaged architecture's real class in-process, so that ``ModelConfig``

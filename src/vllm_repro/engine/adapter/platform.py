@@ -1,0 +1,284 @@
+"""The platform vLLM sees: the deployment's (CUDA by default), emulated at vLLM's platform seam.
+
+vLLM reads every device rule through ``vllm.platforms.current_platform`` (block sizes, async
+scheduling, spec-decode methods, structured-output support, config defaults in
+``check_and_update_config``). The lab runs on a CPU, but the crash it reproduces happened under a
+GPU platform, whose rules differ (the CPU platform refuses ``block_size: 32``, turns async
+scheduling off, calls CPU-only torch hooks at import). So the worker sets
+``vllm.platforms._current_platform`` (the module global its ``__getattr__`` resolves once, in
+``vllm/platforms/__init__.py``) before anything else reads it, to an instance of a subclass of the
+release's own platform class (``NonNvmlCudaPlatform`` where it exists, else ``CudaPlatform``, from
+``vllm/platforms/cuda.py``). vLLM's own ``check_and_update_config`` and every other platform rule
+then run as on the GPU; only what a GPU runtime would *report* is answered here:
+
+==========================  ============================================================
+hook (vLLM's name)          emulated answer
+==========================  ============================================================
+get_device_capability       the scenario's ``platform.capability`` (``"9.0"`` by default)
+has_device_capability       from that capability (the base class compares it)
+get_device_name / uuid      ``platform.device_name`` / a fixed fake UUID
+get_device_total_memory     ``platform.total_memory_gib`` GiB
+device_count                1 (the lab runs one rank)
+is_fully_connected          True
+get_current_memory_usage    0
+set_device, import_kernels  nothing (no CUDA runtime, no compiled kernels: the GPU's work
+                            is the fake model runner's)
+log_warnings                nothing (it queries NVML)
+==========================  ============================================================
+
+The release's compiled extension modules (``vllm._C`` and the like, which ``cuda.py`` imports at
+module level) are not in an sdist, nor is NVML's ``pynvml``: under the CUDA platform a last finder
+on ``sys.meta_path`` (:class:`ExtensionStandIns`) makes each one an empty module, by the shape of
+its name, not by a list per release. The kernels' capability queries that vLLM calls at import
+(``torch.ops._C.cutlass_scaled_mm_supports_fp8(capability)`` ...) answer ``False``: this build
+has no such kernel (:func:`answer_kernel_queries`). The CPU
+platform stays available (``platform: {name: cpu}``), as vLLM's own ``CpuPlatform``.
+
+The platform is chosen per worker process (modules bind ``current_platform`` when they are
+imported), from ``VLLM_REPRO_PLATFORM`` (JSON, written by the host from the scenario's
+``platform:``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import re
+import sys
+import types
+from typing import Any
+
+#: the scenario's ``platform:`` when it says nothing: the deployment the lab stands in for
+DEFAULT_PLATFORM = {"name": "cuda", "capability": "9.0", "device_name": "NVIDIA H100 80GB HBM3",
+                    "total_memory_gib": 80}
+ENV_VAR = "VLLM_REPRO_PLATFORM"
+
+
+class PlatformError(RuntimeError):
+    """The platform the scenario names cannot be set up in this release (the host reports it as
+    the release refusing the scenario: exit 2)."""
+
+
+def requested() -> dict[str, Any]:
+    """The platform this worker presents, from ``VLLM_REPRO_PLATFORM`` (JSON; unset: the
+    default, CUDA 9.0). Raises :class:`PlatformError` for JSON that is not an object."""
+    raw = os.environ.get(ENV_VAR)
+    if not raw:
+        return dict(DEFAULT_PLATFORM)
+    try:
+        spec = json.loads(raw)
+    except ValueError as exc:
+        raise PlatformError(f"{ENV_VAR} is not JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise PlatformError(f"{ENV_VAR} must be a JSON object")
+    return {**DEFAULT_PLATFORM, **spec} if spec.get("name", "cuda") == "cuda" else spec
+
+
+#: a compiled extension of vLLM's build (``vllm._C``, ``vllm._moe_C``, ``vllm._C_stable_libtorch``,
+#: ``vllm.vllm_flash_attn._vllm_fa2_C`` ...): a module named ``_..._C`` or ``_C_...`` that an sdist
+#: has no source for
+_EXTENSION = re.compile(r"^_(?:\w*_)?C(?:_\w*)?$")
+#: modules a GPU runtime's packages provide that an sdist's CPU requirements lack
+_RUNTIME_MODULES = ("pynvml",)
+
+
+def _gpu_only(module: str, name: str):
+    def call(*args, **kwargs):
+        raise RuntimeError(f"{module}.{name} is a GPU kernel of vLLM's CUDA build; the lab has none "
+                           "(the GPU's work is the fake model runner's)")
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+class _StandIn(importlib.abc.Loader):
+    def __init__(self, package: bool = False):
+        self.package = package
+
+    def create_module(self, spec):
+        mod = types.ModuleType(spec.name)
+        if self.package:  # a build product's package: any name in it is a GPU-only callable
+            mod.__path__ = []
+
+            def __getattr__(name, _module=spec.name):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return _gpu_only(_module, name)
+
+            mod.__getattr__ = __getattr__
+        mod.__file__ = f"<vllm-repro stand-in for {spec.name}>"
+        mod.__doc__ = ("vllm-repro: an empty stand-in for a compiled extension or GPU runtime "
+                       "module, absent from the sdist (the GPU's work is the fake model runner's)")
+        if spec.name == "pynvml":
+            def _no_nvml(*a, **k):
+                raise RuntimeError("NVML is not available (vllm-repro emulates the platform)")
+            mod.nvmlInit = _no_nvml
+            mod.nvmlShutdown = lambda *a, **k: None
+        return mod
+
+    def exec_module(self, module):
+        STOOD_IN.append(module.__name__)
+
+
+class ExtensionStandIns(importlib.abc.MetaPathFinder):
+    """A last finder on ``sys.meta_path``: a vLLM compiled extension (:data:`_EXTENSION`) or a GPU
+    runtime module (:data:`_RUNTIME_MODULES`) no other finder found becomes an empty module, so
+    that vLLM's CUDA import paths (``vllm/platforms/cuda.py``, the flash-attention wrapper's
+    availability checks) import as on a GPU build. Real modules always win: it is asked last."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        last = fullname.rpartition(".")[2]
+        if (fullname.startswith("vllm.") and _EXTENSION.match(last)) or fullname in _RUNTIME_MODULES:
+            return importlib.machinery.ModuleSpec(fullname, _StandIn())
+        return None
+
+
+class BuildProductStandIns(importlib.abc.MetaPathFinder):
+    """A first finder on ``sys.meta_path``: a vLLM sub-package that the CUDA build copies in
+    (``vllm/vllm_flash_attn``, from the vllm-flash-attn project) is an empty folder in some
+    sdists, which Python would import as a namespace package with none of its names. Such a
+    folder (no Python file in it) becomes a stand-in package whose names are GPU-only callables
+    (they raise when called). A folder with Python sources is left to the normal finders."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith("vllm.") or path is None:
+            return None
+        last = fullname.rpartition(".")[2]
+        for entry in path:
+            d = os.path.join(entry, last)
+            if os.path.isfile(d + ".py") or os.path.isfile(os.path.join(d, "__init__.py")):
+                return None
+            if os.path.isdir(d):
+                try:
+                    if not any(n.endswith((".py", ".so")) for n in os.listdir(d)):
+                        return importlib.machinery.ModuleSpec(fullname, _StandIn(package=True),
+                                                              is_package=True)
+                except OSError:
+                    return None
+        return None
+
+
+#: the stand-ins made in this process, in order (the hello reports them)
+STOOD_IN: list[str] = []
+
+
+def _install_finder() -> None:
+    if not any(isinstance(f, ExtensionStandIns) for f in sys.meta_path):
+        sys.meta_path.append(ExtensionStandIns())
+        sys.meta_path.insert(0, BuildProductStandIns())
+
+
+def _import(module: str) -> types.ModuleType:
+    """``import module``; raises :class:`PlatformError` naming what failed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise PlatformError(f"importing {module} failed: {exc}") from exc
+
+
+#: a kernel capability query of vLLM's compiled ops, called through ``vllm/_custom_ops.py``
+_KERNEL_QUERY = re.compile(r"torch\.ops\.(_C\w*)\.(\w*_supports_\w+|\w+_supported)\(")
+
+
+def answer_kernel_queries(vllm_dir) -> list[str]:
+    """Make each boolean kernel-capability query that the release's ``vllm/_custom_ops.py``
+    calls (``torch.ops._C.cutlass_scaled_mm_supports_fp8(capability)``, ``..._supported(...)``;
+    found in that file's source) answer ``False`` where the op is not registered: a build
+    without that kernel, which is what the lab is. Returns the ``namespace.op`` names answered.
+    Some releases call them at import (``w8a8_utils.CUTLASS_FP8_SUPPORTED``)."""
+    from pathlib import Path
+
+    import torch
+
+    try:
+        text = (Path(vllm_dir) / "_custom_ops.py").read_text(errors="replace")
+    except OSError:
+        return []
+    answered = []
+    for ns_name, op in sorted(set(_KERNEL_QUERY.findall(text))):
+        ns = getattr(torch.ops, ns_name)
+        try:
+            getattr(ns, op)
+            continue  # a real registration wins
+        except (AttributeError, RuntimeError):
+            pass
+        setattr(ns, op, lambda *a, **k: False)
+        answered.append(f"{ns_name}.{op}")
+    return answered
+
+
+def _capability(text: str) -> tuple[int, int]:
+    try:
+        major, _, minor = str(text).partition(".")
+        return int(major), int(minor or 0)
+    except ValueError:
+        raise PlatformError(f"platform.capability {text!r} is not MAJOR.MINOR (e.g. \"9.0\")") from None
+
+
+def emulated_cuda(spec: dict[str, Any]):
+    """An instance of a subclass of the release's CUDA platform class answering the hooks in
+    the module docstring from ``spec``. Raises :class:`PlatformError` when the release has no
+    CUDA platform module or class."""
+    cuda = _import("vllm.platforms.cuda")
+    base = getattr(cuda, "NonNvmlCudaPlatform", None) or getattr(cuda, "CudaPlatform", None)
+    if base is None:
+        raise PlatformError("vllm/platforms/cuda.py has no CudaPlatform class")
+    iface = sys.modules["vllm.platforms.interface"]
+    DeviceCapability = iface.DeviceCapability
+    major, minor = _capability(spec.get("capability", "9.0"))
+    name = str(spec.get("device_name") or DEFAULT_PLATFORM["device_name"])
+    memory = int(float(spec.get("total_memory_gib") or 80) * (1 << 30))
+
+    def _cm(fn):
+        return classmethod(fn)
+
+    attrs = {
+        "__doc__": "vllm-repro: the release's CUDA platform with a GPU runtime's answers emulated",
+        "__module__": __name__,
+        "get_device_capability": _cm(lambda cls, device_id=0: DeviceCapability(major, minor)),
+        "get_device_name": _cm(lambda cls, device_id=0: name),
+        "get_device_uuid": _cm(lambda cls, device_id=0: "GPU-00000000-0000-0000-0000-vllmrepro000"),
+        "get_device_total_memory": _cm(lambda cls, device_id=0: memory),
+        "device_count": _cm(lambda cls: 1),
+        "is_fully_connected": _cm(lambda cls, *a, **k: True),
+        "get_current_memory_usage": _cm(lambda cls, *a, **k: 0.0),
+        "set_device": _cm(lambda cls, *a, **k: None),
+        "import_kernels": _cm(lambda cls, *a, **k: None),
+        "log_warnings": _cm(lambda cls, *a, **k: None),
+    }
+    # only hooks the release's class has (an old release without device_count keeps its shape)
+    keep = {k: v for k, v in attrs.items() if k.startswith("__") or hasattr(base, k)}
+    return type(f"Emulated{base.__name__}", (base,), keep)()
+
+
+def install(notes: list[str]) -> str:
+    """Set ``vllm.platforms._current_platform`` to the requested platform (see the module
+    docstring) before vLLM's other modules read it; returns what was installed, e.g.
+    ``"cuda 9.0 (emulated NonNvmlCudaPlatform)"``. ``notes`` gets a line where the release
+    already resolved its platform. Raises :class:`PlatformError` for a platform the release
+    does not have."""
+    spec = requested()
+    want = str(spec.get("name", "cuda"))
+    if want == "cuda":
+        _install_finder()
+    platforms = _import("vllm.platforms")
+    if want == "cuda":
+        # vllm/platforms/__init__.py -> vllm/
+        answer_kernel_queries(os.path.dirname(os.path.dirname(platforms.__file__)))
+    if getattr(platforms, "_current_platform", None) is not None:
+        notes.append(f"vllm.platforms already resolved {type(platforms._current_platform).__name__} "
+                     "before the lab set the platform")
+    if want == "cuda":
+        platform = emulated_cuda(spec)
+        label = f"cuda {spec.get('capability')} (emulated {type(platform).__mro__[1].__name__})"
+    elif want == "cpu":
+        cpu = _import("vllm.platforms.cpu")
+        platform = cpu.CpuPlatform()
+        label = "cpu (vLLM's CpuPlatform)"
+    else:
+        raise PlatformError(f"platform.name {want!r}: the lab emulates cuda, or runs vLLM's cpu "
+                            "platform; use one of them")
+    platforms._current_platform = platform
+    return label

@@ -1,0 +1,97 @@
+"""The platform seam (engine/adapter/platform.py) and the scenario's ``platform:`` field."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+
+from vllm_repro.engine.adapter import platform as plat
+from vllm_repro.errors import InputError
+from vllm_repro.scenario import load_scenario
+
+BASE = """name: p
+config: {block_size: 16, num_gpu_blocks: 8, max_num_seqs: 2, max_num_batched_tokens: 64, max_model_len: 256}
+requests: [{id: A, at_step: 1, prompt_len: 10, max_tokens: 2}]
+"""
+
+
+def scenario(tmp_path, extra: str = ""):
+    p = tmp_path / "p.yaml"
+    p.write_text(BASE + extra)
+    return load_scenario(p)
+
+
+def test_the_default_platform_is_the_gpu_deployments(tmp_path):
+    sc = scenario(tmp_path)
+    assert sc.platform.name == "cuda" and sc.platform.capability == "9.0"
+    assert json.loads(sc.platform.key())["name"] == "cuda"
+
+
+def test_a_yaml_number_capability_reads_as_major_minor(tmp_path):
+    assert scenario(tmp_path, "platform: {capability: 8.0}\n").platform.capability == "8.0"
+    assert scenario(tmp_path, "platform: {capability: '10.0'}\n").platform.capability == "10.0"
+
+
+@pytest.mark.parametrize("bad, field", [
+    ("platform: {name: rocm}", "platform.name"),
+    ("platform: {capability: nine}", "platform.capability"),
+    ("platform: {total_memory_gib: 0}", "platform.total_memory_gib"),
+    ("platform: {gpu: h100}", "platform.gpu"),
+])
+def test_a_bad_platform_names_the_field(tmp_path, bad, field):
+    with pytest.raises(InputError) as err:
+        scenario(tmp_path, bad + "\n")
+    assert field in str(err.value)
+
+
+def test_different_platforms_are_different_workers(tmp_path):
+    a = scenario(tmp_path).platform.key()
+    b = scenario(tmp_path, "platform: {name: cpu}\n").platform.key()
+    c = scenario(tmp_path, "platform: {capability: '8.0'}\n").platform.key()
+    assert len({a, b, c}) == 3
+
+
+@pytest.mark.parametrize("name, stood_in", [
+    ("_C", True), ("_moe_C", True), ("_C_stable_libtorch", True), ("_vllm_fa2_C", True),
+    ("_flashmla_C", True), ("_custom_ops", False), ("config", False), ("_Cache", False),
+])
+def test_compiled_extensions_are_recognised_by_their_names(name, stood_in):
+    assert bool(plat._EXTENSION.match(name)) is stood_in
+
+
+def test_stand_ins_are_asked_last_and_only_for_vllm_extensions(monkeypatch):
+    finder = plat.ExtensionStandIns()
+    assert finder.find_spec("vllm._moe_C") is not None
+    assert finder.find_spec("json") is None and finder.find_spec("vllm.config") is None
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, finder])
+    monkeypatch.delitem(sys.modules, "vllm_repro_nope._C", raising=False)
+    with pytest.raises(ModuleNotFoundError):  # not vLLM's: never stood in
+        importlib.import_module("vllm_repro_nope._C")
+
+
+def test_an_empty_build_product_folder_becomes_a_package_of_gpu_only_names(tmp_path):
+    (tmp_path / "vllm_flash_attn").mkdir()
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "__init__.py").write_text("")
+    finder = plat.BuildProductStandIns()
+    assert finder.find_spec("vllm.real", [str(tmp_path)]) is None
+    spec = finder.find_spec("vllm.vllm_flash_attn", [str(tmp_path)])
+    mod = importlib.util.module_from_spec(spec)
+    fn = mod.flash_attn_varlen_func
+    with pytest.raises(RuntimeError, match="GPU kernel"):
+        fn()
+    with pytest.raises(AttributeError):
+        mod.__wrapped__  # noqa: B018 - dunder names are not GPU callables
+
+
+def test_the_requested_platform_comes_from_the_workers_environment(monkeypatch):
+    monkeypatch.delenv(plat.ENV_VAR, raising=False)
+    assert plat.requested()["name"] == "cuda"
+    monkeypatch.setenv(plat.ENV_VAR, json.dumps({"name": "cpu"}))
+    assert plat.requested() == {"name": "cpu"}
+    monkeypatch.setenv(plat.ENV_VAR, "[1]")
+    with pytest.raises(plat.PlatformError):
+        plat.requested()
