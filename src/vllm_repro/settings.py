@@ -105,6 +105,41 @@ class IndexSettings:
         return cls(index_url=index.rstrip("/"), extra_index_urls=extra, find_links=links, cert=cert)
 
 
+#: ``TORCH_BY_RELEASE``'s default: none, every release gets ``TORCH_VERSION``. The releases tried
+#: (the catalog's, 0.6.6.post1 to 0.33.0, and 0.7.3, 0.8.1, 0.17.1) import their scheduler and
+#: engine-core path with torch 2.13 under the lab's (emulated CUDA) platform. 0.17.x pins torch
+#: 2.10 and fails to import with 2.13 only under vLLM's CPU platform
+#: (``torch._C._cpu._is_avx512_supported``), which ``platform: {name: cpu}`` scenarios on 0.17.x
+#: need: ``TORCH_BY_RELEASE='>=0.17.0,<0.18=2.10.0'``.
+DEFAULT_TORCH_BY_RELEASE = ""
+
+
+def torch_for_release(release: str) -> str | None:
+    """The torch version ``TORCH_BY_RELEASE`` gives ``release``, or None.
+
+    Format: ``SPECIFIER=VERSION`` entries separated by ``;``, the first whose PEP 440 specifier
+    set holds the release wins: ``>=0.17.0,<0.18=2.10.0;<0.7=2.5.1``. Raises
+    :class:`~vllm_repro.errors.InputError` naming the bad entry."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    from .errors import InputError
+
+    raw = os.environ.get("TORCH_BY_RELEASE", DEFAULT_TORCH_BY_RELEASE)
+    for entry in filter(None, (e.strip() for e in raw.split(";"))):
+        spec, sep, version = entry.rpartition("=")
+        try:
+            if not sep or not version or spec.endswith(("=", "<", ">", "!", "~")):
+                raise InvalidSpecifier(entry)
+            Version(version)
+            if Version(release) in SpecifierSet(spec):
+                return version
+        except (InvalidSpecifier, InvalidVersion):
+            raise InputError(f"TORCH_BY_RELEASE entry {entry!r} is not SPECIFIER=VERSION "
+                             "(e.g. '>=0.17.0,<0.18=2.10.0'); fix or unset TORCH_BY_RELEASE") from None
+    return None
+
+
 @dataclass(frozen=True)
 class TorchSource:
     """Where the CPU build of torch comes from.
@@ -129,8 +164,11 @@ class TorchSource:
         return str(self.wheel) if self.wheel else f"{self.index_url} (torch {self.version}+cpu)"
 
     @classmethod
-    def resolve(cls, index: IndexSettings | None = None) -> "TorchSource":
-        version = os.environ.get("TORCH_VERSION") or DEFAULT_TORCH_VERSION
+    def resolve(cls, index: IndexSettings | None = None, release: str | None = None) -> "TorchSource":
+        """The torch source for ``release`` (``TORCH_BY_RELEASE`` first, then ``TORCH_VERSION``).
+        Raises :class:`~vllm_repro.errors.InputError` for a malformed ``TORCH_BY_RELEASE``."""
+        version = (torch_for_release(release) if release else None) \
+            or os.environ.get("TORCH_VERSION") or DEFAULT_TORCH_VERSION
         tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
         dirs: list[str] = []
         if os.environ.get("TORCH_WHEEL_DIR"):

@@ -9,13 +9,23 @@ import typer
 
 def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build."),
             tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto")) -> None:
-    """Fetch, verify and extract release(s) and build their CPU environments."""
+    """Fetch, verify and extract release(s), build their CPU environments, and import each
+    release's scheduler and engine-core path there (the worker's start-up) before saying ready."""
     from ..console import out, say
+    from ..engine.host import Worker
     from ..inputs import release_name
+    from ..settings import cache_dir
     from ..sources.prepare import check_tree, prepare_release
 
     check_tree(tree)
     versions = [release_name(v, "VERSION") for v in versions]
     for v in versions:
         env = prepare_release(v, say, tree=tree)
-        out.print(f"vLLM {env.version}: {env.python} (tree {env.tree})")
+        for line in env.substitutions():
+            say(f"vLLM {env.version}: substituted {line}")
+        # proven, not assumed: the worker imports vLLM's scheduler path and probes the release
+        # (an import failure is exit 3 with its cause and the log)
+        with Worker(env, cache_dir() / "prepare" / f"{env.version}.log") as worker:
+            hello = worker.hello
+        out.print(f"vLLM {env.version}: ready, imported in {hello.get('import_s')}s under "
+                  f"{hello.get('platform')} ({env.python}, tree {env.tree})")

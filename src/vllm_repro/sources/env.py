@@ -22,11 +22,11 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from ..errors import EnvError
-from ..settings import IndexSettings, TorchSource, cache_dir
+from ..settings import IndexSettings, TorchSource, cache_dir, torch_for_release
 from .sdist import Release
 
 #: Distributions never installed into a release environment: torch comes from the torch source,
@@ -129,10 +129,19 @@ class ReleaseEnv:
         return self.interpreter or self.root / "bin" / "python"
 
     def freeze(self) -> list[str]:
+        return self._ready().get("freeze", [])
+
+    def substitutions(self) -> list[str]:
+        """The release's pinned requirements installed as another version
+        (:class:`Substitution`), as lines: shown with every run's result."""
+        return list(self._ready().get("substitutions", []))
+
+    def _ready(self) -> dict:
         try:
-            return json.loads((self.root / ".ready.json").read_text()).get("freeze", [])
+            data = json.loads((self.root / ".ready.json").read_text())
         except (OSError, ValueError):
-            return []
+            return {}
+        return data if isinstance(data, dict) else {}
 
 
 def env_dir(version: str) -> Path:
@@ -191,12 +200,17 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
     ready = root / ".ready.json"
     if ready.is_file() and not rebuild:
         try:
-            if json.loads(ready.read_text()).get("format") == ENV_FORMAT and (root / "bin/python").exists():
+            meta = json.loads(ready.read_text())
+            # a torch chosen for this release (TORCH_BY_RELEASE) that the environment lacks: rebuild
+            wanted = torch or (TorchSource.resolve(index, release.version)
+                               if torch_for_release(release.version) else None)
+            if (meta.get("format") == ENV_FORMAT and (root / "bin/python").exists()
+                    and (wanted is None or meta.get("torch") == wanted.describe())):
                 return ReleaseEnv(release.version, tree, root)
         except ValueError:
             pass
     index = index or IndexSettings.from_pip()
-    torch = torch or TorchSource.resolve(index)
+    torch = torch or TorchSource.resolve(index, release.version)
     env = uv_env(index)
     log = root.parent / f"{release.version}.build.log"
     with fresh_env(root, log):
@@ -212,14 +226,127 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
         overrides = root / "overrides.txt"
         overrides.write_text("".join(f'{name} ; sys_platform == "never"\n' for name in OVERRIDDEN_AWAY))
         cutoff = (release.upload_time + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        run_uv(["pip", "install", "-q", "--python", py, *index_args(index),
-                "--exclude-newer", cutoff, "--override", str(overrides), "-r", str(req_file)],
-               env, f"installing the requirements of vLLM {release.version} (as of {cutoff})", log)
+        substitutions: list[Substitution] = []
+        for _ in range(MAX_SUBSTITUTIONS + 1):
+            try:
+                run_uv(["pip", "install", "-q", "--python", py, *index_args(index),
+                        "--exclude-newer", cutoff,
+                        *(a for sub in substitutions for a in sub.uv_args()),
+                        "--override", str(overrides), "-r", str(req_file)],
+                       env, f"installing the requirements of vLLM {release.version} (as of {cutoff})",
+                       log)
+                break
+            except EnvError as exc:
+                found = missing_pins(str(exc), reqs, substitutions, index)
+                if not found or len(substitutions) + len(found) > MAX_SUBSTITUTIONS:
+                    raise
+                substitutions += found
+                reqs = [_substituted(r, substitutions) for r in reqs]
+                req_file.write_text("\n".join(reqs) + "\n")
         freeze = run_uv(["pip", "freeze", "--python", py], env, "listing the environment", log)
         ready.write_text(json.dumps({
             "format": ENV_FORMAT, "version": release.version, "torch": torch.describe(),
-            "exclude_newer": cutoff, "freeze": freeze.split()}, indent=1))
+            "exclude_newer": cutoff, "substitutions": [sub.describe() for sub in substitutions],
+            "freeze": freeze.split()}, indent=1))
     return ReleaseEnv(release.version, tree, root)
+
+
+#: at most this many pinned requirements replaced in one environment
+MAX_SUBSTITUTIONS = 4
+#: uv's words for a pin the index cannot satisfy: "there is no version of xgrammar{...}==0.1.16"
+_NO_VERSION = re.compile(r"there is no version of ([A-Za-z0-9][A-Za-z0-9._-]*)(?:\{[^}]*\})?==([^\s,|]+)")
+
+
+@dataclass(frozen=True)
+class Substitution:
+    """A pinned requirement of the release the index no longer has (``name==pinned``: deleted or
+    never uploaded as a wheel), installed as the nearest version it has (``used``, uploaded at
+    ``uploaded``, ISO UTC). Recorded in ``.ready.json`` and shown with every run's result."""
+
+    name: str
+    pinned: str
+    used: str
+    uploaded: str | None = None
+
+    def describe(self) -> str:
+        return (f"{self.name}=={self.pinned} -> {self.name}=={self.used} "
+                f"({self.pinned} is not on the index)")
+
+    def uv_args(self) -> list[str]:
+        """The substitute may be newer than the release's cut-off date: let uv take it."""
+        return ["--exclude-newer-package", f"{self.name}={self.uploaded}"] if self.uploaded else []
+
+
+def nearest_version(pinned: str, available: dict[str, str | None]) -> str | None:
+    """The version to use for a missing pin: the lowest above it with the same major.minor
+    (a later patch of the same series), else the highest below it; ``None`` if neither.
+    ``available``: version -> upload time."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        want = Version(pinned)
+    except InvalidVersion:
+        return None
+    parsed = []
+    for v in available:
+        try:
+            pv = Version(v)
+        except InvalidVersion:
+            continue
+        if not pv.is_prerelease:
+            parsed.append((pv, v))
+    above = sorted(p for p in parsed if p[0] > want and p[0].release[:2] == want.release[:2])
+    below = sorted(p for p in parsed if p[0] < want)
+    if above:
+        return above[0][1]
+    return below[-1][1] if below else None
+
+
+def missing_pins(uv_error: str, reqs: list[str], done: list[Substitution],
+                 index: IndexSettings) -> list[Substitution]:
+    """Substitutions for the pins ``uv_error`` says the index cannot satisfy (only pins that are
+    the release's own, exact, and not yet substituted). Raises nothing: an index that cannot be
+    read gives no substitution (and the original error stands)."""
+    from .index import project_files
+
+    out = []
+    pinned_names = {_canon(m.group(1)) for r in reqs if (m := _NAME.match(r)) and "==" in r}
+    for name, version in _NO_VERSION.findall(uv_error):
+        if _canon(name) not in pinned_names or any(_canon(s.name) == _canon(name) for s in done + out):
+            continue
+        try:
+            files = project_files(name, index)
+        except Exception:  # noqa: BLE001 - no substitution; uv's error is the one reported
+            continue
+        available: dict[str, str | None] = {}
+        for f in files:
+            fn = f.get("filename", "")
+            if f.get("yanked") or not fn.endswith(".whl"):
+                continue
+            available.setdefault(fn.split("-")[1], f.get("upload-time"))
+        used = nearest_version(version, available)
+        if used and used != version:
+            # without an upload time from the index: let uv take it whatever its date
+            uploaded = _after(available.get(used))
+            out.append(Substitution(name, version, used, uploaded))
+    return out
+
+
+def _after(when: str | None) -> str:
+    """An hour after ``when`` (ISO; uv's cut-off is strict), as uv reads dates; now if None."""
+    try:
+        t = datetime.fromisoformat(str(when).replace("Z", "+00:00")) + timedelta(hours=1)
+    except ValueError:
+        t = datetime.now(timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _substituted(req: str, subs: list[Substitution]) -> str:
+    m = _NAME.match(req)
+    for sub in subs:
+        if m and _canon(m.group(1)) == _canon(sub.name):
+            return re.sub(r"==\s*" + re.escape(sub.pinned) + r"(?![\w.])", f"=={sub.used}", req)
+    return req
 
 
 def torch_install(index: IndexSettings, torch: TorchSource, requirement: str) -> tuple[list[str], str]:

@@ -246,9 +246,11 @@ class BuildMixin:
             sched_cls, vllm_config=vllm_config, kv_cache_config=kv_cache_config,
             structured_output_manager=som, log_stats=True, block_size=block_size,
             hash_block_size=hash_block_size, include_finished_set=False,
-            # the first V1 generation (0.6.5 to 0.7.x) takes the configs one by one
+            # the first V1 generation (0.6.5 to 0.7.x) takes the configs one by one (0.7.3:
+            # speculative_config is a required one)
             scheduler_config=vllm_config.scheduler_config, model_config=vllm_config.model_config,
-            cache_config=vllm_config.cache_config, lora_config=None)
+            cache_config=vllm_config.cache_config, lora_config=None,
+            speculative_config=getattr(vllm_config, "speculative_config", None))
         self.block_hasher = self._block_hasher(vllm_config, hash_block_size)
         self.vllm_config = vllm_config
         return scheduler
