@@ -172,7 +172,7 @@ def kv_cache_spec(adapter: V1Adapter, cfg: dict) -> tuple[dict, int]:
     from .adapter import kv_specs
 
     cache_config = getattr(getattr(adapter, "vllm_config", None), "cache_config", None)
-    kv_specs.check_mamba_config(cfg, cache_config, adapter.version)
+    kv_specs.check_model_config(cfg, cache_config, adapter.version)
     for index, g in enumerate(groups):
         spec = kv_specs.group_spec(adapter, g, index, cfg, torch, cache_config)
         for i in range(g.get("num_layers", 1)):

@@ -265,7 +265,7 @@ class BuildMixin:
         the release lacks, or a Mamba group the cache config cannot take."""
         groups = cfg.get("kv_cache_groups") or [{"type": "full", "num_layers": 1}]
         cache_config = self.vllm_config.cache_config
-        kv_specs.check_mamba_config(cfg, cache_config, self.version)
+        kv_specs.check_model_config(cfg, cache_config, self.version)
         specs = []
         layer = 0
         for index, g in enumerate(groups):

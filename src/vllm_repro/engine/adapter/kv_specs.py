@@ -92,14 +92,21 @@ def mamba_type_value(cls, value: str | None, version: str, index: int):
     return value
 
 
-def check_mamba_config(cfg: dict[str, Any], cache_config, version: str) -> None:
+def check_model_config(cfg: dict[str, Any], cache_config, version: str) -> None:
     """What a hybrid model's config would settle before the scheduler sees a Mamba group
     (``vllm/model_executor/models/config.py``: ``HybridAttentionMambaModelConfig`` /
     ``MambaModelConfig.verify_and_update_config``), checked instead of guessed: prefix caching
     with a Mamba group needs ``mamba_cache_mode`` (``align`` or ``all``) where the release has
     the field, and is off for Mamba models where it has not; ``align`` needs chunked prefill.
-    Raises :class:`RefusedByRelease` naming the field to set."""
-    if not any(g["type"] == "mamba" for g in cfg.get("kv_cache_groups") or []):
+    A ``cross_attention`` group is an encoder-decoder model's, for which vLLM turns prefix
+    caching off (``CrossAttentionManager`` has no cache hits). Raises :class:`RefusedByRelease`
+    naming the field to set."""
+    kinds = {g["type"] for g in cfg.get("kv_cache_groups") or []}
+    if "cross_attention" in kinds and cfg["enable_prefix_caching"]:
+        raise RefusedByRelease(
+            "config.enable_prefix_caching: a cross_attention KV cache group is an "
+            "encoder-decoder model's, for which vLLM turns prefix caching off; set it false")
+    if "mamba" not in kinds:
         return
     mode = getattr(cache_config, "mamba_cache_mode", None)
     if cfg["enable_prefix_caching"]:
@@ -153,4 +160,4 @@ def group_spec(adapter, g: dict[str, Any], index: int, cfg: dict[str, Any], torc
     return call_supported(cls, **kwargs)
 
 
-__all__ = ["KINDS", "release_kinds", "group_spec", "check_mamba_config", "mamba_type_value"]
+__all__ = ["KINDS", "release_kinds", "group_spec", "check_model_config", "mamba_type_value"]
