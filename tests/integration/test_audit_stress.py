@@ -2,7 +2,8 @@
 
 256 requests each, short and long prompts, preemption pressure, aborts mid-decode, prefix caching
 off and on, fcfs and priority, and a fifth file on a hybrid model's KV cache groups (full,
-sliding window, chunked local attention, Mamba align in one pool; 0.33.0). Everything the audit reports must be real: on 0.33.0 nothing; on
+sliding window, chunked local attention, Mamba align in one pool; 0.33.0).
+Everything the audit reports must be real: on 0.33.0 nothing; on
 0.11.0 the fcfs runs nothing and the priority runs only the known residual defect of 0.10.2 and
 0.11.0 (a request preempted after being scheduled in the same schedule() call stays in
 num_scheduled_tokens), each finding naming that request.
