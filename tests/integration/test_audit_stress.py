@@ -1,7 +1,9 @@
 """No false positive: the stress scenarios run with the audit on 0.33.0 and 0.11.0 (issue #3).
 
 256 requests each, short and long prompts, preemption pressure, aborts mid-decode, prefix caching
-off and on, fcfs and priority. Everything the audit reports must be real: on 0.33.0 nothing; on
+off and on, fcfs and priority, and a fifth file on a hybrid model's KV cache groups (full,
+sliding window, chunked local attention, Mamba align in one pool; 0.33.0).
+Everything the audit reports must be real: on 0.33.0 nothing; on
 0.11.0 the fcfs runs nothing and the priority runs only the known residual defect of 0.10.2 and
 0.11.0 (a request preempted after being scheduled in the same schedule() call stays in
 num_scheduled_tokens), each finding naming that request.
@@ -32,8 +34,8 @@ def stress_run(tmp_path_factory):
     return proc, reports
 
 
-def test_four_stress_files_exist_and_are_stressful():
-    assert len(STRESS) == 4
+def test_five_stress_files_exist_and_are_stressful():
+    assert len(STRESS) == 5
     from vllm_repro.scenario import load_scenario
 
     kinds = set()
@@ -43,16 +45,23 @@ def test_four_stress_files_exist_and_are_stressful():
         lens = [r.prompt_len for r in sc.requests]
         assert min(lens) < 100 and max(lens) > 1000
         assert sum(len(e.abort) for e in sc.events) >= 20
-        assert sc.vllm.clean_on == ["0.33.0", "0.11.0"]
-        kinds.add((sc.config.policy, sc.config.enable_prefix_caching))
-    assert kinds == {("fcfs", False), ("fcfs", True), ("priority", False), ("priority", True)}
+        groups = tuple(g.type for g in sc.config.kv_cache_groups or ())
+        if groups:
+            assert groups == ("full", "sliding_window", "chunked_local_attention", "mamba")
+            assert sc.vllm.clean_on == ["0.33.0"]
+        else:
+            assert sc.vllm.clean_on == ["0.33.0", "0.11.0"]
+        kinds.add((sc.config.policy, sc.config.enable_prefix_caching, groups))
+    assert {k[:2] for k in kinds if not k[2]} == {("fcfs", False), ("fcfs", True),
+                                                  ("priority", False), ("priority", True)}
+    assert len(kinds) == 5
 
 
 def test_every_run_is_ok_and_every_finding_is_the_known_defect(stress_run):
     proc, reports = stress_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdicts = json.loads(proc.stdout)
-    assert len(verdicts) == 8 and all(v["ok"] is True for v in verdicts)
+    assert len(verdicts) == 9 and all(v["ok"] is True for v in verdicts)
     for v in verdicts:
         res = json.loads((reports / v["scenario"] / v["vllm"] / "result.json").read_text())
         assert len(res["finished"]) == 256 and not res["unfinished"]
@@ -68,8 +77,10 @@ def test_every_run_is_ok_and_every_finding_is_the_known_defect(stress_run):
 
 def test_the_runs_do_preempt_and_abort(stress_run):
     _, reports = stress_run
+    from vllm_repro.scenario import load_scenario
+
     for path in STRESS:
-        for version in ("0.33.0", "0.11.0"):
+        for version in load_scenario(path).vllm.clean_on:
             lines = [json.loads(x) for x in
                      (reports / path.stem / version / "trace.jsonl").read_text().splitlines()]
             preempted = {rid for ln in lines for rid in ln["preempted"]}

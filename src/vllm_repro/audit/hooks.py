@@ -51,6 +51,32 @@ def _freeing_request(depth: int = 3) -> str | None:
     return None
 
 
+#: single-type manager methods that free a request's blocks first and put the null block in
+#: their table slots right after (``MambaManager.remove_skipped_blocks`` up to 0.29:
+#: ``block_pool.free_blocks([blocks[i]])`` then ``blocks[i] = self._null_block``)
+RELEASING_METHODS = ("remove_skipped_blocks",)
+
+
+def _releasing_holder(managers, depth: int = 3) -> tuple[int, str] | None:
+    """``(group, request id)`` when the free happens inside one of :data:`RELEASING_METHODS`
+    of KV cache group ``group``'s manager for that request: the table entries it frees are
+    references being given back by their holder, not a free behind a holder's back. The
+    end-of-step KV_REFCOUNT check still sees any entry the method then fails to null out."""
+    f = sys._getframe(depth)
+    for _ in range(6):
+        if f is None:
+            return None
+        if f.f_code.co_name in RELEASING_METHODS:
+            me = f.f_locals.get("self")
+            rid = f.f_locals.get("request_id")
+            for g, m in enumerate(managers):
+                if m is me and isinstance(rid, str):
+                    return g, rid
+            return None
+        f = f.f_back
+    return None
+
+
 def _flatten(blocks) -> list:
     out = []
     for x in blocks:
@@ -160,6 +186,12 @@ class PoolHooks:
         if not freed:
             return objs, {}
         held = books.held_counts()
+        releasing = _releasing_holder(books.managers)
+        if releasing is not None:
+            g, rid = releasing
+            for b in books.managers[g].req_to_blocks.get(rid, ()):
+                if b.block_id in freed and held.get(b.block_id, 0) > 0:
+                    held[b.block_id] -= 1
         bad = [bid for bid, k in freed.items() if objs[bid].ref_cnt - k < held.get(bid, 0)]
         if not bad:
             return objs, held

@@ -28,7 +28,8 @@ class Capabilities:
     ``pause_mode`` (``pause_scheduler(mode=...)``), ``resume``); ``spec_methods``: the
     ``SpeculativeConfig.method`` values the lab's fake drafter
     can stand for (``ngram``, ``ngram_gpu``); ``kv_group_kinds``: KV cache spec kinds
-    (``full``, ``sliding_window``). ``structured_outputs``: the release has V1's
+    (``full``, ``sliding_window``, ``chunked_local_attention``, ``mamba``,
+    ``cross_attention``: ``engine/adapter/kv_specs.py``). ``structured_outputs``: the release has V1's
     ``StructuredOutputManager``; ``structured_outputs_field``: the ``SamplingParams`` field a
     request's constraint goes in (``structured_outputs``, or ``guided_decoding`` on older
     releases); ``structured_backends``: the backends of ``vllm/v1/structured_output`` whose
@@ -149,11 +150,9 @@ def probe(adapter) -> Capabilities:
         methods.append("ngram")
         if "ngram_gpu" in text or _source_has(spec_cls, '"ngram_gpu"'):
             methods.append("ngram_gpu")
-    kinds = []
-    if adapter.FullAttentionSpec is not None:
-        kinds.append("full")
-    if adapter.SlidingWindowSpec is not None:
-        kinds.append("sliding_window")
+    from .adapter.kv_specs import release_kinds
+
+    kinds = release_kinds()
     # EngineCore and the executor are read from their source (ast), not imported: the
     # scheduler level never imports them (a slice may not hold them at all)
     core = _class_source("vllm.v1.engine.core", "EngineCore")

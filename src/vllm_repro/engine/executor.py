@@ -169,17 +169,12 @@ def kv_cache_spec(adapter: V1Adapter, cfg: dict) -> tuple[dict, int]:
     specs: dict = {}
     per_block = 0
     layer = 0
-    for g in groups:
-        if g["type"] == "sliding_window":
-            if adapter.SlidingWindowSpec is None:
-                raise AdapterError("this release has no SlidingWindowSpec (kv_cache_groups)")
-            from .adapter import call_supported
+    from .adapter import kv_specs
 
-            spec = call_supported(adapter.SlidingWindowSpec, block_size=cfg["block_size"],
-                                  num_kv_heads=1, head_size=1, dtype=torch.float32,
-                                  use_mla=False, sliding_window=g["sliding_window"])
-        else:
-            spec = adapter._attention_spec(adapter.FullAttentionSpec, cfg, torch)
+    cache_config = getattr(getattr(adapter, "vllm_config", None), "cache_config", None)
+    kv_specs.check_model_config(cfg, cache_config, adapter.version)
+    for index, g in enumerate(groups):
+        spec = kv_specs.group_spec(adapter, g, index, cfg, torch, cache_config)
         for i in range(g.get("num_layers", 1)):
             specs[f"model.layers.{layer + i}.self_attn.attn"] = spec
         per_block = max(per_block, spec.page_size_bytes)

@@ -124,19 +124,41 @@ class VllmRefs(Strict):
         return None
 
 
-class KVCacheGroup(Strict):
-    """One KV cache group (vLLM's ``KVCacheGroupSpec``): full attention or sliding window."""
+#: each KV cache group kind (vLLM's ``KVCacheSpecKind`` names; ``full`` for full attention)
+#: and the group fields only it takes
+KV_GROUP_FIELDS = {"full": (), "sliding_window": ("sliding_window",),
+                   "chunked_local_attention": ("attention_chunk_size",),
+                   "mamba": ("block_size", "mamba_type"), "cross_attention": ()}
 
-    type: Literal["full", "sliding_window"] = "full"
+
+class KVCacheGroup(Strict):
+    """One KV cache group (vLLM's ``KVCacheGroupSpec``) and the spec its layers declare:
+    ``full`` (``FullAttentionSpec``), ``sliding_window`` (``SlidingWindowSpec``, needs
+    ``sliding_window``: tokens), ``chunked_local_attention`` (``ChunkedLocalAttentionSpec``,
+    needs ``attention_chunk_size``: tokens), ``mamba`` (``MambaSpec``; ``block_size``: the
+    group's own block size in tokens, vLLM's ``mamba_block_size``, default ``config.block_size``;
+    ``mamba_type``: the release's own name, e.g. ``mamba2``), ``cross_attention``
+    (``CrossAttentionSpec``). Whether the release has the kind is the release's to say
+    (``engine/adapter/kv_specs.py``): a kind it lacks is an input error naming its kinds."""
+
+    type: Literal["full", "sliding_window", "chunked_local_attention", "mamba",
+                  "cross_attention"] = "full"
     sliding_window: PosInt | None = None
+    attention_chunk_size: PosInt | None = None
+    block_size: PosInt | None = None
+    mamba_type: Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,39}$")] | None = None
     num_layers: PosInt = 1
 
     @model_validator(mode="after")
     def _window(self):
-        if self.type == "sliding_window" and self.sliding_window is None:
-            raise ValueError("a sliding_window group needs `sliding_window: N` (tokens)")
-        if self.type == "full" and self.sliding_window is not None:
-            raise ValueError("`sliding_window` only applies to groups of type sliding_window")
+        own = KV_GROUP_FIELDS[self.type]
+        for name in ("sliding_window", "attention_chunk_size"):
+            if name in own and getattr(self, name) is None:
+                raise ValueError(f"a {self.type} group needs `{name}: N` (tokens)")
+        for name in ("sliding_window", "attention_chunk_size", "block_size", "mamba_type"):
+            if getattr(self, name) is not None and name not in own:
+                takers = [k for k, v in KV_GROUP_FIELDS.items() if name in v]
+                raise ValueError(f"`{name}` only applies to groups of type {' or '.join(takers)}")
         return self
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import kv_specs
 from .probes import (AdapterError, RefusedByRelease, _import, _source_has, _try_import,
                      call_supported, init_params, params_of)
 
@@ -260,19 +261,17 @@ class BuildMixin:
                               dtype=torch.float32, use_mla=False, sliding_window=None, **extra)
 
     def _kv_cache_config(self, cfg, torch):
+        """``KVCacheConfig`` of ``num_gpu_blocks`` blocks, one ``KVCacheGroupSpec`` per scenario
+        group (default: one full-attention layer), each with the spec its kind's layers declare
+        (:func:`.kv_specs.group_spec`). Raises :class:`RefusedByRelease` for a kind or field
+        the release lacks, or a Mamba group the cache config cannot take."""
         groups = cfg.get("kv_cache_groups") or [{"type": "full", "num_layers": 1}]
+        cache_config = self.vllm_config.cache_config
+        kv_specs.check_model_config(cfg, cache_config, self.version)
         specs = []
         layer = 0
-        for g in groups:
-            if g["type"] == "sliding_window":
-                if self.SlidingWindowSpec is None:
-                    raise AdapterError("this release has no SlidingWindowSpec (kv_cache_groups)")
-                spec = call_supported(
-                    self.SlidingWindowSpec, block_size=cfg["block_size"], num_kv_heads=1,
-                    head_size=1, dtype=torch.float32, use_mla=False,
-                    sliding_window=g["sliding_window"])
-            else:
-                spec = self._attention_spec(self.FullAttentionSpec, cfg, torch)
+        for index, g in enumerate(groups):
+            spec = kv_specs.group_spec(self, g, index, cfg, torch, cache_config)
             names = [f"model.layers.{layer + i}.self_attn.attn" for i in range(g.get("num_layers", 1))]
             layer += len(names)
             specs.append((names, spec))
