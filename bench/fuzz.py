@@ -59,7 +59,7 @@ def main() -> None:
             print(f"{sc.name}: no expectation or no concrete buggy release to fuzz")
             continue
         version = versions[0]
-        times, sizes, examples, misses = [], [], [], 0
+        times, sizes, examples, firsts, misses = [], [], [], [], 0
         for seed in range(1, args.seeds + 1):
             out = Path(tempfile.mkdtemp(prefix="bench-fuzz-"))
             cmd = [sys.executable, "-m", "vllm_repro.cli", "fuzz", "--vllm", version, "--first",
@@ -70,29 +70,35 @@ def main() -> None:
             if sc.config.num_speculative_tokens:
                 cmd.append("--spec")
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            m = re.search(r"(\d+) requests after shrinking, found after (\d+)s / (\d+) examples",
-                          proc.stdout)
+            m = re.search(r"(\d+) requests after shrinking, found after (\d+)s / (\d+) examples"
+                          r"(?: \(first failing example at (\d+)s\))?", proc.stdout)
             if not m:
                 misses += 1
                 continue
             times.append(int(m.group(2)))
             examples.append(int(m.group(3)))
+            if m.group(4) is not None:
+                firsts.append(int(m.group(4)))
             found = next(out.glob("*.yaml"))
             sizes.append(len(yaml.safe_load(found.read_text())["requests"]))
         if times:
             rows.append((sc.name, version, target, statistics.median(times), min(times), max(times),
-                         statistics.median(sizes), misses))
+                         statistics.median(sizes), misses,
+                         statistics.median(firsts) if firsts else float("nan")))
             print(f"{sc.name} on {version} ({target}): found in median {statistics.median(times):.0f} s "
                   f"(min {min(times)}, max {max(times)}; median {statistics.median(examples):.0f} "
-                  f"examples) over {len(times)}/{args.seeds} seeds; "
+                  f"examples; first failing example at median "
+                  f"{statistics.median(firsts) if firsts else float('nan'):.0f} s, before "
+                  f"shrinking) over {len(times)}/{args.seeds} seeds; "
                   f"shrunk to median {statistics.median(sizes):.0f} requests"
                   + (f"; not found within {args.time} s for {misses} seed(s)" if misses else ""))
         else:
             print(f"{sc.name} on {version} ({target}): not found within {args.time} s for any seed")
     if rows:
-        print("\nentry | release | median s | min | max | shrunk requests | misses")
+        print("\nentry | release | median s (shrunk) | min | max | median s to first failure | "
+              "shrunk requests | misses")
         for r in rows:
-            print(f"{r[0]} | {r[1]} | {r[3]:.0f} | {r[4]} | {r[5]} | {r[6]:.0f} | {r[7]}")
+            print(f"{r[0]} | {r[1]} | {r[3]:.0f} | {r[4]} | {r[5]} | {r[8]:.0f} | {r[6]:.0f} | {r[7]}")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,10 @@ def fuzz(
         for sig, f in camp.findings.items():
             path, test = write_finding(f, vllm, out_dir)
             out.print(f"[red]{sig}[/red]: {len(f.scenario['requests'])} requests after shrinking, "
-                      f"found after {f.found_after_s:.0f}s / {f.examples} examples -> {path} (+ {test.name})")
+                      f"found after {f.found_after_s:.0f}s / {f.examples} examples"
+                      + (f" (first failing example at {f.first_failure_s:.0f}s)"
+                         if f.first_failure_s is not None else "")
+                      + f" -> {path} (+ {test.name})")
             found_any = True
         if ladder:
             if camp.findings:
