@@ -251,7 +251,10 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         @precondition(lambda self: profile.engine_events and self._engine_core()
                       and "pause" in caps.events and "resume" in caps.events
                       and self.cursor < MAX_CALL_STEP)
-        @rule(mode=st.sampled_from([None, "abort", "keep", "wait"]), steps=st.integers(1, 4))
+        # no mode "wait": vLLM 0.33.0's pause_scheduler refuses it in-process ("'wait' mode
+        # can't be used in inproc-engine mode"), where the lab's EngineCore runs: a refusal of
+        # the call, not a crash under load (59 false findings in a 40 s campaign)
+        @rule(mode=st.sampled_from([None, "abort", "keep"]), steps=st.integers(1, 4))
         def pause(self, mode, steps):
             """``EngineCore.pause_scheduler`` now, ``resume_scheduler`` ``steps`` later (an
             engine left paused never finishes its requests: not a finding)."""
