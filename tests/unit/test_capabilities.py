@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from vllm_repro.engine.capabilities import FEATURES, Capabilities, _class_source, load, save
+from vllm_repro.errors import InputError
 from vllm_repro.fuzz.search import fit_profile, refused_features
 from vllm_repro.fuzz.strategies import DEFAULT
 
@@ -58,9 +59,13 @@ class _Worker:
 def test_the_fuzzer_fits_its_profile_to_the_record():
     assert refused_features(_Worker(NEW)) == {}
     refused = refused_features(_Worker(OLD))
-    assert set(refused) == {"priority", "spec decode", "empty outputs"}
+    assert set(refused) == {"priority", "spec decode", "empty outputs", "async scheduling",
+                            "kv cache groups", "engine-core"}
     prof = fit_profile(DEFAULT, refused)
     assert "priority" not in prof.policies and not prof.spec_decode and not prof.empty_outputs
+    assert not prof.async_scheduling and not prof.kv_cache_groups
+    with pytest.raises(InputError, match="--level engine-core: vLLM 0.6.6.post1"):
+        fit_profile(DEFAULT, refused, level="engine-core")
 
 
 def test_engine_classes_are_read_from_source_not_imported(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""``vllm-repro fuzz --vllm VERSION [--time 60s] [--seed N] [--workers 2] [--ladder]``; the
-search is :mod:`vllm_repro.fuzz`."""
+"""``vllm-repro fuzz --vllm VERSION [--level scheduler|engine-core] [--time 60s] [--seed N]
+[--workers 2] [--ladder] [--db DIR|none]``; the search is :mod:`vllm_repro.fuzz`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def fuzz(
     out_dir: Path = typer.Option(Path("scenarios/found"), "--out", help="Where found scenarios and regression tests go."),
     reports: Path = typer.Option(Path("reports"), help="Worker logs go to reports/_fuzz/."),
     audit: bool = typer.Option(True, "--audit/--no-audit"),
+    level: str = typer.Option("scheduler", "--level", help="scheduler | engine-core: the level the scenarios run at."),
+    db: Optional[str] = typer.Option(None, "--db", help="The example database folder (default: <cache>/fuzz/examples); 'none' runs without one."),
 ) -> None:
     """Search workloads until vLLM raises or an invariant breaks; shrink; write reproducers."""
     from rich.live import Live
@@ -32,25 +34,32 @@ def fuzz(
     from ..fuzz.search import Campaign, SearchConfig, parse_duration, run_campaign, write_finding
     from ..fuzz.strategies import DEFAULT, LADDER
     from ..inputs import folder, release_name, reports_dir
-    from ..sources.prepare import prepare_release
+    from ..sources.prepare import prepare_release, resolve_tree
 
     if policy not in (None, "fcfs", "priority"):
         raise InputError(f"--policy {policy!r}: use fcfs or priority")
+    if level not in ("scheduler", "engine-core"):
+        raise InputError(f"--level {level!r}: use scheduler or engine-core")
+    use_db = db is None or db.lower() != "none"
+    if use_db and db is not None:
+        db = str(folder(Path(db), "--db folder", "give --db a folder you can write, or none",
+                        creatable=True))
     vllm = release_name(vllm)
     seconds = parse_duration(time_)
     reports = reports_dir(reports, create=False)
     folder(out_dir, "--out folder", "give --out a folder you can write", writable=True)
-    env = prepare_release(vllm, say)
+    env = prepare_release(vllm, say, tree=resolve_tree(vllm, None, level))
     levels = list(LADDER) if ladder else [DEFAULT]
     found_any = False
     for profile in levels:
         profile = profile.with_policy(policy).with_spec(spec)
         cfg = SearchConfig(version=vllm, profile=profile, seed=seed, time_s=seconds,
                            stop_on_first=first or ladder, target=target, audit=audit,
-                           spec_forced=bool(spec))
+                           spec_forced=bool(spec), level=level, database=db,
+                           use_database=use_db)
 
         def view(camp, profile=profile):
-            t = Table(box=None, title=f"fuzz vLLM {vllm} · {profile.name} · seed {seed}")
+            t = Table(box=None, title=f"fuzz vLLM {vllm} · {level} · {profile.name} · seed {seed}")
             t.add_column("elapsed")
             t.add_column("examples")
             t.add_column("examples/s")
@@ -86,7 +95,10 @@ def fuzz(
         for sig, f in camp.findings.items():
             path, test = write_finding(f, vllm, out_dir)
             out.print(f"[red]{sig}[/red]: {len(f.scenario['requests'])} requests after shrinking, "
-                      f"found after {f.found_after_s:.0f}s / {f.examples} examples -> {path} (+ {test.name})")
+                      f"found after {f.found_after_s:.0f}s / {f.examples} examples"
+                      + (f" (first failing example at {f.first_failure_s:.0f}s)"
+                         if f.first_failure_s is not None else "")
+                      + f" -> {path} (+ {test.name})")
             found_any = True
         if ladder:
             if camp.findings:

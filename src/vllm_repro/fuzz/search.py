@@ -1,11 +1,21 @@
 """Search workloads until vLLM raises or an invariant breaks, then shrink to a minimal reproducer.
 
-Each search process owns one engine worker (vLLM imported once) and runs hypothesis in chunks of
-examples, each chunk with a seed derived from the campaign seed, the process index and the chunk
-number, until the time is up. The first failure a process sees fixes its target *signature*
+Each search process owns one engine worker (vLLM imported once) and runs hypothesis's state
+machine (:mod:`vllm_repro.fuzz.machine`: each example a sequence of engine calls, run as one
+scenario) in chunks of examples, each chunk with a seed derived from the campaign seed, the
+process index and the chunk number, until the time is up. The first chunk replays the failures
+the example database (:mod:`vllm_repro.fuzz.database`) holds for the level before drawing new
+ones. The first failure a process sees fixes its target *signature*
 (exception type + innermost vLLM frame, or violation code, or stall); from then on only that
 signature counts as failing, so hypothesis's shrinker is judged on the same signature, never on
-any failure. Lab errors (outcome ``error``) are counted, never reported as findings.
+any failure. Lab errors (outcome ``error``) are counted, never reported as findings; nor are
+scenarios the release refuses (counted as ``refused``).
+
+Entry points (kept for ``commands/fuzz.py`` and later callers): :class:`SearchConfig`
+(``level``, ``database`` and ``use_database`` were added with defaults, so older callers get
+the scheduler level with the cache's database), :func:`run_campaign`, :func:`write_finding`,
+:func:`signature`, :func:`slug`, :func:`parse_duration`, :func:`refused_features`,
+:func:`fit_profile` (``level`` added, keyword with a default).
 """
 
 from __future__ import annotations
@@ -20,13 +30,20 @@ import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import Phase, Verbosity, seed, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from ..errors import InputError
 from ..records import RunResult
-from .strategies import Profile, scenarios
+from .machine import machine_class
+from .strategies import Profile
 
+#: examples per hypothesis run (a chunk: one seed); a process runs chunks until its time is up
 CHUNK = 40
+#: the most calls (rules) one example makes before its scenario runs (hypothesis's
+#: stateful_step_count). Tried on #23347 (0.10.1.1, 2 seeds each, first failing example): 12
+#: calls 54/64 s, 24 calls 41-66 s (bench, 3 seeds), 40 calls 125/35 s: 24 kept
+STATEFUL_STEPS = 24
 
 
 def parse_duration(text: str) -> float:
@@ -86,9 +103,12 @@ class Finding:
     signature: str
     scenario: dict
     result: RunResult
-    found_after_s: float
+    found_after_s: float  # seconds from the search process's start to the shrunk finding
     examples: int
     worker: int
+    #: seconds from the search process's start to the first example with this signature
+    #: (before shrinking); None where unknown
+    first_failure_s: float | None = None
 
 
 @dataclass
@@ -101,11 +121,30 @@ class SearchConfig:
     target: str | None = None  # only count failures whose signature contains this
     audit: bool = True
     spec_forced: bool = False  # --spec: refused spec decode is an input error, not dropped
+    #: the scenarios' level (``scheduler`` or ``engine-core``); added after 0.1, default kept
+    level: str = "scheduler"
+    #: where the example database lives: None for ``<cache>/fuzz/examples``
+    #: (:mod:`vllm_repro.fuzz.database`); ``use_database=False`` runs without memory
+    database: str | None = None
+    use_database: bool = True
+
+    def example_database(self):
+        """The :class:`~vllm_repro.fuzz.database.FindingsDatabase` of this campaign's level,
+        or None without one."""
+        if not self.use_database:
+            return None
+        from .database import FindingsDatabase, default_path
+
+        return FindingsDatabase(Path(self.database) if self.database else default_path(),
+                                self.level)
 
 
 #: Features a release may refuse (vLLM 0.6.x has no priorities in its V1 Request, 0.6.x/0.7.0 no
-#: draft tokens and one sampled token per request), read from its capabilities record.
-FUZZ_FEATURES = ("priority", "spec decode", "empty outputs")
+#: draft tokens and one sampled token per request; async scheduling and KV cache groups came
+#: later), read from its capabilities record. The engine-core events and structured outputs
+#: are preconditions of the machine's rules (:mod:`vllm_repro.fuzz.machine`), read from the
+#: same record.
+FUZZ_FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups")
 
 
 def refused_features(worker) -> dict[str, str]:
@@ -115,13 +154,19 @@ def refused_features(worker) -> dict[str, str]:
     run`` gives, exit 2), so that a campaign does not spend its time on scenarios the release
     cannot run."""
     caps = worker.capabilities
-    return {f: caps.refusal(f) for f in FUZZ_FEATURES if not caps.supports(f)}
+    out = {f: caps.refusal(f) for f in FUZZ_FEATURES if not caps.supports(f)}
+    if not caps.supports("engine-core"):
+        out["engine-core"] = caps.refusal("engine-core")
+    return out
 
 
-def fit_profile(profile: Profile, refused: dict[str, str], spec_forced: bool = False) -> Profile:
+def fit_profile(profile: Profile, refused: dict[str, str], spec_forced: bool = False,
+                level: str = "scheduler") -> Profile:
     """``profile`` without what the release refuses. Raises :class:`InputError` when what is left
     cannot be drawn (``--policy priority`` on a release without priorities, ``--spec`` on one
-    without draft tokens)."""
+    without draft tokens, ``--level engine-core`` on a release whose EngineCore cannot run)."""
+    if level == "engine-core" and "engine-core" in refused:
+        raise InputError(f"--level engine-core: {refused['engine-core']}")
     if spec_forced and "spec decode" in refused:
         raise InputError(f"--spec: {refused['spec decode']}")
     if "priority" in refused:
@@ -133,6 +178,10 @@ def fit_profile(profile: Profile, refused: dict[str, str], spec_forced: bool = F
         profile = replace(profile, spec_decode=False)
     if "empty outputs" in refused:
         profile = replace(profile, empty_outputs=False)
+    if "async scheduling" in refused:
+        profile = replace(profile, async_scheduling=False)
+    if "kv cache groups" in refused:
+        profile = replace(profile, kv_cache_groups=False)
     return profile
 
 
@@ -140,10 +189,42 @@ def _chunk_seed(base: int, worker: int, chunk: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{base}:{worker}:{chunk}".encode()).digest()[:8], "big")
 
 
+def _outcome_kind(result: RunResult) -> str:
+    """The outcome a campaign counts: ``refused`` for a scenario the release refused as input
+    (``error`` of kind ``input``: its config validation, a feature it lacks) or at start-up
+    (a ValueError from ``EngineCore``'s start-up checks, phase ``engine-build``: what ``vllm
+    serve`` says before it serves anything); else the run's outcome. Neither kind of refusal
+    is a lab error or a finding."""
+    oc = result.outcome
+    if oc == "error" and result.error is not None and result.error.kind == "input":
+        return "refused"
+    if oc == "crash" and result.crash.phase == "engine-build" and result.crash.type == "ValueError":
+        return "refused"
+    return oc
+
+
+def _settings(cfg: SearchConfig, first_chunk: bool, database) -> settings:
+    """The hypothesis settings of one chunk. Health checks are all on; only ``deadline`` is
+    off, because an example's time is one scenario run in the release's worker (0.05 s to
+    several seconds, with the engine-core level's start-up), which is the work, not a sign of
+    a slow test. Examples stored in the database are replayed (phase ``reuse``) in a search
+    process's first chunk only: later chunks would replay the same ones again."""
+    phases = (Phase.reuse, Phase.generate, Phase.shrink) if first_chunk else (Phase.generate,
+                                                                               Phase.shrink)
+    return settings(max_examples=CHUNK, database=database, deadline=None, derandomize=False,
+                    phases=phases, report_multiple_bugs=False, print_blob=False,
+                    verbosity=Verbosity.quiet, stateful_step_count=STATEFUL_STEPS)
+
+
 def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue, log_dir: str) -> None:
     """Body of one search process: posts ``("progress", ...)``, ``("finding", ...)``,
-    ``("error", ...)`` and finally ``("done", index)`` messages on ``out``. A SIGTERM (the
-    campaign's ``terminate()``) or SIGINT takes its worker down with it."""
+    ``("error", ...)``, ``("note", ...)`` and finally ``("done", index)`` messages on ``out``.
+    A SIGTERM (the campaign's ``terminate()``) or SIGINT takes its worker down with it.
+
+    Each chunk of :data:`CHUNK` examples is one run of :func:`machine.machine_class`'s state
+    machine (seeded from the campaign seed, the process index and the chunk number); every
+    example's scenario runs once in the worker (``check``) and fails the example when its
+    signature is the process's target."""
     from .. import procs as lab_procs
     from ..engine.host import Worker
 
@@ -155,23 +236,30 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
     t0 = time.perf_counter()
     stats = {"examples": 0, "errors": 0, "by_outcome": {}}
     try:
+        database = cfg.example_database()
         with Worker(env, Path(log_dir) / f"fuzz-{cfg.version}-{index}.log") as worker:
             refused = refused_features(worker)
-            profile = fit_profile(cfg.profile, refused, spec_forced=cfg.spec_forced)
-            if refused and index == 0:
+            profile = fit_profile(cfg.profile, refused, spec_forced=cfg.spec_forced,
+                                  level=cfg.level)
+            lacks = [f for f in refused if f != "engine-core"]
+            if lacks and index == 0:
                 out.put(("note", index, "vLLM {} refuses {}: fuzz draws without {}".format(
-                    cfg.version, ", ".join(refused), "them" if len(refused) > 1 else "it")))
+                    cfg.version, ", ".join(lacks), "them" if len(lacks) > 1 else "it")))
+            if database is not None and index == 0:
+                n = database.stored()
+                if n:
+                    out.put(("note", index, f"replaying {n} stored failure(s) from {database.path} first"))
             deadline = time.perf_counter() + cfg.time_s  # search time: from vLLM imported
             seen: set[str] = set()
             chunk = 0
             while time.perf_counter() < deadline:
                 state: dict = {"target": None, "last": None}
 
-                def run_one(sc: dict) -> None:
+                def check(sc: dict) -> None:
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
                     result = worker.run(payload, None, audit=cfg.audit)
                     stats["examples"] += 1
-                    oc = result.outcome
+                    oc = _outcome_kind(result)
                     stats["by_outcome"][oc] = stats["by_outcome"].get(oc, 0) + 1
                     if oc == "error":
                         stats["errors"] += 1
@@ -179,33 +267,38 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                             out.put(("error", index, result.error.message if result.error else ""))
                     if stats["examples"] % 20 == 0:
                         out.put(("progress", index, dict(stats)))
-                    sig = signature(result)
+                    sig = signature(result) if oc != "refused" else None
                     if sig is None or sig in seen:
                         return
                     if cfg.target and cfg.target not in sig:
                         return
-                    # run_one is called within this iteration (by `test()` below), never later:
-                    # the loop's `state` is the one it means
+                    # check is called within this iteration (by the machine's teardown), never
+                    # later: the loop's `state` is the one it means
                     if state["target"] is None:  # noqa: B023
                         state["target"] = sig  # noqa: B023
+                        state["first_s"] = round(time.perf_counter() - t0, 2)  # noqa: B023
                     if sig == state["target"]:  # noqa: B023
                         state["last"] = (sc, result)  # noqa: B023
                         raise _Found(sig)
 
-                test = given(scenarios(profile, cfg.version))(run_one)
-                test = settings(max_examples=CHUNK, database=None, deadline=None, derandomize=False,
-                                phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
-                                suppress_health_check=list(HealthCheck), print_blob=False)(test)
-                test = seed(_chunk_seed(cfg.seed, index, chunk))(test)
+                machine = seed(_chunk_seed(cfg.seed, index, chunk))(
+                    machine_class(profile, cfg.level, worker.capabilities, check, cfg.version))
+                first = chunk == 0
                 chunk += 1
                 try:
-                    test()
-                except _Found:
+                    run_state_machine_as_test(machine, settings=_settings(cfg, first, database))
+                except Exception:
+                    # _Found, or hypothesis's FlakyFailure around it when the shrunk example
+                    # failed once and not on its final replay (engine-core threads): the last
+                    # failing scenario is kept either way
+                    if state["last"] is None:
+                        raise
                     sc, result = state["last"]
                     seen.add(state["target"])
                     out.put(("finding", index, Finding(state["target"], sc, result,
                                                        round(time.perf_counter() - t0, 2),
-                                                       stats["examples"], index)))
+                                                       stats["examples"], index,
+                                                       state.get("first_s"))))
                     if cfg.stop_on_first:
                         break
             out.put(("progress", index, dict(stats)))
@@ -312,7 +405,9 @@ def write_finding(finding: Finding, version: str, out_dir: Path) -> tuple[Path, 
         expect["code"] = res.violations[0].code
     sc["expect"] = expect
     sc["vllm"] = {"reproduces_on": [version]}
-    sc["description"] = (f"Found by `vllm-repro fuzz --vllm {version}` and shrunk by hypothesis "
+    level = sc.get("level", "scheduler")
+    sc["description"] = (f"Found by `vllm-repro fuzz --vllm {version} --level {level}` and "
+                         "shrunk by hypothesis "
                          f"(signature {finding.signature}). Observed: "
                          + (f"{res.crash.type}: {res.crash.message}" if res.outcome == "crash"
                             else res.violations[0].message if res.violations else res.outcome))

@@ -9,7 +9,12 @@ Everything shrinks towards fewer requests, shorter prompts, earlier steps and pl
 
 The ladder (the seeds' escalation) constrains the same strategy: ``single`` (one request),
 ``concurrent`` (several short requests), ``long`` (long prompts, chunked prefill), ``mixed``
-(everything: aborts, prefixes, EOS, empty outputs, spec decode).
+(everything: aborts, prefixes, EOS, empty outputs, spec decode, async scheduling, KV cache
+groups, grammar requests, engine-core events).
+
+:func:`scenarios` draws a whole scenario at once (kept for callers that want one);
+``vllm-repro fuzz`` builds scenarios call by call with the state machine of
+:mod:`vllm_repro.fuzz.machine`, bounded by the same :class:`Profile`.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ class Profile:
     empty_outputs: bool = False
     spec_decode: bool = False
     max_at_step: int = 6
+    # drawn by the state machine (fuzz/machine.py) where the release has them
+    async_scheduling: bool = True
+    kv_cache_groups: bool = True  # full attention + a sliding-window group
+    structured_outputs: bool = True  # grammar requests (level engine-core)
+    engine_events: bool = True  # reset_prefix_cache, pause/resume (level engine-core)
+    pool_override: bool = True  # num_gpu_blocks_override below the memory found (engine-core)
 
     def with_policy(self, policy: str | None) -> "Profile":
         return self if policy is None else replace(self, policies=(policy,))
@@ -46,10 +57,14 @@ class Profile:
         return self if spec is None else replace(self, spec_decode=spec, empty_outputs=spec or self.empty_outputs)
 
 
+_PLAIN = dict(async_scheduling=False, kv_cache_groups=False, structured_outputs=False,
+              engine_events=False, pool_override=False)
 LADDER: tuple[Profile, ...] = (
-    Profile("single", requests=(1, 1), long_prompt=None, aborts=False, shared_prefixes=False),
-    Profile("concurrent", requests=(2, 8), long_prompt=None),
-    Profile("long", requests=(1, 6), short_prompt=(1, 32), long_prompt=(100, 900), blocks=(8, 48)),
+    Profile("single", requests=(1, 1), long_prompt=None, aborts=False, shared_prefixes=False,
+            **_PLAIN),
+    Profile("concurrent", requests=(2, 8), long_prompt=None, **_PLAIN),
+    Profile("long", requests=(1, 6), short_prompt=(1, 32), long_prompt=(100, 900), blocks=(8, 48),
+            async_scheduling=False, engine_events=False),
     Profile("mixed", requests=(1, 10), empty_outputs=True, spec_decode=True),
 )
 DEFAULT = Profile("default")

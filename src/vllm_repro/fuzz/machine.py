@@ -1,0 +1,304 @@
+"""Fuzzing as a hypothesis state machine: the engine's own calls, one scenario per example.
+
+Shape (why this one). The release under test runs in a worker process of its own environment
+(:class:`~vllm_repro.engine.host.Worker`); hypothesis runs here, in the lab's process. A rule of
+:class:`ScenarioMachine` does not call vLLM: it *appends one engine call* to the scenario being
+built, in the scenario format's own terms (a request of ``requests:``, an ``events:`` entry, an
+entry of ``model:``), at the step the machine has reached; the ``step`` rule lets the engine
+run steps before the next call. At ``teardown`` the finished scenario is run once, in the worker,
+by the lab's real engine loops (level ``scheduler``: ``engine/loop.py:StepLoop``, the release's
+``Scheduler`` or ``AsyncScheduler`` stepped as ``EngineCore.step`` does; level
+``engine-core``: ``engine/core_loop.py:EngineCoreLoop``, the release's own ``EngineCore``), under
+the audit; the check (``check``) raises when the run fails with the campaign's signature. So
+
+- vLLM's side is exactly what ``vllm-repro run`` runs (no call is replayed by the lab's own
+  code), and a failure *is* a scenario: it is written as the same YAML and pytest regression,
+  and replays with ``vllm-repro run``;
+- shrinking works over the sequence of calls: hypothesis drops rules (a request, an abort, a
+  reset, a step of waiting), shortens ``step`` gaps and simplifies each call's arguments, and
+  every candidate is again a whole scenario judged by the same signature;
+- one worker run per example (not one per rule) keeps the cost of an example one scenario run:
+  vLLM's engine cannot be forked or rewound, so running the prefix again for every rule would
+  multiply it by the number of rules.
+
+Preconditions come from the release's :class:`~vllm_repro.engine.capabilities.Capabilities`
+(the record the worker probed at start-up): no empty output where a ``ModelRunnerOutput`` holds
+one token per request, no ``reset_prefix_cache`` / ``pause`` / in-flight abort where
+``EngineCore`` lacks the call, no grammar request without V1 structured outputs and a backend
+library, and only the level's own calls (engine-core events and grammars need ``level:
+engine-core``, as the scenario format says). The rules are the same class for every release,
+so an example stored in the database replays on another release as the same sequence of calls
+(a call the release lacks is skipped by its precondition).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, precondition, rule
+
+from .strategies import MAX_MODEL_LEN, Profile
+
+#: bump when a rule's meaning changes: the database's stored examples (keyed by it) would
+#: replay as other scenarios
+MACHINE_VERSION = 1
+#: the last step a call may land at (the machine's cursor); runs stop at ``limits.max_steps``
+MAX_CALL_STEP = 40
+#: constraints a grammar request draws from (the ``structured_outputs`` kinds of the scenario
+#: format: regex, choice, JSON schema, EBNF grammar, json_object), plain ones and edge cases
+#: users send: an empty grammar, a draft-2019 tuple-style ``items`` schema, a schema with
+#: nothing in it, a choice list with an empty string
+GRAMMARS: tuple[dict, ...] = (
+    {"regex": "t4(t5)*"},
+    {"choice": ["yes", "no"]},
+    {"json": {"type": "object"}},
+    {"json_object": True},
+    {"grammar": 'root ::= "a" | "b"'},
+    {"grammar": ""},
+    {"json": {"type": "array", "items": [{"type": "string"}]}},
+    {"json": {}},
+    {"choice": ["", "x"]},
+)
+
+
+@st.composite
+def configs(draw, profile: Profile, level: str, caps) -> dict:
+    """The ``config:`` of a scenario (vLLM's names), drawn once per example (``@initialize``).
+    Features the release lacks (``caps``) are not drawn; everything shrinks towards a plain
+    full-attention fcfs config without spec decode or async scheduling."""
+    block_size = 16  # the block size every release's CPU platform accepts
+    num_blocks = draw(st.integers(*profile.blocks))
+    max_model_len = min(MAX_MODEL_LEN, (num_blocks - 1) * block_size)
+    cfg = {
+        "block_size": block_size,
+        "num_gpu_blocks": num_blocks,
+        "max_num_seqs": draw(st.integers(1, 8)),
+        "max_num_batched_tokens": draw(st.sampled_from([2048, 64, 128, 256, 512, 32])),
+        "max_model_len": max_model_len,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": profile.prefix_caching and draw(st.booleans()),
+        "policy": draw(st.sampled_from(profile.policies)),
+        "long_prefill_token_threshold": draw(st.sampled_from(
+            [t for t in (0, 0, 16, 64) if t <= max_model_len])),
+    }
+    if profile.async_scheduling and caps.async_scheduling and draw(st.booleans()):
+        cfg["async_scheduling"] = True
+    if (profile.kv_cache_groups and caps.kv_cache_groups and "sliding_window" in caps.kv_group_kinds
+            and draw(st.booleans())):
+        window = draw(st.sampled_from([16, 32, 64, 128]))
+        fits = _hybrid_max_model_len(num_blocks, block_size, window, cfg["max_num_batched_tokens"])
+        if fits >= block_size:
+            cfg["kv_cache_groups"] = [{"type": "full"},
+                                      {"type": "sliding_window", "sliding_window": window}]
+            cfg["max_model_len"] = max_model_len = fits
+            cfg["long_prefill_token_threshold"] = min(cfg["long_prefill_token_threshold"], fits)
+    if profile.spec_decode and caps.spec_decode and draw(st.booleans()):
+        cfg["num_speculative_tokens"] = draw(st.integers(1, 4))
+        method = draw(st.sampled_from(["ngram", "ngram_gpu"]))
+        cfg["speculative_method"] = method if method in caps.spec_methods else "ngram"
+        # as `vllm serve` runs (stats on): the front end's stat loggers record every step
+        if draw(st.booleans()):
+            cfg["disable_log_stats"] = False
+    if level == "engine-core":
+        if not caps.batch_queue_from_config and draw(st.booleans()):
+            cfg["max_concurrent_batches"] = 2  # the executor's pipeline depth (batch queue)
+        if profile.pool_override and draw(st.booleans()):
+            # vLLM's CacheConfig.num_gpu_blocks_override: the pool used instead of the blocks
+            # start-up found memory for (num_gpu_blocks stands for that memory)
+            cfg["num_gpu_blocks_override"] = draw(st.integers(2, num_blocks))
+    return cfg
+
+
+def _hybrid_max_model_len(num_blocks: int, block_size: int, window: int, batched: int) -> int:
+    """The largest ``max_model_len`` (a multiple of ``block_size``, at most MAX_MODEL_LEN) whose
+    one request fits a pool of ``num_blocks`` (the null block included) shared by a
+    full-attention and a sliding-window group: what vLLM's start-up check
+    (``kv_cache_utils.check_enough_kv_cache_memory`` over each spec's
+    ``max_memory_usage_bytes``: ``cdiv(max_model_len)`` blocks for full attention,
+    ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len)) + 1`` for the window)
+    accepts, so the scheduler level is not handed a pool the engine would refuse at start-up.
+    0 when not even one block's worth fits."""
+    def cdiv(a: int) -> int:
+        return -(-a // block_size)
+
+    mml = min(MAX_MODEL_LEN, (num_blocks - 1) * block_size) // block_size * block_size
+    while mml >= block_size:
+        if cdiv(mml) + cdiv(min(window - 1 + batched, mml)) + 1 <= num_blocks - 1:
+            return mml
+        mml -= block_size
+    return 0
+
+
+def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], None],
+                  version: str | None = None) -> type[RuleBasedStateMachine]:
+    """The state machine of one campaign: ``profile`` bounds the draws, ``level`` is the
+    scenario's level, ``caps`` the release's record (preconditions), ``check(scenario)`` runs
+    the built scenario dict at teardown and raises to fail the example."""
+
+    class ScenarioMachine(RuleBasedStateMachine):
+        requests = Bundle("requests")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.cursor = 1  # the step the next call lands just before
+            self.config: dict = {}
+            self.reqs: list[dict] = []
+            self.events: list[dict] = []
+            self.model: dict = {"token": 100}
+
+        # -- the scenario being built -----------------------------------------------------
+        def scenario(self) -> dict:
+            """The scenario dict so far (validates as ``Scenario``)."""
+            sc = {"name": "fuzz", "level": level,
+                  "description": f"found by vllm-repro fuzz (profile {profile.name}, level {level})",
+                  "config": dict(self.config), "requests": [dict(r) for r in self.reqs],
+                  "events": [dict(e) for e in self.events],
+                  "model": {k: v for k, v in self.model.items() if v not in ({}, None)},
+                  "limits": {"max_steps": 400, "stall_steps": 40}}
+            if version:
+                sc["vllm"] = {"reproduces_on": [version]}
+            return sc
+
+        def _engine_core(self) -> bool:
+            return level == "engine-core"
+
+        def _has_requests(self) -> bool:
+            return bool(self.reqs)
+
+        def _space(self) -> bool:
+            return len(self.reqs) < profile.requests[1]
+
+        # -- calls --------------------------------------------------------------------------
+        @initialize(target=requests, config=configs(profile, level, caps), long=st.booleans(),
+                    prompt=st.integers(1, 900), max_tokens=st.integers(1, 64),
+                    priority=st.integers(0, 2))
+        def build_engine(self, config, long, prompt, max_tokens, priority):
+            """The engine's configuration (EngineCore is built from it before step 1) and its
+            first request (a scenario holds at least one: no example runs nothing)."""
+            self.config = config
+            return self._add(long, prompt, max_tokens, priority, None, None, 1)
+
+        @precondition(_space)
+        @rule(target=requests, long=st.booleans(), prompt=st.integers(1, 900),
+              max_tokens=st.integers(1, 64), priority=st.integers(0, 2),
+              arrival=st.sampled_from([None, None, 0.0, 1.0]),
+              prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900))
+        def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len):
+            """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step."""
+            return self._add(long, prompt, max_tokens, priority, arrival, prefix, prefix_len)
+
+        def _add(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
+                 structured=None) -> str:
+            mml = self.config["max_model_len"]
+            lo, hi = (profile.long_prompt if long and profile.long_prompt else profile.short_prompt)
+            prompt_len = max(1, min(lo + (prompt - 1) % (hi - lo + 1), mml - 1))
+            req = {"id": f"R{len(self.reqs)}", "at_step": self.cursor, "prompt_len": prompt_len,
+                   "max_tokens": max(1, min(max_tokens, mml - prompt_len))}
+            if self.config["policy"] == "priority":
+                req["priority"] = priority
+                if arrival is not None:
+                    req["arrival_time"] = arrival
+            if profile.shared_prefixes and prefix is not None:
+                req["prefix"] = prefix
+                req["prefix_len"] = min(prefix_len, prompt_len)
+            if structured is not None:
+                req["structured_outputs"] = structured
+            self.reqs.append(req)
+            return req["id"]
+
+        @precondition(lambda self: self._space() and self._engine_core()
+                      and profile.structured_outputs and caps.structured_outputs
+                      and bool(caps.structured_backends))
+        @rule(target=requests, grammar=st.sampled_from(GRAMMARS), prompt=st.integers(1, 64),
+              max_tokens=st.integers(1, 32))
+        def add_grammar_request(self, grammar, prompt, max_tokens):
+            """A structured-output request: the release's front door validates it, its
+            ``StructuredOutputManager`` compiles the grammar, the fake model samples through
+            the step's bitmask."""
+            return self._add(False, prompt, max_tokens, 0, None, None, 1, structured=grammar)
+
+        @precondition(lambda self: self.cursor < MAX_CALL_STEP)
+        @rule(steps=st.integers(1, 4))
+        def step(self, steps):
+            """Let the engine run ``steps`` steps before the next call."""
+            self.cursor = min(MAX_CALL_STEP, self.cursor + steps)
+
+        @precondition(lambda self: profile.aborts)
+        @rule(rid=requests)
+        def abort(self, rid):
+            """``EngineCore.abort_requests([rid])`` before the next step."""
+            self.events.append({"at_step": self.cursor, "abort": [rid]})
+
+        @precondition(lambda self: profile.aborts and self._engine_core()
+                      and "abort_in_flight" in caps.events)
+        @rule(rid=requests)
+        def abort_in_flight(self, rid):
+            """An abort the engine's input thread delivers while the step's batch executes."""
+            self.events.append({"at_step": self.cursor, "abort": [rid], "when": "in_flight"})
+
+        @precondition(lambda self: profile.engine_events and self._engine_core()
+                      and "reset_prefix_cache" in caps.events)
+        @rule(running=st.booleans())
+        def reset_prefix_cache(self, running):
+            """``EngineCore.reset_prefix_cache`` (``reset_running_requests`` where the release
+            takes it)."""
+            ev = {"at_step": self.cursor, "reset_prefix_cache": True}
+            if running and "reset_running_requests" in caps.events:
+                ev["reset_running_requests"] = True
+            self.events.append(ev)
+
+        @precondition(lambda self: profile.engine_events and self._engine_core()
+                      and "pause" in caps.events and "resume" in caps.events
+                      and self.cursor < MAX_CALL_STEP)
+        # no mode "wait": vLLM 0.33.0's pause_scheduler refuses it in-process ("'wait' mode
+        # can't be used in inproc-engine mode"), where the lab's EngineCore runs: a refusal of
+        # the call, not a crash under load (59 false findings in a 40 s campaign)
+        @rule(mode=st.sampled_from([None, "abort", "keep"]), steps=st.integers(1, 4))
+        def pause(self, mode, steps):
+            """``EngineCore.pause_scheduler`` now, ``resume_scheduler`` ``steps`` later (an
+            engine left paused never finishes its requests: not a finding)."""
+            ev = {"at_step": self.cursor, "pause": True}
+            if mode is not None and "pause_mode" in caps.events:
+                ev["mode"] = mode
+            self.events.append(ev)
+            self.events.append({"at_step": self.cursor + steps, "resume": True})
+
+        @precondition(lambda self: profile.empty_outputs and caps.empty_outputs)
+        @rule(rid=requests)
+        def empty_output(self, rid):
+            """The model runner returns no sampled token for ``rid`` at the next step although
+            it was scheduled (what a preempted or aborted request looks like to the runner)."""
+            steps = self.model.setdefault("empty_at", {}).setdefault(rid, [])
+            if self.cursor not in steps:
+                steps.append(self.cursor)
+
+        @precondition(lambda self: profile.eos)
+        @rule(rid=requests, at=st.integers(1, 16))
+        def eos(self, rid, at):
+            """The model samples EOS for ``rid`` at output length ``at``."""
+            self.model.setdefault("eos_at", {})[rid] = at
+
+        @rule(rid=requests, tokens=st.lists(st.integers(0, 200), min_size=1, max_size=4))
+        def scripted_output(self, rid, tokens):
+            """The tokens the model prefers for ``rid``, one per output position."""
+            self.model.setdefault("tokens", {})[rid] = tokens
+
+        @precondition(lambda self: bool(self.config.get("num_speculative_tokens")))
+        @rule(rid=requests, accept=st.integers(0, 4))
+        def accept_drafts(self, rid, accept):
+            """How many of ``rid``'s scheduled drafts the model accepts each step."""
+            self.model.setdefault("spec_decode", {}).setdefault("accept", {})[rid] = accept
+
+        @precondition(lambda self: bool(self.config.get("num_speculative_tokens")))
+        @rule(drafts=st.lists(st.integers(0, 200), min_size=1, max_size=4))
+        def propose_drafts(self, drafts):
+            """What the drafter proposes after each step (at most num_speculative_tokens)."""
+            self.model["draft_tokens"] = drafts[: self.config["num_speculative_tokens"]]
+
+        def teardown(self) -> None:
+            if self.reqs:  # none only when build_engine itself failed
+                check(self.scenario())
+
+    ScenarioMachine.__qualname__ = ScenarioMachine.__name__ = f"ScenarioMachine_{level.replace('-', '_')}"
+    return ScenarioMachine

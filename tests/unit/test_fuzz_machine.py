@@ -1,0 +1,106 @@
+"""The fuzz state machine builds valid scenarios call by call, draws only what the release's
+capabilities allow at the campaign's level, and its example database keeps failures."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import Phase, seed, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from vllm_repro.engine.capabilities import Capabilities
+from vllm_repro.fuzz.database import FindingsDatabase, campaign_key
+from vllm_repro.fuzz.machine import _hybrid_max_model_len, machine_class
+from vllm_repro.fuzz.search import STATEFUL_STEPS
+from vllm_repro.fuzz.strategies import LADDER
+from vllm_repro.scenario import parse_scenario
+
+FULL = Capabilities(
+    "9.9", priority=True, spec_decode=True, spec_methods=("ngram", "ngram_gpu"),
+    empty_outputs=True, async_scheduling=True, kv_cache_groups=True,
+    kv_group_kinds=("full", "sliding_window"), engine_core=True,
+    events=("abort", "abort_in_flight", "reset_prefix_cache", "reset_running_requests", "pause",
+            "pause_mode", "resume"),
+    structured_outputs=True, structured_backends=("xgrammar",))
+BARE = Capabilities("0.0.1", engine_core=True, events=("abort",))
+
+
+def _draw(caps, level, n=120) -> list[dict]:
+    """The scenarios the machine builds over ``n`` examples (each validated as a user's file)."""
+    seen: list[dict] = []
+
+    def check(sc):
+        parse_scenario(sc, "<machine>")  # raises on an invalid scenario
+        seen.append(sc)
+
+    machine = seed(7)(machine_class(LADDER[-1], level, caps, check, caps.version))
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=n, database=None, deadline=None, stateful_step_count=STATEFUL_STEPS,
+        phases=(Phase.generate,)))
+    return seen
+
+
+def _features(scs) -> Counter:
+    c: Counter = Counter()
+    for sc in scs:
+        cfg = sc["config"]
+        c.update(k for k in ("async_scheduling", "kv_cache_groups", "num_speculative_tokens",
+                             "max_concurrent_batches", "num_gpu_blocks_override") if k in cfg)
+        c.update("grammar" for r in sc["requests"] if "structured_outputs" in r)
+        c.update(k for e in sc["events"] for k in ("reset_prefix_cache", "pause", "abort")
+                 if e.get(k))
+        c.update("in_flight" for e in sc["events"] if e.get("when") == "in_flight")
+        c.update(k for k in ("empty_at", "eos_at", "tokens", "spec_decode") if k in sc["model"])
+    return c
+
+
+@pytest.mark.parametrize("level", ["scheduler", "engine-core"])
+def test_every_feature_is_drawn_where_the_release_has_it(level):
+    scs = _draw(FULL, level)
+    assert scs and all(sc["level"] == level and sc["requests"] for sc in scs)
+    f = _features(scs)
+    common = {"async_scheduling", "kv_cache_groups", "num_speculative_tokens", "abort",
+              "empty_at", "eos_at", "tokens", "spec_decode"}
+    engine_only = {"grammar", "reset_prefix_cache", "pause", "in_flight",
+                   "max_concurrent_batches", "num_gpu_blocks_override"}
+    if level == "engine-core":
+        assert common | engine_only <= set(f), f
+    else:
+        assert common <= set(f), f
+        assert not engine_only & set(f), "engine-core calls are never drawn at level scheduler"
+
+
+def test_nothing_the_release_lacks_is_drawn():
+    f = _features(_draw(BARE, "engine-core"))
+    assert not {"async_scheduling", "kv_cache_groups", "num_speculative_tokens", "grammar",
+                "reset_prefix_cache", "pause", "in_flight", "empty_at", "spec_decode"} & set(f), f
+    assert f["abort"] and f["eos_at"]
+
+
+def test_hybrid_pool_fits_vllms_start_up_estimate():
+    # the catalog's #45856 pool: 15 blocks, window 16, 32 batched tokens -> 160 tokens
+    assert _hybrid_max_model_len(15, 16, 16, 32) == 160
+    assert _hybrid_max_model_len(3, 16, 16, 2048) == 0
+    for sc in _draw(FULL, "scheduler"):
+        cfg = sc["config"]
+        if cfg.get("kv_cache_groups"):
+            window = cfg["kv_cache_groups"][1]["sliding_window"]
+            blocks = -(-cfg["max_model_len"] // 16) + -(-min(
+                window - 1 + cfg["max_num_batched_tokens"], cfg["max_model_len"]) // 16) + 1
+            assert blocks <= cfg["num_gpu_blocks"] - 1
+
+
+def test_the_database_keys_by_level_and_keeps_failures(tmp_path):
+    db = FindingsDatabase(tmp_path, "scheduler")
+    digest = b"\x01" * 48  # whatever key hypothesis derives for the test
+    db.save(digest, b"choices")
+    assert list(FindingsDatabase(tmp_path, "scheduler").fetch(b"another test")) == [b"choices"]
+    assert list(FindingsDatabase(tmp_path, "engine-core").fetch(digest)) == []
+    db.delete(digest, b"choices")  # a replay that did not fail here
+    assert db.stored() == 1
+    db.move(digest, digest + b".secondary", b"choices")  # superseded by a smaller failure
+    assert db.stored() == 0
+    assert list(db.inner.fetch(campaign_key("scheduler") + b".secondary")) == [b"choices"]
+    db.delete(digest + b".secondary", b"choices")
+    assert list(db.fetch(digest + b".secondary")) == []
