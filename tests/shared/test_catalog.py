@@ -213,6 +213,19 @@ def test_43920_the_fix_fails_the_bad_grammar_alone(catalog_runs):
     assert fixed.finished == {"A": "FINISHED_STOPPED", "B": "FINISHED_ERROR"}
 
 
+@needs("0.12.0", "0.16.0")
+def test_32255_an_aborted_async_load_keeps_its_blocks_once_fixed(catalog_runs):
+    """0.12.0 frees a request aborted while its KV connector load is in flight at once (the
+    audit sees the load's blocks leave its table at step 3); 0.16.0 (PR #32255) holds them
+    until the worker reports the load."""
+    name = "vllm-32255-abort-async-load-frees-blocks"
+    bad = item_of(catalog_runs, name, "0.12.0").result
+    (v,) = bad.violations
+    assert (v.code, v.step, v.requests) == ("KV_LOAD_TARGET_FREED", 3, ["A"])
+    fixed = item_of(catalog_runs, name, "0.16.0").result
+    assert fixed.finished == {"A": "FINISHED_ABORTED", "B": "FINISHED_LENGTH_CAPPED"}
+
+
 @needs("0.11.0", "0.12.0")
 def test_23215_the_fixed_front_door_refuses_the_blank_grammar(catalog_runs):
     """0.11.0 lets grammar "" through and EngineCore dies compiling it, with A; 0.12.0 (PR

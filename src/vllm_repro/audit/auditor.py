@@ -334,7 +334,7 @@ class Auditor:
 
     def _load_targets(self) -> list[Violation]:
         """KV_LOAD_TARGET_FREED over the scripted KV connector's loads in flight (its worker
-        half, ``loop.kv_worker``: :class:`vllm_repro.engine.connector.ScriptedWorker`)."""
+        half, ``loop.kv_worker``: :class:`vllm_repro.engine.kv_worker.ScriptedWorker`)."""
         worker = getattr(self.loop, "kv_worker", None)
         if worker is None:
             return []

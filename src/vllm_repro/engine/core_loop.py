@@ -118,7 +118,7 @@ class EngineCoreLoop(StepLoop):
 
     def _kv_worker(self, kv: dict):
         """The scripted connector's worker half for the scenario's ``kv_transfer_config``
-        (:class:`~vllm_repro.engine.connector.ScriptedWorker`); refused where the release has
+        (:class:`~vllm_repro.engine.kv_worker.ScriptedWorker`); refused where the release has
         no KV connector seam, or no report of failed loads for a ``load_fails`` script."""
         a = self.adapter
         if not a.caps.kv_connectors:
@@ -130,7 +130,7 @@ class EngineCoreLoop(StepLoop):
                 f"kv_transfer_config.requests.{failing[0]}.load_fails: vLLM {a.version}'s "
                 "KVConnectorOutput has no report of failed loads (invalid_block_ids, "
                 "failed_recving); drop load_fails for this release")
-        from .connector import ScriptedWorker
+        from .kv_worker import ScriptedWorker
 
         return ScriptedWorker(script, set(a.caps.kv_load_failures))
 
