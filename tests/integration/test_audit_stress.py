@@ -100,7 +100,7 @@ def test_the_connector_stress_runs_clean_on_0_33_and_exercises_every_transfer(tm
     """No false positive with a KV connector: every new connector path taken many times
     (loads, asynchronous receives, failed loads, delayed frees and their sends), under
     preemption pressure and aborts, and the audit (KV_LEAK's delayed frees,
-    KV_LOAD_TARGET_FREED, REQ_RESIDUE over the connector) finds nothing."""
+    KV_TRANSFER_FREED, REQ_RESIDUE over the connector) finds nothing."""
     from ..conftest import run_cli
 
     proc = run_cli("run", str(CONNECTOR), "--reports", str(tmp_path), "--json")

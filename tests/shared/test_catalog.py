@@ -221,7 +221,7 @@ def test_32255_an_aborted_async_load_keeps_its_blocks_once_fixed(catalog_runs):
     name = "vllm-32255-abort-async-load-frees-blocks"
     bad = item_of(catalog_runs, name, "0.12.0").result
     (v,) = bad.violations
-    assert (v.code, v.step, v.requests) == ("KV_LOAD_TARGET_FREED", 3, ["A"])
+    assert (v.code, v.step, v.requests) == ("KV_TRANSFER_FREED", 3, ["A"])
     fixed = item_of(catalog_runs, name, "0.16.0").result
     assert fixed.finished == {"A": "FINISHED_ABORTED", "B": "FINISHED_LENGTH_CAPPED"}
 

@@ -1,7 +1,7 @@
 """The scripted KV connector without a release: the scenario's ``kv_transfer_config`` (its
 checks, exit 2 for a script naming an unknown request), the worker half's reports
 (:class:`~vllm_repro.engine.kv_worker.ScriptedWorker`), the capabilities' refusal, and the
-audit's view of connector loads (KV_LOAD_TARGET_FREED, a planted fault) and delayed frees
+audit's view of connector loads (KV_TRANSFER_FREED, a planted fault) and delayed frees
 (not KV_LEAK)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_repro.audit import checks
-from vllm_repro.audit.codes import KV_LEAK, KV_LOAD_TARGET_FREED
+from vllm_repro.audit.codes import KV_LEAK, KV_TRANSFER_FREED
 from vllm_repro.engine.capabilities import Capabilities
 from vllm_repro.engine.kv_worker import ScriptedWorker
 from vllm_repro.errors import InputError
@@ -103,8 +103,9 @@ def test_a_script_naming_an_unknown_request_is_exit_2_with_one_line(tmp_path):
 
 
 # ---- the worker half -------------------------------------------------------------------------
-def meta(loads=None, sends=()):
-    return SimpleNamespace(loads=loads or {}, sends=list(sends))
+def meta(loads=None, sends=None):
+    """What the scheduler half's build_connector_meta hands the worker (its fields)."""
+    return SimpleNamespace(loads=loads or {}, sends=dict(sends or {}))
 
 
 def test_the_worker_reports_an_async_load_at_its_step_and_a_failed_one_by_the_release_fields():
@@ -116,10 +117,10 @@ def test_the_worker_reports_an_async_load_at_its_step_and_a_failed_one_by_the_re
     # synchronously and fails inside the step
     out = w.step(2, meta({"A": ([1, 2, 3], True), "F": ([7], True), "S": ([9], False)}))
     assert out == (set(), {"F"}, {7, 9}, set())
-    assert w.loads_in_flight() == {"A": [1, 2, 3]}
+    assert w.transfers_in_flight() == {"A": ("load", [1, 2, 3])}
     assert w.step(3, None) == (set(), set(), set(), set())
     assert w.step(4, None) == (set(), {"A"}, set(), set())
-    assert w.loads_in_flight() == {}
+    assert w.transfers_in_flight() == {}
     # a second load of F (after a preemption) succeeds: only the first one fails
     assert w.step(5, meta({"F": ([8], True)})) == (set(), {"F"}, set(), set())
     # where the release reports failed requests (failed_recving) they are named there too
@@ -131,12 +132,13 @@ def test_the_worker_reports_an_async_load_at_its_step_and_a_failed_one_by_the_re
 def test_the_worker_reports_a_delayed_free_no_earlier_than_it_learns_of_it():
     w = ScriptedWorker({"B": {"delay_free": True, "send_done_at_step": 9},
                         "C": {"delay_free": True}}, set())
-    assert w.step(5, meta(sends=["B", "C"])) == ({"C"}, set(), set(), set())
+    assert w.step(5, meta(sends={"B": [4, 5], "C": [6]})) == ({"C"}, set(), set(), set())
+    assert w.transfers_in_flight() == {"B": ("send", [4, 5])}
     assert w.step(8, None)[0] == set()
     assert w.step(9, None)[0] == {"B"}
     # a send it learns of after its scripted step is reported at once
     w.script["D"] = {"delay_free": True, "send_done_at_step": 2}
-    assert w.step(10, meta(sends=["D"]))[0] == {"D"}
+    assert w.step(10, meta(sends={"D": [7]}))[0] == {"D"}
 
 
 def test_a_release_without_the_seam_refuses_with_its_version():
@@ -147,21 +149,37 @@ def test_a_release_without_the_seam_refuses_with_its_version():
 
 
 # ---- the audit -------------------------------------------------------------------------------
-def test_load_target_freed_fires_when_an_in_flight_load_lost_its_blocks():
+def test_transfer_freed_fires_when_an_in_flight_load_lost_its_blocks():
     """A planted fault: A's load writes blocks 1-3; the scheduler freed A (aborted while its
     load was in flight) and handed block 2 to B."""
     books, s = make_books(num_gpu_blocks=8, tables={"A": [1, 2, 3], "B": [4]},
                           statuses={"A": "WAITING_FOR_REMOTE_KVS"})
-    assert checks.check_load_targets(books, {"A": [1, 2, 3]}) == []
-    assert checks.check_load_targets(books, {}) == []
+    assert checks.check_transfer_blocks(books, {"A": ("load", [1, 2, 3])}) == []
+    assert checks.check_transfer_blocks(books, {}) == []
     mgr = books.managers[0]
     mgr.req_to_blocks.pop("A")
     mgr.req_to_blocks["B"].append(books.blocks[2])
-    out = checks.check_load_targets(books, {"A": [1, 2, 3]})
+    out = checks.check_transfer_blocks(books, {"A": ("load", [1, 2, 3])})
     assert [(vf(v, "code"), vf(v, "requests"), vf(v, "blocks")) for v in out] == [
-        (KV_LOAD_TARGET_FREED, ["A", "B"], [1, 2, 3])]
+        (KV_TRANSFER_FREED, ["A", "B"], [1, 2, 3])]
     assert "A's asynchronous KV load is still writing block(s) 1, 2, 3" in vf(out[0], "message")
     assert "now held by B" in vf(out[0], "message")
+
+
+def test_transfer_freed_fires_when_a_delayed_free_is_freed_before_its_send():
+    """A planted fault: P finished and its connector delayed the free for a send (blocks 5, 6);
+    a second free (an abort of the finished request) gave them back before finished_sending."""
+    books, s = make_books(num_gpu_blocks=8, tables={"P": [5, 6]},
+                          statuses={"P": "FINISHED_STOPPED"})
+    s.connector = object()
+    assert checks.check_transfer_blocks(books, {"P": ("send", [5, 6])}) == []
+    books.managers[0].req_to_blocks.pop("P")
+    del s.requests["P"]
+    out = checks.check_transfer_blocks(books, {"P": ("send", [5, 6])})
+    assert [(vf(v, "code"), vf(v, "requests"), vf(v, "blocks")) for v in out] == [
+        (KV_TRANSFER_FREED, ["P"], [5, 6])]
+    assert "P's KV send (a delayed free) is still reading block(s) 5, 6 (not reported in " \
+        "finished_sending)" in vf(out[0], "message")
 
 
 def test_a_delayed_free_is_not_a_leak_while_the_scheduler_has_a_connector():

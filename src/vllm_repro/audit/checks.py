@@ -15,7 +15,7 @@ from operator import attrgetter, is_not
 from ..engine import state
 from ..records import Violation
 from .books import HOLDING_WAIT_STATUSES, Books, block_hash_of
-from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_LOAD_TARGET_FREED, KV_PREFIX_MAP,
+from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_TRANSFER_FREED,
                     KV_REFCOUNT, PREEMPT_UNREPORTED, REQ_OVER_MAX_LEN, REQ_RESIDUE, REQ_STARVED,
                     REQ_STATE, WORKER_BATCH_OVERFLOW, make_violation, names)
 
@@ -835,16 +835,19 @@ def check_worker_batch(overflow: list) -> list[Violation]:
         f"one batch"), requests=[rid], step=step) for step, rid, used, cap in overflow]
 
 
-def check_load_targets(books: Books, loads: dict[str, list[int]]) -> list[Violation]:
-    """KV_LOAD_TARGET_FREED: every block an asynchronous KV load is still writing is in the
-    loading request's block table (KV cache group 0, where the connector's load lands).
-    ``loads``: request id -> the block ids of its load in flight (the scripted connector's
-    worker half: loads started and not yet reported in ``finished_recving``). Mirrors what
-    ``Scheduler.finish_requests`` must keep for a request in ``WAITING_FOR_REMOTE_KVS``: its
-    blocks, until the worker says the write is done (``_update_from_kv_xfer_finished``);
-    freed earlier, the pool hands them to the next request while the transfer still writes
-    into them."""
-    if not loads:
+def check_transfer_blocks(books: Books, transfers: dict[str, tuple[str, list[int]]]
+                          ) -> list[Violation]:
+    """KV_TRANSFER_FREED: every block a KV transfer in flight uses is in its request's block
+    table (KV cache group 0, where the connector's transfers land). ``transfers``: request id ->
+    ``("load", block ids)`` for an asynchronous load still writing them (not yet reported in
+    ``finished_recving``) or ``("send", block ids)`` for a delayed free whose send still reads
+    them (not yet reported in ``finished_sending``), as the scripted connector's worker half
+    knows them. Mirrors what the scheduler must keep: a request in ``WAITING_FOR_REMOTE_KVS``
+    keeps its blocks until the worker says the write is done, and a request whose
+    ``request_finished`` returned True keeps them until the send is done
+    (``Scheduler._update_from_kv_xfer_finished`` frees both); freed earlier, the pool hands
+    them to the next request while the transfer still uses them."""
+    if not transfers:
         return []
     tables = books.tables()
     table = tables[0] if tables else {}
@@ -853,7 +856,7 @@ def check_load_targets(books: Books, loads: dict[str, list[int]]) -> list[Violat
         for b in blocks or ():
             holders.setdefault(b.block_id, []).append(rid)
     out = []
-    for rid, want in loads.items():
+    for rid, (kind, want) in transfers.items():
         held = {b.block_id for b in table.get(rid) or ()}
         gone = [b for b in want if b not in held]
         if not gone:
@@ -861,9 +864,11 @@ def check_load_targets(books: Books, loads: dict[str, list[int]]) -> list[Violat
         others = sorted({o for b in gone for o in holders.get(b, ()) if o != rid})
         where = (f"; now held by {names(others)}" if others else "; now free")
         shown = ", ".join(map(str, gone[:12])) + (" ..." if len(gone) > 12 else "")
-        out.append(make_violation(KV_LOAD_TARGET_FREED, (
-            f"{rid}'s asynchronous KV load is still writing block(s) {shown} (not reported in "
-            f"finished_recving) but they are no longer in its block table{where}; expected the "
-            f"scheduler to keep them until the load finishes"), requests=[rid, *others],
-            blocks=gone))
+        what, report = (("asynchronous KV load is still writing", "finished_recving")
+                        if kind == "load" else
+                        ("KV send (a delayed free) is still reading", "finished_sending"))
+        out.append(make_violation(KV_TRANSFER_FREED, (
+            f"{rid}'s {what} block(s) {shown} (not reported in {report}) but they are no "
+            f"longer in its block table{where}; expected the scheduler to keep them until the "
+            f"transfer finishes"), requests=[rid, *others], blocks=gone))
     return out

@@ -49,9 +49,10 @@ SCRIPT_KEY = "vllm_repro_script"
 class ScriptedConnectorMetadata(KVConnectorMetadata):
     """What the scheduler half tells the worker half in one step (``build_connector_meta``):
     ``loads``: request id -> ``(block ids the load writes, load_async)``; ``sends``: request
-    ids whose blocks the connector holds after ``request_finished`` (delayed frees)."""
+    id -> the block ids the connector holds after ``request_finished`` (delayed frees), which
+    the send reads."""
 
-    def __init__(self, loads: dict[str, tuple[list[int], bool]], sends: list[str]):
+    def __init__(self, loads: dict[str, tuple[list[int], bool]], sends: dict[str, list[int]]):
         self.loads = loads
         self.sends = sends
 
@@ -88,8 +89,8 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._lookup: dict[str, int] = {}
         #: loads allocated since the last build_connector_meta: id -> (blocks, async)
         self._loads: dict[str, tuple[list[int], bool]] = {}
-        #: requests whose frees were delayed since the last build_connector_meta
-        self._sends: dict[str, bool] = {}
+        #: requests whose frees were delayed since the last build_connector_meta -> their blocks
+        self._sends: dict[str, list[int]] = {}
 
     # ---- scheduler side ------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
@@ -117,20 +118,24 @@ class ScriptedConnector(KVConnectorBase_V1):
                             bool(entry.get("load_async")))
 
     def build_connector_meta(self, scheduler_output) -> ScriptedConnectorMetadata:
-        meta = ScriptedConnectorMetadata(dict(self._loads), list(self._sends))
+        meta = ScriptedConnectorMetadata(dict(self._loads), dict(self._sends))
         self._loads.clear()
         self._sends.clear()
         return meta
 
     def request_finished(self, request, block_ids):
-        """``(delay_free, None)``: with ``delay_free`` the connector keeps the request's blocks
-        until the worker reports its send finished (``finished_sending``)."""
+        """``(delay_free, None)``: with ``delay_free`` the connector keeps the blocks of a
+        request that finished on its own (stopped, length-capped: not aborted) until the worker
+        reports its send finished (``finished_sending``); as NixlConnector's request_finished
+        delays only a finished prefill, never an abort (``kv_connector/v1/nixl_connector.py``)."""
         rid = request.request_id
         self._lookup.pop(rid, None)
         self._loads.pop(rid, None)
-        delay = bool((self.script.get(rid) or {}).get("delay_free"))
+        status = getattr(getattr(request, "status", None), "name", "")
+        delay = bool((self.script.get(rid) or {}).get("delay_free")) \
+            and status != "FINISHED_ABORTED"
         if delay:
-            self._sends[rid] = True
+            self._sends[rid] = _first_group(block_ids)
         return delay, None
 
     # ---- worker side: the lab's ScriptedWorker stands for it (no forward pass here) -----------

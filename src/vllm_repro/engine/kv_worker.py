@@ -19,7 +19,7 @@ class ScriptedWorker:
         self.script = script
         self.fields = fields
         self.recv: dict[str, tuple[int, list[int], bool]] = {}  # id -> (done at, blocks, fails)
-        self.send: dict[str, int] = {}  # id -> done at
+        self.send: dict[str, tuple[int, list[int]]] = {}  # id -> (done at, blocks)
         self.failed_once: set[str] = set()
         #: (step, request id, event) for the trace: "load", "recv", "load_failed", "send"
         self.events: list[tuple[int, str, str]] = []
@@ -40,9 +40,9 @@ class ScriptedWorker:
                 elif fails:  # a synchronous load fails inside this step's forward pass
                     self._fail(rid, blocks, invalid, failed)
                     self.events.append((n, rid, "load_failed"))
-            for rid in meta.sends:
+            for rid, blocks in meta.sends.items():
                 entry = self.script.get(rid) or {}
-                self.send[rid] = max(n, int(entry.get("send_done_at_step") or n))
+                self.send[rid] = (max(n, int(entry.get("send_done_at_step") or n)), list(blocks))
         recving = set()
         for rid, (done, blocks, fails) in list(self.recv.items()):
             if done <= n:
@@ -51,16 +51,19 @@ class ScriptedWorker:
                 if fails:
                     self._fail(rid, blocks, invalid, failed)
                 self.events.append((n, rid, "load_failed" if fails else "recv"))
-        sending = {rid for rid, done in self.send.items() if done <= n}
+        sending = {rid for rid, (done, _) in self.send.items() if done <= n}
         for rid in sending:
             del self.send[rid]
             self.events.append((n, rid, "send"))
         return sending, recving, invalid, failed
 
-    def loads_in_flight(self) -> dict[str, list[int]]:
-        """Request id -> the block ids its asynchronous load is still writing (started, not
-        yet reported in ``finished_recving``)."""
-        return {rid: list(blocks) for rid, (_, blocks, _) in self.recv.items()}
+    def transfers_in_flight(self) -> dict[str, tuple[str, list[int]]]:
+        """Request id -> ``("load", block ids)`` for an asynchronous load still writing them
+        (started, not yet reported in ``finished_recving``), or ``("send", block ids)`` for a
+        delayed free whose send still reads them (not yet reported in ``finished_sending``)."""
+        out = {rid: ("send", list(blocks)) for rid, (_, blocks) in self.send.items()}
+        out.update({rid: ("load", list(blocks)) for rid, (_, blocks, _) in self.recv.items()})
+        return out
 
     def _fail(self, rid: str, blocks: list[int], invalid: set[int], failed: set[str]) -> None:
         if "failed_recving" in self.fields:
