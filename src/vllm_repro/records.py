@@ -354,7 +354,10 @@ class TraceLine(Record):
     front-door error: the request never reached EngineCore); ``scheduled`` (request id ->
     tokens scheduled in this step's ``schedule()``); ``sampled`` (structured-output requests:
     request id -> the token ids the fake worker sampled through the grammar bitmask in this
-    step); ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
+    step); ``kv_connector`` (with a scripted KV connector: what its worker half did in this
+    step, event -> request ids: ``load`` started, ``recv`` reported in ``finished_recving``,
+    ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``);
+    ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
     many batches ``update_from_output`` applied, which with async scheduling or a batch queue
     is not the one just scheduled); events (``reset_prefix_cache``: what it returned,
     ``paused``: the mode or true, ``resumed``); after the step the request ids
@@ -371,6 +374,7 @@ class TraceLine(Record):
     refused: dict[str, str] | None = None
     scheduled: dict[str, int] | None = None
     sampled: dict[str, list[int]] | None = None
+    kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None
     applied: int | None = None
     reset_prefix_cache: Any = None

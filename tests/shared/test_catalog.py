@@ -213,6 +213,30 @@ def test_43920_the_fix_fails_the_bad_grammar_alone(catalog_runs):
     assert fixed.finished == {"A": "FINISHED_STOPPED", "B": "FINISHED_ERROR"}
 
 
+@needs("0.12.0", "0.16.0")
+def test_32255_an_aborted_async_load_keeps_its_blocks_once_fixed(catalog_runs):
+    """0.12.0 frees a request aborted while its KV connector load is in flight at once (the
+    audit sees the load's blocks leave its table at step 3); 0.16.0 (PR #32255) holds them
+    until the worker reports the load."""
+    name = "vllm-32255-abort-async-load-frees-blocks"
+    bad = item_of(catalog_runs, name, "0.12.0").result
+    (v,) = bad.violations
+    assert (v.code, v.step, v.requests) == ("KV_TRANSFER_FREED", 3, ["A"])
+    fixed = item_of(catalog_runs, name, "0.16.0").result
+    assert fixed.finished == {"A": "FINISHED_ABORTED", "B": "FINISHED_LENGTH_CAPPED"}
+
+
+@needs("0.10.2", "0.12.0")
+def test_25067_an_abort_of_a_finished_request_leaves_its_send_alone_once_fixed(catalog_runs):
+    """0.10.2 frees the blocks of a finished request whose free the connector delayed for a
+    send when the client aborts it (step 4); 0.12.0 ignores the abort and the send frees them."""
+    name = "vllm-25067-abort-after-finish-frees-sent-blocks"
+    (v,) = item_of(catalog_runs, name, "0.10.2").result.violations
+    assert (v.code, v.step, v.requests) == ("KV_TRANSFER_FREED", 4, ["P"])
+    fixed = item_of(catalog_runs, name, "0.12.0").result
+    assert fixed.finished == {"P": "FINISHED_LENGTH_CAPPED", "Q": "FINISHED_LENGTH_CAPPED"}
+
+
 @needs("0.11.0", "0.12.0")
 def test_23215_the_fixed_front_door_refuses_the_blank_grammar(catalog_runs):
     """0.11.0 lets grammar "" through and EngineCore dies compiling it, with A; 0.12.0 (PR

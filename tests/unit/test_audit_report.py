@@ -98,7 +98,7 @@ def test_violation_record_and_codes():
     assert set(CODES) == {"KV_DOUBLE_FREE", "KV_REFCOUNT", "KV_FREE_QUEUE", "KV_LEAK",
                           "KV_PREFIX_MAP", "REQ_STATE", "BATCH_LIMIT", "NO_PROGRESS",
                           "REQ_RESIDUE", "REQ_STARVED", "PREEMPT_UNREPORTED",
-                          "WORKER_BATCH_OVERFLOW", "REQ_OVER_MAX_LEN"}
+                          "WORKER_BATCH_OVERFLOW", "REQ_OVER_MAX_LEN", "KV_TRANSFER_FREED"}
     assert names(["A", "B", "C"]) == "A, B and C" and names([]) == "nobody"
 
 

@@ -22,7 +22,8 @@ NEW = Capabilities(version="0.33.0", priority=True, spec_decode=True,
                            "reset_running_requests", "pause", "resume"),
                    structured_outputs=True, structured_outputs_field="structured_outputs",
                    structured_backends=("xgrammar", "guidance"),
-                   preprocess_errors_per_request=True)
+                   preprocess_errors_per_request=True, kv_connectors=True,
+                   kv_load_failures=("invalid_block_ids", "failed_recving"))
 
 
 def test_round_trip_through_json_and_the_cache(tmp_path):

@@ -23,7 +23,8 @@ from ..records import AuditSummary, TraceLine, Violation
 from .books import Books
 from ..engine import state
 from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, StarvationCheck,
-                     check_end_of_run, check_free_queue, check_leaks, check_preempt_report,
+                     check_end_of_run, check_free_queue, check_leaks, check_transfer_blocks,
+                     check_preempt_report,
                      check_refcounts, check_residue, check_worker_batch, status_name,
                      used_blocks)
 from .codes import KV_CODES, NO_PROGRESS, make_violation, names
@@ -95,6 +96,7 @@ class Auditor:
     def after_schedule(self, step: int, so, scheduled) -> bool:
         found = self._kv_checks(scheduled_ids=so.num_scheduled_tokens)
         found += self.req_checks.check("schedule", so, scheduled)
+        found += self._transfer_blocks()
         self._last_schedule_step = step
         found += check_preempt_report(so, self._preempted_in_schedule(so))
         if not self.req_checks.preempted_now:
@@ -107,6 +109,7 @@ class Auditor:
         found = self._kv_checks(quick=True)
         found += self.req_checks.check("update", so)
         found += self._worker_batch()
+        found += self._transfer_blocks()
         for rid in line.finished or ():
             self._left_at.setdefault(rid, step)
         if line.progressed():
@@ -328,6 +331,14 @@ class Auditor:
         new = overflow[self._overflow_seen:]
         self._overflow_seen = len(overflow)
         return check_worker_batch(new)
+
+    def _transfer_blocks(self) -> list[Violation]:
+        """KV_TRANSFER_FREED over the scripted KV connector's transfers in flight (its worker
+        half, ``loop.kv_worker``: :class:`vllm_repro.engine.kv_worker.ScriptedWorker`)."""
+        worker = getattr(self.loop, "kv_worker", None)
+        if worker is None:
+            return []
+        return check_transfer_blocks(self.books, worker.transfers_in_flight())
 
     # ---- recording ------------------------------------------------------------------------
     def _record(self, v: Violation, step: int, phase: str) -> bool:

@@ -15,9 +15,9 @@ from operator import attrgetter, is_not
 from ..engine import state
 from ..records import Violation
 from .books import HOLDING_WAIT_STATUSES, Books, block_hash_of
-from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT,
-                    PREEMPT_UNREPORTED, REQ_OVER_MAX_LEN, REQ_RESIDUE, REQ_STARVED, REQ_STATE,
-                    WORKER_BATCH_OVERFLOW, make_violation, names)
+from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_TRANSFER_FREED,
+                    KV_REFCOUNT, PREEMPT_UNREPORTED, REQ_OVER_MAX_LEN, REQ_RESIDUE, REQ_STARVED,
+                    REQ_STATE, WORKER_BATCH_OVERFLOW, make_violation, names)
 
 _bid = attrgetter("block_id")
 _ref = attrgetter("ref_cnt")
@@ -173,7 +173,11 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[Violation], li
 def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[Violation]:
     """KV_LEAK: no block-table entry with real (non-null) blocks for a request that finished,
     was aborted or preempted, or waits without a reason to hold KV (a KV connector load, a paused
-    stream, the release's ``kv_holding_waiting`` queue).
+    stream, the release's ``kv_holding_waiting`` queue). A finished request the scheduler still
+    keeps in ``requests`` while it has a KV connector is a delayed free, not a leak: the
+    connector's ``request_finished`` returned True, or an aborted request's load is still in
+    flight; ``_update_from_kv_xfer_finished`` frees it when the worker reports the transfer
+    (one never freed is caught by the end-of-run check).
 
     Mirrors ``Scheduler._free_request`` / ``_preempt_request`` -> ``KVCacheManager.free``.
     """
@@ -182,6 +186,7 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
     holding_ok = books.kv_holding_ids()
     multi = len(books.managers) > 1
     running = set(map(_rid, books.scheduler.running))
+    connector = getattr(books.scheduler, "connector", None) is not None
     for g, table in enumerate(books.tables()):
         for rid in [r for r in table if r not in running]:
             blocks = table[rid]
@@ -201,6 +206,8 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
                 st = status_name(req)
                 if st == "RUNNING" or st in HOLDING_WAIT_STATUSES or rid in holding_ok:
                     continue
+                if connector and is_finished_status(st):
+                    continue  # a delayed free (see the docstring)
                 if is_finished_status(st):
                     msg = f"{rid} finished ({st}) but still holds block(s) {shown}{where}"
                 elif st == "PREEMPTED":
@@ -826,3 +833,42 @@ def check_worker_batch(overflow: list) -> list[Violation]:
         f"(max_num_seqs) are taken by requests scheduled in this step, and InputBatch.add_request"
         f" would fail (assert new_req_index < max_num_reqs); expected at most {cap} requests in "
         f"one batch"), requests=[rid], step=step) for step, rid, used, cap in overflow]
+
+
+def check_transfer_blocks(books: Books, transfers: dict[str, tuple[str, list[int]]]
+                          ) -> list[Violation]:
+    """KV_TRANSFER_FREED: every block a KV transfer in flight uses is in its request's block
+    table (KV cache group 0, where the connector's transfers land). ``transfers``: request id ->
+    ``("load", block ids)`` for an asynchronous load still writing them (not yet reported in
+    ``finished_recving``) or ``("send", block ids)`` for a delayed free whose send still reads
+    them (not yet reported in ``finished_sending``), as the scripted connector's worker half
+    knows them. Mirrors what the scheduler must keep: a request in ``WAITING_FOR_REMOTE_KVS``
+    keeps its blocks until the worker says the write is done, and a request whose
+    ``request_finished`` returned True keeps them until the send is done
+    (``Scheduler._update_from_kv_xfer_finished`` frees both); freed earlier, the pool hands
+    them to the next request while the transfer still uses them."""
+    if not transfers:
+        return []
+    tables = books.tables()
+    table = tables[0] if tables else {}
+    holders: dict[int, list[str]] = {}
+    for rid, blocks in table.items():
+        for b in blocks or ():
+            holders.setdefault(b.block_id, []).append(rid)
+    out = []
+    for rid, (kind, want) in transfers.items():
+        held = {b.block_id for b in table.get(rid) or ()}
+        gone = [b for b in want if b not in held]
+        if not gone:
+            continue
+        others = sorted({o for b in gone for o in holders.get(b, ()) if o != rid})
+        where = (f"; now held by {names(others)}" if others else "; now free")
+        shown = ", ".join(map(str, gone[:12])) + (" ..." if len(gone) > 12 else "")
+        what, report = (("asynchronous KV load is still writing", "finished_recving")
+                        if kind == "load" else
+                        ("KV send (a delayed free) is still reading", "finished_sending"))
+        out.append(make_violation(KV_TRANSFER_FREED, (
+            f"{rid}'s {what} block(s) {shown} (not reported in {report}) but they are no "
+            f"longer in its block table{where}; expected the scheduler to keep them until the "
+            f"transfer finishes"), requests=[rid, *others], blocks=gone))
+    return out

@@ -20,6 +20,7 @@ REQ_STARVED = "REQ_STARVED"
 PREEMPT_UNREPORTED = "PREEMPT_UNREPORTED"
 WORKER_BATCH_OVERFLOW = "WORKER_BATCH_OVERFLOW"
 REQ_OVER_MAX_LEN = "REQ_OVER_MAX_LEN"
+KV_TRANSFER_FREED = "KV_TRANSFER_FREED"
 
 #: code -> what it means (docs/audit.md says the same).
 CODES: dict[str, str] = {
@@ -52,6 +53,10 @@ CODES: dict[str, str] = {
                            "runner's InputBatch keeps them) has no free slot for a scheduled "
                            "request",
     REQ_OVER_MAX_LEN: "a request's num_computed_tokens is over max_model_len",
+    KV_TRANSFER_FREED: "a block a KV connector transfer in flight uses (an asynchronous load "
+                       "not yet in finished_recving, or the send of a delayed free not yet in "
+                       "finished_sending) is no longer in that request's block table: freed, "
+                       "or handed to another request",
 }
 
 #: codes about the KV cache's own books (checked again after a crash)

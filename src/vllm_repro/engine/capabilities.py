@@ -16,7 +16,7 @@ from pathlib import Path
 
 #: the scenario features a release may refuse, with what a refusal says (``refusal()``)
 FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups",
-            "engine-core")
+            "engine-core", "kv connectors")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,12 @@ class Capabilities:
     library imports in the release's environment (``xgrammar``, ``guidance``, ``outlines``,
     ``lm-format-enforcer``); ``preprocess_errors_per_request``: the engine process's input
     thread answers an exception in ``preprocess_add_request`` with an error for that request
-    (``EngineCoreProc._handle_request_preproc_error``) instead of dying.
+    (``EngineCoreProc._handle_request_preproc_error``) instead of dying. ``kv_connectors``:
+    the release's scheduler builds a V1 KV connector from ``kv_transfer_config`` through a
+    ``KVConnectorFactory`` that takes registrations, and its ``ModelRunnerOutput`` carries the
+    worker's report (``kv_connector_output``, or ``finished_recving`` on the output itself);
+    ``kv_load_failures``: the failure reports its ``KVConnectorOutput`` carries
+    (``invalid_block_ids``, ``failed_recving``).
     """
 
     version: str
@@ -56,6 +61,7 @@ class Capabilities:
     structured_backends: tuple[str, ...] = ()
     preprocess_errors_per_request: bool = False
     kv_connectors: bool = False
+    kv_load_failures: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def supports(self, feature: str) -> bool:
@@ -83,6 +89,10 @@ class Capabilities:
             f"vLLM {v}'s first-generation V1 engine (no KV cache sizing from executor specs, "
             "or no EngineCoreProc._process_engine_step in vllm/v1/engine/core.py) runs at "
             "level: scheduler only",
+            "kv connectors": None if self.kv_connectors else
+            f"vLLM {v} has no V1 KV connector seam the lab can script (a KVConnectorFactory "
+            "taking registrations, a scheduler that builds the connector from "
+            "kv_transfer_config, and the worker's report in ModelRunnerOutput)",
         }
         return reasons[feature]
 
@@ -176,7 +186,7 @@ def probe(adapter) -> Capabilities:
         batch_from_config = "vllm_config.max_concurrent_batches" in init_src
     proc = _class_source("vllm.v1.engine.core", "EngineCoreProc")
     executor = _class_source("vllm.v1.executor.abstract", "Executor")
-    connector = _module_exists("vllm.distributed.kv_transfer.kv_connector.v1")
+    connector, load_failures = _kv_connector_seam(adapter)
     so_field = adapter.structured_params_class()[0] if adapter.StructuredOutputManager else None
     backends = tuple(name for name, module, lib in _SO_BACKENDS
                      if adapter.StructuredOutputManager is not None
@@ -206,8 +216,32 @@ def probe(adapter) -> Capabilities:
         preprocess_errors_per_request=proc is not None
         and "_handle_request_preproc_error" in proc[0],
         kv_connectors=connector,
+        kv_load_failures=load_failures,
         notes=tuple(adapter.platform_notes),
     )
+
+
+def _kv_connector_seam(adapter) -> tuple[bool, tuple[str, ...]]:
+    """``(kv_connectors, kv_load_failures)`` (see :class:`Capabilities`): reads
+    ``vllm/distributed/kv_transfer/kv_connector/factory.py:KVConnectorFactory.register_connector``,
+    ``kv_connector/v1/base.py:KVConnectorBase_V1``, the scheduler's source (``self.connector``
+    built with ``create_connector``) and ``vllm/v1/outputs.py`` (``ModelRunnerOutput``,
+    ``KVConnectorOutput``)."""
+    from .adapter import _source_has, _try_import, fields_of, params_of
+
+    if not _module_exists("vllm.distributed.kv_transfer.kv_connector.v1"):
+        return False, ()
+    factory = _try_import("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory")
+    base = _try_import("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1")
+    mro = params_of(adapter.ModelRunnerOutput)[0]
+    report = "kv_connector_output" in mro or "finished_recving" in mro
+    builds = _source_has(getattr(adapter.Scheduler, "__init__", None), "create_connector")
+    ok = bool(factory is not None and hasattr(factory, "register_connector") and base is not None
+              and report and builds)
+    kvo = _try_import("vllm.v1.outputs:KVConnectorOutput")
+    failures = tuple(f for f in ("invalid_block_ids", "failed_recving")
+                     if ok and kvo is not None and f in fields_of(kvo))
+    return ok, failures
 
 
 #: (backend name, its module in vllm/v1/structured_output, the library it needs)

@@ -61,8 +61,11 @@ class EngineCoreLoop(StepLoop):
         if self._structured and not a.caps.structured_outputs:
             raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
                                    "StructuredOutputManager (vllm/v1/structured_output)")
+        kv = self.sc.get("kv_transfer_config")
+        self.kv_worker = self._kv_worker(kv) if kv else None
+        build_cfg = {**cfg, "kv_transfer_config": kv} if kv else cfg
         vllm_config, _ = self._config_or_refusal(
-            lambda: a.build_vllm_config(cfg, load_tokenizer=self._structured))
+            lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured))
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
         cap = self.lab_limits.get("max_kv_blocks")
@@ -113,6 +116,24 @@ class EngineCoreLoop(StepLoop):
         self._proc_step = _process_engine_step()
         self._observe_scheduler()
 
+    def _kv_worker(self, kv: dict):
+        """The scripted connector's worker half for the scenario's ``kv_transfer_config``
+        (:class:`~vllm_repro.engine.kv_worker.ScriptedWorker`); refused where the release has
+        no KV connector seam, or no report of failed loads for a ``load_fails`` script."""
+        a = self.adapter
+        if not a.caps.kv_connectors:
+            raise RefusedByRelease(f"kv_transfer_config: {a.caps.refusal('kv connectors')}")
+        script = kv.get("requests") or {}
+        failing = [rid for rid, e in script.items() if e.get("load_fails")]
+        if failing and not a.caps.kv_load_failures:
+            raise RefusedByRelease(
+                f"kv_transfer_config.requests.{failing[0]}.load_fails: vLLM {a.version}'s "
+                "KVConnectorOutput has no report of failed loads (invalid_block_ids, "
+                "failed_recving); drop load_fails for this release")
+        from .kv_worker import ScriptedWorker
+
+        return ScriptedWorker(script, set(a.caps.kv_load_failures))
+
     def _config_or_refusal(self, build):
         try:
             return build()
@@ -139,6 +160,19 @@ class EngineCoreLoop(StepLoop):
         if drafts is not None and a.DraftTokenIds is not None and "spec_token_ids" not in a._mro_fields:
             draft_ids = a.DraftTokenIds(req_ids, drafts)
         spec = {s.req_id: len(s.spec_tokens) for s in scheduled}
+        kv = None
+        if self.kv_worker is not None:
+            # the worker's connector: the step's loads and sends from the scheduler's metadata,
+            # what finished (GPUModelRunner: get_finished, get_block_ids_with_load_errors)
+            mark = len(self.kv_worker.events)
+            sending, recving, invalid, failed = self.kv_worker.step(
+                self.step, getattr(so, "kv_connector_metadata", None))
+            kv = dict(finished_sending=sending, finished_recving=recving,
+                      invalid_block_ids=invalid, failed_recving=failed)
+            line = self._line
+            for _, rid, event in self.kv_worker.events[mark:]:
+                line.kv_connector = line.kv_connector or {}
+                line.kv_connector.setdefault(event, []).append(rid)
 
         def sample(grammar_output):
             def masked():
@@ -148,7 +182,7 @@ class EngineCoreLoop(StepLoop):
                     line = self._line
                     line.sampled = {**(line.sampled or {}), **{
                         rid: list(t) for rid, t in zip(req_ids, tokens) if rid in rows}}
-                return a.model_output(req_ids, tokens, drafts)
+                return a.model_output(req_ids, tokens, drafts, kv)
             return self._lab(masked)
         return sample, draft_ids
 
@@ -201,6 +235,7 @@ class EngineCoreLoop(StepLoop):
         self._updated_so: list = []
         self._phase = "engine-build"
         self._reach: dict[str, int] = {}
+        self.kv_worker = None
         try:
             self._build_engine(self.runner)
         except _EngineBuildCrash as crash:

@@ -420,6 +420,56 @@ class Platform(Strict):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
 
+class KVConnectorScript(Strict):
+    """What the scripted KV connector does for one request (``level: engine-core``; vLLM's own
+    names for the connector's calls, ``vllm/distributed/kv_transfer/kv_connector/v1/base.py``).
+
+    ``external_hit_tokens``: the prompt tokens the external KV cache holds; the connector's
+    ``get_num_new_matched_tokens`` answers those beyond the local prefix hit. ``load_async``:
+    the load runs asynchronously (the request waits in ``WAITING_FOR_REMOTE_KVS``) and the
+    worker reports it in ``finished_recving`` at step ``recv_done_at_step`` (default: the step
+    the load starts; never earlier). ``load_fails``: the first load of the request fails (its
+    blocks in ``invalid_block_ids``, the request in ``failed_recving``, where the release's
+    ``KVConnectorOutput`` has them). ``delay_free``: ``request_finished`` returns True (the
+    connector keeps the blocks, as a prefill instance does for the decode side to read) and
+    the worker reports ``finished_sending`` at step ``send_done_at_step`` (default: the step the
+    worker learns of the send; never earlier)."""
+
+    external_hit_tokens: NonNegInt = 0
+    load_async: bool = False
+    recv_done_at_step: PosInt | None = None
+    load_fails: bool = False
+    delay_free: bool = False
+    send_done_at_step: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if not self.external_hit_tokens:
+            for key in ("load_async", "recv_done_at_step", "load_fails"):
+                if getattr(self, key):
+                    raise ValueError(f"`{key}` needs `external_hit_tokens: N` (N > 0): without "
+                                     "an external hit nothing is loaded")
+        if self.recv_done_at_step is not None and not self.load_async:
+            raise ValueError("`recv_done_at_step` goes with load_async: true (a synchronous "
+                             "load finishes inside its step)")
+        if self.send_done_at_step is not None and not self.delay_free:
+            raise ValueError("`send_done_at_step` goes with delay_free: true (nothing is sent "
+                             "otherwise)")
+        return self
+
+
+class KVTransferConfig(Strict):
+    """vLLM's ``kv_transfer_config`` (``KVTransferConfig``), with the lab's scripted connector:
+    ``kv_connector`` (``ScriptedConnector``, registered with the release's
+    ``KVConnectorFactory``), ``kv_role`` (vLLM's: ``kv_both``, ``kv_producer``,
+    ``kv_consumer``) and ``requests``: request id -> :class:`KVConnectorScript` (a request
+    without an entry gets no external hit and is freed at once)."""
+
+    kv_connector: Literal["ScriptedConnector"] = "ScriptedConnector"
+    kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
+    requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
+
+
 class Limits(Strict):
     """``max_steps``: stop after this many steps; ``stall_steps``: this many steps with no
     progress while requests are unfinished is a stall."""
@@ -480,6 +530,8 @@ class Scenario(Strict):
     limits: Limits = Field(default_factory=Limits)
     #: the platform vLLM sees: the GPU deployment's (CUDA, emulated) unless the scenario says
     platform: Platform = Field(default_factory=Platform)
+    #: vLLM's KV transfer config with the lab's scripted connector (``level: engine-core``)
+    kv_transfer_config: KVTransferConfig | None = None
     expect: Expect | None = None
     #: what the fixed releases (``clean_on``) must do; default: run clean. E.g. the fix refuses the
     #: config at start-up: ``{outcome: crash, phase: engine-build, exception: ValueError}``
@@ -564,8 +616,41 @@ class Scenario(Strict):
                 if rid not in ids:
                     raise ValueError(f"model.spec_decode.accept: unknown request id {rid!r}")
         self._check_drafts()
+        self._check_kv_transfer()
         self._check_lab_limits()
         return self
+
+    def _check_kv_transfer(self) -> None:
+        """The connector script names requests of this scenario, loads at most their prompt,
+        and its steps fall inside ``limits.max_steps``; the connector runs at engine-core level
+        (the fake worker reports its transfers)."""
+        kv = self.kv_transfer_config
+        if kv is None:
+            return
+        if self.level != "engine-core":
+            raise ValueError("kv_transfer_config: the scripted connector's worker half reports "
+                             "through the fake worker's ModelRunnerOutput; add `level: "
+                             "engine-core`")
+        prompts = {r.id: r.prompt_len for r in self.requests}
+        max_steps = self.limits.max_steps
+        for rid, entry in kv.requests.items():
+            if rid not in prompts:
+                near = close_field(rid, prompts, cutoff=0.6)
+                raise ValueError(f"kv_transfer_config.requests: unknown request id {rid!r} (no "
+                                 "request has it); "
+                                 + (f"did you mean {near!r}?" if near else
+                                    "use an id from requests[].id or drop the entry"))
+            if entry.external_hit_tokens > prompts[rid]:
+                raise ValueError(f"kv_transfer_config.requests.{rid}.external_hit_tokens: "
+                                 f"{entry.external_hit_tokens} is over its prompt_len "
+                                 f"{prompts[rid]} (an external cache holds prompt tokens only);"
+                                 " give at most the prompt length")
+            for key in ("recv_done_at_step", "send_done_at_step"):
+                at = getattr(entry, key)
+                if at is not None and at > max_steps:
+                    raise ValueError(f"kv_transfer_config.requests.{rid}.{key}: step {at} is "
+                                     f"past limits.max_steps {max_steps}: it would never "
+                                     "happen; raise max_steps or give an earlier step")
 
     def _check_drafts(self) -> None:
         """``model.draft_tokens`` are what the drafter proposes after each step: at most

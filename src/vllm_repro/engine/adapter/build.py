@@ -78,9 +78,12 @@ class BuildMixin:
         cache_kwargs.update(routed.get("CacheConfig", {}))
         cache_config = self._strict_call(c.CacheConfig, cache_kwargs, routed.get("CacheConfig", {}))
         spec_config = self._spec_config(cfg, routed)
+        other = self._other_configs(routed)
+        if cfg.get("kv_transfer_config"):
+            other["kv_transfer_config"] = self.kv_transfer_config(cfg["kv_transfer_config"])
         vllm_config = call_supported(
             c.VllmConfig, scheduler_config=scheduler_config, model_config=model_config,
-            cache_config=cache_config, speculative_config=spec_config, **self._other_configs(routed))
+            cache_config=cache_config, speculative_config=spec_config, **other)
         # what the GPU worker would have reported after profiling (at level engine-core,
         # EngineCore._initialize_kv_caches sets it from the fake executor's figures instead)
         if cfg.get("num_gpu_blocks") is not None:
@@ -166,6 +169,28 @@ class BuildMixin:
             except Exception:  # noqa: BLE001 - keep the release's default
                 pass
         return extra
+
+    def kv_transfer_config(self, kv: dict):
+        """The release's ``KVTransferConfig`` (``vllm/config/kv_transfer.py``, or
+        ``vllm.config``) naming the lab's scripted connector, registered first with the
+        release's ``KVConnectorFactory.register_connector(name, module, class)``
+        (``vllm/distributed/kv_transfer/kv_connector/factory.py``; the scheduler builds it by
+        that name). ``kv``: the scenario's ``kv_transfer_config`` (``kv_connector``,
+        ``kv_role``, ``requests``: the script, handed over in ``kv_connector_extra_config``).
+        Raises :class:`RefusedByRelease` where the release has no V1 KV connectors."""
+        if not self.caps.kv_connectors:
+            raise RefusedByRelease(f"kv_transfer_config: {self.caps.refusal('kv connectors')}")
+        from .. import connector
+
+        factory = _import("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory")
+        if connector.NAME not in getattr(factory, "_registry", {}):
+            factory.register_connector(connector.NAME, connector.__name__, "ScriptedConnector")
+        cls = _try_import("vllm.config.kv_transfer:KVTransferConfig", "vllm.config:KVTransferConfig")
+        if cls is None:
+            raise RefusedByRelease(f"kv_transfer_config: vLLM {self.version} has no "
+                                   "KVTransferConfig")
+        return call_supported(cls, kv_connector=connector.NAME, kv_role=kv.get("kv_role", "kv_both"),
+                              kv_connector_extra_config={connector.SCRIPT_KEY: kv.get("requests") or {}})
 
     def _scheduler_class(self, cfg: dict[str, Any], vllm_config, spec_config) -> type:
         """The scheduler class the config selects (``AsyncScheduler`` with async scheduling),

@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass
 
 from .. import state
-from .probes import AdapterError, _try_import, call_supported
+from .probes import AdapterError, _try_import, call_supported, fields_of
 
 
 @dataclass
@@ -38,14 +38,15 @@ class OutputsMixin:
         return out
 
     def model_output(self, req_ids: list[str], sampled: list[list[int]],
-                     drafts: list[list[int]] | None):
+                     drafts: list[list[int]] | None, kv_connector: dict | None = None):
         """``ModelRunnerOutput`` for ``req_ids`` (ordered as scheduled).
 
         ``sampled``: the tokens of each request this step (``[]``: none, e.g. a partial prefill).
         Where the release takes one token per request (0.6.x/0.7.x) a request without a token
         gets the placeholder id 0, which that scheduler ignores for a request still in prefill
         (as the GPU runner's sampled token is ignored there); more than one token is an
-        :class:`AdapterError` (no spec decode in that API)."""
+        :class:`AdapterError` (no spec decode in that API). ``kv_connector``: what the worker's
+        KV connector reports this step (:meth:`kv_connector_fields`' arguments), or None."""
         sampled_field: list = sampled
         if self.one_token_per_request:
             if any(len(s) > 1 for s in sampled):
@@ -62,7 +63,34 @@ class OutputsMixin:
                       logprob_token_ids_cpu=None, logprobs_cpu=None)
         if "spec_token_ids" in self._mro_fields:
             kwargs["spec_token_ids"] = drafts
+        if kv_connector is not None:
+            kwargs.update(self.kv_connector_fields(**kv_connector))
         return call_supported(self.ModelRunnerOutput, **kwargs)
+
+    def kv_connector_fields(self, finished_sending: set, finished_recving: set,
+                            invalid_block_ids: set, failed_recving: set) -> dict:
+        """The ``ModelRunnerOutput`` fields that carry a step's KV connector report, as
+        ``GPUModelRunner`` fills them from its connector's ``get_finished`` /
+        ``get_block_ids_with_load_errors``: one ``KVConnectorOutput`` in
+        ``kv_connector_output`` (``vllm/v1/outputs.py``, 0.10.1+; ``invalid_block_ids`` and
+        ``failed_recving`` where it has them), or ``finished_sending`` / ``finished_recving`` on
+        the output itself (0.9.x). Sets stay None when empty, as the runner leaves them. Raises
+        :class:`AdapterError` where the output has neither (the capabilities refuse first)."""
+        send = set(finished_sending) or None
+        recv = set(finished_recving) or None
+        kvo_cls = _try_import("vllm.v1.outputs:KVConnectorOutput")
+        if "kv_connector_output" in self._mro_fields and kvo_cls is not None:
+            kvo_fields = fields_of(kvo_cls)
+            kw: dict = dict(finished_sending=send, finished_recving=recv)
+            if invalid_block_ids and "invalid_block_ids" in kvo_fields:
+                kw["invalid_block_ids"] = set(invalid_block_ids)
+            if failed_recving and "failed_recving" in kvo_fields:
+                kw["failed_recving"] = set(failed_recving)
+            return {"kv_connector_output": kvo_cls(**kw)}
+        if "finished_recving" in self._mro_fields:
+            return {"finished_sending": send, "finished_recving": recv}
+        raise AdapterError(f"vLLM {self.version}'s ModelRunnerOutput has no KV connector report "
+                           "(kv_connector_output or finished_recving)")
 
     def deliver_drafts(self, scheduler, req_ids: list[str], drafts: list[list[int]] | None) -> None:
         """0.10.2+: drafts reach the scheduler through ``update_draft_token_ids`` after

@@ -1,0 +1,156 @@
+"""The scripted KV connector: a V1 KV connector whose answers come from the scenario.
+
+vLLM's scheduler builds its KV connector itself (``Scheduler.__init__``:
+``KVConnectorFactory.create_connector(config=vllm_config, role=KVConnectorRole.SCHEDULER,
+...)``, from ``VllmConfig.kv_transfer_config``); the lab only registers this class with the
+release's ``KVConnectorFactory`` (``register_connector(name, module, class)``) and names it in
+``kv_transfer_config.kv_connector``. Its script (``kv_transfer_config.requests`` of the
+scenario) rides in ``kv_connector_extra_config`` (vLLM's own field for a connector's settings).
+
+Two halves, as vLLM splits a connector:
+
+- :class:`ScriptedConnector` (the scheduler half, a subclass of the release's
+  ``KVConnectorBase_V1``, ``vllm/distributed/kv_transfer/kv_connector/v1/base.py``):
+  ``get_num_new_matched_tokens`` answers the request's ``external_hit_tokens`` beyond the local
+  hit and its ``load_async``; ``update_state_after_alloc`` notes which blocks the load writes;
+  ``build_connector_meta`` hands the step's loads and sends to the worker as
+  :class:`ScriptedConnectorMetadata` (on ``SchedulerOutput.kv_connector_metadata``);
+  ``request_finished`` returns ``(delay_free, None)``: True keeps the blocks until the worker
+  reports the send finished.
+- :class:`~vllm_repro.engine.kv_worker.ScriptedWorker` (the worker half, the lab's, inside the
+  fake worker; in its own module, which imports nothing from vLLM): reads the
+  metadata each executed step, as a GPU worker's connector would, and reports
+  ``finished_recving`` at ``recv_done_at_step`` (default: the step the load starts),
+  ``finished_sending`` at ``send_done_at_step`` (default: the step it learns of the send) and
+  failed loads (``load_fails``: the load's blocks in ``invalid_block_ids``, the request in
+  ``failed_recving`` where the release's ``KVConnectorOutput`` has them) through the
+  ``KVConnectorOutput`` of the fake runner's ``ModelRunnerOutput``.
+
+The class of the scheduler half is made when this module is imported (vLLM's factory imports it
+by name), so importing it needs the release's KV connector package. Runs inside the release
+environment (standard library + vLLM).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                              KVConnectorMetadata)
+
+from .kv_worker import ScriptedWorker  # noqa: F401 - the worker half, re-exported
+
+#: the name the lab registers its connector under (``kv_transfer_config.kv_connector``)
+NAME = "ScriptedConnector"
+#: the key of ``kv_connector_extra_config`` that holds the scenario's script
+SCRIPT_KEY = "vllm_repro_script"
+
+
+class ScriptedConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler half tells the worker half in one step (``build_connector_meta``):
+    ``loads``: request id -> ``(block ids the load writes, load_async)``; ``sends``: request
+    id -> the block ids the connector holds after ``request_finished`` (delayed frees), which
+    the send reads."""
+
+    def __init__(self, loads: dict[str, tuple[list[int], bool]], sends: dict[str, list[int]]):
+        self.loads = loads
+        self.sends = sends
+
+
+def _first_group(block_ids) -> list[int]:
+    """The block ids of the first KV cache group: ``KVCacheBlocks.get_block_ids()`` gives one
+    list per group (a tuple or a list of lists), or a flat list on the oldest releases."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return list(block_ids[0])
+    return list(block_ids or ())
+
+
+class ScriptedConnector(KVConnectorBase_V1):
+    """The scheduler half (see the module docstring). ``script``: request id -> its entry
+    (``external_hit_tokens``, ``load_async``, ``delay_free``, ...), read from
+    ``kv_transfer_config.kv_connector_extra_config``. The audit's residue walk enters this
+    object (``Scheduler.connector``); ``script`` is the scenario's, not per-request state."""
+
+    audit_static_attrs = ("script",)
+
+    def __init__(self, vllm_config, role, kv_cache_config=None, *args, **kwargs):
+        import inspect
+
+        params = inspect.signature(KVConnectorBase_V1.__init__).parameters
+        if "kv_cache_config" in params:
+            super().__init__(vllm_config, role, kv_cache_config)
+        else:
+            super().__init__(vllm_config, role)
+        ktc = vllm_config.kv_transfer_config
+        extra = getattr(ktc, "kv_connector_extra_config", None) or {}
+        self.script: dict[str, dict] = dict(extra.get(SCRIPT_KEY) or {})
+        self.block_size = vllm_config.cache_config.block_size
+        #: request id -> num_computed_tokens (the local hit) at its last lookup
+        self._lookup: dict[str, int] = {}
+        #: loads allocated since the last build_connector_meta: id -> (blocks, async)
+        self._loads: dict[str, tuple[list[int], bool]] = {}
+        #: requests whose frees were delayed since the last build_connector_meta -> their blocks
+        self._sends: dict[str, list[int]] = {}
+
+    # ---- scheduler side ------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        """``(tokens the external cache holds beyond num_computed_tokens, load_async)``: the
+        script's ``external_hit_tokens`` less the local hit (0 for a request without one)."""
+        entry = self.script.get(request.request_id) or {}
+        ext = int(entry.get("external_hit_tokens") or 0)
+        n = max(0, ext - int(num_computed_tokens))
+        if n:
+            self._lookup[request.request_id] = int(num_computed_tokens)
+        return n, bool(entry.get("load_async")) and n > 0
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        """Note the blocks a load of ``num_external_tokens`` writes: those covering the tokens
+        after the local hit (``blocks``: the request's blocks, ``KVCacheBlocks``)."""
+        rid = request.request_id
+        local = self._lookup.pop(rid, None)
+        if not num_external_tokens or local is None:
+            return
+        ids = _first_group(blocks.get_block_ids())
+        bs = self.block_size
+        first, last = local // bs, -(-(local + num_external_tokens) // bs)
+        entry = self.script.get(rid) or {}
+        self._loads[rid] = (ids[first:last] if len(ids) >= last else ids[first:],
+                            bool(entry.get("load_async")))
+
+    def build_connector_meta(self, scheduler_output) -> ScriptedConnectorMetadata:
+        meta = ScriptedConnectorMetadata(dict(self._loads), dict(self._sends))
+        self._loads.clear()
+        self._sends.clear()
+        return meta
+
+    def request_finished(self, request, block_ids):
+        """``(delay_free, None)``: with ``delay_free`` the connector keeps the blocks of a
+        request that finished on its own (stopped, length-capped: not aborted) until the worker
+        reports its send finished (``finished_sending``); as NixlConnector's request_finished
+        delays only a finished prefill, never an abort (``kv_connector/v1/nixl_connector.py``)."""
+        rid = request.request_id
+        self._lookup.pop(rid, None)
+        self._loads.pop(rid, None)
+        status = getattr(getattr(request, "status", None), "name", "")
+        delay = bool((self.script.get(rid) or {}).get("delay_free")) \
+            and status != "FINISHED_ABORTED"
+        if delay:
+            self._sends[rid] = _first_group(block_ids)
+        return delay, None
+
+    # ---- worker side: the lab's ScriptedWorker stands for it (no forward pass here) -----------
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self):
+        return None
+
+
+__all__ = ["NAME", "SCRIPT_KEY", "ScriptedConnector", "ScriptedConnectorMetadata",
+           "ScriptedWorker"]

@@ -1,0 +1,75 @@
+"""The worker half of the lab's scripted KV connector (:mod:`vllm_repro.engine.connector`).
+
+What a GPU worker's KV connector reports after each step (``get_finished``,
+``get_block_ids_with_load_errors`` in ``vllm/distributed/kv_transfer/kv_connector/v1/base.py``),
+from the scenario's script and the scheduler half's metadata. Standard library only (no vLLM:
+the unit tests drive it without a release).
+"""
+
+from __future__ import annotations
+
+
+class ScriptedWorker:
+    """The worker half (the lab's; see the module docstring). ``script`` as the scheduler
+    half's; ``fields``: the fields of the release's ``KVConnectorOutput`` (which failure
+    reports it can carry). ``step(n, metadata)`` returns ``(finished_sending,
+    finished_recving, invalid_block_ids, failed_recving)`` for step ``n``."""
+
+    def __init__(self, script: dict[str, dict], fields: set[str]):
+        self.script = script
+        self.fields = fields
+        self.recv: dict[str, tuple[int, list[int], bool]] = {}  # id -> (done at, blocks, fails)
+        self.send: dict[str, tuple[int, list[int]]] = {}  # id -> (done at, blocks)
+        self.failed_once: set[str] = set()
+        #: (step, request id, event) for the trace: "load", "recv", "load_failed", "send"
+        self.events: list[tuple[int, str, str]] = []
+
+    def step(self, n: int, meta) -> tuple[set[str], set[str], set[int], set[str]]:
+        invalid: set[int] = set()
+        failed: set[str] = set()
+        if meta is not None and hasattr(meta, "loads"):  # ScriptedConnectorMetadata
+            for rid, (blocks, is_async) in meta.loads.items():
+                entry = self.script.get(rid) or {}
+                fails = bool(entry.get("load_fails")) and rid not in self.failed_once
+                if fails:
+                    self.failed_once.add(rid)
+                self.events.append((n, rid, "load"))
+                if is_async:
+                    done = max(n, int(entry.get("recv_done_at_step") or n))
+                    self.recv[rid] = (done, blocks, fails)
+                elif fails:  # a synchronous load fails inside this step's forward pass
+                    self._fail(rid, blocks, invalid, failed)
+                    self.events.append((n, rid, "load_failed"))
+            for rid, blocks in meta.sends.items():
+                entry = self.script.get(rid) or {}
+                self.send[rid] = (max(n, int(entry.get("send_done_at_step") or n)), list(blocks))
+        recving = set()
+        for rid, (done, blocks, fails) in list(self.recv.items()):
+            if done <= n:
+                del self.recv[rid]
+                recving.add(rid)
+                if fails:
+                    self._fail(rid, blocks, invalid, failed)
+                self.events.append((n, rid, "load_failed" if fails else "recv"))
+        sending = {rid for rid, (done, _) in self.send.items() if done <= n}
+        for rid in sending:
+            del self.send[rid]
+            self.events.append((n, rid, "send"))
+        return sending, recving, invalid, failed
+
+    def transfers_in_flight(self) -> dict[str, tuple[str, list[int]]]:
+        """Request id -> ``("load", block ids)`` for an asynchronous load still writing them
+        (started, not yet reported in ``finished_recving``), or ``("send", block ids)`` for a
+        delayed free whose send still reads them (not yet reported in ``finished_sending``)."""
+        out = {rid: ("send", list(blocks)) for rid, (_, blocks) in self.send.items()}
+        out.update({rid: ("load", list(blocks)) for rid, (_, blocks, _) in self.recv.items()})
+        return out
+
+    def _fail(self, rid: str, blocks: list[int], invalid: set[int], failed: set[str]) -> None:
+        if "failed_recving" in self.fields:
+            failed.add(rid)
+        if "invalid_block_ids" in self.fields:
+            invalid.update(blocks)
+
+
+__all__ = ["ScriptedWorker"]
