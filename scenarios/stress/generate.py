@@ -9,9 +9,10 @@ while the victims decode. Four files: fcfs / priority x prefix caching off / on 
 prefixes of 32 to 256 tokens). A fifth, stress-fcfs-hybrid, is fcfs with prefix caching on a
 hybrid model's KV cache groups (full attention, sliding window, chunked local attention and
 Mamba in align mode sharing one pool), on the releases that have those kinds. A sixth,
-``stress-kv-connector``, runs the fcfs / prefix-caching workload at level engine-core with the lab's scripted KV connector: a third of the requests
-have external hits (loaded synchronously or asynchronously, a few loads failing), a fifth have
-their frees delayed for a send (``kv_transfer_config``).
+``stress-kv-connector``, runs the fcfs / prefix-caching workload at level engine-core with the
+lab's scripted KV connector: a third of the requests have external hits (loaded synchronously
+or asynchronously, a few loads failing), a fifth have their frees delayed for a send
+(``kv_transfer_config``).
 """
 
 from __future__ import annotations
