@@ -140,6 +140,8 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
                 item.fail_from(exc)
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
     runnable = [k for k in groups if k in envs]
+    if runnable:
+        _prefetch_timeline()
     kinds_of: dict[str, int] = {}
     for version, _ in runnable:
         kinds_of[version] = kinds_of.get(version, 0) + 1
@@ -159,6 +161,23 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
             _timeline(item, item.result, say)
             item.report.commit()  # the whole report replaces the previous run's
     return items
+
+
+def _prefetch_timeline() -> None:
+    """Import matplotlib (about a second, most of a warm re-run's host time) in a thread while
+    the workers run, so ``timeline.png`` is drawn without waiting for it afterwards."""
+    import threading
+
+    def load() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg", force=True)
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:  # noqa: BLE001 - _timeline reports it when it draws
+            pass
+
+    threading.Thread(target=load, name="vllm-repro-timeline-import", daemon=True).start()
 
 
 def _timeline(item: RunItem, result: RunResult, say: Say) -> None:

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from . import COLD_HELP, warm_setting
+
 
 def fuzz(
     vllm: str = typer.Option(..., "--vllm", help="The release to fuzz."),
@@ -22,8 +24,10 @@ def fuzz(
     out_dir: Path = typer.Option(Path("scenarios/found"), "--out", help="Where found scenarios and regression tests go."),
     reports: Path = typer.Option(Path("reports"), help="Worker logs go to reports/_fuzz/."),
     audit: bool = typer.Option(True, "--audit/--no-audit"),
+    cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Search workloads until vLLM raises or an invariant breaks; shrink; write reproducers."""
+    warm_setting(cold)
     from rich.live import Live
     from rich.table import Table
 
