@@ -17,8 +17,9 @@ Protocol, one JSON object a line on a stream connection to ``sock``:
 
 - ``{"op": "run", "argv": [...], "env": {...}, "cwd": path}`` with three file descriptors
   attached (``SCM_RIGHTS``): the worker's stdin, its log (stdout and stderr), its reply pipe.
-  Answer ``{"pid": N}`` (the child, leader of its own session), later ``{"exit": code}`` (its
-  wait status as ``subprocess`` gives it: negative for a signal); or ``{"error": text}``.
+  (``"module"``, tests only: run that module instead of the worker.) Answer ``{"pid": N}``
+  (the child, leader of its own session), later ``{"exit": code}`` (its wait status as
+  ``subprocess`` gives it: negative for a signal); or ``{"error": text}``.
 - ``{"op": "ping"}``: ``{"pid": N, "modules": count}``.
 - ``{"op": "exit"}``: exits when no child runs (``{"exiting": bool}``).
 
@@ -54,6 +55,8 @@ NEVER = frozenset({"vllm", "vllm_repro", "_vllm_slice", "sitecustomize", "usercu
                    "__main__"})
 #: how many descriptors a run request carries: stdin, log, reply pipe
 RUN_FDS = 3
+#: what a child runs (a request's ``module``, tests only, names another)
+WORKER = "vllm_repro.engine.worker"
 _MAX_MSG = 1 << 20
 
 
@@ -240,7 +243,7 @@ def _run_child(req: dict, fds: list[int], owned: list[int], parent: int) -> None
         sys.argv = ["-m", *[str(a) for a in req["argv"]], "--reply-fd", str(reply_fd)]
         import runpy
 
-        runpy.run_module("vllm_repro.engine.worker", run_name="__main__", alter_sys=True)
+        runpy.run_module(str(req.get("module") or WORKER), run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

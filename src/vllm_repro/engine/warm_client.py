@@ -120,21 +120,21 @@ def env_identity(python: Path, root: Path) -> str:
     parts = [str(python), _stamp(python), _stamp(root / "pyvenv.cfg"), _stamp(root / ".ready.json")]
     for lib in sorted(root.glob("lib*/python*/site-packages")):
         parts.append(_stamp(lib))
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 def lab_identity() -> str:
     """The lab package's path and the stamps of the modules a parent imports itself (every
     other lab module is imported fresh by each forked worker)."""
     parts = [str(PACKAGE_DIR), *(_stamp(PACKAGE_DIR / f) for f in _PARENT_FILES)]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
 
 
 def env_vars_identity(env: dict[str, str]) -> str:
     """A hash of the variables an import could read (all but :data:`_VOLATILE`)."""
     keep = sorted((k, v) for k, v in env.items()
                   if k not in _VOLATILE and not k.startswith(_VOLATILE_PREFIXES))
-    return hashlib.sha256(json.dumps(keep).encode()).hexdigest()[:12]
+    return hashlib.sha256(json.dumps(keep).encode()).hexdigest()[:8]
 
 
 def warm_root() -> Path:
@@ -148,7 +148,10 @@ def parent_key(python: Path, root: Path, env: dict[str, str]) -> str:
 
 
 def modules_file(python: Path, root: Path) -> Path:
-    return warm_root() / "modules" / f"{env_identity(python, root)}.json"
+    """Where the environment's module list is (its folder made)."""
+    d = warm_root() / "modules"
+    d.mkdir(exist_ok=True)
+    return d / f"{env_identity(python, root)}.json"
 
 
 def unsafe_file(python: Path, root: Path) -> Path:
@@ -405,7 +408,8 @@ def _start_parent(python: Path, folder: Path, parent_env: dict[str, str], mods: 
 
 
 def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
-          parent_env: dict[str, str], cwd: str, fds: tuple[int, int, int], stdin) -> WarmProc:
+          parent_env: dict[str, str], cwd: str, fds: tuple[int, int, int], stdin,
+          module: str | None = None) -> WarmProc:
     """Have the environment's warm parent (started here if none serves) fork a worker with
     ``argv`` (the worker's, ``--reply-fd`` aside), ``worker_env`` and ``cwd``; ``fds``: its
     stdin, log and reply pipe. Raises :class:`WarmUnavailable` with the reason it cannot."""
@@ -423,7 +427,10 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
                               "(a shorter VLLM_REPRO_CACHE)")
     mods = modules_file(python, root)
     mods.parent.mkdir(exist_ok=True)
-    request = (json.dumps({"op": "run", "argv": argv, "env": worker_env, "cwd": cwd}) + "\n").encode()
+    msg = {"op": "run", "argv": argv, "env": worker_env, "cwd": cwd}
+    if module:  # tests: a stand-in for the engine worker
+        msg["module"] = module
+    request = (json.dumps(msg) + "\n").encode()
     why = "the warm parent did not answer"
     for _attempt in range(3):
         conn = _connect(sock)
