@@ -69,7 +69,8 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
         return
     try:
         with Worker(env, log) as worker:
-            say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")
+            say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s"
+                + (" (warm)" if worker.warm_started else ""))
             for item in items:
                 item.report = ReportDir(reports, item.scenario.name, version)
                 start = _size(log)

@@ -9,7 +9,7 @@ on the next run, and then runs :mod:`vllm_repro.engine.worker` exactly as a cold
 Run as ``python -m vllm_repro.engine.warm --dir DIR --idle SECONDS --modules FILE`` by the host
 (:mod:`vllm_repro.engine.warm_client`), with the worker's environment but only the lab on
 ``PYTHONPATH``. ``DIR`` is this parent's folder under the cache: ``sock`` (a unix socket),
-``parent.json`` (pid, python, lab), ``parent.log`` (its stderr). ``FILE`` is the list of modules
+``parent.json`` (pid, python, the lab package's folder), ``parent.log`` (its stderr). ``FILE`` is the list of modules
 to import (a JSON list of names, written by a worker; absent: :data:`DEFAULT_MODULES`); a list
 that appears later is imported on the next idle tick.
 
@@ -298,6 +298,7 @@ class Parent:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         info = {"pid": os.getpid(), "python": self.python, "modules": count,
+                "lab": os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
                 "import_s": round(time.perf_counter() - t0, 3)}
         with open(os.path.join(self.folder, "parent.json"), "w") as f:
             json.dump(info, f)
