@@ -165,8 +165,9 @@ class Worker:
     def _start_cold(self, r: int, w: int) -> None:
         try:
             self.proc = subprocess.Popen(
-                [str(self.env.python), "-m", "vllm_repro.engine.worker", "--reply-fd", str(w),
-                 *self._argv()],
+                [str(self.env.python), "-m", "vllm_repro.engine.worker",
+                 "--model-dir", str(self.model_dir), "--reply-fd", str(w),
+                 "--memory-limit-mb", str(run_limits().worker_memory_mb)],
                 stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                 pass_fds=(w,), env=self._environment(), text=True, cwd=self._cwd(),
                 start_new_session=True)  # its own process group: procs kills it whole
