@@ -219,6 +219,12 @@ def test_the_parent_key_follows_the_environment_and_its_variables(tmp_path, monk
     # a different shell folder, test or tree: the same parent
     same = {**env, "PWD": "/y", "PYTEST_CURRENT_TEST": "t2", "PYTHONPATH": "/tree2"}
     assert warm_client.parent_key(py, root, same) == key
+    # what make exports from its command line (make cpu-repro REPORTS=...): the same parent
+    made = {**env, "MAKEOVERRIDES": "${-*-command-variables-*-}", "REPORTS": "/r1",
+            "MAKEFLAGS": " -- RUNNER=native REPORTS=/r1", "RUNNER": "native"}
+    assert warm_client.parent_key(py, root, made) == key
+    assert warm_client.parent_key(py, root, {**made, "REPORTS": "/r2",
+                                             "MAKEFLAGS": " -- RUNNER=native REPORTS=/r2"}) == key
     # a variable an import reads: another parent
     assert warm_client.parent_key(py, root, {**env, "HF_HOME": "/b"}) != key
     # a package installed (site-packages changes) or the environment rebuilt: another parent

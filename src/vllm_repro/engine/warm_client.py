@@ -44,7 +44,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _PARENT_FILES = ("__init__.py", "engine/__init__.py", "engine/warm.py")
 #: environment variables that change between shells or calls and that no import reads
 _VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONPATH",
-                       "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKE_TERMOUT", "MAKE_TERMERR"})
+                       "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKE_TERMOUT", "MAKE_TERMERR",
+                       # the lab's own settings for building environments (Makefile exports)
+                       "TORCH_VERSION", "TORCH_INDEX_URL", "TORCH_WHEEL_DIR"})
 _VOLATILE_PREFIXES = ("PYTEST_", "SSH_", "TERM", "COLORTERM", "WINDOW", "TMUX", "STY")
 #: how long a starting parent may take to import (a loaded two-core machine: tens of seconds)
 START_TIMEOUT_S = 300.0
@@ -130,11 +132,24 @@ def lab_identity() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
 
 
+def keyed_vars(env: dict[str, str]) -> dict[str, str]:
+    """The variables a parent is keyed by: all that an import could read, so not
+    :data:`_VOLATILE` ones, nor what ``make`` exports from its own command line (named in
+    ``MAKEFLAGS`` after its ``--``: ``make cpu-repro REPORTS=...`` would otherwise key a parent
+    per reports folder)."""
+    flags = env.get("MAKEFLAGS", "")
+    overrides = flags.split(" -- ", 1)[1] if " -- " in f" {flags}" else ""
+    if flags.startswith("-- "):
+        overrides = flags[3:]
+    make = {w.split("=", 1)[0] for w in overrides.split() if "=" in w}
+    return {k: v for k, v in sorted(env.items())
+            if k not in _VOLATILE and k not in make and k != "MAKEOVERRIDES"
+            and not k.startswith(_VOLATILE_PREFIXES)}
+
+
 def env_vars_identity(env: dict[str, str]) -> str:
-    """A hash of the variables an import could read (all but :data:`_VOLATILE`)."""
-    keep = sorted((k, v) for k, v in env.items()
-                  if k not in _VOLATILE and not k.startswith(_VOLATILE_PREFIXES))
-    return hashlib.sha256(json.dumps(keep).encode()).hexdigest()[:8]
+    """A hash of :func:`keyed_vars`."""
+    return hashlib.sha256(json.dumps(sorted(keyed_vars(env).items())).encode()).hexdigest()[:8]
 
 
 def warm_root() -> Path:
@@ -421,6 +436,13 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
                               f"{unsafe.read_text(errors='replace').strip()}")
     folder = warm_root() / parent_key(python, root, parent_env)
     folder.mkdir(mode=0o700, exist_ok=True)
+    if not (folder / "vars.json").exists():
+        try:  # which variables made this key (names and a hash of each value: no secrets)
+            (folder / "vars.json").write_text(json.dumps(
+                {k: hashlib.sha256(v.encode()).hexdigest()[:8]
+                 for k, v in keyed_vars(parent_env).items()}, indent=0))
+        except OSError:
+            pass
     sock = folder / "sock"
     if len(str(sock)) > _SOCK_MAX:
         raise WarmUnavailable(f"the socket path {sock} is longer than a unix socket allows "
