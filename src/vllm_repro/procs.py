@@ -8,6 +8,9 @@ descendant of the lab (environment builds, search processes, their children). On
 is also a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): a grandchild whose parent died
 is re-parented to the lab, not to PID 1, so it is found and killed too. The CLI then prints
 ``aborted`` and exits 130 (SIGINT) or 143 (SIGTERM). No worker is started once an abort began.
+A warm parent (:mod:`vllm_repro.engine.warm`) is shared by every run of its environment and is
+never swept; a worker it forked for this run is registered here like a cold one (its own
+process group, pid = group id) and killed with its group.
 Standard library only.
 """
 
