@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,3 +39,20 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def warm_parent_pid(version: str) -> int | None:
+    """The pid of this checkout's live warm parent of ``version``'s full environment
+    (docs/warm-runs.md), or None."""
+    from vllm_repro.settings import cache_dir
+
+    lab = str((ROOT / "src" / "vllm_repro").resolve())
+    for info in (cache_dir() / "warm").glob("*/parent.json"):
+        try:
+            data = json.loads(info.read_text())
+            if data.get("lab") == lab and f"/envs/{version}/" in data.get("python", ""):
+                os.kill(data["pid"], 0)
+                return data["pid"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None

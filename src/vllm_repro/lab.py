@@ -70,8 +70,9 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
     if not items:
         return
     try:
-        with Worker(env, log, extra_env=platform_env(platform)) as worker:
-            say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s")
+        with Worker(env, log, platform=platform) as worker:
+            say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s"
+                + (" (warm)" if worker.warm_started else ""))
             for item in items:
                 item.report = ReportDir(reports, item.scenario.name, version)
                 start = _size(log)
@@ -85,11 +86,6 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
     except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
             item.fail_from(exc)
-
-
-def platform_env(platform: str | None) -> dict[str, str]:
-    """The worker's ``VLLM_REPRO_PLATFORM`` (a :meth:`Platform.key` JSON; none: the default)."""
-    return {"VLLM_REPRO_PLATFORM": platform} if platform else {}
 
 
 def _log_name(version: str, kind: str | None, several_kinds: bool, platform: str,
@@ -162,6 +158,8 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
                     item.fail_from(exc)
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
     runnable = [k for k in groups if k in envs]
+    if runnable:
+        _prefetch_timeline()
     kinds_of: dict[str, int] = {}
     for version, _ in runnable:
         kinds_of[version] = kinds_of.get(version, 0) + 1
@@ -182,6 +180,23 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
             _timeline(item, item.result, say)
             item.report.commit()  # the whole report replaces the previous run's
     return items
+
+
+def _prefetch_timeline() -> None:
+    """Import matplotlib (about a second, most of a warm re-run's host time) in a thread while
+    the workers run, so ``timeline.png`` is drawn without waiting for it afterwards."""
+    import threading
+
+    def load() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg", force=True)
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:  # noqa: BLE001 - _timeline reports it when it draws
+            pass
+
+    threading.Thread(target=load, name="vllm-repro-timeline-import", daemon=True).start()
 
 
 def _timeline(item: RunItem, result: RunResult, say: Say) -> None:

@@ -8,6 +8,9 @@ descendant of the lab (environment builds, search processes, their children). On
 is also a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): a grandchild whose parent died
 is re-parented to the lab, not to PID 1, so it is found and killed too. The CLI then prints
 ``aborted`` and exits 130 (SIGINT) or 143 (SIGTERM). No worker is started once an abort began.
+A warm parent (:mod:`vllm_repro.engine.warm`) is shared by every run of its environment and is
+never swept; a worker it forked for this run is registered here like a cold one (its own
+process group, pid = group id) and killed with its group.
 Standard library only.
 """
 
@@ -98,8 +101,20 @@ def _proc_table() -> dict[int, tuple[int, str]]:
     return table
 
 
+def is_warm_parent(pid: int) -> bool:
+    """Whether ``pid`` is a warm parent (:mod:`vllm_repro.engine.warm`) or one of the workers it
+    forked: shared by every client of its environment, so a signal to one run never sweeps it
+    (it retires when idle); this run's own forked workers are registered and killed by group."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"vllm_repro.engine.warm\0" in fh.read()
+    except OSError:
+        return False
+
+
 def descendants(root: int | None = None) -> list[int]:
-    """The live (not zombie) processes below ``root`` (default: this one)."""
+    """The live (not zombie) processes below ``root`` (default: this one), not entering a warm
+    parent (:func:`is_warm_parent`)."""
     root = os.getpid() if root is None else root
     table = _proc_table()
     children: dict[int, list[int]] = {}
@@ -108,6 +123,8 @@ def descendants(root: int | None = None) -> list[int]:
     out, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
+        if is_warm_parent(pid):
+            continue
         out.append(pid)
         todo.extend(children.get(pid, []))
     return [p for p in out if table.get(p, (0, "Z"))[1] not in ("Z", "X")]

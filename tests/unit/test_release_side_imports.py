@@ -13,7 +13,7 @@ MODULES = ["vllm_repro.engine.state", "vllm_repro.engine.adapter", "vllm_repro.e
            "vllm_repro.audit", "vllm_repro.audit.books", "vllm_repro.audit.checks",
            "vllm_repro.audit.hooks", "vllm_repro.audit.plant", "vllm_repro.records",
            "vllm_repro.engine.loop", "vllm_repro.engine.core_loop", "vllm_repro.engine.worker",
-           "vllm_repro.engine.kv_worker"]
+           "vllm_repro.engine.kv_worker", "vllm_repro.engine.warm"]
 
 BLOCKER = """
 import sys

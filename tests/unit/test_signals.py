@@ -106,6 +106,8 @@ def test_signal_stops_every_process_of_the_run(tmp_path, moment, sig, code):
     pids, ready = tmp_path / "pids", tmp_path / "ready"
     env = {**os.environ, "MOMENT": moment, "PIDS": str(pids), "READY": str(ready),
            "VLLM_REPRO_CACHE": str(tmp_path / "cache"),
+           # the stand-in speaks the worker's protocol, not a warm parent's: cold starts
+           "VLLM_REPRO_WARM": "off",
            "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "driver.py"), str(root), str(tree), "run",

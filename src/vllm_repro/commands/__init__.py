@@ -6,3 +6,20 @@ so that ``vllm-repro --help`` loads none of them.
 The features never import this package or :mod:`vllm_repro.cli`; what the commands print with
 is :mod:`vllm_repro.console`.
 """
+
+import os
+
+#: the ``--cold`` option's help (run, verify, bisect, fuzz, catalog run)
+COLD_HELP = ("Start every engine worker cold, without the release's warm parent "
+             "(docs/warm-runs.md; VLLM_REPRO_WARM=off does the same).")
+
+
+def warm_setting(cold: bool) -> None:
+    """``--cold``: ``VLLM_REPRO_WARM=off`` for this command and every process it starts (the
+    fuzzer's search processes); otherwise the setting is checked now (a bad value is exit 2)."""
+    from ..engine.warm_client import SETTING, enabled
+
+    if cold:
+        os.environ[SETTING] = "off"
+    else:
+        enabled()

@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from . import COLD_HELP, warm_setting
+
 
 def bisect(
     scenario: Path = typer.Argument(..., help="The scenario whose expected reproduction marks a bad release."),
@@ -17,6 +19,7 @@ def bisect(
     bad: Optional[str] = typer.Option(None, "--bad", help="A release that reproduces it "
                                       "(default: its first concrete vllm.reproduces_on)."),
     reports: Path = typer.Option(Path("reports"), help="Where reports/<scenario>/<version>/ go."),
+    cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Find the first bad (or first fixed) release between --bad and --good by binary search.
 
@@ -26,6 +29,7 @@ def bisect(
     Exit codes: 0 a boundary found (pinned, or between which two releases when skips hide it);
     2 bad input, or an endpoint that does not show its state; 3 environment error.
     """
+    warm_setting(cold)
     from ..bisect.run import ReleaseClassifier, default_endpoints, require_expectation
     from ..bisect.search import bisect_releases, release_span
     from ..console import out, say

@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from . import COLD_HELP, warm_setting
+
 from ..catalog import DEFAULT_DIR  # standard library only at import: --help stays light
 
 app = typer.Typer(help="The catalog of real vLLM bugs.", invoke_without_command=True)
@@ -46,8 +48,10 @@ def catalog_run(
     audit: bool = typer.Option(True, "--audit/--no-audit"),
     jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: CPUs, max 4)."),
     as_json: bool = typer.Option(False, "--json"),
+    cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Run every catalog entry on its own releases (and --also-on ones); print the table."""
+    warm_setting(cold)
     from ..catalog import catalog_items, run_catalog
     from ..console import print_results, say
     from ..inputs import folder, release_name, reports_dir

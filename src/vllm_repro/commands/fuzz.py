@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from . import COLD_HELP, warm_setting
+
 
 def fuzz(
     vllm: str = typer.Option(..., "--vllm", help="The release to fuzz."),
@@ -24,8 +26,10 @@ def fuzz(
     audit: bool = typer.Option(True, "--audit/--no-audit"),
     level: str = typer.Option("scheduler", "--level", help="scheduler | engine-core: the level the scenarios run at."),
     db: Optional[str] = typer.Option(None, "--db", help="The example database folder (default: <cache>/fuzz/examples); 'none' runs without one."),
+    cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Search workloads until vLLM raises or an invariant breaks; shrink; write reproducers."""
+    warm_setting(cold)
     from rich.live import Live
     from rich.table import Table
 

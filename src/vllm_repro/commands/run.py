@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from . import COLD_HELP, warm_setting
+
 DEFAULT_REPORTS = Path("reports")
 
 
@@ -23,8 +25,10 @@ def run(
     tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto (default: "
                                        "VLLM_REPRO_TREE, else full; auto: the committed slice "
                                        "where it is proven equivalent)."),
+    cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Run scenario(s) on vLLM release(s) and print the verdict table."""
+    warm_setting(cold)
     from ..console import print_results, say
     from ..inputs import release_name, reports_dir
     from ..lab import RunItem, releases_for, run_matrix

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from . import COLD_HELP, warm_setting
+
 
 def verify(
     scenario: Path = typer.Argument(..., help="The scenario the patch should fix."),
@@ -14,8 +16,10 @@ def verify(
     vllm: str = typer.Option(..., "--vllm", help="The release to patch (one that reproduces)."),
     reports: Path = typer.Option(Path("reports"), help="The bundle goes to reports/verify/<id>/."),
     catalog: Path = typer.Option(Path("scenarios"), help="Catalog whose other entries must keep their verdicts."),
+    cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Prove a fix on CPU: reproduced before, clean after, other entries unchanged."""
+    warm_setting(cold)
     from ..console import out, say, table
     from ..errors import EXIT_MISMATCH
     from ..verify.core import verify as run_verify

@@ -7,6 +7,12 @@ release's extracted tree. vLLM's log goes to a file; replies come back over a pi
 Each worker leads its own process group (a new session) and is registered with
 :mod:`vllm_repro.procs`, which kills the whole group on SIGINT / SIGTERM; no worker starts once
 an abort began.
+
+Warm runs (docs/warm-runs.md): unless ``--cold`` / ``VLLM_REPRO_WARM=off``, the worker is forked
+by the environment's warm parent (:mod:`vllm_repro.engine.warm_client`), which has imported the
+release's third-party dependencies already; the worker then imports vLLM from the tree and runs
+exactly as a cold one (same arguments, environment, limits, pipes, its own process group). Where
+no parent can serve, one line says why and the worker starts cold.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from pathlib import Path
 
 from .. import procs
+from . import warm_client
 from ..errors import EnvError, InputError
 from ..limits import run_limits
 from ..records import RecordError, RunResult
@@ -97,14 +104,24 @@ class Worker:
     """
 
     def __init__(self, env: ReleaseEnv, log_path: Path, model_dir: Path = DEFAULT_MODEL,
-                 extra_path: tuple[str, ...] = (), extra_env: dict[str, str] | None = None):
+                 extra_path: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
+                 warm: bool | None = None, platform: str | None = None):
+        """``warm``: fork from the environment's warm parent (default: ``VLLM_REPRO_WARM``;
+        never with ``extra_path`` / ``extra_env``, which the slicer's tracer uses: a trace of
+        imports needs a cold start). ``platform``: the platform the worker presents to vLLM
+        (a ``Platform.key()`` JSON, ``VLLM_REPRO_PLATFORM``; none: the default, CUDA), a
+        variable of the worker only: a warm parent never imports vLLM, so one serves all."""
         self.env = env
+        self.platform = platform
+        self.warm = (warm if warm is not None else warm_client.enabled()) and not extra_path \
+            and not extra_env
         self.extra_path = extra_path
         self.extra_env = extra_env
         self.log_path = log_path
         self.model_dir = model_dir
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | warm_client.WarmProc | None = None
         self.hello: dict = {}
+        self.warm_started = False  # whether this worker was forked by a warm parent
 
     def __enter__(self) -> "Worker":
         self.start()
@@ -123,23 +140,8 @@ class Worker:
         self._log.write(f"==== vllm-repro: a worker for vLLM {self.env.version} starts, "
                         f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
         self._log.flush()
-        try:
-            self.proc = subprocess.Popen(
-                [str(self.env.python), "-m", "vllm_repro.engine.worker",
-                 "--model-dir", str(self.model_dir), "--reply-fd", str(w),
-                 "--memory-limit-mb", str(run_limits().worker_memory_mb)],
-                stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                pass_fds=(w,),
-                env=self._environment(), text=True,
-                cwd=str(self.env.tree or self.log_path.parent),
-                start_new_session=True)  # its own process group: procs kills it whole
-        except OSError as exc:
-            os.close(r)
-            os.close(w)
-            raise EnvError(f"cannot start the worker for vLLM {self.env.version}: {exc}") from exc
-        procs.register(self.proc)
-        os.close(w)
-        self._replies = os.fdopen(r, "r")
+        if not (self.warm and self._start_warm(r, w)):
+            self._start_cold(r, w)
         self.hello = self._read("starting vLLM")
         if not self.hello.get("ok"):
             self.close()
@@ -154,6 +156,64 @@ class Worker:
         from .capabilities import save
 
         save(cache_dir(), self.capabilities)
+
+    def _argv(self) -> list[str]:
+        """The worker's arguments, ``--reply-fd`` aside."""
+        return ["--model-dir", str(self.model_dir),
+                "--memory-limit-mb", str(run_limits().worker_memory_mb)]
+
+    def _cwd(self) -> str:
+        return str(self.env.tree or self.log_path.parent)
+
+    def _start_cold(self, r: int, w: int) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                [str(self.env.python), "-m", "vllm_repro.engine.worker",
+                 "--model-dir", str(self.model_dir), "--reply-fd", str(w),
+                 "--memory-limit-mb", str(run_limits().worker_memory_mb)],
+                stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+                pass_fds=(w,), env=self._environment(), text=True, cwd=self._cwd(),
+                start_new_session=True)  # its own process group: procs kills it whole
+        except OSError as exc:
+            os.close(r)
+            os.close(w)
+            raise EnvError(f"cannot start the worker for vLLM {self.env.version}: {exc}") from exc
+        procs.register(self.proc)
+        os.close(w)
+        self._replies = os.fdopen(r, "r")
+
+    def _start_warm(self, r: int, w: int) -> bool:
+        """Have the warm parent fork the worker (stdin, log and reply pipe handed over);
+        ``False`` after a one-line note where none can serve (``r`` / ``w`` stay open for a
+        cold start)."""
+        stdin_r, stdin_w = os.pipe()
+        python = self.env.python
+        try:
+            proc = warm_client.spawn(
+                python, self.env.root, self._argv(), self._environment(),
+                self._parent_environment(), self._cwd(), (stdin_r, self._log.fileno(), w),
+                stdin=None)
+        except warm_client.WarmUnavailable as exc:
+            os.close(stdin_r)
+            os.close(stdin_w)
+            warm_client.note(f"{python}:{exc}",
+                             f"vLLM {self.env.version}: no warm start ({exc}); starting cold")
+            return False
+        os.close(stdin_r)
+        proc.stdin = os.fdopen(stdin_w, "w")
+        self.proc = proc
+        procs.register(proc)  # killed at once if an abort began while the parent forked it
+        os.close(w)
+        self._reply_fd = r
+        self.warm_started = True
+        return True
+
+    def _parent_environment(self) -> dict[str, str]:
+        """The warm parent's variables: the worker's, with only the lab on ``PYTHONPATH`` (the
+        tree is each run's; the parent never imports vLLM)."""
+        env = {**child_environment(self.env), "PYTHONHASHSEED": "0"}
+        env["PYTHONPATH"] = str(lab_path())
+        return env
 
     @property
     def capabilities(self):
@@ -170,15 +230,37 @@ class Worker:
         """:func:`child_environment` plus one string-hash seed for every run: with prefix
         caching, which cached blocks vLLM evicts (and so the prefix-cache contents) otherwise
         varies between two runs of one scenario (seen on 0.10.1.1), although what it schedules
-        does not. Only the engine worker gets it: vLLM's own tests check the random seeding."""
-        return {**child_environment(self.env, self.extra_path, self.extra_env),
-                "PYTHONHASHSEED": "0"}
+        does not. Only the engine worker gets it: vLLM's own tests check the random seeding.
+        With warm runs on, the first worker of an environment records what it imported for
+        the warm parent (:data:`~vllm_repro.engine.warm_client.MODULES_OUT`)."""
+        env = {**child_environment(self.env, self.extra_path, self.extra_env),
+               "PYTHONHASHSEED": "0"}
+        if self.platform:
+            env["VLLM_REPRO_PLATFORM"] = self.platform
+        if self.warm:
+            mods = warm_client.modules_file(self.env.python, self.env.root)
+            if not mods.exists():
+                mods.parent.mkdir(parents=True, exist_ok=True)
+                env[warm_client.MODULES_OUT] = str(mods)
+        return env
+
+    def _readline(self) -> str:
+        if self.warm_started:
+            return self.proc.readline(self._reply_fd).decode(errors="replace")
+        return self._replies.readline()
 
     def _read(self, what: str) -> dict:
-        line = self._replies.readline()
+        line = self._readline()
         if not line:
             code = self.proc.wait() if self.proc else None
             tail = _tail(self.log_path)
+            lost = getattr(self.proc, "lost", None)
+            if lost:  # the warm parent was killed mid-run: the worker went with it
+                said = [ln for ln in _tail(self.proc.parent_log, 2).split(" | ")
+                        if ln and not ln.startswith("====")]
+                raise EnvError(f"the vLLM {self.env.version} worker died while {what}: {lost}"
+                               f"{' (' + ' | '.join(said) + ')' if said else ''}; the next run "
+                               f"starts a new one (log: {self.log_path})")
             raise EnvError(f"the vLLM {self.env.version} worker died while {what} (exit {code}): "
                            f"{tail} (log: {self.log_path})")
         return json.loads(line)
@@ -225,6 +307,10 @@ class Worker:
         finally:
             procs.kill_group(self.proc)  # helpers the worker left behind in its group
             procs.unregister(self.proc)
+            if self.warm_started:
+                self.proc.close()
+                os.close(self._reply_fd)
+                self.warm_started = False
             self.proc = None
             self._log.close()
 

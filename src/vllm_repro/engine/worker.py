@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                        "error": f"importing vLLM failed: {type(exc).__name__}: {exc}",
                        "traceback": traceback.format_exc()[-4000:]})
         return 3
+    if os.environ.get("VLLM_REPRO_WARM_MODULES_OUT"):  # what a warm parent should import
+        from .warm import record_modules
+
+        record_modules(os.environ["VLLM_REPRO_WARM_MODULES_OUT"])
     _reply(reply, {"id": "hello", "ok": True, "vllm": adapter.version,
                    "vllm_path": str(adapter.vllm_file), "import_s": round(time.perf_counter() - t0, 3),
                    "python": sys.version.split()[0], "platform": adapter.platform,

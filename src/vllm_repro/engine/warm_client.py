@@ -1,0 +1,495 @@
+"""Host side of warm runs (docs/warm-runs.md): find or start the warm parent of a release
+environment (:mod:`vllm_repro.engine.warm`) and have it fork a run's engine worker.
+
+A parent is keyed by the environment's identity (its python, the stamps of its ``pyvenv.cfg``,
+``.ready.json`` and ``site-packages``: a rebuilt environment gets a new parent), the lab's
+package (its path and the modules the parent imports) and the worker's environment variables
+(volatile ones such as ``PWD`` aside). Its folder is ``<cache>/warm/<key>/``: ``sock`` (mode
+0700 folder), ``lock`` (``flock``: one client starts a parent, a retiring parent waits for no
+client), ``parent.json``, ``parent.log``. What a worker imported is recorded once per
+environment in ``<cache>/warm/modules/<env>.json`` (the parent's list); an environment where
+forking is not safe is marked in ``<cache>/warm/unsafe/<env>.txt`` and runs cold.
+
+Settings: ``VLLM_REPRO_WARM`` (``on`` default, ``off``: every run cold, as ``--cold``),
+``VLLM_REPRO_WARM_IDLE_S`` (a parent exits after this many idle seconds, default 300),
+``VLLM_REPRO_WARM_MAX`` (parents alive at once, default 4: the least recently used idle one
+is asked to exit to make room). Standard library only (the host's ``errors`` and ``settings``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import InputError
+from ..settings import cache_dir
+
+SETTING, IDLE_SETTING, MAX_SETTING = "VLLM_REPRO_WARM", "VLLM_REPRO_WARM_IDLE_S", "VLLM_REPRO_WARM_MAX"
+DEFAULT_IDLE_S, DEFAULT_MAX = 300.0, 4
+#: the worker records the modules it imported here (warm.third_party_modules), once per env
+MODULES_OUT = "VLLM_REPRO_WARM_MODULES_OUT"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+#: the lab's files a parent has imported (a change to one of them needs a new parent)
+_PARENT_FILES = ("__init__.py", "engine/__init__.py", "engine/warm.py")
+#: environment variables that change between shells or calls and that no import reads
+_VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONPATH",
+                       "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKE_TERMOUT", "MAKE_TERMERR",
+                       # the lab's own settings for building environments (Makefile exports)
+                       "TORCH_VERSION", "TORCH_INDEX_URL", "TORCH_WHEEL_DIR"})
+_VOLATILE_PREFIXES = ("PYTEST_", "SSH_", "TERM", "COLORTERM", "WINDOW", "TMUX", "STY")
+#: how long a starting parent may take to import (a loaded two-core machine: tens of seconds)
+START_TIMEOUT_S = 300.0
+_SOCK_MAX = 100  # sun_path is 104-108 bytes
+
+_parents: list[subprocess.Popen] = []  # started here: kept (and reaped) so none is a zombie long
+_noted: set[str] = set()
+_note_lock = threading.Lock()
+
+
+class WarmUnavailable(Exception):
+    """No warm parent for this run (the reason is the message); the run starts cold."""
+
+
+def enabled() -> bool:
+    """``VLLM_REPRO_WARM``: on unless ``0``/``off``/``false``/``no``/``cold``. Raises
+    :class:`InputError` (exit 2) for any other value."""
+    raw = os.environ.get(SETTING, "").strip().lower()
+    if raw in ("", "1", "on", "true", "yes", "warm"):
+        return True
+    if raw in ("0", "off", "false", "no", "cold"):
+        return False
+    raise InputError(f"{SETTING}={os.environ[SETTING]!r}: expected on or off (off: every run "
+                     "starts cold, as --cold does); set it to one, or unset it")
+
+
+def idle_seconds() -> float:
+    """``VLLM_REPRO_WARM_IDLE_S`` (seconds, > 0; default 300). :class:`InputError` otherwise."""
+    return _positive(IDLE_SETTING, DEFAULT_IDLE_S, float)
+
+
+def max_parents() -> int:
+    """``VLLM_REPRO_WARM_MAX`` (a whole number > 0; default 4)."""
+    return int(_positive(MAX_SETTING, DEFAULT_MAX, int))
+
+
+def _positive(name: str, default, kind):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = 0
+    if not value > 0 or value == float("inf"):
+        raise InputError(f"{name}={raw!r}: expected a positive number (default {default}); "
+                         "set it to one, or unset it")
+    return value
+
+
+def note(key: str, message: str) -> None:
+    """Say ``message`` on stderr once per process and ``key`` (the one-line fallback note)."""
+    with _note_lock:
+        if key in _noted:
+            return
+        _noted.add(key)
+    sys.stderr.write(f"{message}\n")
+    sys.stderr.flush()
+
+
+def _stamp(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return f"{path}:-"
+    return f"{path}:{st.st_mtime_ns}:{st.st_size}"
+
+
+def env_identity(python: Path, root: Path) -> str:
+    """A hash of the environment: its python's path and the stamps (mtime, size) of its
+    ``pyvenv.cfg``, ``.ready.json``, the python binary and each ``site-packages`` folder (a
+    package installed or removed changes the folder's mtime)."""
+    parts = [str(python), _stamp(python), _stamp(root / "pyvenv.cfg"), _stamp(root / ".ready.json")]
+    for lib in sorted(root.glob("lib*/python*/site-packages")):
+        parts.append(_stamp(lib))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def lab_identity() -> str:
+    """The lab package's path and the stamps of the modules a parent imports itself (every
+    other lab module is imported fresh by each forked worker)."""
+    parts = [str(PACKAGE_DIR), *(_stamp(PACKAGE_DIR / f) for f in _PARENT_FILES)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
+
+
+def keyed_vars(env: dict[str, str]) -> dict[str, str]:
+    """The variables a parent is keyed by: all that an import could read, so not
+    :data:`_VOLATILE` ones, nor what ``make`` exports from its own command line (named in
+    ``MAKEFLAGS`` after its ``--``: ``make cpu-repro REPORTS=...`` would otherwise key a parent
+    per reports folder)."""
+    flags = env.get("MAKEFLAGS", "")
+    overrides = flags.split(" -- ", 1)[1] if " -- " in f" {flags}" else ""
+    if flags.startswith("-- "):
+        overrides = flags[3:]
+    make = {w.split("=", 1)[0] for w in overrides.split() if "=" in w}
+    return {k: v for k, v in sorted(env.items())
+            if k not in _VOLATILE and k not in make and k != "MAKEOVERRIDES"
+            and not k.startswith(_VOLATILE_PREFIXES)}
+
+
+def env_vars_identity(env: dict[str, str]) -> str:
+    """A hash of :func:`keyed_vars`."""
+    return hashlib.sha256(json.dumps(sorted(keyed_vars(env).items())).encode()).hexdigest()[:8]
+
+
+def warm_root() -> Path:
+    root = cache_dir() / "warm"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return root
+
+
+def parent_key(python: Path, root: Path, env: dict[str, str]) -> str:
+    return f"{env_identity(python, root)}-{lab_identity()}-{env_vars_identity(env)}"
+
+
+def modules_file(python: Path, root: Path) -> Path:
+    """Where the environment's module list is (its folder made)."""
+    d = warm_root() / "modules"
+    d.mkdir(exist_ok=True)
+    return d / f"{env_identity(python, root)}.json"
+
+
+def unsafe_file(python: Path, root: Path) -> Path:
+    return warm_root() / "unsafe" / f"{env_identity(python, root)}.txt"
+
+
+@contextmanager
+def _locked(path: Path):
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _connect(sock: Path) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(sock))
+    except OSError:  # no socket file, or nobody listening (a parent that died or retired)
+        s.close()
+        return None
+    return s
+
+
+class _Lines:
+    """Lines of a stream socket, with a timeout per line."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+        self.buf = b""
+        self.eof = False
+
+    def fill(self) -> None:
+        try:
+            data = self.conn.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+        self.buf += data
+
+    def pop(self) -> dict | None:
+        if b"\n" not in self.buf:
+            return None
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            return {}
+
+    def read(self, timeout: float | None) -> dict | None:
+        """The next message, ``None`` at EOF. Raises ``TimeoutError``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            msg = self.pop()
+            if msg is not None:
+                return msg
+            if self.eof:
+                return None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.conn], [], [], left)
+            if ready:
+                self.fill()
+            elif left is not None:
+                raise TimeoutError
+
+
+class WarmProc:
+    """A forked engine worker, as much of :class:`subprocess.Popen` as the host and
+    :mod:`vllm_repro.procs` use: ``pid`` (the leader of its own process group), ``stdin``,
+    ``returncode``, ``poll``, ``wait``, ``kill``. Its exit status comes from the parent over
+    ``conn``; ``lost`` says why there is none (the parent died)."""
+
+    def __init__(self, conn: socket.socket, pid: int, parent_pid: int, parent_log: Path,
+                 stdin):
+        self.conn = conn
+        self._lines = _Lines(conn)
+        self.pid = pid
+        self.parent_pid = parent_pid
+        self.parent_log = parent_log
+        self.stdin = stdin
+        self.returncode: int | None = None
+        self.lost: str | None = None
+        self._reply_buf = b""
+
+    def _message(self, timeout: float | None) -> None:
+        msg = self._lines.read(timeout)
+        if msg is None:
+            if self.returncode is None:
+                self.lost = f"its warm parent (pid {self.parent_pid}) died"
+                self._kill_group()
+                self.returncode = -signal.SIGKILL
+            return
+        if "exit" in msg:
+            self.returncode = int(msg["exit"])
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self._message(0)
+            except TimeoutError:
+                pass
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                if left is not None and left <= 0:
+                    raise TimeoutError
+                self._message(left)
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(f"warm worker {self.pid}", timeout) from None
+        return self.returncode
+
+    def _kill_group(self) -> None:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self._kill_group()
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except OSError:
+                pass
+
+    def readline(self, fd: int) -> bytes:
+        """One line from the worker's reply pipe ``fd`` (``b""`` at its end), watching the
+        parent meanwhile: if the parent dies, the worker's group is killed (its replies end)."""
+        while True:
+            if b"\n" in self._reply_buf:
+                line, self._reply_buf = self._reply_buf.split(b"\n", 1)
+                return line + b"\n"
+            watch = [fd] if self._lines.eof or self.returncode is not None else [fd, self.conn]
+            ready, _, _ = select.select(watch, [], [])
+            if fd in ready:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    line, self._reply_buf = self._reply_buf, b""
+                    return line
+                self._reply_buf += data
+            elif self.conn in ready:
+                self._message(0)
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _live_parents(root: Path) -> list[tuple[float, Path, int]]:
+    """(last used, folder, pid) of every parent that says it is alive."""
+    out = []
+    for info in root.glob("*/parent.json"):
+        try:
+            pid = int(json.loads(info.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(pid):
+            used = info.parent / "used"
+            try:
+                when = used.stat().st_mtime
+            except OSError:
+                when = 0.0
+            out.append((when, info.parent, pid))
+    return sorted(out)
+
+
+def _make_room(root: Path, folder: Path) -> None:
+    """At :func:`max_parents`, ask the least recently used idle parent to exit."""
+    live = [p for p in _live_parents(root) if p[1] != folder]
+    limit = max_parents()
+    while len(live) >= limit:
+        for i, (_, other, _pid) in enumerate(live):
+            conn = _connect(other / "sock")
+            if conn is None:
+                continue
+            try:
+                conn.sendall(b'{"op": "exit"}\n')
+                reply = _Lines(conn).read(5)
+            except (OSError, TimeoutError):
+                reply = None
+            finally:
+                conn.close()
+            if reply and reply.get("exiting"):
+                del live[i]
+                break
+        else:
+            raise WarmUnavailable(f"{len(live)} warm parents are busy ({MAX_SETTING}={limit})")
+
+
+def _start_parent(python: Path, folder: Path, parent_env: dict[str, str], mods: Path) -> None:
+    for old in list(_parents):  # reap the ones that retired
+        if old.poll() is not None:
+            _parents.remove(old)
+    _make_room(folder.parent, folder)
+    log = open(folder / "parent.log", "a")
+    log.write(f"==== vllm-repro: a warm parent starts, {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
+    log.flush()
+    try:
+        proc = subprocess.Popen(
+            [str(python), "-m", "vllm_repro.engine.warm", "--dir", str(folder),
+             "--idle", str(idle_seconds()), "--modules", str(mods)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=parent_env,
+            cwd=str(folder), start_new_session=True)
+    except OSError as exc:
+        raise WarmUnavailable(f"cannot start a warm parent: {exc}") from exc
+    finally:
+        log.close()
+    _parents.append(proc)
+    first = b""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    fd = proc.stdout.fileno()
+    while not first.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(0.0, left))
+        if not ready:
+            proc.kill()
+            raise WarmUnavailable(f"the warm parent did not start in {START_TIMEOUT_S:.0f}s")
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        first += data
+    proc.stdout.close()
+    try:
+        msg = json.loads(first)
+    except ValueError:
+        proc.kill()
+        raise WarmUnavailable(f"the warm parent did not start (exit {proc.poll()}; log: "
+                              f"{folder / 'parent.log'})") from None
+    if not msg.get("ready"):
+        raise WarmUnavailable(str(msg.get("unsafe") or msg.get("error")))
+
+
+def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
+          parent_env: dict[str, str], cwd: str, fds: tuple[int, int, int], stdin,
+          module: str | None = None) -> WarmProc:
+    """Have the environment's warm parent (started here if none serves) fork a worker with
+    ``argv`` (the worker's, ``--reply-fd`` aside), ``worker_env`` and ``cwd``; ``fds``: its
+    stdin, log and reply pipe. Raises :class:`WarmUnavailable` with the reason it cannot."""
+    if not hasattr(socket, "send_fds") or not hasattr(os, "fork"):
+        raise WarmUnavailable(f"this platform ({sys.platform}) has no os.fork / socket.send_fds")
+    unsafe = unsafe_file(python, root)
+    if unsafe.is_file():
+        raise WarmUnavailable(f"forking is not safe in this environment: "
+                              f"{unsafe.read_text(errors='replace').strip()}")
+    folder = warm_root() / parent_key(python, root, parent_env)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if not (folder / "vars.json").exists():
+        try:  # which variables made this key (names and a hash of each value: no secrets)
+            (folder / "vars.json").write_text(json.dumps(
+                {k: hashlib.sha256(v.encode()).hexdigest()[:8]
+                 for k, v in keyed_vars(parent_env).items()}, indent=0))
+        except OSError:
+            pass
+    sock = folder / "sock"
+    if len(str(sock)) > _SOCK_MAX:
+        raise WarmUnavailable(f"the socket path {sock} is longer than a unix socket allows "
+                              "(a shorter VLLM_REPRO_CACHE)")
+    mods = modules_file(python, root)
+    mods.parent.mkdir(exist_ok=True)
+    msg = {"op": "run", "argv": argv, "env": worker_env, "cwd": cwd}
+    if module:  # tests: a stand-in for the engine worker
+        msg["module"] = module
+    request = (json.dumps(msg) + "\n").encode()
+    why = "the warm parent did not answer"
+    for _attempt in range(3):
+        conn = _connect(sock)
+        if conn is None:
+            with _locked(folder / "lock"):
+                conn = _connect(sock)
+                if conn is None:
+                    try:
+                        _start_parent(python, folder, parent_env, mods)
+                    except WarmUnavailable as exc:
+                        if "thread" in str(exc):  # not worth another try on this environment
+                            unsafe.parent.mkdir(exist_ok=True)
+                            unsafe.write_text(str(exc))
+                        raise
+                    conn = _connect(sock)
+        if conn is None:
+            continue
+        try:
+            (folder / "used").touch()
+            socket.send_fds(conn, [request], list(fds))
+            reply = _Lines(conn).read(60)
+        except (OSError, TimeoutError):
+            reply = None
+        if reply and "pid" in reply:
+            try:
+                info = json.loads((folder / "parent.json").read_text())
+                parent_pid = int(info["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                parent_pid = -1
+            return WarmProc(conn, int(reply["pid"]), parent_pid, folder / "parent.log", stdin)
+        conn.close()
+        if reply and "error" in reply:
+            why = str(reply["error"])
+            break
+    raise WarmUnavailable(why)
+
+
+__all__ = ["WarmUnavailable", "WarmProc", "enabled", "idle_seconds", "max_parents", "spawn",
+           "note", "parent_key", "env_identity", "lab_identity", "env_vars_identity",
+           "modules_file", "SETTING", "IDLE_SETTING", "MAX_SETTING", "MODULES_OUT"]

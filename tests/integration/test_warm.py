@@ -1,0 +1,126 @@
+"""Warm runs on a real release (vLLM 0.10.1.1, nothing mocked; docs/warm-runs.md): the flagship's
+verdict and result do not change between a cold and a warm run; a line edited into a copy of
+the release's ``scheduler.py`` that raises is seen on the next warm run; killing the warm parent
+mid-run is exit 3 naming it, and the next run starts a new parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import FLAGSHIP, ROOT, run_cli, warm_parent_pid
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc").is_dir(),
+                                 reason="warm parents fork (Linux)")]
+
+VERSION = "0.10.1.1"
+STRESS = ROOT / "scenarios" / "stress" / "stress-fcfs-nocache.yaml"
+# parents these tests start retire soon after (a reused one keeps the idle time it started with)
+ENV = {"VLLM_REPRO_WARM_IDLE_S": "120"}
+#: what may differ between two runs of one scenario: times and where the log is
+VOLATILE = {"timing", "engine_log", "python"}
+
+
+def _result(reports: Path, scenario: str = FLAGSHIP.stem) -> dict:
+    data = json.loads((reports / scenario / VERSION / "result.json").read_text())
+    if data.get("crash"):
+        data["crash"].pop("traceback", None)  # names the lab's path link and the tree's
+    return {k: v for k, v in data.items() if k not in VOLATILE}
+
+
+def _warm_parent() -> int | None:
+    return warm_parent_pid(VERSION)
+
+
+def test_the_flagship_verdict_and_result_are_the_same_cold_and_warm(tmp_path):
+    runs = {}
+    for mode in ("cold", "warm", "warm-again"):
+        reports = tmp_path / mode
+        args = ["run", str(FLAGSHIP), "--vllm", VERSION, "--reports", str(reports), "--json"]
+        r = run_cli(*args, *(["--cold"] if mode == "cold" else []), env=ENV)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert ("(warm)" in r.stderr) == (mode != "cold"), r.stderr[-2000:]
+        verdicts = json.loads(r.stdout)
+        runs[mode] = (verdicts, _result(reports))
+    assert runs["cold"][1]["outcome"] == "crash"
+    assert runs["warm"] == runs["cold"]
+    assert runs["warm-again"] == runs["cold"]
+
+
+def test_an_edited_line_that_raises_is_seen_on_the_next_warm_run(tmp_path):
+    from vllm_repro.lab import RunItem, run_matrix
+    from vllm_repro.scenario.load import load_scenario
+    from vllm_repro.sources.env import ReleaseEnv
+    from vllm_repro.sources.prepare import prepare_release
+
+    os.environ.update(ENV)
+    cached = prepare_release(VERSION, lambda s: None, tree="full")
+    tree = tmp_path / "tree"  # a copy: the cached tree is never edited
+    shutil.copytree(cached.tree, tree, symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    env = ReleaseEnv(VERSION, tree, cached.root)
+    said: list[str] = []
+
+    def run(name: str):
+        item = RunItem(load_scenario(FLAGSHIP), VERSION)
+        run_matrix([item], tmp_path / name, prepare=lambda v: env, say=said.append)
+        return item.result
+
+    before = run("before")
+    assert before.crash and before.crash.type == "AssertionError"
+    sched = tree / "vllm" / "v1" / "core" / "sched" / "scheduler.py"
+    src = sched.read_text()
+    marker = "    def schedule(self) -> SchedulerOutput:\n"
+    assert marker in src
+    sched.write_text(src.replace(marker, marker + "        raise RuntimeError('warm-edit-marker')\n", 1))
+    after = run("after")
+    assert [s for s in said if "imported in" in s and "(warm)" in s][-1:], said
+    assert after.crash and after.crash.type == "RuntimeError", after
+    assert "warm-edit-marker" in after.crash.message
+    assert after.crash.where.file.endswith("vllm/v1/core/sched/scheduler.py")
+    assert after.crash.step == 1  # the first schedule() call
+
+
+def test_killing_the_warm_parent_mid_run_is_exit_3_and_the_next_run_starts_a_new_one(tmp_path):
+    import subprocess
+    import sys
+
+    warm_up = run_cli("run", str(FLAGSHIP), "--vllm", VERSION, "--reports", str(tmp_path / "w"),
+                      env=ENV)
+    assert warm_up.returncode == 0, warm_up.stderr[-2000:]
+    parent = _warm_parent()
+    assert parent, "no warm parent after a warm run"
+    reports = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(STRESS), "--vllm",
+                             VERSION, "--reports", str(reports)], cwd=ROOT,
+                            env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # mid-run: the staged trace has steps in it
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "never got mid-run"
+            staged = next(iter(reports.glob(f"{STRESS.stem}/.{VERSION}.partial-*/trace.jsonl")), None)
+            if staged is not None and staged.read_text().count("\n") > 20:
+                break
+            time.sleep(0.02)
+        os.kill(parent, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, (out, err)
+    assert f"its warm parent (pid {parent}) died" in out + err, out + err
+    assert "the next run starts a new one" in out + err
+    again = run_cli("run", str(FLAGSHIP), "--vllm", VERSION, "--reports", str(tmp_path / "n"),
+                    env=ENV)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "(warm)" in again.stderr
+    assert _warm_parent() not in (None, parent)

@@ -1,0 +1,269 @@
+"""Warm runs without a release (docs/warm-runs.md): the keys that decide when a new warm parent
+is needed, the settings, and the protocol end to end with a real parent process in the lab's
+own interpreter, forking a stand-in worker module from a tree: descriptors handed over, its own
+session, the run's environment and ``sys.path``, an edited tree file seen on the next fork, the
+exit status, a killed parent, the idle exit and the fork-safety refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_repro.engine import warm, warm_client
+from vllm_repro.errors import InputError
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc").is_dir(),
+                                reason="warm parents fork (Linux)")
+
+PYTHON = Path(sys.executable)
+ROOT_ENV = PYTHON.parent.parent
+
+STANDIN = textwrap.dedent("""\
+    import json, os, sys
+    import probe_value
+    fd = int(sys.argv[sys.argv.index("--reply-fd") + 1])
+    out = os.fdopen(fd, "w", buffering=1)
+    print("stand-in says hello on its log", flush=True)
+    out.write(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+                          "cwd": os.getcwd(), "marker": os.environ.get("WARM_TEST_MARKER"),
+                          "path0": sys.path[0], "value": probe_value.VALUE,
+                          "argv": sys.argv[1:], "main": __name__}) + "\\n")
+    line = sys.stdin.readline()
+    out.write(json.dumps({"echo": line.strip()}) + "\\n")
+    if line.strip() == "hang":
+        import time
+        time.sleep(120)
+    sys.exit(7)
+    """)
+
+
+@pytest.fixture
+def cache(monkeypatch):
+    # short: a unix socket's path is at most about 100 bytes (pytest's tmp_path is long)
+    d = Path(tempfile.mkdtemp(prefix="vrw-", dir="/tmp"))
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(d))
+    monkeypatch.setenv(warm_client.IDLE_SETTING, "30")
+    yield d
+    for info in d.glob("warm/*/parent.json"):  # no parent outlives its test
+        try:
+            os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            pass
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    t = tmp_path / "tree"
+    t.mkdir()
+    (t / "standin.py").write_text(STANDIN)
+    (t / "probe_value.py").write_text("VALUE = 1\n")
+    return t
+
+
+def _envs(tree: Path, extra_parent_path: str = "") -> tuple[dict, dict]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    lab = str(Path(warm.__file__).resolve().parents[2])
+    parent = {**base, "PYTHONPATH": os.pathsep.join(p for p in (lab, extra_parent_path) if p),
+              "PYTHONHASHSEED": "0"}
+    worker = {**base, "PYTHONPATH": os.pathsep.join([lab, str(tree)]), "PYTHONHASHSEED": "0",
+              "WARM_TEST_MARKER": "from-the-run"}
+    return parent, worker
+
+
+def _spawn(tree: Path, log: Path, parent_env: dict, worker_env: dict):
+    if not warm_client.modules_file(PYTHON, ROOT_ENV).exists():  # preload nothing: fast
+        warm_client.modules_file(PYTHON, ROOT_ENV).write_text("[]")
+    stdin_r, stdin_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    logf = open(log, "a")
+    try:
+        proc = warm_client.spawn(PYTHON, ROOT_ENV, ["--model-dir", "x"], worker_env, parent_env,
+                                 str(tree), (stdin_r, logf.fileno(), reply_w), stdin=None,
+                                 module="standin")
+    finally:
+        os.close(stdin_r)
+        os.close(reply_w)
+        logf.close()
+    proc.stdin = os.fdopen(stdin_w, "w")
+    return proc, reply_r
+
+
+def _reply(proc, fd) -> dict:
+    line = proc.readline(fd)
+    return json.loads(line) if line else {}
+
+
+def _parent_pid() -> int:
+    infos = list(Path(os.environ["VLLM_REPRO_CACHE"]).glob("warm/*/parent.json"))
+    assert len(infos) == 1, infos
+    return json.loads(infos[0].read_text())["pid"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_forked_worker_gets_the_runs_pipes_environment_session_and_exit_code(cache, tree, tmp_path):
+    parent_env, worker_env = _envs(tree)
+    log = tmp_path / "engine.log"
+    proc, fd = _spawn(tree, log, parent_env, worker_env)
+    hello = _reply(proc, fd)
+    assert hello["pid"] == proc.pid
+    assert hello["pgid"] == proc.pid and hello["sid"] == proc.pid  # leads its own session
+    assert hello["cwd"] == str(tree) and hello["path0"] == str(tree)
+    assert hello["marker"] == "from-the-run"  # the run's variables, not the parent's
+    assert hello["argv"][:2] == ["--model-dir", "x"] and "--reply-fd" in hello["argv"]
+    assert hello["main"] == "__main__"  # run as `python -m` runs it
+    proc.stdin.write("ping\n")
+    proc.stdin.flush()
+    assert _reply(proc, fd) == {"echo": "ping"}
+    assert proc.wait(timeout=20) == 7
+    assert _reply(proc, fd) == {}  # the reply pipe ends with the worker
+    assert "stand-in says hello on its log" in log.read_text()
+    proc.close()
+
+
+def test_the_next_fork_sees_an_edited_tree_file_and_the_same_parent(cache, tree, tmp_path):
+    parent_env, worker_env = _envs(tree)
+    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
+    assert _reply(proc, fd)["value"] == 1
+    proc.stdin.close()
+    proc.wait(timeout=20)
+    first = _parent_pid()
+    (tree / "probe_value.py").write_text("VALUE = 2  # edited\n")
+    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
+    assert _reply(proc, fd)["value"] == 2
+    assert _parent_pid() == first  # reused, not restarted
+    proc.stdin.close()
+    proc.wait(timeout=20)
+
+
+def test_a_killed_parent_ends_its_worker_and_the_next_spawn_starts_a_new_one(cache, tree, tmp_path):
+    parent_env, worker_env = _envs(tree)
+    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
+    _reply(proc, fd)
+    proc.stdin.write("hang\n")
+    proc.stdin.flush()
+    assert _reply(proc, fd) == {"echo": "hang"}
+    first = _parent_pid()
+    os.kill(first, signal.SIGKILL)
+    assert proc.readline(fd) == b""  # not the 120 s the worker would sleep
+    proc.wait(timeout=10)  # as the host does at the end of the replies: why it ended
+    assert proc.lost and str(first) in proc.lost
+    deadline = time.monotonic() + 10
+    while _alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(proc.pid)
+    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
+    assert _reply(proc, fd)["pid"] == proc.pid
+    assert _parent_pid() != first
+    proc.stdin.close()
+    assert proc.wait(timeout=20) == 7
+
+
+def test_a_parent_exits_after_its_idle_time(cache, tree, tmp_path, monkeypatch):
+    monkeypatch.setenv(warm_client.IDLE_SETTING, "1")
+    parent_env, worker_env = _envs(tree)
+    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
+    _reply(proc, fd)
+    pid = _parent_pid()
+    proc.stdin.close()
+    proc.wait(timeout=20)
+    deadline = time.monotonic() + 15
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+    assert not list(cache.glob("warm/*/sock")) and not list(cache.glob("warm/*/parent.json"))
+
+
+def test_a_parent_whose_imports_start_a_thread_refuses_and_says_why(cache, tree, tmp_path):
+    extra = tmp_path / "mods"
+    extra.mkdir()
+    (extra / "threadstarter.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True, "
+        "name='starter').start()\n")
+    parent_env, worker_env = _envs(tree, str(extra))
+    warm_client.modules_file(PYTHON, ROOT_ENV).write_text(json.dumps(["threadstarter"]))
+    with pytest.raises(warm_client.WarmUnavailable, match="threads are running.*starter"):
+        _spawn(tree, tmp_path / "log", parent_env, worker_env)
+    # remembered for the environment: the next run goes cold at once
+    with pytest.raises(warm_client.WarmUnavailable, match="not safe in this environment"):
+        _spawn(tree, tmp_path / "log", parent_env, worker_env)
+
+
+def test_the_parent_key_follows_the_environment_and_its_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path / "c"))
+    root = tmp_path / "env"
+    site = root / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (root / "bin").mkdir()
+    (root / "bin" / "python").write_text("")
+    (root / "pyvenv.cfg").write_text("home = /usr\n")
+    py = root / "bin" / "python"
+    env = {"HF_HOME": "/a", "PWD": "/x", "PYTEST_CURRENT_TEST": "t1", "PYTHONPATH": "/tree1"}
+    key = warm_client.parent_key(py, root, env)
+    # a different shell folder, test or tree: the same parent
+    same = {**env, "PWD": "/y", "PYTEST_CURRENT_TEST": "t2", "PYTHONPATH": "/tree2"}
+    assert warm_client.parent_key(py, root, same) == key
+    # what make exports from its command line (make cpu-repro REPORTS=...): the same parent
+    made = {**env, "MAKEOVERRIDES": "${-*-command-variables-*-}", "REPORTS": "/r1",
+            "MAKEFLAGS": " -- RUNNER=native REPORTS=/r1", "RUNNER": "native"}
+    assert warm_client.parent_key(py, root, made) == key
+    assert warm_client.parent_key(py, root, {**made, "REPORTS": "/r2",
+                                             "MAKEFLAGS": " -- RUNNER=native REPORTS=/r2"}) == key
+    # a variable an import reads: another parent
+    assert warm_client.parent_key(py, root, {**env, "HF_HOME": "/b"}) != key
+    # a package installed (site-packages changes) or the environment rebuilt: another parent
+    os.utime(site, ns=(1, 1))
+    rebuilt = warm_client.parent_key(py, root, env)
+    assert rebuilt != key
+    (root / "pyvenv.cfg").write_text("home = /usr/local\n")
+    assert warm_client.parent_key(py, root, env) != rebuilt
+    # another python path: another environment
+    assert warm_client.env_identity(tmp_path / "other" / "python", root) != \
+        warm_client.env_identity(py, root)
+
+
+@pytest.mark.parametrize("value, on", [("", True), ("on", True), ("1", True), ("off", False),
+                                       ("0", False), ("cold", False)])
+def test_the_warm_setting(monkeypatch, value, on):
+    monkeypatch.setenv(warm_client.SETTING, value)
+    assert warm_client.enabled() is on
+
+
+@pytest.mark.parametrize("name, value", [(warm_client.SETTING, "maybe"),
+                                         (warm_client.IDLE_SETTING, "-3"),
+                                         (warm_client.IDLE_SETTING, "soon"),
+                                         (warm_client.MAX_SETTING, "0")])
+def test_a_bad_warm_setting_is_an_input_error_naming_it(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InputError, match=name):
+        warm_client.enabled()
+        warm_client.idle_seconds()
+        warm_client.max_parents()
+
+
+def test_the_recorded_modules_leave_out_vllm_and_the_lab():
+    names = warm.third_party_modules()
+    assert "json" in names
+    assert not [n for n in names if n.split(".")[0] in warm.NEVER or n.startswith("vllm")]
+
+
+def test_the_childs_sys_path_is_a_cold_python_m_one():
+    parent_path = ["/warm/dir", "/lab", "/usr/lib/python3.11", "/env/site-packages"]
+    assert warm.child_sys_path("/tree", "/lab:/tree", parent_path, "/lab") == \
+        ["/tree", "/lab", "/tree", "/usr/lib/python3.11", "/env/site-packages"]
