@@ -67,7 +67,7 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
     """The ``config:`` of a scenario (vLLM's names), drawn once per example (``@initialize``).
     Features the release lacks (``caps``) are not drawn; everything shrinks towards a plain
     full-attention fcfs config without spec decode or async scheduling."""
-    block_size = 16  # the block size every release's CPU platform accepts
+    block_size = 16  # a block size every release accepts, under the CUDA and the CPU platform
     num_blocks = draw(st.integers(*profile.blocks))
     max_model_len = min(MAX_MODEL_LEN, (num_blocks - 1) * block_size)
     cfg = {

@@ -74,8 +74,8 @@ DEFAULT = Profile("default")
 def scenarios(draw, profile: Profile = DEFAULT, version: str | None = None) -> dict:
     """A scenario dict (validates as ``Scenario``), named ``fuzz``; ``version`` goes into
     ``vllm.reproduces_on`` when given."""
-    # 16 is the block size every release's CPU platform accepts (0.10.x refuses others without
-    # IPEX); the GPU-side meaning of the bugs does not depend on it
+    # 16 is a block size every release accepts under either platform (0.10.x's CPU platform
+    # refuses others without IPEX); the GPU-side meaning of the bugs does not depend on it
     block_size = 16
     policy = draw(st.sampled_from(profile.policies))
     spec = profile.spec_decode and draw(st.booleans())
