@@ -267,3 +267,45 @@ def test_the_childs_sys_path_is_a_cold_python_m_one():
     parent_path = ["/warm/dir", "/lab", "/usr/lib/python3.11", "/env/site-packages"]
     assert warm.child_sys_path("/tree", "/lab:/tree", parent_path, "/lab") == \
         ["/tree", "/lab", "/tree", "/usr/lib/python3.11", "/env/site-packages"]
+
+
+def _foreign(path: Path, how: str) -> None:
+    """Make ``path`` unusable for warm parents the way an image's cache is: baked by another
+    user (root builds the image, uid 1000 runs it), or not a folder at all."""
+    if how == "file":
+        path.write_text("not a folder\n")
+    else:
+        path.mkdir(mode=0o700)
+        os.chown(path, 65534, 65534)
+
+
+@pytest.mark.parametrize("how", ["file", pytest.param("other-user", marks=pytest.mark.skipif(
+    os.getuid() != 0, reason="chown to another user needs root"))])
+def test_a_cache_whose_warm_folder_is_not_this_users_own_serves_from_tmp(cache, tree, tmp_path,
+                                                                         monkeypatch, how):
+    _foreign(cache / "warm", how)
+    tmp = Path(tempfile.mkdtemp(prefix="vrt-", dir="/tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    try:
+        assert warm_client.warm_root() == tmp / f"vllm-repro-{os.getuid()}" / "warm"
+        parent_env, worker_env = _envs(tree)
+        proc, fd = _spawn(tree, tmp_path / "w.log", parent_env, worker_env)
+        assert _reply(proc, fd)["marker"] == "from-the-run"
+        proc.stdin.write("bye\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 7
+    finally:
+        for info in tmp.glob("*/warm/*/parent.json"):
+            os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_no_usable_warm_folder_is_a_reason_to_start_cold_naming_both(cache, tmp_path, monkeypatch):
+    _foreign(cache / "warm", "file")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / f"vllm-repro-{os.getuid()}").write_text("a file where the folder would be\n")
+    with pytest.raises(warm_client.WarmUnavailable) as err:
+        warm_client.warm_root()
+    assert str(cache / "warm") in str(err.value) and "vllm-repro-" in str(err.value)
+    with pytest.raises(warm_client.WarmUnavailable):
+        warm_client.modules_file(PYTHON, ROOT_ENV)

@@ -193,7 +193,7 @@ class Worker:
                 python, self.env.root, self._argv(), self._environment(),
                 self._parent_environment(), self._cwd(), (stdin_r, self._log.fileno(), w),
                 stdin=None)
-        except warm_client.WarmUnavailable as exc:
+        except (warm_client.WarmUnavailable, OSError) as exc:  # OSError: its folder or socket
             os.close(stdin_r)
             os.close(stdin_w)
             warm_client.note(f"{python}:{exc}",
@@ -238,9 +238,11 @@ class Worker:
         if self.platform:
             env["VLLM_REPRO_PLATFORM"] = self.platform
         if self.warm:
-            mods = warm_client.modules_file(self.env.python, self.env.root)
-            if not mods.exists():
-                mods.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                mods = warm_client.modules_file(self.env.python, self.env.root)
+            except warm_client.WarmUnavailable:
+                mods = None  # spawn says why, once, and the run starts cold
+            if mods is not None and not mods.exists():
                 env[warm_client.MODULES_OUT] = str(mods)
         return env
 

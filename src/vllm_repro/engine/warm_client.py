@@ -5,7 +5,8 @@ A parent is keyed by the environment's identity (its python, the stamps of its `
 ``.ready.json`` and ``site-packages``: a rebuilt environment gets a new parent), the lab's
 package (its path and the modules the parent imports) and the worker's environment variables
 (volatile ones such as ``PWD`` aside). Its folder is ``<cache>/warm/<key>/``: ``sock`` (mode
-0700 folder), ``lock`` (``flock``: one client starts a parent, a retiring parent waits for no
+0700 folder; ``<tmp>/vllm-repro-<uid>/warm`` where the cache is not this user's own and
+writable, as in the images), ``lock`` (``flock``: one client starts a parent, a retiring parent waits for no
 client), ``parent.json``, ``parent.log``. What a worker imported is recorded once per
 environment in ``<cache>/warm/modules/<env>.json`` (the parent's list); an environment where
 forking is not safe is marked in ``<cache>/warm/unsafe/<env>.txt`` and runs cold.
@@ -152,10 +153,37 @@ def env_vars_identity(env: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(keyed_vars(env).items())).encode()).hexdigest()[:8]
 
 
+def _own_folder(path: Path) -> bool:
+    """``path`` made (mode 0700) where missing, and usable by this user alone: a folder that
+    is this uid's, writable and searchable. ``False`` on any ``OSError``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = path.lstat()
+    except OSError:
+        return False
+    import stat
+
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+            and os.access(path, os.W_OK | os.X_OK))
+
+
 def warm_root() -> Path:
-    root = cache_dir() / "warm"
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return root
+    """The folder of warm parents: ``<cache>/warm``, or, where that is not this user's own
+    writable folder (an image's cache baked by root and read-only at run time, a cache shared
+    between users), ``<tmp>/vllm-repro-<uid>/warm``. Raises :class:`WarmUnavailable` when
+    neither can be used (the run starts cold)."""
+    import tempfile
+
+    try:
+        candidates = [cache_dir() / "warm"]
+    except InputError:
+        candidates = []
+    candidates.append(Path(tempfile.gettempdir()) / f"vllm-repro-{os.getuid()}" / "warm")
+    for root in candidates:
+        if _own_folder(root):
+            return root
+    raise WarmUnavailable("no folder for warm parents is writable by this user ("
+                          + ", ".join(map(str, candidates)) + ")")
 
 
 def parent_key(python: Path, root: Path, env: dict[str, str]) -> str:
@@ -163,9 +191,11 @@ def parent_key(python: Path, root: Path, env: dict[str, str]) -> str:
 
 
 def modules_file(python: Path, root: Path) -> Path:
-    """Where the environment's module list is (its folder made)."""
+    """Where the environment's module list is (its folder made). Raises
+    :class:`WarmUnavailable` where no warm folder is this user's own."""
     d = warm_root() / "modules"
-    d.mkdir(exist_ok=True)
+    if not _own_folder(d):
+        raise WarmUnavailable(f"the folder {d} is not this user's own")
     return d / f"{env_identity(python, root)}.json"
 
 
@@ -435,7 +465,8 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
         raise WarmUnavailable(f"forking is not safe in this environment: "
                               f"{unsafe.read_text(errors='replace').strip()}")
     folder = warm_root() / parent_key(python, root, parent_env)
-    folder.mkdir(mode=0o700, exist_ok=True)
+    if not _own_folder(folder):
+        raise WarmUnavailable(f"the warm parent's folder {folder} is not this user's own")
     if not (folder / "vars.json").exists():
         try:  # which variables made this key (names and a hash of each value: no secrets)
             (folder / "vars.json").write_text(json.dumps(
@@ -448,7 +479,6 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
         raise WarmUnavailable(f"the socket path {sock} is longer than a unix socket allows "
                               "(a shorter VLLM_REPRO_CACHE)")
     mods = modules_file(python, root)
-    mods.parent.mkdir(exist_ok=True)
     msg = {"op": "run", "argv": argv, "env": worker_env, "cwd": cwd}
     if module:  # tests: a stand-in for the engine worker
         msg["module"] = module
