@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Iterable
 
 from rich.console import Console
+from rich.text import Text
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -23,8 +24,11 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
 
 def say(msg: str) -> None:
-    """A progress line on stderr (dim): what the lab is doing now."""
-    err.print(f"[dim]{msg}[/dim]", highlight=False)
+    """A progress line on stderr (dim): what the lab is doing now, printed as written (no
+    markup: a path with ``[...]`` in it stays that)."""
+    from rich.markup import escape
+
+    err.print(f"[dim]{escape(msg)}[/dim]", highlight=False)
 
 
 def error(msg: str) -> None:
@@ -53,7 +57,8 @@ def verdict_table(verdicts) -> Table:
     t = table(("scenario", "vllm", "expect", "observed", "ok"), edge=False)
     for v in verdicts:
         style = {"yes": "green", "NO": "red", "ERROR": "red", "-": "yellow"}[v.ok_text]
-        t.add_row(v.scenario, v.vllm, v.expected, v.observed, f"[{style}]{v.ok_text}[/{style}]")
+        t.add_row(*(Text(str(c)) for c in (v.scenario, v.vllm, v.expected, v.observed)),
+                  f"[{style}]{v.ok_text}[/{style}]")  # the cells as written, never markup
     return t
 
 
