@@ -9,8 +9,10 @@ processes, and returns the verdicts in input order. Releases are made ready by
 
 from __future__ import annotations
 
+import fcntl
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -59,7 +61,32 @@ class RunItem:
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                  audit: bool, keep_going: bool, say: Say, log_name: str | None = None,
                  platform: str | None = None) -> None:
-    log = ReportDir.engine_log(reports, log_name or version)
+    with _claimed_log(ReportDir.engine_log(reports, log_name or version)) as log:
+        _run_release_logged(version, env, items, reports, log, audit, keep_going, say, platform)
+
+
+@contextmanager
+def _claimed_log(log: Path):
+    """The worker's log for this process: ``log`` itself, or ``<name>.<pid>.log`` beside it
+    while another process (a concurrent run into the same reports folder) holds ``log``, so
+    that two runs never write one log and each run's ``engine.log`` is its own. Held with
+    ``flock`` on ``.<name>.lock`` until the release's runs end."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log.parent / f".{log.stem}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held by another run
+            yield log.with_name(f"{log.stem}.{os.getpid()}.log")
+            return
+        try:
+            yield log
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
+                        log: Path, audit: bool, keep_going: bool, say: Say,
+                        platform: str | None) -> None:
     from .scenario.release_fields import unknown_passthrough
 
     for item in items:  # a config field the release lacks: refused before vLLM is imported
@@ -69,6 +96,7 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
     items = [item for item in items if item.result is None]
     if not items:
         return
+    changed = _tree_changes(version, env, say)
     try:
         with Worker(env, log, platform=platform) as worker:
             say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s"
@@ -83,9 +111,26 @@ def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: P
                                              item.scenario, version))
                 item.result.engine_log = str(_run_log(log, start, item.report))
                 item.result.substitutions = env.substitutions() or None
+                item.result.tree_changes = changed
     except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
             item.fail_from(exc)
+
+
+def _tree_changes(version: str, env: ReleaseEnv, say: Say) -> list[str] | None:
+    """How the release's tree differs from its manifest (``sources/manifest.py``), said in one
+    line when it does; ``None`` when it does not or has no manifest."""
+    from .sources import manifest
+
+    if env.tree is None:
+        return None
+    found = manifest.changes(env.tree)
+    if not found:
+        return None
+    say(f"vLLM {version}: its tree differs from the release's sdist in {len(found)} file(s): "
+        f"{manifest.summary(found)}; these runs observe the edit (`vllm-repro prepare {version} "
+        f"--restore` puts the release back; {env.tree})")
+    return [str(c) for c in found]
 
 
 def _log_name(version: str, kind: str | None, several_kinds: bool, platform: str,

@@ -296,7 +296,10 @@ class RunResult(Record):
     ``platform`` the platform vLLM saw (``cuda 9.0 (emulated NonNvmlCudaPlatform)``, ``cpu
     (vLLM's CpuPlatform)``: ``engine/adapter/platform.py``); ``substitutions`` the release's
     pinned requirements its environment has as another version, because the index no longer
-    has the pinned one (``xgrammar==0.1.16 -> xgrammar==0.1.17 ...``; ``sources/env.py``).
+    has the pinned one (``xgrammar==0.1.16 -> xgrammar==0.1.17 ...``; ``sources/env.py``);
+    ``tree_changes`` how the release's tree differs from what was extracted from its sdist
+    (``edited vllm/v1/core/sched/scheduler.py``, ``added ...``, ``removed ...``;
+    ``sources/manifest.py``): a run on an edited tree is an observation of the edit.
     ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
     ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the
     report is written.
@@ -309,6 +312,7 @@ class RunResult(Record):
     python: str | None = None
     platform: str | None = None
     substitutions: list[str] | None = None
+    tree_changes: list[str] | None = None
     crash: Crash | None = None
     stall: Stall | None = None
     violations: list[Violation] | None = None

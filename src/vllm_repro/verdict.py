@@ -149,7 +149,15 @@ def _expected(scenario: Scenario, kind: str | None) -> str:
 
 def judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
     """The verdict for one (scenario, release) run (see the module's rules for audit
-    findings that are not the scenario's bug)."""
+    findings that are not the scenario's bug). A run on a tree that differs from the release's
+    sdist (``result.tree_changes``) says so in ``observed``: it observed the edit."""
+    v = _judge(scenario, version, result)
+    if result.tree_changes:
+        v.observed += f" (on an edited tree: {len(result.tree_changes)} file(s))"
+    return v
+
+
+def _judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
     outcome = result.outcome
     kind = scenario.vllm.expectation_for(version)
     v = Verdict(scenario.name, version, _expected(scenario, kind), describe_observed(result),

@@ -8,18 +8,25 @@ import typer
 
 
 def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build."),
-            tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto")) -> None:
+            tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto"),
+            restore: bool = typer.Option(False, "--restore", help=(
+                "Extract the release's trees again from its sdist, dropping any edit made "
+                "to them (runs report an edited tree)."))) -> None:
     """Fetch, verify and extract release(s), build their CPU environments, and import each
-    release's scheduler and engine-core path there (the worker's start-up) before saying ready."""
+    release's scheduler and engine-core path there (the worker's start-up) before saying ready.
+    With ``--restore``, the trees are extracted again first."""
     from ..console import out, say
     from ..engine.host import Worker
     from ..inputs import release_name
     from ..settings import cache_dir
-    from ..sources.prepare import check_tree, prepare_release
+    from ..sources.prepare import check_tree, prepare_release, restore_trees
 
     check_tree(tree)
     versions = [release_name(v, "VERSION") for v in versions]
     for v in versions:
+        if restore:
+            for d in restore_trees(v):
+                say(f"vLLM {v}: removed {d}; extracting it again")
         env = prepare_release(v, say, tree=tree)
         for line in env.substitutions():
             say(f"vLLM {env.version}: substituted {line}")

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import EnvError, InputError
 from ..settings import IndexSettings, TorchSource, cache_dir
+from ..sources import manifest
 from ..sources.env import ReleaseEnv, base_python, fresh_env, index_args, run_uv, torch_install, uv_env
 from ..sources.sdist import Release, safe_members, write_dist_info
 
@@ -319,6 +320,11 @@ def materialise(spec: dict, release: Release, target: Path | None = None) -> Pat
     target = target or cache_dir() / "slices" / f"{version}-{spec_key(spec)}"
     stamp = target / ".materialised"
     if stamp.is_file():
+        if not manifest.has_manifest(target):  # a slice made before manifests
+            try:
+                manifest.write(target, spec["files"])
+            except OSError:
+                pass
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=target.parent))
@@ -367,6 +373,7 @@ def materialise(spec: dict, release: Release, target: Path | None = None) -> Pat
                 "import _vllm_slice\n_vllm_slice.stub_module(__name__, __file__)\n")
         stamp_tmp = tmp / ".materialised"
         stamp_tmp.write_text(json.dumps({"files": len(want), "stubs": sorted(stubs)}))
+        manifest.write(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

@@ -107,6 +107,26 @@ def release_lock(version: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def restore_trees(version: str) -> list[Path]:
+    """Remove the release's extracted trees (the full tree and its slices), so that the next
+    prepare extracts them again from the hash-checked sdist, without any edit made to them.
+    Returns the folders removed. Raises :class:`EnvError` when one cannot be removed."""
+    import shutil
+
+    from .sdist import tree_dir
+
+    gone = []
+    with release_lock(version):
+        for d in [tree_dir(version), *sorted((cache_dir() / "slices").glob(f"{version}-*"))]:
+            if d.is_dir():
+                try:
+                    shutil.rmtree(d)
+                except OSError as exc:
+                    raise EnvError(f"cannot remove {d} to restore vLLM {version}: {exc}") from exc
+                gone.append(d)
+    return gone
+
+
 def build_tree_env(version: str, kind: str, say: Say = lambda s: None,
                    progress: Callable[[int, int | None], None] | None = None) -> ReleaseEnv:
     """Fetch ``version`` and build its ``kind`` (``full`` or ``slice``) of tree and environment,

@@ -7,6 +7,7 @@ Cache layout under :func:`vllm_repro.settings.cache_dir`::
     trees/0.10.1.1/vllm/...            the package, extracted (only what the lab needs)
     trees/0.10.1.1/requirements/...    the release's requirement files
     trees/0.10.1.1/vllm-0.10.1.1+cpu.dist-info/   metadata that makes vLLM see a CPU build
+    trees/0.10.1.1/.manifest.json      sha256 of every file, checked before each run (manifest.py)
 
 Downloads and extractions write to a temporary name in the same folder and are renamed into
 place, so an interrupted run never leaves a partial file where a good one is expected.
@@ -28,6 +29,7 @@ from typing import Callable
 
 from ..errors import EnvError, InputError
 from ..settings import IndexSettings, cache_dir
+from . import manifest
 from .index import SdistInfo, find_sdist, open_url
 
 #: Parts of the sdist the lab extracts, as path prefixes below the top folder.
@@ -177,6 +179,8 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
     if stamp.is_file():
         try:
             if json.loads(stamp.read_text()).get("sha256") == release.sha256:
+                if not manifest.has_manifest(target):  # a tree made before manifests
+                    _manifest_from_sdist(release, target, parts)
                 return target
         except ValueError:
             pass
@@ -197,6 +201,7 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
                     tf.extract(m, tmp, set_attrs=False)
         write_dist_info(tmp, release.version)
         (tmp / ".extracted.json").write_text(json.dumps({"sha256": release.sha256, "parts": parts}))
+        manifest.write(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -206,6 +211,20 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _manifest_from_sdist(release: Release, tree: Path, parts: tuple[str, ...]) -> None:
+    """The manifest of a tree extracted before manifests, with the sdist's own hashes (so an
+    edit made since shows as one); nothing where the cache is read-only."""
+    expected = {}
+    try:
+        with tarfile.open(release.sdist, "r:gz") as tf:
+            for m, rel in safe_members(tf, parts):
+                if m.isfile():
+                    expected[rel] = hashlib.sha256(tf.extractfile(m).read()).hexdigest()
+        manifest.write(tree, expected)
+    except (OSError, tarfile.TarError):
+        pass
 
 
 def write_dist_info(tree: Path, version: str) -> Path:

@@ -1,0 +1,123 @@
+"""Integrity of extracted trees (issue 18 item 7, sources/manifest.py): every file's sha256 is
+written when a tree is extracted and checked before each run, so an edit to a cached tree is
+reported (and recorded with the run) instead of silently changing a verdict; ``prepare
+--restore`` extracts the release again; concurrent runs into one reports folder each get their
+own worker log."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from vllm_repro import lab
+from vllm_repro.records import RunResult
+from vllm_repro.sources import manifest
+from vllm_repro.sources import sdist as sd
+from vllm_repro.sources.env import ReleaseEnv
+
+from .fake_index import FakeIndex, make_sdist
+
+SCHED = "vllm/v1/core/sched/scheduler.py"
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def tree(monkeypatch):
+    with FakeIndex({"vllm-9.9.9.tar.gz": make_sdist("9.9.9")}) as idx:
+        monkeypatch.setenv("PIP_INDEX_URL", idx.url)
+        from vllm_repro import settings
+
+        settings.pip_config.cache_clear()
+        rel = sd.fetch_sdist("9.9.9")
+    return rel, sd.extract_tree(rel)
+
+
+def test_a_fresh_tree_has_a_manifest_and_no_changes(tree):
+    _, t = tree
+    files = json.loads((t / manifest.MANIFEST).read_text())["files"]
+    assert SCHED in files and files[SCHED][2] == sd.sha256_file(t / SCHED)
+    assert manifest.changes(t) == []
+
+
+def test_edits_additions_links_and_removals_are_each_reported(tree):
+    _, t = tree
+    with open(t / SCHED, "a") as f:
+        f.write("# a debugger's edit\n")
+    (t / "vllm/new_module.py").write_text("x = 1\n")
+    os.symlink("/etc/passwd", t / "vllm/pw")
+    removed = next(p for p in sorted((t / "vllm").rglob("*.py")) if p.name != "scheduler.py"
+                   and p.name != "new_module.py")
+    removed.unlink()
+    found = {str(c) for c in manifest.changes(t)}
+    assert found == {f"edited {SCHED}", "added vllm/new_module.py", "added vllm/pw",
+                     f"removed {removed.relative_to(t).as_posix()}"}
+
+
+def test_a_touch_or_an_edit_undone_or_bytecode_is_no_change(tree):
+    _, t = tree
+    original = (t / SCHED).read_bytes()
+    (t / SCHED).write_bytes(original + b"#")
+    (t / SCHED).write_bytes(original)  # undone: other mtime, same bytes
+    later = time.time() + 5
+    os.utime(t / "vllm/__init__.py", (later, later))
+    (t / "vllm/__pycache__").mkdir(exist_ok=True)
+    (t / "vllm/__pycache__/x.cpython-311.pyc").write_bytes(b"\0")
+    assert manifest.changes(t) == []
+
+
+def test_a_tree_extracted_before_manifests_is_checked_against_its_sdist(tree):
+    rel, t = tree
+    (t / manifest.MANIFEST).unlink()
+    with open(t / SCHED, "a") as f:  # edited before the lab knew manifests
+        f.write("# edited long ago\n")
+    assert manifest.changes(t) is None  # no manifest: nothing to say
+    sd.extract_tree(rel)  # the next prepare writes one, from the sdist's own hashes
+    assert [str(c) for c in manifest.changes(t)] == [f"edited {SCHED}"]
+
+
+def test_a_run_on_an_edited_tree_says_so_and_records_it(tree, tmp_path):
+    _, t = tree
+    env = ReleaseEnv("9.9.9", t, tmp_path / "env")
+    said = []
+    assert lab._tree_changes("9.9.9", env, said.append) is None and said == []
+    with open(t / SCHED, "a") as f:
+        f.write("# edit\n")
+    changes = lab._tree_changes("9.9.9", env, said.append)
+    assert changes == [f"edited {SCHED}"]
+    assert len(said) == 1 and SCHED in said[0] and "prepare 9.9.9 --restore" in said[0]
+    from vllm_repro.verdict import judge
+
+    from .builders import make_scenario
+
+    scenario = make_scenario(vllm={"reproduces_on": ["9.9.8"], "clean_on": ["9.9.9"]})
+    result = RunResult("clean", scenario="s", vllm="9.9.9", tree_changes=changes)
+    v = judge(scenario, "9.9.9", result)
+    assert v.ok and v.observed.endswith("(on an edited tree: 1 file(s))")
+
+
+def test_restore_extracts_the_release_again_without_the_edit(tree, isolated_cache):
+    from vllm_repro.sources.prepare import restore_trees
+
+    rel, t = tree
+    with open(t / SCHED, "a") as f:
+        f.write("# edit\n")
+    (isolated_cache / "slices" / "9.9.9-abc").mkdir(parents=True)
+    gone = restore_trees("9.9.9")
+    assert gone == [t, isolated_cache / "slices" / "9.9.9-abc"] and not t.exists()
+    assert manifest.changes(sd.extract_tree(rel)) == []
+
+
+def test_two_runs_at_once_into_one_reports_folder_get_their_own_worker_log(tmp_path):
+    log = tmp_path / "_engine" / "0.10.2.log"
+    with lab._claimed_log(log) as first, lab._claimed_log(log) as second:
+        assert first == log and second == log.with_name(f"0.10.2.{os.getpid()}.log")
+    with lab._claimed_log(log) as again:  # released: the next run has the usual name
+        assert again == log
