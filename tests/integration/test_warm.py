@@ -1,6 +1,7 @@
 """Warm runs on a real release (vLLM 0.10.1.1, nothing mocked; docs/warm-runs.md): the flagship's
 verdict and result do not change between a cold and a warm run; a line edited into a copy of
-the release's ``scheduler.py`` that raises is seen on the next warm run; killing the warm parent
+the release's ``scheduler.py`` that raises is seen on the next warm run (and the run says it ran
+on an edited tree); killing the warm parent
 mid-run is exit 3 naming it, and the next run starts a new parent."""
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ def test_an_edited_line_that_raises_is_seen_on_the_next_warm_run(tmp_path):
     os.environ.update(ENV)
     cached = prepare_release(VERSION, lambda s: None, tree="full")
     tree = tmp_path / "tree"  # a copy: the cached tree is never edited
-    shutil.copytree(cached.tree, tree, symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    shutil.copytree(cached.tree, tree, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     env = ReleaseEnv(VERSION, tree, cached.root)
     said: list[str] = []
 
@@ -75,6 +75,7 @@ def test_an_edited_line_that_raises_is_seen_on_the_next_warm_run(tmp_path):
 
     before = run("before")
     assert before.crash and before.crash.type == "AssertionError"
+    assert before.tree_changes is None  # the copy is the release, file for file (its manifest)
     sched = tree / "vllm" / "v1" / "core" / "sched" / "scheduler.py"
     src = sched.read_text()
     marker = "    def schedule(self) -> SchedulerOutput:\n"
@@ -86,6 +87,9 @@ def test_an_edited_line_that_raises_is_seen_on_the_next_warm_run(tmp_path):
     assert "warm-edit-marker" in after.crash.message
     assert after.crash.where.file.endswith("vllm/v1/core/sched/scheduler.py")
     assert after.crash.step == 1  # the first schedule() call
+    # never silent (issue 18 item 7): the run says it ran on an edited tree, and records which
+    assert after.tree_changes == ["edited vllm/v1/core/sched/scheduler.py"]
+    assert any("tree differs" in s and "scheduler.py" in s for s in said), said
 
 
 def test_killing_the_warm_parent_mid_run_is_exit_3_and_the_next_run_starts_a_new_one(tmp_path):
