@@ -45,25 +45,51 @@ def _try_import(*candidates: str):
         return None
 
 
-def params_of(fn: Callable) -> tuple[set[str], bool]:
-    """(names of the parameters ``fn`` accepts, whether it takes ``**kwargs``)."""
+#: ``params_of`` / ``init_params`` answers per callable: the adapter asks on every request and
+#: step (about 2,100 ``inspect.signature`` calls a flagship run), and a release's signatures do
+#: not change while its worker runs
+_PARAMS: dict = {}
+
+
+def _cached(kind: str, fn, compute):
+    try:
+        return _PARAMS[(kind, fn)]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable: asked every time
+        return compute(fn)
+    answer = _PARAMS[(kind, fn)] = compute(fn)
+    return answer
+
+
+def params_of(fn: Callable) -> tuple[frozenset[str], bool]:
+    """(names of the parameters ``fn`` accepts, whether it takes ``**kwargs``), asked once per
+    callable in a worker."""
+    return _cached("params", fn, _params_of)
+
+
+def _params_of(fn: Callable) -> tuple[frozenset[str], bool]:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return set(), True
-    names = {p.name for p in sig.parameters.values()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return frozenset(), True
+    names = frozenset(p.name for p in sig.parameters.values()
+                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
     return names, var_kw
 
 
-def init_params(cls: type) -> tuple[set[str], bool]:
+def init_params(cls: type) -> tuple[frozenset[str], bool]:
     """``params_of`` for a class's constructor, looking through ``__init__(self, *args,
     **kwargs)`` wrappers to the first class in the MRO that names its parameters.
 
     vLLM's ``AsyncScheduler.__init__(self, *args, **kwargs)`` (0.17 onward) only forwards to
     ``Scheduler.__init__``: read as "takes any keyword", it made the lab pass the first V1
     generation's keywords, which ``Scheduler`` rejects (the async-scheduling defect)."""
+    return _cached("init", cls, _init_params)
+
+
+def _init_params(cls: type) -> tuple[frozenset[str], bool]:
     for klass in getattr(cls, "__mro__", (cls,)):
         init = klass.__dict__.get("__init__")
         if init is None:
