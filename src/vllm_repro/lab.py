@@ -78,10 +78,24 @@ def _claimed_log(log: Path):
         except OSError:  # held by another run
             yield log.with_name(f"{log.stem}.{os.getpid()}.log")
             return
+        for old in log.parent.glob(f"{log.stem}.*.log"):  # those of runs that have ended
+            pid = old.name[len(log.stem) + 1:-len(".log")]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                old.unlink(missing_ok=True)
         try:
             yield log
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
@@ -115,6 +129,7 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
     except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
             item.fail_from(exc)
+            item.result.tree_changes = changed  # an edit may be what broke the start
 
 
 def _tree_changes(version: str, env: ReleaseEnv, say: Say) -> list[str] | None:
@@ -219,6 +234,13 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     for item in items:
         item.fail("lab", "the run produced no result")  # never silently clean
         item.verdict = judge(item.scenario, item.version, item.result)
+        err = item.result.error
+        if item.report is None and err is not None and err.kind != "input":
+            # a lab or environment failure before the run began (its worker did not start):
+            # its report says so, so the previous run's verdict is not shown as this one's;
+            # an input error leaves the previous report as it was (bad input loses nothing)
+            item.report = ReportDir(reports, item.scenario.name, item.version)
+            item.report.begin()
         if item.report is not None and item.report.current.is_dir():
             item.result.verdict = item.verdict.as_dict()
             item.report.write_result(item.result)

@@ -119,5 +119,66 @@ def test_two_runs_at_once_into_one_reports_folder_get_their_own_worker_log(tmp_p
     log = tmp_path / "_engine" / "0.10.2.log"
     with lab._claimed_log(log) as first, lab._claimed_log(log) as second:
         assert first == log and second == log.with_name(f"0.10.2.{os.getpid()}.log")
+        second.write_text("the other run's log\n")
+    ended = log.with_name("0.10.2.999999999.log")  # of a run whose process is gone
+    ended.write_text("old\n")
     with lab._claimed_log(log) as again:  # released: the next run has the usual name
         assert again == log
+    assert not ended.exists()  # the run that wrote it has ended
+    assert second.exists()  # this process, still alive, wrote it
+
+
+@pytest.mark.parametrize("text", ["not json", "", "[1, 2]", '{"files": 5}', '{"files": []}',
+                                  '{"files": {"pyproject.toml": 5}}',
+                                  '{"files": {"pyproject.toml": [1, 2]}}'])
+def test_a_damaged_manifest_is_written_again_from_the_sdist_and_an_edit_still_shows(tree, text):
+    rel, t = tree
+    with open(t / SCHED, "a") as f:
+        f.write("# edit\n")
+    (t / manifest.MANIFEST).write_text(text)
+    assert manifest.changes(t) is None  # never a crash
+    sd.extract_tree(rel)  # the next prepare
+    assert [str(c) for c in manifest.changes(t)] == [f"edited {SCHED}"]
+
+
+def test_a_manifest_that_cannot_be_written_leaves_nothing_behind(tree):
+    rel, t = tree
+    (t / manifest.MANIFEST).unlink()
+    (t / manifest.MANIFEST).mkdir()  # cannot be replaced by a file
+    sd.extract_tree(rel)
+    assert not (t / f"{manifest.MANIFEST}.tmp").exists()
+    assert manifest.changes(t) is None
+
+
+def test_a_worker_that_cannot_start_replaces_the_previous_report_but_bad_input_does_not(
+        tree, tmp_path, monkeypatch):
+    """The previous run's "clean, yes" must not stand for a run that just failed (exit 3)."""
+    from vllm_repro.records import ReportDir
+
+    from .builders import make_scenario
+
+    monkeypatch.setenv("VLLM_REPRO_WARM", "off")
+    _, t = tree
+    reports = tmp_path / "reports"
+    scenario = make_scenario(name="stale", vllm={"reproduces_on": ["9.9.8"], "clean_on": ["9.9.9"]})
+    old = ReportDir(reports, "stale", "9.9.9")
+    old.begin()
+    old.write_result(RunResult("clean", scenario="stale", vllm="9.9.9"))
+    old.commit()
+    broken = ReleaseEnv("9.9.9", t, tmp_path / "no-such-env")  # its python does not exist
+    item = lab.RunItem(scenario, "9.9.9")
+    lab.run_matrix([item], reports, prepare=lambda v: broken)
+    assert item.result.outcome == "error" and item.result.error.kind == "env"
+    written = json.loads(old.result_path.read_text())
+    assert written["outcome"] == "error" and written["verdict"]["ok"] is False
+    # an input error (here: a release the index does not have) leaves the report as it was
+    from vllm_repro.errors import InputError
+
+    def unknown(version):
+        raise InputError(f"vLLM {version} is not on the package index")
+
+    before = old.result_path.read_bytes()
+    item = lab.RunItem(scenario, "9.9.9")
+    lab.run_matrix([item], reports, prepare=unknown)
+    assert item.result.error is not None and item.result.error.kind == "input", item.result
+    assert old.result_path.read_bytes() == before

@@ -309,3 +309,16 @@ def test_no_usable_warm_folder_is_a_reason_to_start_cold_naming_both(cache, tmp_
     assert str(cache / "warm") in str(err.value) and "vllm-repro-" in str(err.value)
     with pytest.raises(warm_client.WarmUnavailable):
         warm_client.modules_file(PYTHON, ROOT_ENV)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+def test_a_tmp_folder_another_user_made_first_is_not_used(cache, monkeypatch):
+    _foreign(cache / "warm", "file")
+    tmp = Path(tempfile.mkdtemp(prefix="vrt-", dir="/tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    try:
+        _foreign(tmp / f"vllm-repro-{os.getuid()}", "other-user")  # made first by uid 65534
+        with pytest.raises(warm_client.WarmUnavailable, match="no folder for warm parents"):
+            warm_client.warm_root()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -14,7 +14,7 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
                 "to them (runs report an edited tree)."))) -> None:
     """Fetch, verify and extract release(s), build their CPU environments, and import each
     release's scheduler and engine-core path there (the worker's start-up) before saying ready.
-    With ``--restore``, the trees are extracted again first."""
+    With --restore, the trees are extracted again first."""
     from ..console import out, say
     from ..engine.host import Worker
     from ..inputs import release_name

@@ -178,9 +178,12 @@ def warm_root() -> Path:
         candidates = [cache_dir() / "warm"]
     except InputError:
         candidates = []
-    candidates.append(Path(tempfile.gettempdir()) / f"vllm-repro-{os.getuid()}" / "warm")
+    own_tmp = Path(tempfile.gettempdir()) / f"vllm-repro-{os.getuid()}"
+    candidates.append(own_tmp / "warm")
     for root in candidates:
-        if _own_folder(root):
+        # in a shared tmp, the folder above must be this user's too (another user could have
+        # made it first, and so own what is put in it)
+        if (root.parent != own_tmp or _own_folder(own_tmp)) and _own_folder(root):
             return root
     raise WarmUnavailable("no folder for warm parents is writable by this user ("
                           + ", ".join(map(str, candidates)) + ")")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 MANIFEST = ".manifest.json"
 #: the lab's stamps in a tree (not vLLM's files)
-STAMPS = frozenset({MANIFEST, ".extracted.json", ".materialised"})
+STAMPS = frozenset({MANIFEST, f"{MANIFEST}.tmp", ".extracted.json", ".materialised"})
 _FORMAT = 1
 
 
@@ -79,21 +79,42 @@ def write(tree: Path, expected: dict[str, str] | None = None) -> None:
     for rel, sha in (expected or {}).items():
         files.setdefault(rel, [-1, -1, sha])  # in the sdist, gone from the tree: removed
     tmp = tree / f"{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"format": _FORMAT, "files": files}, sort_keys=True))
-    os.replace(tmp, tree / MANIFEST)
+    try:
+        tmp.write_text(json.dumps({"format": _FORMAT, "files": files}, sort_keys=True))
+        os.replace(tmp, tree / MANIFEST)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _load(tree: Path) -> dict[str, list] | None:
+    """The manifest's files (path -> ``[size, mtime_ns, sha256]``), or ``None`` when it is
+    missing, unreadable or not of that shape."""
+    try:
+        data = json.loads((tree / MANIFEST).read_text())
+        files = data["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and len(v) == 3
+            and isinstance(v[0], int) and isinstance(v[1], int) and isinstance(v[2], str)
+            for k, v in files.items()):
+        return None
+    return files
 
 
 def has_manifest(tree: Path) -> bool:
-    return (tree / MANIFEST).is_file()
+    """Whether ``tree`` has a manifest :func:`changes` can read (one that is missing or
+    damaged is written again from the sdist by the next prepare)."""
+    return _load(tree) is not None
 
 
 def changes(tree: Path) -> list[TreeChange] | None:
     """How ``tree`` differs from its manifest (sorted by path), or ``None`` when it has no
-    readable manifest (a tree made before manifests, in a read-only cache)."""
-    try:
-        data = json.loads((tree / MANIFEST).read_text())
-        files: dict[str, list] = data["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    readable manifest (a tree made before manifests, or a damaged manifest, in a read-only
+    cache: a writable one gets it written again by the next prepare)."""
+    files = _load(tree)
+    if files is None:
         return None
     found: list[TreeChange] = []
     seen = set()
