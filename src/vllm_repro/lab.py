@@ -19,7 +19,7 @@ from typing import Callable
 
 from .engine.host import Worker
 from .errors import EXIT_INPUT, EnvError, InputError, LabError
-from .records import ReportDir, RunResult
+from .records import ReportDir, RunResult, _alive
 from .scenario.schema import Scenario
 from .sources.env import ReleaseEnv
 from .sources.installed import check_release, installed
@@ -80,22 +80,12 @@ def _claimed_log(log: Path):
             return
         for old in log.parent.glob(f"{log.stem}.*.log"):  # those of runs that have ended
             pid = old.name[len(log.stem) + 1:-len(".log")]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not _alive(int(pid)):
                 old.unlink(missing_ok=True)
         try:
             yield log
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,

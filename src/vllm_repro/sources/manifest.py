@@ -38,7 +38,8 @@ class TreeChange:
         return f"{self.kind} {self.path}"
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The file's sha256 (hex), read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -73,7 +74,7 @@ def write(tree: Path, expected: dict[str, str] | None = None) -> None:
     for rel, st in _walk(tree):
         if not stat.S_ISREG(st.st_mode):
             continue
-        sha = _sha256(tree / rel)
+        sha = sha256_file(tree / rel)
         want = (expected or {}).get(rel, sha)
         files[rel] = [st.st_size, st.st_mtime_ns, sha] if want == sha else [-1, -1, want]
     for rel, sha in (expected or {}).items():
@@ -128,7 +129,7 @@ def changes(tree: Path) -> list[TreeChange] | None:
         if st.st_size == size and st.st_mtime_ns == mtime_ns:
             continue
         try:
-            if _sha256(tree / rel) != sha:
+            if sha256_file(tree / rel) != sha:
                 found.append(TreeChange(rel, "edited"))
         except OSError:
             found.append(TreeChange(rel, "edited"))
@@ -142,4 +143,4 @@ def summary(found: list[TreeChange], most: int = 3) -> str:
     return shown + (f" and {len(found) - most} more" if len(found) > most else "")
 
 
-__all__ = ["MANIFEST", "TreeChange", "write", "changes", "has_manifest", "summary"]
+__all__ = ["MANIFEST", "TreeChange", "write", "changes", "has_manifest", "summary", "sha256_file"]

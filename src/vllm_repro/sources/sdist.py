@@ -30,6 +30,7 @@ from typing import Callable
 from ..errors import EnvError, InputError
 from ..settings import IndexSettings, cache_dir
 from . import manifest
+from .manifest import sha256_file
 from .index import SdistInfo, find_sdist, open_url
 
 #: Parts of the sdist the lab extracts, as path prefixes below the top folder.
@@ -49,12 +50,6 @@ class Release:
     upload_time: datetime
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _sdist_paths(version: str) -> tuple[Path, Path]:
