@@ -50,8 +50,6 @@ class Release:
     upload_time: datetime
 
 
-
-
 def _sdist_paths(version: str) -> tuple[Path, Path]:
     d = cache_dir() / "sdists"
     return d / f"vllm-{version}.tar.gz", d / f"vllm-{version}.tar.gz.json"
