@@ -27,4 +27,11 @@ for _ in $(seq 1 30); do
   sleep 1
 done
 echo "compose-check: cpu exited ${code:-?}; GET http://127.0.0.1:$port/ -> $status ($(grep -c '<tr>' "$reports/page.html" 2>/dev/null || echo 0) rows); $(( $(date +%s) - start ))s"
-[ "${code:-1}" = 0 ] && [ "$status" = 200 ] && grep -q "vllm-repro reports" "$reports/page.html"
+# the reports server must stop on SIGTERM (init: true), not be killed at the timeout
+down_start=$(date +%s%N)
+docker-compose -p "$project" down --timeout 5 >>"$log" 2>&1
+down_ms=$(( ($(date +%s%N) - down_start) / 1000000 ))
+echo "compose-check: docker-compose down took ${down_ms} ms (goal under 3000)"
+trap - EXIT
+[ "${code:-1}" = 0 ] && [ "$status" = 200 ] && grep -q "vllm-repro reports" "$reports/page.html" \
+  && [ "$down_ms" -lt 5000 ]

@@ -38,6 +38,8 @@ def test_compose_services():
     assert any(v.endswith(":/reports") for v in services["cpu"]["volumes"])
     ports = services["reports"]["ports"]
     assert ports and all(p.startswith("127.0.0.1:") for p in ports)  # loopback only
+    # http.server as PID 1 ignores SIGTERM; Docker's init passes it on (down in ~1 s, not 10)
+    assert services["reports"].get("init") is True
     gpu = services["gpu"]
     assert gpu["profiles"] == ["gpu"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
