@@ -103,7 +103,7 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
     changed = _tree_changes(version, env, say)
     try:
         with Worker(env, log, platform=platform) as worker:
-            say(f"vLLM {version}: imported in {worker.hello.get('import_s')}s"
+            say(f"vLLM {version}: imported in {worker.import_time}"
                 + (" (warm)" if worker.warm_started else ""))
             for item in items:
                 item.report = ReportDir(reports, item.scenario.name, version)

@@ -34,5 +34,5 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
         # (an import failure is exit 3 with its cause and the log)
         with Worker(env, cache_dir() / "prepare" / f"{env.version}.log") as worker:
             hello = worker.hello
-        out.print(f"vLLM {env.version}: ready, imported in {hello.get('import_s')}s under "
+        out.print(f"vLLM {env.version}: ready, imported in {worker.import_time} under "
                   f"{hello.get('platform')} ({env.python}, tree {env.tree})")

@@ -216,6 +216,13 @@ class Worker:
         return env
 
     @property
+    def import_time(self) -> str:
+        """How long the worker took to import vLLM's scheduler path, for people: ``"10.7 s"``
+        (the hello's ``import_s``, seconds, rounded to a tenth), ``"?"`` before it started."""
+        secs = self.hello.get("import_s")
+        return f"{secs:.1f} s" if isinstance(secs, (int, float)) else "?"
+
+    @property
     def capabilities(self):
         """The release's :class:`~vllm_repro.engine.capabilities.Capabilities`, as the worker
         probed it at start-up. Raises :class:`EnvError` before the worker has started."""
