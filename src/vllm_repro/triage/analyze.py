@@ -470,6 +470,14 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
                                     "EngineCore writes it only when a step raised")
         notes.append("the log holds vLLM's crash dump but not the exception after it (cut "
                      "off?): paste the lines that follow the dump for the root cause")
+    elif stage is None and d is not None and (crash_at := (
+            root.lineno if root is not None else cut.lineno if cut is not None else None)) \
+            and d.lineno < crash_at:
+        # the frames tell no stage (an RPC wait, a connector hook), but vLLM dumped the crashed
+        # step's batch before this crash: EngineCore does that only for a step that raised
+        stage, reason = "runtime", (f"vLLM's crash dump at line {d.lineno} (dump_input.py) "
+                                    "before the crash: EngineCore writes it only when a step "
+                                    "raised")
 
     version, version_source = _version(sc)
 

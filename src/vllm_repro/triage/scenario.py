@@ -413,12 +413,22 @@ class _Draft:
     def _spec_and_async(self) -> None:
         c = self.c
         nspec = self.known("num_speculative_tokens", _posint)
+        if nspec is None and self.so is not None and self.so.num_spec_tokens > 0:
+            # no config in the log, but the dumped step scheduled draft tokens
+            nspec = _Val(self.so.num_spec_tokens, "derived",
+                         f"the dumped step scheduled {self.so.num_spec_tokens} spec tokens per "
+                         "request (scheduled_spec_decode_tokens)")
         if nspec:
             c["num_speculative_tokens"] = nspec
             method = self.args_cfg.get("speculative_method") or self.dumped_cfg.get("speculative_method")
             if method and method != "ngram":
                 self.notes.append(f"the log's speculative method is {method!r}; the lab drafts "
                                   "ngram-style tokens")
+        if self.so is not None and self.so.structured_output:
+            self.notes.append("the dumped step held structured-output requests; their grammars "
+                              "are not in the dump, so the draft gives none: add "
+                              "`structured_outputs:` to a request (level engine-core) to replay "
+                              "them")
         if self.known("async_scheduling", _bool) and self.known("async_scheduling", _bool).value:
             c["async_scheduling"] = self.known("async_scheduling", _bool)
         # level: what of vLLM the replay runs (chosen in __init__)
