@@ -38,6 +38,8 @@ MAX_GPU_BLOCKS = 200_000
 _STANDARD_BLOCK_SIZES = (16, 32, 64, 128, 8, 256, 1, 2, 4, 512, 1024)
 _BATCH_DEFAULTS = (2048, 8192, 16384)
 GUESSED_MAX_TOKENS = 16
+#: decode steps a dumped request keeps past the crashed step (its max_tokens is cut to that)
+REPLAY_TAIL_TOKENS = 64
 
 
 class _Val:
@@ -323,6 +325,12 @@ class _Draft:
                        f"{r.num_scheduled or 0} scheduled), prompt/output split not in the dump")
         if r.max_tokens:
             mt = r.max_tokens
+            reach = (r.num_output_tokens or 0) + REPLAY_TAIL_TOKENS
+            if mt > reach:  # a dumped max_tokens=32000 would replay 32000 decode steps
+                why.append(f"derived max_tokens: the dump's {mt} cut to {reach} (its "
+                           f"{r.num_output_tokens or 0} output tokens + {REPLAY_TAIL_TOKENS}): "
+                           "steps past the crashed one never ran")
+                mt = reach
         else:
             mt = GUESSED_MAX_TOKENS
             why.append("guess max_tokens")
