@@ -106,3 +106,14 @@ def test_a_dumped_step_with_spec_tokens_drafts_spec_decode(tmp_path):
     report, sc = triage_log(log)
     text, _ = draft_scenario(report, sc, version="0.20.2")
     assert "num_speculative_tokens: 6  # derived:" in text
+
+
+def test_a_dump_wrapped_mid_word_is_joined_back():
+    # vllm-project/vllm#20558 (0.10.0's repr): the stored copy wraps the dump inside
+    # "total_num_sche" / "duled_tokens=13", the second half without the logger header
+    _, d = _dump("131")
+    so = read_scheduler_output(d.scheduler_output)
+    assert so.total_num_scheduled_tokens == 13
+    (r,) = so.requests
+    assert (r.new, r.prompt_len, r.num_scheduled, r.max_tokens, r.num_blocks) == (True, 13, 13, 15987, 1)
+    assert so.num_common_prefix_blocks == [1] and so.structured_output is False

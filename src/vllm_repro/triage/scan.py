@@ -438,15 +438,17 @@ class LogScanner:
             if raw_stream is None or raw_stream.mode != _Stream.TB:
                 key = prev[1]
         dprev = self._dump_prev
+        wrapped = False
         if dprev is not None and dprev[0] == lineno - 1 and site is None and level is None \
                 and (proc == "" or proc == dprev[1][0]) and key != dprev[1]:
-            # a dump line wrapped by a paste or a viewer: the rest comes without the prefix
+            # a dump line wrapped by a paste or a viewer: the rest comes without the prefix,
+            # cut anywhere, mid-word even ("total_num_sche" / "duled_tokens=13")
             ds = self._streams.get(dprev[1])
             if ds is not None and ds.dump_open is not None:
-                key = dprev[1]
+                key, wrapped = dprev[1], True
         s = self._streams.get(key)
         if s is not None and s.dump_open is not None:
-            self._dump_continues(s, text.strip())
+            self._dump_continues(s, text.strip(), "" if wrapped else " ")
             self._dump_prev = (lineno, key) if s.dump_open is not None else None
             return
         self._traceback_line(lineno, key, level, text)
@@ -455,12 +457,13 @@ class LogScanner:
             and s.mode == _Stream.TB else None
         self._evidence_line(lineno, proc, level, key, text)
 
-    def _dump_continues(self, s: _Stream, st: str) -> None:
-        """A multi-line SchedulerOutput (numpy arrays print over several lines) goes on."""
+    def _dump_continues(self, s: _Stream, st: str, joint: str = " ") -> None:
+        """A multi-line SchedulerOutput (numpy arrays print over several lines, each its own
+        log line: ``joint`` a space) goes on; a wrapped line goes on with ``joint`` empty."""
         d = self.dump
         if d is not None and d.scheduler_output is not None \
                 and len(d.scheduler_output) < MAX_DUMP_CHARS:
-            d.scheduler_output += " " + st
+            d.scheduler_output += joint + st
         s.dump_open = bracket_depth(st, s.dump_open or 0)
         if s.dump_open <= 0:
             s.dump_open = None
