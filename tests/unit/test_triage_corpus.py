@@ -57,6 +57,9 @@ def score(got: dict | None, exp: dict) -> dict[str, bool]:
     }
     if "truncated" in exp:
         out["truncated"] = got.get("truncated") == exp["truncated"]
+    if exp.get("version_in_log") and exp["vllm_version"]:
+        # the logs that print their release: "not named" is a miss there
+        out["version_shown"] = got["vllm_version"] in _accepted(exp, "vllm_version")
     return out
 
 
@@ -92,7 +95,7 @@ def test_corpus_accuracy_per_field(capsys):
     with capsys.disabled():
         print(f"\ntriage corpus: {len(logs)} logs")
         for field, (ok, n) in totals.items():
-            print(f"  {field:<10} {ok:>3}/{n:<3} {100 * ok / n:5.1f}%")
+            print(f"  {field:<13} {ok:>3}/{n:<3} {100 * ok / n:5.1f}%")
         for m in misses:
             print(f"  miss: {m}")
     low = {f: ok / n for f, (ok, n) in totals.items() if ok / n < GOAL}

@@ -306,6 +306,32 @@ def test_a_log_in_newest_first_order(tmp_path):
     assert any("newest line first" in n for n in d["notes"])
 
 
+def test_a_whole_log_in_newest_first_order(tmp_path):
+    # a log viewer that lists newest first reverses every line: the exception line, then the
+    # innermost frame's caret and source lines, then the frames innermost first, the header last
+    forward = [
+        "(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491] EngineCore encountered a "
+        "fatal error.",
+        "(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491] Traceback (most recent call "
+        "last):",
+        '(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491]   File "/usr/lib/python3.12/'
+        'site-packages/vllm/v1/engine/core.py", line 480, in run_engine_core',
+        "(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491]     engine_core.run_busy_loop()",
+        '(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491]   File "/usr/lib/python3.12/'
+        'site-packages/vllm/v1/engine/core.py", line 507, in run_busy_loop',
+        "(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491]     self._process_engine_step()",
+        '(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491]   File "/usr/lib/python3.12/'
+        'site-packages/vllm/v1/core/sched/scheduler.py", line 386, in schedule',
+        "(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491]     assert num_new_tokens > 0",
+        "(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491]            ^^^^^^^^^^^^^^^^^^",
+        "(EngineCore_DP0 pid=1) ERROR 05-29 07:34:21 [core.py:491] AssertionError",
+    ]
+    d = tri(tmp_path, "\n".join(reversed(forward)) + "\n")
+    assert d["exception_type"] == "AssertionError" and not d["truncated"]
+    assert frame(d) == "vllm/v1/core/sched/scheduler.py:schedule" and d["stage"] == "runtime"
+    assert any("newest line first" in n for n in d["notes"])
+
+
 def test_another_projects_vllm_integration_folder_is_not_vllm(tmp_path):
     from vllm_repro.triage.frames import vllm_module
     assert vllm_module("/x/lmcache/integration/vllm/vllm_v1_adapter.py") is None

@@ -142,6 +142,9 @@ class TriageReport:
 
 
 # ---- classification ---------------------------------------------------------------------------
+#: lines between a newest-first log's exception line and the first of its frames
+REVERSED_GAP = 8
+
 def _embeds_other(rec: ExcRecord, others: list[ExcRecord]) -> bool:
     msg = rec.message
     if len(msg) < 20:
@@ -438,8 +441,13 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
     if root is not None and root.standalone:
         # a log in reverse order (a newest-first viewer, lines pasted bottom-up): the
         # exception line comes first and its frames right after it, with no exception line
+        # (up to REVERSED_GAP lines apart: the caret and source lines of the innermost frame,
+        # CUDA's notes, come between them in that order), with no other exception in between
+        nxt = min((e.lineno for e in sc.exceptions if e.proc == root.proc
+                   and e.lineno > root.lineno), default=None)
         reversed_tb = next((t for t in sc.truncated_frames if t.proc == root.proc
-                            and 0 < t.lineno - root.lineno <= 2 and _has_vllm(t.frames)), None)
+                            and 0 < t.lineno - root.lineno <= REVERSED_GAP
+                            and (nxt is None or t.lineno < nxt) and _has_vllm(t.frames)), None)
     sig, sig_frames = choose_signal(sc, root)
     notes: list[str] = []
     d = sc.dump
@@ -452,7 +460,8 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
 
     frames = root.frames if root is not None else (cut.frames if cut is not None else [])
     if reversed_tb is not None:
-        frames = reversed_tb.frames
+        # newest line first: the frames read innermost first, so turn them back
+        frames = list(reversed(reversed_tb.frames))
         notes.append(f"the frames of the exception at line {root.lineno} follow it (line "
                      f"{reversed_tb.lineno} on): the log reads newest line first")
     if exit_kind and exit_kind.startswith("signal:") and _has_vllm(sig_frames):
@@ -470,6 +479,14 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
                                     "EngineCore writes it only when a step raised")
         notes.append("the log holds vLLM's crash dump but not the exception after it (cut "
                      "off?): paste the lines that follow the dump for the root cause")
+    elif stage is None and d is not None and (crash_at := (
+            root.lineno if root is not None else cut.lineno if cut is not None else None)) \
+            and d.lineno < crash_at:
+        # the frames tell no stage (an RPC wait, a connector hook), but vLLM dumped the crashed
+        # step's batch before this crash: EngineCore does that only for a step that raised
+        stage, reason = "runtime", (f"vLLM's crash dump at line {d.lineno} (dump_input.py) "
+                                    "before the crash: EngineCore writes it only when a step "
+                                    "raised")
 
     version, version_source = _version(sc)
 

@@ -239,6 +239,12 @@ class SchedulerOutputDump:
     finished_req_ids: list[str] = field(default_factory=list)
     num_common_prefix_blocks: list[int] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
+    #: draft tokens per request the step scheduled (``num_spec_tokens_to_schedule``, newest
+    #: releases), else the most spec tokens any dumped request carries; 0 when none
+    num_spec_tokens: int = 0
+    #: the step held structured-output requests (``structured_output_request_ids`` non-empty
+    #: up to 0.10, ``has_structured_output_requests`` later); None when the dump does not say
+    structured_output: bool | None = None
 
 
 def _int(v: Any) -> int | None:
@@ -295,6 +301,8 @@ def read_scheduler_output(text: str) -> SchedulerOutputDump | None:
         plen = _int(r.get("prompt_token_ids_len"))
         if plen is None and isinstance(r.get("prompt_token_ids"), list):
             plen = len(r["prompt_token_ids"])
+        if plen is None:  # prompt embeds: prefill_token_ids_len (newest), else the shape's rows
+            plen = _int(r.get("prefill_token_ids_len")) or _embeds_rows(r.get("prompt_embeds_shape"))
         sp = r.get("sampling_params")
         max_tokens = _int(sp.get("max_tokens")) if isinstance(sp, dict) else None
         add(DumpedRequest(str(r["req_id"]), True, _int(r.get("num_computed_tokens")) or 0,
@@ -326,7 +334,26 @@ def read_scheduler_output(text: str) -> SchedulerOutputDump | None:
     out.preempted_req_ids = [str(x) for x in _list(v.get("preempted_req_ids"))]
     out.num_common_prefix_blocks = [x for x in _list(v.get("num_common_prefix_blocks"))
                                     if isinstance(x, int)]
+    out.num_spec_tokens = _int(v.get("num_spec_tokens_to_schedule")) or max(
+        (r.spec_tokens for r in out.requests), default=0)
+    new_so = [r for r in _list(v.get("scheduled_new_reqs")) if isinstance(r, dict)
+              and isinstance(r.get("sampling_params"), dict)
+              and (r["sampling_params"].get("structured_outputs")
+                   or r["sampling_params"].get("guided_decoding"))]
+    if "has_structured_output_requests" in v:
+        out.structured_output = bool(v["has_structured_output_requests"])
+    elif "structured_output_request_ids" in v:
+        out.structured_output = bool(_list(v["structured_output_request_ids"]))
+    if new_so:  # a new request's sampling params name its grammar
+        out.structured_output = True
     return out
+
+
+def _embeds_rows(v: Any) -> int | None:
+    """Rows of a dumped ``prompt_embeds_shape`` (``torch.Size([N, H])``): the prompt's tokens."""
+    while isinstance(v, Call) and v.args:
+        v = v.args[0]
+    return _int(v[0]) if isinstance(v, list) and v else None
 
 
 def read_stats(text: str) -> dict | None:
@@ -341,6 +368,8 @@ def read_stats(text: str) -> dict | None:
         out["running"] = _int(v["num_running_reqs"])
     if _int(v.get("num_waiting_reqs")) is not None:
         out["waiting"] = _int(v["num_waiting_reqs"])
+    if _int(v.get("num_skipped_waiting_reqs")):  # newest releases: waiting, but passed over
+        out["skipped_waiting"] = _int(v["num_skipped_waiting_reqs"])
     usage = v.get("gpu_cache_usage", v.get("kv_cache_usage"))
     if isinstance(usage, (int, float)) and not isinstance(usage, bool):
         out["kv_cache_usage_pct"] = round(float(usage) * 100, 1)

@@ -364,6 +364,8 @@ class LogScanner:
         self.not_utf8: tuple[int, int | None] = (0, None)
         self._streams: dict[tuple[str, str | None], _Stream] = {}
         self._prev_tb: tuple[int, tuple[str, str | None]] | None = None
+        #: (line, stream key) of the last line of a dump still open (a wrapped dump goes on)
+        self._dump_prev: tuple[int, tuple[str, str | None]] | None = None
 
     # ---- helpers ----------------------------------------------------------------------------
     def _stream(self, key: tuple[str, str | None]) -> _Stream:
@@ -435,9 +437,19 @@ class LogScanner:
             raw_stream = self._streams.get(key)
             if raw_stream is None or raw_stream.mode != _Stream.TB:
                 key = prev[1]
+        dprev = self._dump_prev
+        wrapped = False
+        if dprev is not None and dprev[0] == lineno - 1 and site is None and level is None \
+                and (proc == "" or proc == dprev[1][0]) and key != dprev[1]:
+            # a dump line wrapped by a paste or a viewer: the rest comes without the prefix,
+            # cut anywhere, mid-word even ("total_num_sche" / "duled_tokens=13")
+            ds = self._streams.get(dprev[1])
+            if ds is not None and ds.dump_open is not None:
+                key, wrapped = dprev[1], True
         s = self._streams.get(key)
         if s is not None and s.dump_open is not None:
-            self._dump_continues(s, text.strip())
+            self._dump_continues(s, text.strip(), "" if wrapped else " ")
+            self._dump_prev = (lineno, key) if s.dump_open is not None else None
             return
         self._traceback_line(lineno, key, level, text)
         s = self._streams.get(key)
@@ -445,12 +457,13 @@ class LogScanner:
             and s.mode == _Stream.TB else None
         self._evidence_line(lineno, proc, level, key, text)
 
-    def _dump_continues(self, s: _Stream, st: str) -> None:
-        """A multi-line SchedulerOutput (numpy arrays print over several lines) goes on."""
+    def _dump_continues(self, s: _Stream, st: str, joint: str = " ") -> None:
+        """A multi-line SchedulerOutput (numpy arrays print over several lines, each its own
+        log line: ``joint`` a space) goes on; a wrapped line goes on with ``joint`` empty."""
         d = self.dump
         if d is not None and d.scheduler_output is not None \
                 and len(d.scheduler_output) < MAX_DUMP_CHARS:
-            d.scheduler_output += " " + st
+            d.scheduler_output += joint + st
         s.dump_open = bracket_depth(st, s.dump_open or 0)
         if s.dump_open <= 0:
             s.dump_open = None
@@ -720,6 +733,11 @@ class LogScanner:
         """Read a dump_input.py line; True when it was one."""
         if st.startswith("Dumping input data"):
             self.dump = Dump(lineno)
+            if "LLM engine (v" in st and (m := _VERSION_TIERS[0].search(st)):
+                # the banner even where the config is not on it ("... (v0.12.0)..." as a
+                # reporter shortened it)
+                self.dump.version = m.group(1)
+                self.versions.setdefault(0, (lineno, m.group(1), st[:200]))
         d = self.dump
         if "LLM engine (v" in st and "with config:" in st and d is not None and d.config is None:
             m = _VERSION_TIERS[0].search(st)
@@ -738,6 +756,7 @@ class LogScanner:
             depth = bracket_depth(d.scheduler_output)
             if depth > 0:
                 self._stream(key).dump_open = depth
+                self._dump_prev = (lineno, key)
             return True
         i = st.find("SchedulerStats(")
         if i >= 0 and (i == 0 or st.startswith("Dumping scheduler stats")):

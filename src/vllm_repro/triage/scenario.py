@@ -38,6 +38,8 @@ MAX_GPU_BLOCKS = 200_000
 _STANDARD_BLOCK_SIZES = (16, 32, 64, 128, 8, 256, 1, 2, 4, 512, 1024)
 _BATCH_DEFAULTS = (2048, 8192, 16384)
 GUESSED_MAX_TOKENS = 16
+#: decode steps a dumped request keeps past the crashed step (its max_tokens is cut to that)
+REPLAY_TAIL_TOKENS = 64
 
 
 class _Val:
@@ -323,6 +325,12 @@ class _Draft:
                        f"{r.num_scheduled or 0} scheduled), prompt/output split not in the dump")
         if r.max_tokens:
             mt = r.max_tokens
+            reach = (r.num_output_tokens or 0) + REPLAY_TAIL_TOKENS
+            if mt > reach:  # a dumped max_tokens=32000 would replay 32000 decode steps
+                why.append(f"derived max_tokens: the dump's {mt} cut to {reach} (its "
+                           f"{r.num_output_tokens or 0} output tokens + {REPLAY_TAIL_TOKENS}): "
+                           "steps past the crashed one never ran")
+                mt = reach
         else:
             mt = GUESSED_MAX_TOKENS
             why.append("guess max_tokens")
@@ -413,12 +421,22 @@ class _Draft:
     def _spec_and_async(self) -> None:
         c = self.c
         nspec = self.known("num_speculative_tokens", _posint)
+        if nspec is None and self.so is not None and self.so.num_spec_tokens > 0:
+            # no config in the log, but the dumped step scheduled draft tokens
+            nspec = _Val(self.so.num_spec_tokens, "derived",
+                         f"the dumped step scheduled {self.so.num_spec_tokens} spec tokens per "
+                         "request (scheduled_spec_decode_tokens)")
         if nspec:
             c["num_speculative_tokens"] = nspec
             method = self.args_cfg.get("speculative_method") or self.dumped_cfg.get("speculative_method")
             if method and method != "ngram":
                 self.notes.append(f"the log's speculative method is {method!r}; the lab drafts "
                                   "ngram-style tokens")
+        if self.so is not None and self.so.structured_output:
+            self.notes.append("the dumped step held structured-output requests; their grammars "
+                              "are not in the dump, so the draft gives none: add "
+                              "`structured_outputs:` to a request (level engine-core) to replay "
+                              "them")
         if self.known("async_scheduling", _bool) and self.known("async_scheduling", _bool).value:
             c["async_scheduling"] = self.known("async_scheduling", _bool)
         # level: what of vLLM the replay runs (chosen in __init__)
