@@ -118,6 +118,8 @@ class V0Adapter:
         self.engine_args_fields = {f.name for f in dataclasses.fields(self.EngineArgs)}
         self.cache_size_check = _try_import("vllm.worker.worker:raise_if_cache_size_invalid")
         self.sampling_fields, _ = params_of(self.SamplingParams)
+        #: the packaged tokenizer's highest token id (the engine loads it: EOS is its ``</s>``)
+        self.max_token_id = _max_token_id(self.model_dir)
         self.add_request_params, _ = params_of(self.LLMEngine.add_request)
         from .capabilities import probe_v0
 
@@ -169,6 +171,21 @@ class V0Adapter:
         if "detokenize" in self.sampling_fields:
             kw["detokenize"] = False
         return self.SamplingParams(**kw)
+
+
+def _max_token_id(model_dir: Path) -> int:
+    """The highest id of the packaged tokenizer's vocabulary (``tokenizer.json``, its model's
+    ``vocab`` and added tokens). Raises :class:`AdapterError` when it cannot be read."""
+    import json
+
+    try:
+        tok = json.loads((model_dir / "tokenizer.json").read_text())
+        ids = list((tok.get("model") or {}).get("vocab", {}).values())
+        ids += [t["id"] for t in tok.get("added_tokens", ())]
+        return max(ids)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AdapterError(f"the packaged tokenizer {model_dir / 'tokenizer.json'} cannot be "
+                           f"read: {exc}") from exc
 
 
 def v0_engine_class():
@@ -286,6 +303,14 @@ class V0EngineLoop(StepLoop):
         self.token = m.get("token", 100)
         self.scripted = {rid: list(t) for rid, t in (m.get("tokens") or {}).items()}
         self.eos_at = m.get("eos_at") or {}
+
+    def prompt_of(self, spec: dict) -> list[int]:
+        """The lab's prompt (:meth:`StepLoop.prompt_of`) folded into the packaged tokenizer's
+        vocabulary (ids 3 to its highest), since V0's front door checks prompt ids against the
+        tokenizer (``LLMEngine._validate_token_prompt``, 0.7+): never EOS, and the same ids
+        for the same prefix."""
+        top = self.adapter.max_token_id
+        return [3 + (t - 3) % (top - 2) for t in super().prompt_of(spec)]
 
     # ---- the fake worker's answers ----------------------------------------------------------
     def lab_blocks(self) -> tuple[int, int]:
