@@ -16,7 +16,9 @@ from pathlib import Path
 
 #: the scenario features a release may refuse, with what a refusal says (``refusal()``)
 FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups",
-            "engine-core", "kv connectors", "v0-engine", "v1-engine")
+            "engine-core", "kv connectors")
+#: the engine generations a release may lack, which ``refusal()`` also answers for
+GENERATIONS = ("v0-engine", "v1-engine")
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ class Capabilities:
 
     def refusal(self, feature: str) -> str | None:
         """The one-line reason the release refuses ``feature``, or None when it supports it.
-        Raises :class:`KeyError` for a feature not in :data:`FEATURES`."""
+        Raises :class:`KeyError` for a feature not in :data:`FEATURES` or
+        :data:`GENERATIONS`."""
         v = self.version
         reasons = {
             "priority": None if self.priority else
@@ -319,4 +322,4 @@ def _class_source(module: str, cls: str) -> tuple[dict[str, set[str]], str] | No
     return None
 
 
-__all__ = ["Capabilities", "FEATURES", "probe", "probe_v0", "save", "load", "cache_path"]
+__all__ = ["Capabilities", "FEATURES", "GENERATIONS", "probe", "probe_v0", "save", "load", "cache_path"]
