@@ -140,3 +140,14 @@ def test_double_free_hook_reports_inside_decr_before_vllms_assert():
         ("KV_DOUBLE_FREE", [0], 4, "in RefCounter.decr")]
     auditor.finish(loop, "crash")
     assert "decr" not in vars(gpu._refcounter)  # the hook is undone after the run
+
+
+def test_a_group_parked_in_async_stopped_keeps_its_table_without_a_leak():
+    """With async output processing a group past max_model_len leaves ``running`` for the
+    scheduler's ``_async_stopped`` and keeps its blocks until ``free_finished_seq_groups``."""
+    b, _, _ = books(running=[("A", 1, [0])])
+    parked = b.scheduler.running.popleft()
+    b.scheduler._async_stopped = [parked]
+    assert all_checks(b) == []
+    b.scheduler._async_stopped = []
+    assert [v.code for v in all_checks(b)] == ["KV_LEAK"]

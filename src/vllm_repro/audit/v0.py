@@ -14,7 +14,9 @@ manager, the only one from 0.6.3 and the default before):
 Codes (docs/audit.md): ``KV_REFCOUNT`` (a block's ref count is not the number of block-table
 references to it, GPU and CPU pools alike), ``KV_FREE_QUEUE`` (a free block with references or a
 ref count, a block neither free nor held, free + used != the pool), ``KV_LEAK`` (a swapped
-request holding GPU blocks, a block table of a sequence no queue holds, and at the end of a run
+request holding GPU blocks, a block table of a sequence no queue holds (the async output processor's
+``_async_stopped`` groups count as held: they are freed by the engine's next
+``free_finished_seq_groups``), and at the end of a run
 a GPU block not back), ``REQ_STATE`` (a request in two queues, or a sequence whose status is
 not its queue's), ``KV_DOUBLE_FREE`` (a hook on each allocator's ``RefCounter.decr``: a block
 given back at ref count 0, caught inside the call). Older block managers (the "v1"
@@ -98,6 +100,12 @@ class V0Books:
         s = self.scheduler
         return {"waiting": list(s.waiting), "running": list(s.running), "swapped": list(s.swapped)}
 
+    def async_stopped(self) -> list:
+        """Groups that left ``running`` at ``max_model_len`` with async output processing
+        (``Scheduler._async_stopped``, 0.6.1+): they keep their blocks until the engine's
+        ``free_finished_seq_groups``."""
+        return list(getattr(self.scheduler, "_async_stopped", ()) or ())
+
 
 def check_books(books: V0Books, req_of_seq: dict[int, str]) -> list[Violation]:
     """The block-table / ref-count / free-list checks of one moment (see the module
@@ -172,8 +180,9 @@ def check_queues(books: V0Books, tables: dict[int, list[int]] | None,
                             KV_LEAK, f"{rid} is swapped out but its block table holds GPU "
                             f"block(s) {on_gpu[:8]}", requests=[rid], blocks=on_gpu))
     if tables is not None:
+        parked = {seq.seq_id for sg in books.async_stopped() for seq in sg.get_seqs()}
         for seq_id, ids in tables.items():
-            if seq_id not in req_of_seq:
+            if seq_id not in req_of_seq and seq_id not in parked:
                 found.append(make_violation(
                     KV_LEAK, f"sequence {seq_id} has a block table ({len(ids)} blocks) but no "
                     "queue holds it (finished or aborted)", blocks=ids))

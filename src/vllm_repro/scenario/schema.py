@@ -564,7 +564,10 @@ class Scenario(Strict):
             if r.id in ids:
                 raise ValueError(f"requests[{i}].id: request id {r.id!r} is used twice")
             ids.add(r.id)
-            if r.prompt_len + r.max_tokens > self.config.max_model_len:
+            if r.prompt_len + r.max_tokens > self.config.max_model_len and (
+                    self.level != "v0-engine" or r.prompt_len > self.config.max_model_len):
+                # V0 takes such a request and caps it at max_model_len (its StopChecker:
+                # FINISHED_LENGTH_CAPPED); only its prompt must fit
                 raise ValueError(
                     f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
                     f"config.max_model_len {self.config.max_model_len}")

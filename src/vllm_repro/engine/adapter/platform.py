@@ -226,7 +226,8 @@ def emulated_cuda(spec: dict[str, Any]):
     if base is None:
         raise PlatformError("vllm/platforms/cuda.py has no CudaPlatform class")
     iface = sys.modules["vllm.platforms.interface"]
-    DeviceCapability = iface.DeviceCapability
+    # releases before DeviceCapability (0.6.1) answer a (major, minor) tuple
+    DeviceCapability = getattr(iface, "DeviceCapability", lambda major, minor: (major, minor))
     major, minor = _capability(spec.get("capability", "9.0"))
     name = str(spec.get("device_name") or DEFAULT_PLATFORM["device_name"])
     memory = int(float(spec.get("total_memory_gib") or 80) * (1 << 30))
