@@ -58,10 +58,14 @@ def make_adapter(model_dir: Path):
     V1 adapter raised when the tree has neither."""
     import importlib.util
 
+    # by file, without importing vllm: the V1 adapter sets its variables before that import
     try:
-        v1 = importlib.util.find_spec("vllm.v1.core.kv_cache_manager") is not None
+        spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
-        v1 = False
+        spec = None
+    roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+    v1 = not roots or any((Path(r) / "v1" / "core" / "kv_cache_manager.py").is_file()
+                          for r in roots)
     if v1:
         from .adapter import V1Adapter
 
