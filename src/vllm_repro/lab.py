@@ -94,7 +94,8 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
     from .scenario.release_fields import unknown_passthrough
 
     for item in items:  # a config field the release lacks: refused before vLLM is imported
-        refusal = unknown_passthrough(item.scenario.config, version, env.tree)
+        refusal = unknown_passthrough(item.scenario.config, version, env.tree,
+                                      item.scenario.level)
         if refusal:
             item.fail("input", refusal)
     items = [item for item in items if item.result is None]

@@ -110,7 +110,10 @@ class IndexSettings:
 #: engine-core path with torch 2.13 under the lab's (emulated CUDA) platform. 0.17.x pins torch
 #: 2.10 and fails to import with 2.13 only under vLLM's CPU platform
 #: (``torch._C._cpu._is_avx512_supported``), which ``platform: {name: cpu}`` scenarios on 0.17.x
-#: need: ``TORCH_BY_RELEASE='>=0.17.0,<0.18=2.10.0'``.
+#: need: ``TORCH_BY_RELEASE='>=0.17.0,<0.18=2.10.0'``. The V0 engine (``level: v0-engine``) of
+#: 0.6.3.post1 (which pins torch 2.4.0) and 0.8.5 (2.6.0) imports and runs with torch 2.13 CPU too
+#: (their compiled extensions stood in for as on V1 releases), so no entry is needed for them;
+#: older V0 releases are untried.
 DEFAULT_TORCH_BY_RELEASE = ""
 
 

@@ -87,3 +87,13 @@ def test_engine_classes_are_read_from_source_not_imported(tmp_path, monkeypatch)
     assert "fakevllm_caps.core" not in sys.modules
     assert _class_source("fakevllm_caps.core", "Missing") is None
     assert _class_source("fakevllm_caps.nowhere", "EngineCore") is None
+
+
+def test_engine_generations_refuse_naming_the_level_to_use():
+    from dataclasses import replace
+
+    v0_only = replace(OLD, version="0.6.3.post1", v1_engine=False, v0_engine=True)
+    assert v0_only.supports("v0-engine")
+    assert "use level: v0-engine" in v0_only.refusal("v1-engine")
+    assert "vLLM 0.33.0 has no V0 engine" in NEW.refusal("v0-engine")
+    assert Capabilities.from_dict(v0_only.to_dict()) == v0_only

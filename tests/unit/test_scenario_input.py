@@ -138,3 +138,21 @@ def test_cli_two_files_with_one_name_exit_2_before_running(tmp_path, cli, root):
     assert proc.returncode == 2
     assert f"{twin}: name: 'vllm-23347-priority-preempt-scheduled' is also the name of {flagship}" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_v0_engine_level_takes_zero_gpu_blocks_and_cpu_blocks(tmp_path):
+    """level: v0-engine: the fake V0 worker reports num_gpu_blocks (0 allowed: vLLM's own
+    start-up check judges it) and num_cpu_blocks; elsewhere both are refused with the fix."""
+    from vllm_repro.errors import InputError
+
+    v0 = GOOD.replace("config: {num_gpu_blocks: 8}",
+                      "level: v0-engine\nconfig: {num_gpu_blocks: 0, num_cpu_blocks: 0}")
+    sc = load_scenario(write(tmp_path, v0))
+    assert sc.level == "v0-engine" and sc.config.num_gpu_blocks == 0
+    assert sc.config.num_cpu_blocks == 0
+    with pytest.raises(InputError, match="config.num_cpu_blocks applies to level: v0-engine"):
+        load_scenario(write(tmp_path, GOOD.replace("{num_gpu_blocks: 8}",
+                                                   "{num_gpu_blocks: 8, num_cpu_blocks: 4}")))
+    with pytest.raises(InputError, match="config.num_gpu_blocks is required at level: v0-engine"):
+        load_scenario(write(tmp_path, GOOD.replace(
+            "config: {num_gpu_blocks: 8}", "level: v0-engine\nconfig: {kv_cache_memory_bytes: 9}")))

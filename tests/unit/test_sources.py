@@ -173,3 +173,37 @@ def test_version_strings_are_taken_as_the_index_spells_them():
     for bad in ("garbage", "", "vv1"):
         with pytest.raises(InputError, match="is not a vLLM version number"):
             validate_version(bad)
+
+
+def test_a_tree_with_only_the_v0_engine_is_prepared_for_level_v0_engine(tmp_path):
+    """vLLM 0.4 to 0.6.4 have only the V0 engine (``vllm/engine/llm_engine.py`` with
+    ``vllm/core/scheduler.py``): such a tree is accepted (level: v0-engine), and the probe says
+    which engines a tree has."""
+    from vllm_repro.sources.prepare import engines_of, require_v1_scheduler
+
+    old = tmp_path / "old"
+    for f in ("vllm/engine/llm_engine.py", "vllm/core/scheduler.py"):
+        (old / f).parent.mkdir(parents=True, exist_ok=True)
+        (old / f).write_text("")
+    require_v1_scheduler("0.6.3.post1", old)
+    assert engines_of(old) == ("v0",)
+    (old / "vllm/v1/core").mkdir(parents=True)
+    (old / "vllm/v1/core/scheduler.py").write_text("")
+    (old / "vllm/v1/core/kv_cache_manager.py").write_text("")
+    assert engines_of(old) == ("v1", "v0")
+
+
+def test_a_dependency_whose_only_files_are_newer_than_the_release_is_let_through():
+    """uv's hint for pyairports (deleted, uploaded again in 2025; outlines 0.0.4x needs it)
+    becomes a recorded substitution that lets uv take that file."""
+    from vllm_repro.sources.env import late_uploads
+
+    err = ("hint: `pyairports` was filtered by `exclude-newer` to only include packages "
+           "uploaded before 2024-10-17T19:04:42Z. The latest version satisfying the requirement "
+           "is v0.0.1, published at 2025-09-25T04:17:09.505Z. Consider using "
+           "`exclude-newer-package` to override the cutoff for this package.")
+    [sub] = late_uploads(err, [])
+    assert (sub.name, sub.used, sub.uploaded) == ("pyairports", "0.0.1", "2025-09-25T05:17:09Z")
+    assert sub.uv_args() == ["--exclude-newer-package", "pyairports=2025-09-25T05:17:09Z"]
+    assert "uploaded after the release's date" in sub.describe()
+    assert late_uploads(err, [sub]) == []

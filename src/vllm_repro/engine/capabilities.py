@@ -17,6 +17,8 @@ from pathlib import Path
 #: the scenario features a release may refuse, with what a refusal says (``refusal()``)
 FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups",
             "engine-core", "kv connectors")
+#: the engine generations a release may lack, which ``refusal()`` also answers for
+GENERATIONS = ("v0-engine", "v1-engine")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,10 @@ class Capabilities:
     ``KVConnectorFactory`` that takes registrations, and its ``ModelRunnerOutput`` carries the
     worker's report (``kv_connector_output``, or ``finished_recving`` on the output itself);
     ``kv_load_failures``: the failure reports its ``KVConnectorOutput`` carries
-    (``invalid_block_ids``, ``failed_recving``).
+    (``invalid_block_ids``, ``failed_recving``). ``v1_engine``: the release has the V1 scheduler
+    the ``scheduler`` and ``engine-core`` levels drive; ``v0_engine``: it has the V0
+    ``LLMEngine`` (``vllm/engine/llm_engine.py`` + ``vllm/core/scheduler.py``) that ``level:
+    v0-engine`` drives; ``v0_priority``: that engine's ``add_request`` takes a priority.
     """
 
     version: str
@@ -62,6 +67,9 @@ class Capabilities:
     preprocess_errors_per_request: bool = False
     kv_connectors: bool = False
     kv_load_failures: tuple[str, ...] = ()
+    v1_engine: bool = True
+    v0_engine: bool = False
+    v0_priority: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def supports(self, feature: str) -> bool:
@@ -70,7 +78,8 @@ class Capabilities:
 
     def refusal(self, feature: str) -> str | None:
         """The one-line reason the release refuses ``feature``, or None when it supports it.
-        Raises :class:`KeyError` for a feature not in :data:`FEATURES`."""
+        Raises :class:`KeyError` for a feature not in :data:`FEATURES` or
+        :data:`GENERATIONS`."""
         v = self.version
         reasons = {
             "priority": None if self.priority else
@@ -89,6 +98,12 @@ class Capabilities:
             f"vLLM {v}'s first-generation V1 engine (no KV cache sizing from executor specs, "
             "or no EngineCoreProc._process_engine_step in vllm/v1/engine/core.py) runs at "
             "level: scheduler only",
+            "v0-engine": None if self.v0_engine else
+            f"vLLM {v} has no V0 engine (vllm/engine/llm_engine.py with vllm/core/scheduler.py); "
+            "use level: scheduler or engine-core on this release",
+            "v1-engine": None if self.v1_engine else
+            f"vLLM {v} has no V1 engine (only the V0 LLMEngine); use level: v0-engine on this "
+            "release",
             "kv connectors": None if self.kv_connectors else
             f"vLLM {v} has no V1 KV connector seam the lab can script (a KVConnectorFactory "
             "taking registrations, a scheduler that builds the connector from "
@@ -217,8 +232,23 @@ def probe(adapter) -> Capabilities:
         and "_handle_request_preproc_error" in proc[0],
         kv_connectors=connector,
         kv_load_failures=load_failures,
+        v0_engine=_module_exists("vllm.engine.llm_engine") and _module_exists("vllm.core.scheduler"),
         notes=tuple(adapter.platform_notes),
     )
+
+
+def probe_v0(adapter) -> Capabilities:
+    """The record of a release as its V0 adapter sees it (``engine/v0.py``): ``v0_engine``,
+    ``v0_priority`` (``LLMEngine.add_request``'s parameters) and ``v1_engine`` (the V1
+    scheduler's module exists); the V1 fields come from the V1 adapter where there is one."""
+    from dataclasses import replace
+
+    base = getattr(adapter, "base", None)
+    caps = base.caps if base is not None else Capabilities(
+        version=adapter.version, notes=tuple(adapter.platform_notes),
+        v1_engine=_module_exists("vllm.v1.core.sched.scheduler")
+        or _module_exists("vllm.v1.core.scheduler"))
+    return replace(caps, v0_engine=True, v0_priority="priority" in adapter.add_request_params)
 
 
 def _kv_connector_seam(adapter) -> tuple[bool, tuple[str, ...]]:
@@ -292,4 +322,4 @@ def _class_source(module: str, cls: str) -> tuple[dict[str, set[str]], str] | No
     return None
 
 
-__all__ = ["Capabilities", "FEATURES", "probe", "save", "load", "cache_path"]
+__all__ = ["Capabilities", "FEATURES", "GENERATIONS", "probe", "probe_v0", "save", "load", "cache_path"]

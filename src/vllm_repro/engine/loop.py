@@ -374,6 +374,22 @@ class OverLimit(RefusedByRelease):
     (exit 2) naming the setting, never a crash or a lab failure."""
 
 
+def v0_adapter(adapter):
+    """The V0 adapter for ``level: v0-engine``: ``adapter`` itself on a release without the V1
+    engine, else one built once on top of the worker's V1 adapter. Raises
+    :class:`RefusedByRelease` when the release has no V0 engine."""
+    if getattr(adapter, "generation", "v1") == "v0":
+        return adapter
+    if not adapter.caps.v0_engine:
+        raise RefusedByRelease(f"level: v0-engine: {adapter.caps.refusal('v0-engine')}")
+    v0 = getattr(adapter, "_v0_adapter", None)
+    if v0 is None:
+        from .v0 import V0Adapter
+
+        v0 = adapter._v0_adapter = V0Adapter(adapter.model_dir, base=adapter)
+    return v0
+
+
 def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
                  limits: dict | None = None) -> RunResult:
     """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
@@ -408,10 +424,17 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
             trace_f.write(text)
 
     try:
-        if scenario.get("level") == "engine-core":
+        level = scenario.get("level") or "scheduler"
+        if level == "v0-engine":
+            from .v0 import V0EngineLoop
+
+            loop: StepLoop = V0EngineLoop(v0_adapter(adapter), scenario, write, observer)
+        elif getattr(adapter, "generation", "v1") == "v0":
+            raise RefusedByRelease(f"level: {level}: {adapter.caps.refusal('v1-engine')}")
+        elif level == "engine-core":
             from .core_loop import EngineCoreLoop
 
-            loop: StepLoop = EngineCoreLoop(adapter, scenario, write, observer)
+            loop = EngineCoreLoop(adapter, scenario, write, observer)
         else:
             loop = StepLoop(adapter, scenario, write, observer)
         loop.lab_limits = limits

@@ -51,6 +51,30 @@ def limit_memory(mb: int) -> None:
         pass
 
 
+def make_adapter(model_dir: Path):
+    """The adapter of the release on ``sys.path``, by probing its tree: the V1 adapter where the
+    release has the V1 engine (its V0 engine, where it also has one, is reached through it at
+    ``level: v0-engine``), else the V0 adapter (releases before the V1 engine). Raises what the
+    V1 adapter raised when the tree has neither."""
+    import importlib.util
+
+    # by file, without importing vllm: the V1 adapter sets its variables before that import
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
+    roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+    v1 = not roots or any((Path(r) / "v1" / "core" / "kv_cache_manager.py").is_file()
+                          for r in roots)
+    if v1:
+        from .adapter import V1Adapter
+
+        return V1Adapter(model_dir)
+    from .v0 import V0Adapter
+
+    return V0Adapter(model_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vllm_repro.engine.worker")
     ap.add_argument("--model-dir", required=True)
@@ -65,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     try:
-        from .adapter import V1Adapter
-
-        adapter = V1Adapter(Path(args.model_dir))
+        adapter = make_adapter(Path(args.model_dir))
     except Exception as exc:  # noqa: BLE001 - reported to the host as an environment error
         _reply(reply, {"id": "hello", "ok": False,
                        "error": f"importing vLLM failed: {type(exc).__name__}: {exc}",
@@ -93,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         observer = None
         if opts.get("audit"):
             try:
-                from ..audit import Auditor
+                if job["scenario"].get("level") == "v0-engine":
+                    from ..audit.v0 import V0Auditor as Auditor
+                else:
+                    from ..audit import Auditor
 
                 observer = Auditor(adapter, keep_going=bool(opts.get("keep_going")))
             except ImportError:

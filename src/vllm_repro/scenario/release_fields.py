@@ -84,12 +84,14 @@ def release_config_fields(tree: Path) -> set[str] | None:
     return fields
 
 
-def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | None) -> str | None:
+def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | None,
+                        level: str = "scheduler") -> str | None:
     """The one-line refusal of the first pass-through key of ``config`` that the release in
     ``tree`` has in none of :data:`PASSTHROUGH_CLASSES` (with the field it likely misspells),
-    or None when every key is there or the source does not settle it."""
+    or None when every key is there or the source does not settle it. At ``level: v0-engine``
+    the keys go to the release's ``EngineArgs`` instead, which the worker checks (None here)."""
     extra = list(config.model_extra or {})
-    if not extra or tree is None:
+    if not extra or tree is None or level == "v0-engine":
         return None
     known = release_config_fields(tree)
     if known is None:

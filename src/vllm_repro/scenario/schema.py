@@ -179,7 +179,12 @@ class SchedulerSettings(Strict):
     #: block 0 is vLLM's null block (never handed out), so the pool needs at least 2. At
     #: ``level: engine-core`` the fake executor reports the memory these blocks take
     #: (``num_gpu_blocks`` x page size x layers) and vLLM's own start-up sizes the pool from it.
-    num_gpu_blocks: Annotated[int, Field(ge=2)] | None = None
+    #: ``level: v0-engine``: what the fake V0 worker's ``determine_num_available_blocks``
+    #: reports, 0 and 1 allowed (vLLM's own start-up check judges them).
+    num_gpu_blocks: NonNegInt | None = None
+    #: ``level: v0-engine`` only: the CPU (swap) blocks the fake V0 worker reports; default:
+    #: what the GPU worker computes from ``swap_space`` (vLLM's ``CacheEngine`` block size)
+    num_cpu_blocks: NonNegInt | None = None
     #: ``level: engine-core`` only: the bytes the fake executor's ``determine_available_memory``
     #: reports (what profiling would find free for the KV cache); vLLM sizes the pool from it.
     kv_cache_memory_bytes: NonNegInt | None = None
@@ -522,7 +527,8 @@ class Scenario(Strict):
     vllm: VllmRefs = Field(default_factory=VllmRefs)
     #: ``scheduler``: the release's Scheduler driven step by step as ``EngineCore.step`` does;
     #: ``engine-core``: the release's own ``EngineCore`` built and driven with a fake executor
-    level: Literal["scheduler", "engine-core"] = "scheduler"
+    #: ``v0-engine``: the release's V0 ``LLMEngine`` (0.4 to 0.10) with a fake V0 executor
+    level: Literal["scheduler", "engine-core", "v0-engine"] = "scheduler"
     config: SchedulerSettings
     requests: list[RequestSpec] = Field(min_length=1)
     events: list[Event] = Field(default_factory=list)
@@ -558,12 +564,32 @@ class Scenario(Strict):
             if r.id in ids:
                 raise ValueError(f"requests[{i}].id: request id {r.id!r} is used twice")
             ids.add(r.id)
-            if r.prompt_len + r.max_tokens > self.config.max_model_len:
+            if r.prompt_len + r.max_tokens > self.config.max_model_len and (
+                    self.level != "v0-engine" or r.prompt_len > self.config.max_model_len):
+                # V0 takes such a request and caps it at max_model_len (its StopChecker:
+                # FINISHED_LENGTH_CAPPED); only its prompt must fit
                 raise ValueError(
                     f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
                     f"config.max_model_len {self.config.max_model_len}")
         engine_only = {"kv_cache_memory_bytes": self.config.kv_cache_memory_bytes,
                        "max_concurrent_batches": self.config.max_concurrent_batches}
+        blocks = self.config.num_gpu_blocks
+        if self.level != "v0-engine":
+            if blocks is not None and blocks < 2:
+                raise ValueError(f"config.num_gpu_blocks: {blocks} leaves no block to allocate "
+                                 "(block 0 is vLLM's null block); use a value of at least 2 "
+                                 "(0 and 1 are for level: v0-engine's start-up checks)")
+            if self.config.num_cpu_blocks is not None:
+                raise ValueError("config.num_cpu_blocks applies to level: v0-engine (the V0 "
+                                 "engine's swap space); drop it or add `level: v0-engine`")
+        else:
+            if blocks is None:
+                raise ValueError("config.num_gpu_blocks is required at level: v0-engine (what "
+                                 "the fake worker's determine_num_available_blocks reports)")
+            for key, value in engine_only.items():
+                if value is not None:
+                    raise ValueError(f"config.{key} applies to level: engine-core; at level: "
+                                     "v0-engine the pool is config.num_gpu_blocks")
         if self.level == "scheduler":
             for key, value in engine_only.items():
                 if value is not None:

@@ -237,7 +237,8 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
                        log)
                 break
             except EnvError as exc:
-                found = missing_pins(str(exc), reqs, substitutions, index)
+                found = missing_pins(str(exc), reqs, substitutions, index) \
+                    or late_uploads(str(exc), substitutions)
                 if not found or len(substitutions) + len(found) > MAX_SUBSTITUTIONS:
                     raise
                 substitutions += found
@@ -269,6 +270,9 @@ class Substitution:
     uploaded: str | None = None
 
     def describe(self) -> str:
+        if not self.pinned:  # late_uploads: the only files are newer than the release
+            return (f"{self.name}=={self.used} (uploaded after the release's date; the index "
+                    "has no earlier file)")
         return (f"{self.name}=={self.pinned} -> {self.name}=={self.used} "
                 f"({self.pinned} is not on the index)")
 
@@ -329,6 +333,27 @@ def missing_pins(uv_error: str, reqs: list[str], done: list[Substitution],
             # without an upload time from the index: let uv take it whatever its date
             uploaded = _after(available.get(used))
             out.append(Substitution(name, version, used, uploaded))
+    return out
+
+
+#: uv's hint for a dependency whose only files are newer than the cut-off (e.g. pyairports,
+#: deleted from the index and uploaded again in 2025, which outlines 0.0.4x needs):
+#: "`pyairports` was filtered by `exclude-newer` ... The latest version satisfying the
+#: requirement is v0.0.1, published at 2025-09-25T04:17:09.505Z"
+_LATE = re.compile(r"`([A-Za-z0-9][A-Za-z0-9._-]*)` was filtered by `exclude-newer`.*?"
+                   r"The latest version satisfying the requirement is v?([^\s,]+), published at "
+                   r"(\S+?)\.?(?:\s|$)", re.S)
+
+
+def late_uploads(uv_error: str, done: list[Substitution]) -> list[Substitution]:
+    """Substitutions for dependencies uv says have no file before the release's cut-off, only
+    later ones (``_LATE``): each is let through at its first later upload, recorded like a
+    substituted pin (``pinned`` empty)."""
+    out = []
+    for name, version, published in _LATE.findall(uv_error):
+        if any(_canon(s.name) == _canon(name) for s in done + out):
+            continue
+        out.append(Substitution(name, "", version, _after(published)))
     return out
 
 

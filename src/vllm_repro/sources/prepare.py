@@ -81,15 +81,31 @@ def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> st
     return "slice" if slice_is_equivalent(version) else "full"
 
 
-def require_v1_scheduler(version: str, tree: Path) -> None:
-    """Probe the extracted sdist for the V1 scheduler and KV-cache manager the lab drives, before
-    an environment is built for it. Raises :class:`InputError` for a release without them
-    (vLLM before 0.6.5: only the V0 engine)."""
+#: Where a release keeps the V0 engine the lab drives at ``level: v0-engine`` (0.4 to 0.10):
+#: its ``LLMEngine`` and its ``Scheduler`` (with the block space managers beside it).
+V0_ENGINE_FILES = ("vllm/engine/llm_engine.py", "vllm/core/scheduler.py")
+
+
+def engines_of(tree: Path) -> tuple[str, ...]:
+    """The engine generations an extracted tree has, probed by file: ``v1`` (the V1 scheduler
+    and KV-cache manager) and ``v0`` (:data:`V0_ENGINE_FILES`)."""
+    found = []
     if (tree / V1_KV_CACHE_MANAGER).is_file() and any((tree / f).is_file() for f in V1_SCHEDULER_FILES):
+        found.append("v1")
+    if all((tree / f).is_file() for f in V0_ENGINE_FILES):
+        found.append("v0")
+    return tuple(found)
+
+
+def require_v1_scheduler(version: str, tree: Path) -> None:
+    """Probe the extracted sdist for an engine the lab drives, before an environment is built
+    for it: the V1 scheduler and KV-cache manager, or the V0 ``LLMEngine`` and ``Scheduler``
+    (``level: v0-engine``). Raises :class:`InputError` for a tree with neither."""
+    if engines_of(tree):
         return
     raise InputError(f"--vllm {version}: this release has no V1 engine scheduler "
-                     f"({V1_SCHEDULER_FILES[0]} or {V1_SCHEDULER_FILES[1]}, with {V1_KV_CACHE_MANAGER}), "
-                     "which the lab drives; pick a release with the V1 engine (0.6.5 or later)")
+                     f"({V1_SCHEDULER_FILES[0]} or {V1_SCHEDULER_FILES[1]}, with {V1_KV_CACHE_MANAGER}) "
+                     f"and no V0 engine ({' + '.join(V0_ENGINE_FILES)}), which the lab drives")
 
 
 @contextmanager
@@ -177,4 +193,4 @@ def prepare_release(version: str, say: Say = lambda s: None,
 
 
 __all__ = ["TREES", "check_tree", "default_tree", "resolve_tree", "slice_is_equivalent",
-           "require_v1_scheduler", "release_lock", "build_tree_env", "prepare_release"]
+           "require_v1_scheduler", "engines_of", "V0_ENGINE_FILES", "release_lock", "build_tree_env", "prepare_release"]

@@ -226,7 +226,8 @@ def emulated_cuda(spec: dict[str, Any]):
     if base is None:
         raise PlatformError("vllm/platforms/cuda.py has no CudaPlatform class")
     iface = sys.modules["vllm.platforms.interface"]
-    DeviceCapability = iface.DeviceCapability
+    # releases before DeviceCapability (0.6.1) answer a (major, minor) tuple
+    DeviceCapability = getattr(iface, "DeviceCapability", lambda major, minor: (major, minor))
     major, minor = _capability(spec.get("capability", "9.0"))
     name = str(spec.get("device_name") or DEFAULT_PLATFORM["device_name"])
     memory = int(float(spec.get("total_memory_gib") or 80) * (1 << 30))
@@ -282,3 +283,63 @@ def install(notes: list[str]) -> str:
                             "platform; use one of them")
     platforms._current_platform = platform
     return label
+
+
+def emulate_nvml(spec: dict[str, Any]) -> bool:
+    """Give the lab's ``pynvml`` stand-in NVML's answers for one GPU of ``spec`` (init,
+    shutdown, device count 1, handle, CUDA capability, name, memory), for releases whose
+    ``vllm/platforms/cuda.py`` queries NVML at import (0.6.x: ``warn_if_different_devices()``).
+    Returns False (and changes nothing) when ``pynvml`` is a real module."""
+    mod = sys.modules.get("pynvml")
+    if mod is None:
+        try:
+            mod = importlib.import_module("pynvml")
+        except ImportError:
+            return False
+    if not str(getattr(mod, "__file__", "")).startswith("<vllm-repro stand-in"):
+        return False
+    major, minor = _capability(spec.get("capability", "9.0"))
+    name = str(spec.get("device_name") or DEFAULT_PLATFORM["device_name"])
+    memory = int(float(spec.get("total_memory_gib") or 80) * (1 << 30))
+    mod.nvmlInit = lambda *a, **k: None
+    mod.nvmlShutdown = lambda *a, **k: None
+    mod.nvmlDeviceGetCount = lambda: 1
+    mod.nvmlDeviceGetHandleByIndex = lambda i: i
+    mod.nvmlDeviceGetCudaComputeCapability = lambda h: (major, minor)
+    mod.nvmlDeviceGetName = lambda h: name
+    mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=memory, free=memory, used=0)
+    return True
+
+
+def install_eager(notes: list[str]) -> str:
+    """The platform for a release whose ``vllm/platforms/__init__.py`` resolves
+    ``current_platform`` eagerly at import (an instance every module then binds by name, e.g.
+    0.6.x, where the tree's ``+cpu`` dist-info makes it ``CpuPlatform``), and for releases with
+    the lazy ``_current_platform`` (then as :func:`install`). For ``cuda`` the instance vLLM
+    already handed out is given the emulated CUDA class (``__class__`` assignment: every module
+    holding it sees the GPU's rules); NVML is emulated first (:func:`emulate_nvml`) since the
+    release's ``cuda.py`` queries it at import. Called after ``import vllm``, so that the
+    stand-in finder does not make ``vllm._core_C`` look importable to ``vllm/_core_ext.py``.
+    Raises :class:`PlatformError` as :func:`install` does."""
+    platforms = _import("vllm.platforms")
+    if "_current_platform" in vars(platforms) or "current_platform" not in vars(platforms):
+        return install(notes)
+    spec = requested()
+    want = str(spec.get("name", "cuda"))
+    current = platforms.current_platform
+    if want == "cpu":
+        if type(current).__name__ != "CpuPlatform":
+            raise PlatformError(f"platform.name cpu: vLLM resolved {type(current).__name__} at "
+                                "import; the lab cannot change it on this release")
+        return "cpu (vLLM's CpuPlatform)"
+    if want != "cuda":
+        raise PlatformError(f"platform.name {want!r}: the lab emulates cuda, or runs vLLM's cpu "
+                            "platform; use one of them")
+    _install_finder()
+    emulate_nvml(spec)
+    answer_kernel_queries(os.path.dirname(os.path.dirname(platforms.__file__)))
+    platform = emulated_cuda(spec)
+    notes.append(f"vllm.platforms resolved {type(current).__name__} at import; the lab gave that "
+                 f"instance the class {type(platform).__name__}")
+    current.__class__ = type(platform)
+    return f"cuda {spec.get('capability')} (emulated {type(platform).__mro__[1].__name__})"

@@ -1,0 +1,325 @@
+"""The audit over the V0 engine's books (``level: v0-engine``).
+
+What it reads (``vllm/core/block_manager.py:SelfAttnBlockSpaceManager``, the "v2" block
+manager, the only one from 0.6.3 and the default before):
+
+- ``block_manager.block_tables``: sequence id -> ``BlockTable`` (``physical_block_ids``);
+- ``block_manager.block_allocator`` (``CpuGpuBlockAllocator``): ``_allocators`` by device
+  (``NaiveBlockAllocator``: ``_all_block_indices``, ``_free_block_indices``, ``_refcounter``;
+  ``PrefixCachingBlockAllocator``: the same through ``_hashless_allocator``, plus the
+  ``evictor``'s ``free_table`` of cached blocks with ref count 0), and ``_null_block`` (the
+  sliding window's placeholder, held by many tables, never counted);
+- the scheduler's ``waiting`` / ``running`` / ``swapped`` deques of ``SequenceGroup``.
+
+Codes (docs/audit.md): ``KV_REFCOUNT`` (a block's ref count is not the number of block-table
+references to it, GPU and CPU pools alike), ``KV_FREE_QUEUE`` (a free block with references or a
+ref count, a block neither free nor held, free + used != the pool), ``KV_LEAK`` (a swapped
+request holding GPU blocks, a block table of a sequence no queue holds (the async output processor's
+``_async_stopped`` groups count as held: they are freed by the engine's next
+``free_finished_seq_groups``), and at the end of a run
+a GPU block not back), ``REQ_STATE`` (a request in two queues, or a sequence whose status is
+not its queue's), ``KV_DOUBLE_FREE`` (a hook on each allocator's ``RefCounter.decr``: a block
+given back at ref count 0, caught inside the call). Older block managers (the "v1"
+``BlockSpaceManagerV1`` of releases before 0.6.3, used where ``use_v2_block_manager`` is false)
+are not read: the audit says so in its summary's hooks (``unread: ...``) and checks queues only.
+
+Runs inside release environments: standard library + the release's own objects.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+
+from ..records import AuditSummary, TraceLine, Violation
+from .auditor import AuditStop
+from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_REFCOUNT, REQ_STATE,
+                    make_violation, names)
+
+#: the queue each unfinished sequence status belongs to (``vllm/sequence.py:SequenceStatus``)
+QUEUE_OF_STATUS = {"WAITING": "waiting", "RUNNING": "running", "SWAPPED": "swapped"}
+
+
+class V0Books:
+    """Reads the V0 books of one scheduler (see the module docstring). ``readable`` is False
+    where the block manager is not the one this module knows (then only queues are read)."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        bm = scheduler.block_manager
+        self.bm = bm
+        alloc = getattr(bm, "block_allocator", None)
+        self.allocators = dict(getattr(alloc, "_allocators", {}) or {})
+        self.readable = bool(self.allocators) and hasattr(bm, "block_tables")
+        self.cpu_gpu = alloc
+
+    # ---- per allocator ---------------------------------------------------------------------
+    @staticmethod
+    def naive_of(allocator):
+        """The ``NaiveBlockAllocator`` holding the free list (itself, or a prefix-caching
+        allocator's ``_hashless_allocator``)."""
+        return getattr(allocator, "_hashless_allocator", allocator)
+
+    @staticmethod
+    def refcounts(allocator) -> dict[int, int]:
+        rc = getattr(allocator, "_refcounter", None)
+        rc = getattr(rc, "_refcounter", rc)  # ReadOnlyRefCounter wraps the RefCounter
+        return dict(getattr(rc, "_refcounts", {}) or {})
+
+    def pools(self) -> dict[str, dict]:
+        """device name -> ``{"all": ids, "free": free-list ids, "cached": evictor ids, "refs":
+        ref counts}``."""
+        out = {}
+        for device, allocator in self.allocators.items():
+            naive = self.naive_of(allocator)
+            evictor = getattr(allocator, "evictor", None)
+            out[getattr(device, "name", str(device))] = {
+                "all": set(getattr(naive, "_all_block_indices", ()) or ()),
+                "free": list(getattr(naive, "_free_block_indices", ()) or ()),
+                "cached": set(getattr(evictor, "free_table", {}) or {}),
+                "refs": self.refcounts(allocator),
+            }
+        return out
+
+    def null_block_id(self):
+        nb = getattr(self.cpu_gpu, "_null_block", None)
+        return getattr(nb, "block_id", None) if nb is not None else None
+
+    def tables(self) -> dict[int, list[int]]:
+        """sequence id -> its physical block ids (the null block left out)."""
+        null = self.null_block_id()
+        out = {}
+        for seq_id, table in dict(self.bm.block_tables).items():
+            ids = getattr(table, "physical_block_ids", None)
+            if ids is None:
+                ids = [getattr(b, "block_id", None) for b in getattr(table, "blocks", ())]
+            out[seq_id] = [b for b in ids if b is not None and b != null]
+        return out
+
+    def queues(self) -> dict[str, list]:
+        s = self.scheduler
+        return {"waiting": list(s.waiting), "running": list(s.running), "swapped": list(s.swapped)}
+
+    def async_stopped(self) -> list:
+        """Groups that left ``running`` at ``max_model_len`` with async output processing
+        (``Scheduler._async_stopped``, 0.6.1+): they keep their blocks until the engine's
+        ``free_finished_seq_groups``."""
+        return list(getattr(self.scheduler, "_async_stopped", ()) or ())
+
+
+def check_books(books: V0Books, req_of_seq: dict[int, str]) -> list[Violation]:
+    """The block-table / ref-count / free-list checks of one moment (see the module
+    docstring). ``req_of_seq``: sequence id -> request id of the live sequences."""
+    found: list[Violation] = []
+    tables = books.tables()
+    holders: dict[int, list[str]] = {}
+    for seq_id, ids in tables.items():
+        for b in ids:
+            holders.setdefault(b, []).append(req_of_seq.get(seq_id, f"seq {seq_id}"))
+    null = books.null_block_id()
+    for device, pool in books.pools().items():
+        refs, free, cached, every = pool["refs"], pool["free"], pool["cached"], pool["all"]
+        free_set = set(free)
+        for b in sorted(every):
+            if b == null:
+                continue
+            held = holders.get(b, [])
+            rc = refs.get(b, 0)
+            if rc != len(held):
+                found.append(make_violation(
+                    KV_REFCOUNT, f"{device} block {b} ref count {rc} but held by "
+                    f"{names(held)} (expected {len(held)})", requests=held, blocks=[b]))
+            if b in free_set and (rc or held):
+                found.append(make_violation(
+                    KV_FREE_QUEUE, f"{device} block {b} is on the free list with ref count {rc}, "
+                    f"held by {names(held)}", requests=held, blocks=[b]))
+            if rc == 0 and not held and b not in free_set and b not in cached:
+                found.append(make_violation(
+                    KV_FREE_QUEUE, f"{device} block {b} has ref count 0 and no holder but is "
+                    "neither on the free list nor cached (lost)", blocks=[b]))
+        if len(free) != len(free_set):
+            dup = [b for b, n in Counter(free).items() if n > 1]
+            found.append(make_violation(KV_FREE_QUEUE, f"{device} free list holds block(s) "
+                                        f"{dup} twice", blocks=dup))
+        used = sum(1 for b in every if b != null and (refs.get(b, 0) > 0))
+        n_free = len(free_set) + len(cached - free_set)
+        if used + n_free != len(every - {null}):
+            found.append(make_violation(
+                KV_FREE_QUEUE, f"{device}: free {n_free} + used {used} != {len(every - {null})} "
+                "blocks in the pool"))
+    return found
+
+
+def check_queues(books: V0Books, tables: dict[int, list[int]] | None,
+                 gpu_ids: set[int]) -> tuple[list[Violation], dict[int, str]]:
+    """``(violations, sequence id -> request id of live sequences)``: a request in two queues,
+    a sequence whose status is not its queue's, a swapped request holding GPU blocks, and
+    (``tables`` given) a block table whose sequence no queue holds."""
+    found: list[Violation] = []
+    seen: dict[str, str] = {}
+    req_of_seq: dict[int, str] = {}
+    for qname, groups in books.queues().items():
+        for sg in groups:
+            rid = sg.request_id
+            if rid in seen:
+                found.append(make_violation(REQ_STATE, f"{rid} is in {seen[rid]} and {qname}",
+                                            requests=[rid]))
+            seen[rid] = qname
+            for seq in sg.get_seqs():
+                req_of_seq[seq.seq_id] = rid
+                status = getattr(getattr(seq, "status", None), "name", "")
+                want = QUEUE_OF_STATUS.get(status)
+                if want is not None and want != qname:
+                    found.append(make_violation(
+                        REQ_STATE, f"{rid} (sequence {seq.seq_id}) is {status} but in {qname}",
+                        requests=[rid]))
+                if qname == "swapped" and tables is not None:
+                    on_gpu = [b for b in tables.get(seq.seq_id, ()) if b in gpu_ids]
+                    if on_gpu:
+                        found.append(make_violation(
+                            KV_LEAK, f"{rid} is swapped out but its block table holds GPU "
+                            f"block(s) {on_gpu[:8]}", requests=[rid], blocks=on_gpu))
+    if tables is not None:
+        parked = {seq.seq_id for sg in books.async_stopped() for seq in sg.get_seqs()}
+        for seq_id, ids in tables.items():
+            if seq_id not in req_of_seq and seq_id not in parked:
+                found.append(make_violation(
+                    KV_LEAK, f"sequence {seq_id} has a block table ({len(ids)} blocks) but no "
+                    "queue holds it (finished or aborted)", blocks=ids))
+    return found, req_of_seq
+
+
+class V0Auditor:
+    """The observer (``StepLoop``'s protocol) for ``level: v0-engine``: every check above after
+    each ``schedule()`` and after each engine step, the double-free hook inside every
+    ``RefCounter.decr`` of the block allocators."""
+
+    stop_exception = AuditStop
+
+    def __init__(self, adapter, keep_going: bool = False, max_records: int = 200):
+        self.adapter = adapter
+        self.keep_going = keep_going
+        self.max_records = max_records
+        self.violations: list[Violation] = []
+        self._keys: set[tuple] = set()
+        self._step_new: list[Violation] = []
+        self.checks = 0
+        self.dropped = 0
+        self.stopped: dict | None = None
+        self.loop = None
+        self.books: V0Books | None = None
+        self.hook_names: list[str] = []
+        self.hook_calls: Counter = Counter()
+        self._undo: list = []
+
+    # ---- observer protocol ----------------------------------------------------------------
+    def attach(self, loop) -> None:
+        self.loop = loop
+        self.books = V0Books(loop.scheduler)
+        if not self.books.readable:
+            self.hook_names.append(f"unread: {type(self.books.bm).__name__}")
+            return
+        for device, allocator in self.books.allocators.items():
+            self._hook_decr(getattr(device, "name", str(device)), allocator)
+
+    def after_schedule(self, step: int, so, scheduled) -> bool:
+        return self._record_all(self._check(), step, "after schedule")
+
+    def after_update(self, step: int, so, line: TraceLine) -> bool:
+        return self._record_all(self._check(), step, "after step")
+
+    def annotate(self, line: TraceLine) -> None:
+        if self._step_new:
+            line.violations = [v.brief() for v in self._step_new]
+        self._step_new = []
+
+    def finish(self, loop, outcome: str) -> bool:
+        """End-of-run: after a clean run every GPU block is back (``KV_LEAK``)."""
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
+        b = self.books
+        if outcome == "clean" and b is not None and b.readable:
+            try:
+                free = b.bm.get_num_free_gpu_blocks()
+                total = len(b.pools().get("GPU", {}).get("all", ()) or ()) - (
+                    1 if b.null_block_id() is not None else 0)
+                if free != total:
+                    self._record(make_violation(
+                        KV_LEAK, f"at the end of the run {total - free} GPU block(s) are not "
+                        f"back ({free} of {total} free)"), loop.step, "end of run")
+            except Exception:  # noqa: BLE001 - books unreadable after the run: nothing to add
+                pass
+        return bool(self.violations)
+
+    def summary(self) -> AuditSummary:
+        by_code = Counter(v.code for v in self.violations)
+        return AuditSummary(self.keep_going, self.stopped, self.checks, dict(by_code),
+                            len(self.violations), self.dropped, list(self.hook_names),
+                            dict(self.hook_calls))
+
+    # ---- checks ---------------------------------------------------------------------------
+    def _check(self) -> list[Violation]:
+        self.checks += 1
+        b = self.books
+        if b is None:
+            return []
+        if not b.readable:
+            return check_queues(b, None, set())[0]
+        tables = b.tables()
+        gpu = b.pools().get("GPU", {}).get("all", set())
+        found, req_of_seq = check_queues(b, tables, gpu)
+        return found + check_books(b, req_of_seq)
+
+    def _hook_decr(self, device: str, allocator) -> None:
+        """Wrap ``RefCounter.decr`` of ``allocator`` (on the instance): a block given back at
+        ref count 0 is ``KV_DOUBLE_FREE``, recorded before vLLM's own assert runs."""
+        rc = getattr(allocator, "_refcounter", None)
+        rc = getattr(rc, "_refcounter", rc)
+        if rc is None or not hasattr(rc, "decr") or "decr" in vars(rc):
+            return
+        decr = rc.decr
+        auditor = self
+
+        def hooked_decr(block_id):
+            auditor.hook_calls[f"{device}.decr"] += 1
+            before = getattr(rc, "_refcounts", {}).get(block_id)
+            if before == 0:
+                auditor._hook_report(make_violation(
+                    KV_DOUBLE_FREE, f"{device} block {block_id} given back with ref count 0",
+                    blocks=[block_id]))
+            return decr(block_id)
+
+        rc.decr = hooked_decr
+        self._undo.append(lambda: vars(rc).pop("decr", None))
+        self.hook_names.append(f"{device}.RefCounter.decr")
+
+    def _hook_report(self, v: Violation) -> None:
+        step = getattr(self.loop, "step", 0)
+        v.stack = [f"{fs.filename}:{fs.lineno} {fs.name}" for fs in traceback.extract_stack()[:-2]
+                   if "/vllm/" in fs.filename][-8:]
+        v.phase = "in RefCounter.decr"
+        if self._record(v, step, v.phase) and not self.keep_going:
+            self.stopped = {"step": step, "code": v.code, "phase": v.phase}
+            raise AuditStop(v)
+
+    def _record(self, v: Violation, step: int, phase: str) -> bool:
+        key = (v.code, tuple(v.requests), tuple(v.blocks), v.message)
+        if key in self._keys:
+            return False
+        if len(self.violations) >= self.max_records:
+            self.dropped += 1
+            return False
+        self._keys.add(key)
+        v.step = step if v.step is None else v.step
+        v.phase = v.phase or phase
+        self.violations.append(v)
+        self._step_new.append(v)
+        return True
+
+    def _record_all(self, found: list[Violation], step: int, phase: str) -> bool:
+        new = [v for v in found if self._record(v, step, phase)]
+        if new and not self.keep_going:
+            self.stopped = {"step": step, "code": new[0].code, "phase": phase}
+            return True
+        return False

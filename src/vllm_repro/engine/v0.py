@@ -1,0 +1,603 @@
+"""``level: v0-engine``: a scenario driven through the release's own V0 ``LLMEngine``.
+
+The V0 engine (``vllm/engine/llm_engine.py`` with ``vllm/core/scheduler.py`` and the block space
+managers of ``vllm/core/``) ran every deployment before 0.8 and shipped until 0.10. Here vLLM
+builds and runs everything above the executor; the lab supplies only the executor's worker:
+
+    engine_config = EngineArgs(model=<config-only dir>, **config).create_engine_config()
+    LLMEngine(vllm_config=engine_config | **engine_config.to_dict(),   # the release's signature
+              executor_class=FakeV0Executor, log_stats=...)
+        # start-up (LLMEngine._initialize_kv_caches): determine_num_available_blocks ->
+        # num_gpu_blocks_override -> initialize_cache -> Scheduler(... block manager ...)
+    per step n: engine.add_request(id, {"prompt_token_ids": ...}, SamplingParams(...))  # at_step n
+                engine.abort_request(ids)                                               # events
+                engine.step()     # schedule -> execute_model -> output processing (async too)
+
+``FakeV0Executor`` subclasses the release's own executor for one GPU (``UniProcExecutor`` from
+0.7, else ``GPUExecutor``), so its ``determine_num_available_blocks`` / ``initialize_cache`` /
+``execute_model`` run and delegate to the driver worker as they do in production; only the worker
+(:class:`FakeV0Worker`) is fake. It answers what ``vllm/worker/worker.py:Worker`` would:
+
+- ``determine_num_available_blocks``: ``(config.num_gpu_blocks, num_cpu_blocks)`` from the
+  scenario (0 allowed); CPU blocks default to what the GPU worker computes from ``swap_space``
+  (``swap_space`` bytes // ``CacheEngine.get_cache_block_size``, vLLM's own function);
+- ``initialize_cache``: the release's own ``raise_if_cache_size_invalid`` (what ``Worker.
+  initialize_cache`` runs first), then records the sizes;
+- ``execute_model``: calls the request's ``async_callback`` where the engine gave one (the GPU
+  model runner runs it before sampling, which is how V0's async output processing overlaps), then
+  returns ``[SamplerOutput(outputs=[CompletionSequenceGroupOutput(...) per scheduled group])]``:
+  one ``SequenceOutput`` per sequence of a group that samples (``do_sample``; none for a chunk
+  that does not finish its prompt), with the scenario's token, scripted tokens or EOS.
+
+Runs inside the release environment (standard library + vLLM only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from ..records import EngineInfo, RunResult, Timing, TraceLine
+from .adapter.probes import AdapterError, RefusedByRelease, _import, _try_import, params_of
+from .adapter.requests import EOS_TOKEN_ID
+from .loop import StepLoop, describe_exception, vllm_frames
+
+#: the files a tree needs for ``level: v0-engine`` (sources/prepare.py probes the same)
+V0_ENGINE_MODULES = ("vllm.engine.llm_engine", "vllm.core.scheduler")
+#: the lab's own config fields and the ``EngineArgs`` field each one is, at this level
+LAB_TO_ENGINE_ARGS = {"block_size": "block_size", "max_num_seqs": "max_num_seqs",
+                      "max_num_batched_tokens": "max_num_batched_tokens",
+                      "max_model_len": "max_model_len",
+                      "enable_chunked_prefill": "enable_chunked_prefill",
+                      "enable_prefix_caching": "enable_prefix_caching"}
+#: lab fields with no meaning at this level (the V1 scheduler's, or engine-core's executor)
+V1_ONLY = ("kv_cache_memory_bytes", "max_concurrent_batches", "num_speculative_tokens",
+           "async_scheduling", "kv_cache_groups")
+
+
+def has_v0_engine(vllm_dir: Path) -> bool:
+    """Whether the imported release tree has the V0 engine the lab drives (by file)."""
+    return all((vllm_dir / (m.split(".", 1)[1].replace(".", "/") + ".py")).is_file()
+               for m in V0_ENGINE_MODULES)
+
+
+class V0Adapter:
+    """The V0 engine's classes of the release on ``sys.path``, found by probing.
+
+    ``base``: the worker's V1 adapter where the release has both engines (its import, version
+    and platform are shared); without one (a release before the V1 engine) vLLM is imported
+    here and the platform is set up for an eagerly resolved ``current_platform``
+    (:func:`vllm_repro.engine.adapter.platform.install_eager`)."""
+
+    generation = "v0"
+
+    def __init__(self, model_dir: Path, base=None):
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("DO_NOT_TRACK", "1")
+        self.model_dir = Path(model_dir)
+        self.base = base
+        if base is not None:
+            self.vllm_file, self.version = base.vllm_file, base.version
+            self.platform, self.platform_notes = base.platform, base.platform_notes
+        else:
+            os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+            import vllm  # noqa: F401  (the release under test)
+
+            self.vllm_file = Path(sys.modules["vllm"].__file__).parent
+            mod = _try_import("vllm.version", "vllm._version")
+            self.version = str(getattr(mod, "__version__", None)
+                               or getattr(sys.modules["vllm"], "__version__", "unknown"))
+            self.platform_notes: list[str] = []
+            from .adapter.platform import install_eager
+
+            self.platform = install_eager(self.platform_notes)
+        if not has_v0_engine(self.vllm_file):
+            raise RefusedByRelease(f"level: v0-engine: vLLM {self.version} has no V0 engine "
+                                   "(vllm/engine/llm_engine.py with vllm/core/scheduler.py)")
+        self.LLMEngine = v0_engine_class()
+        self.EngineArgs = _import("vllm.engine.arg_utils:EngineArgs")
+        self.SamplingParams = _import("vllm.sampling_params:SamplingParams", "vllm:SamplingParams")
+        self.Scheduler = _import("vllm.core.scheduler:Scheduler")
+        self.SamplerOutput = _import("vllm.model_executor.layers.sampler:SamplerOutput",
+                                     "vllm.sequence:SamplerOutput")
+        self.CompletionSequenceGroupOutput = _import("vllm.sequence:CompletionSequenceGroupOutput",
+                                                     "vllm.sequence:SequenceGroupOutput")
+        self.SequenceOutput = _import("vllm.sequence:SequenceOutput")
+        self.Logprob = _import("vllm.sequence:Logprob")
+        self.executor_base = _try_import("vllm.executor.uniproc_executor:UniProcExecutor",
+                                         "vllm.executor.gpu_executor:GPUExecutor")
+        if self.executor_base is None:
+            raise AdapterError(f"vLLM {self.version}: no V0 executor for one GPU "
+                               "(vllm/executor/uniproc_executor.py or gpu_executor.py)")
+        self.engine_args_fields = {f.name for f in dataclasses.fields(self.EngineArgs)}
+        self.cache_size_check = _try_import("vllm.worker.worker:raise_if_cache_size_invalid")
+        self.sampling_fields, _ = params_of(self.SamplingParams)
+        #: the packaged tokenizer's highest token id (the engine loads it: EOS is its ``</s>``)
+        self.max_token_id = _max_token_id(self.model_dir)
+        self.add_request_params, _ = params_of(self.LLMEngine.add_request)
+        from .capabilities import probe_v0
+
+        self.caps = probe_v0(self)
+
+    # ---- configs -----------------------------------------------------------------------------
+    def engine_args(self, cfg: dict) -> dict:
+        """The ``EngineArgs`` keywords for a scenario's ``config``: the lab's fields under their
+        ``EngineArgs`` names, every other key passed through as written. Raises
+        :class:`RefusedByRelease` naming a field this release's ``EngineArgs`` lacks, or a lab
+        field this level has no meaning for."""
+        v = self.version
+        for key in V1_ONLY:
+            if cfg.get(key) not in (None, False):
+                raise RefusedByRelease(f"config.{key}: not supported at level: v0-engine (vLLM "
+                                       f"{v}'s V0 LLMEngine); drop it for this level")
+        kw: dict = {"model": str(self.model_dir), "skip_tokenizer_init": False,
+                    "disable_log_stats": bool(cfg.get("disable_log_stats", True))}
+        for lab, name in LAB_TO_ENGINE_ARGS.items():
+            if lab in cfg and cfg[lab] is not None:
+                kw[name] = cfg[lab]
+        policy = cfg.get("policy", "fcfs")
+        if policy != "fcfs":
+            if "scheduling_policy" not in self.engine_args_fields:
+                raise RefusedByRelease(f"config.policy: vLLM {v}'s EngineArgs has no "
+                                       "scheduling_policy (FCFS only); use policy: fcfs")
+            kw["scheduling_policy"] = policy
+        if cfg.get("long_prefill_token_threshold"):
+            kw["long_prefill_token_threshold"] = cfg["long_prefill_token_threshold"]
+        lab_keys = {"num_gpu_blocks", "num_cpu_blocks", "disable_log_stats", "policy",
+                    "long_prefill_token_threshold", *LAB_TO_ENGINE_ARGS, *V1_ONLY,
+                    "speculative_method"}
+        for key, value in (cfg.get("passthrough") or {}).items():  # Scenario.child_payload
+            kw[key] = value
+        for key, value in cfg.items():
+            if key not in lab_keys and key != "passthrough":
+                kw[key] = value
+        for key in kw:
+            if key not in self.engine_args_fields:
+                raise RefusedByRelease(f"config.{key}: vLLM {v}'s EngineArgs has no field "
+                                       f"{key!r} (level: v0-engine); drop it for this release")
+        return kw
+
+    # ---- requests ----------------------------------------------------------------------------
+    def sampling_params(self, max_tokens: int):
+        """The request's ``SamplingParams``: ``max_tokens``, EOS honoured, no detokenization
+        where the release can skip it (the lab's config-only tokenizer has no decoder)."""
+        kw = {"max_tokens": max_tokens, "ignore_eos": False}
+        if "detokenize" in self.sampling_fields:
+            kw["detokenize"] = False
+        return self.SamplingParams(**kw)
+
+
+def _max_token_id(model_dir: Path) -> int:
+    """The highest id of the packaged tokenizer's vocabulary (``tokenizer.json``, its model's
+    ``vocab`` and added tokens). Raises :class:`AdapterError` when it cannot be read."""
+    import json
+
+    try:
+        tok = json.loads((model_dir / "tokenizer.json").read_text())
+        ids = list((tok.get("model") or {}).get("vocab", {}).values())
+        ids += [t["id"] for t in tok.get("added_tokens", ())]
+        return max(ids)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AdapterError(f"the packaged tokenizer {model_dir / 'tokenizer.json'} cannot be "
+                           f"read: {exc}") from exc
+
+
+def v0_engine_class():
+    """The release's V0 ``LLMEngine`` class. From 0.7, ``vllm/engine/llm_engine.py`` rebinds the
+    name to V1's engine when ``VLLM_USE_V1`` is set at import; the module is then imported
+    (again) with ``VLLM_USE_V1=0`` to get the V0 class. Raises :class:`AdapterError` when the
+    class found is not V0's."""
+    name = "vllm.engine.llm_engine"
+    old = os.environ.get("VLLM_USE_V1")
+    os.environ["VLLM_USE_V1"] = "0"
+    try:
+        mod = sys.modules.get(name)
+        if mod is None:
+            mod = importlib.import_module(name)
+        elif getattr(mod.LLMEngine, "__module__", name) != name:
+            mod = importlib.reload(mod)
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_USE_V1", None)
+        else:
+            os.environ["VLLM_USE_V1"] = old
+    cls = mod.LLMEngine
+    if cls.__module__ != name:
+        raise AdapterError(f"vllm.engine.llm_engine.LLMEngine is {cls.__module__}.{cls.__name__}, "
+                           "not the V0 engine")
+    return cls
+
+
+class FakeV0Worker:
+    """What the release's GPU ``Worker`` answers its executor (see the module docstring)."""
+
+    def __init__(self, loop: "V0EngineLoop"):
+        self.loop = loop
+        self.cache: tuple[int, int] | None = None
+        self.executor = None
+
+    def determine_num_available_blocks(self) -> tuple[int, int]:
+        return self.loop.lab_blocks()
+
+    def initialize_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        """``Worker.initialize_cache``: vLLM's own ``raise_if_cache_size_invalid`` first."""
+        ex = self.executor
+        check = self.loop.adapter.cache_size_check
+        if check is not None:
+            values = {"num_gpu_blocks": num_gpu_blocks, "block_size": ex.cache_config.block_size,
+                      "is_attention_free": getattr(ex.cache_config, "is_attention_free", False),
+                      "max_model_len": ex.model_config.max_model_len,
+                      "pipeline_parallel_size": ex.parallel_config.pipeline_parallel_size}
+            params = list(inspect.signature(check).parameters)
+            check(*[values[p] for p in params])
+        ex.cache_config.num_gpu_blocks = num_gpu_blocks
+        ex.cache_config.num_cpu_blocks = num_cpu_blocks
+        self.cache = (num_gpu_blocks, num_cpu_blocks)
+
+    def execute_model(self, execute_model_req=None):
+        return self.loop.execute(execute_model_req)
+
+    # what the executor's other calls would find on a GPU worker
+    def init_device(self):
+        return None
+
+    def load_model(self):
+        return None
+
+    def add_lora(self, *a, **k):
+        return False
+
+    def remove_lora(self, *a, **k):
+        return False
+
+    def pin_lora(self, *a, **k):
+        return False
+
+    def list_loras(self):
+        return set()
+
+    def check_health(self):
+        return None
+
+    def shutdown(self):
+        return None
+
+    def stop_remote_worker_execution_loop(self):
+        return None
+
+
+def make_v0_executor_class(base, worker: FakeV0Worker):
+    """A subclass of the release's executor for one GPU whose ``_init_executor`` installs
+    ``worker`` as the driver worker (instead of loading a model on a device)."""
+
+    def _init_executor(self):
+        worker.executor = self
+        self.driver_worker = worker
+
+    def check_health(self):
+        return None
+
+    return type(f"FakeV0{base.__name__}", (base,), {
+        "__module__": __name__, "_init_executor": _init_executor, "check_health": check_health,
+        "uses_ray": False})
+
+
+class V0EngineLoop(StepLoop):
+    """One scenario run at ``level: v0-engine`` (see the module docstring). The observer
+    protocol is :class:`~vllm_repro.engine.loop.StepLoop`'s; ``self.scheduler`` is the
+    engine's own V0 ``Scheduler`` (virtual engine 0) once built, and ``after_schedule`` gets
+    ``(step, SchedulerOutputs, scheduled)`` with ``scheduled`` as request id -> tokens."""
+
+    level = "v0-engine"
+
+    def __init__(self, adapter: V0Adapter, scenario: dict, trace=None, observer=None):
+        super().__init__(adapter, scenario, trace, observer)
+        self.sampled_at: dict[str, int] = {}
+        m = scenario.get("model") or {}
+        self.token = m.get("token", 100)
+        self.scripted = {rid: list(t) for rid, t in (m.get("tokens") or {}).items()}
+        self.eos_at = m.get("eos_at") or {}
+
+    def prompt_of(self, spec: dict) -> list[int]:
+        """The lab's prompt (:meth:`StepLoop.prompt_of`) folded into the packaged tokenizer's
+        vocabulary (ids 3 to its highest), since V0's front door checks prompt ids against the
+        tokenizer (``LLMEngine._validate_token_prompt``, 0.7+): never EOS, and the same ids
+        for the same prefix."""
+        top = self.adapter.max_token_id
+        return [3 + (t - 3) % (top - 2) for t in super().prompt_of(spec)]
+
+    # ---- the fake worker's answers ----------------------------------------------------------
+    def lab_blocks(self) -> tuple[int, int]:
+        """``(num_gpu_blocks, num_cpu_blocks)``: the scenario's, CPU blocks defaulting to what
+        the GPU worker computes from ``swap_space`` (``Worker.determine_num_available_blocks``:
+        ``int(swap_space_bytes // cache_block_size)``)."""
+        cfg = self.cfg
+        gpu = int(cfg["num_gpu_blocks"])
+        if cfg.get("num_cpu_blocks") is not None:
+            return gpu, int(cfg["num_cpu_blocks"])
+        ex = self.worker.executor
+        engine_mod = _import("vllm.worker.cache_engine:CacheEngine")
+        size = engine_mod.get_cache_block_size(ex.cache_config, ex.model_config, ex.parallel_config)
+        swap = getattr(ex.cache_config, "swap_space_bytes", 0) or 0
+        return gpu, int(swap // size) if size else 0
+
+    def execute(self, req):
+        """``Worker.execute_model`` for ``req`` (an ``ExecuteModelRequest``)."""
+        if req is None:
+            return []
+        a = self.adapter
+        callback = getattr(req, "async_callback", None)
+        if callback is not None:
+            callback()  # GPUModelRunner.execute_model: the previous step's output processing
+        if getattr(req, "num_steps", 1) > 1:
+            raise AdapterError("multi-step scheduling (num_scheduler_steps > 1) is not driven by "
+                               "the lab's V0 worker yet")
+        outputs = []
+        for meta in req.seq_group_metadata_list:
+            samples = []
+            if getattr(meta, "do_sample", True):
+                for seq_id, data in meta.seq_data.items():
+                    tok = self._next_token(meta.request_id, len(data.output_token_ids))
+                    samples.append(a.SequenceOutput(seq_id, tok, {tok: a.Logprob(0.0)}))
+            outputs.append(a.CompletionSequenceGroupOutput(samples, None))
+        return [a.SamplerOutput(outputs=outputs)]
+
+    def _next_token(self, rid: str, outputs: int) -> int:
+        """The token a request samples after ``outputs`` output tokens: its script's, else the
+        model's token; EOS as its ``outputs + 1``-th where ``model.eos_at`` says so."""
+        if self.eos_at.get(rid) == outputs + 1:
+            return EOS_TOKEN_ID
+        script = self.scripted.get(rid, ())
+        return script[outputs] if outputs < len(script) else self.token
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def _build(self):
+        a = self.adapter
+        cfg = self.cfg
+        if (self.sc.get("model") or {}).get("empty_at"):
+            raise RefusedByRelease("model.empty_at: not supported at level: v0-engine (a V0 "
+                                   "worker returns a token for every sampling group)")
+        for e in self.sc.get("events", []):
+            if not e.get("abort") or e.get("when") == "in_flight":
+                raise RefusedByRelease("events: only aborts between steps at level: v0-engine "
+                                       "(LLMEngine.abort_request)")
+        for r in self.sc["requests"]:
+            if r.get("structured_outputs"):
+                raise RefusedByRelease("requests[].structured_outputs: not supported at level: "
+                                       "v0-engine")
+            if r.get("priority") and "priority" not in a.add_request_params:
+                raise RefusedByRelease(f"requests[].priority: vLLM {a.version}'s "
+                                       "LLMEngine.add_request takes no priority; use 0")
+        kw = a.engine_args(cfg)
+        old = os.environ.get("VLLM_USE_V1")
+        os.environ["VLLM_USE_V1"] = "0"  # 0.8+: EngineArgs picks V0 (envs read when asked)
+        self._use_v1_was = old
+        try:
+            args = a.EngineArgs(**kw)
+            engine_config = args.create_engine_config()
+        except (AdapterError, RefusedByRelease, MemoryError):
+            raise
+        except Exception as exc:
+            raise self.refusal(exc) from exc
+        pp = engine_config.parallel_config.pipeline_parallel_size
+        if pp != 1:
+            raise RefusedByRelease("config.pipeline_parallel_size: the lab's V0 worker runs one "
+                                   "rank; use 1")
+        self.worker = FakeV0Worker(self)
+        executor_cls = make_v0_executor_class(a.executor_base, self.worker)
+        init, _ = params_of(a.LLMEngine)
+        common = {"executor_class": executor_cls, "log_stats": not kw["disable_log_stats"]}
+        try:
+            if "vllm_config" in init:
+                engine = a.LLMEngine(vllm_config=engine_config, **common)
+            else:
+                engine = a.LLMEngine(**engine_config.to_dict(), **common)
+        except (AdapterError, RefusedByRelease, MemoryError):
+            raise
+        except Exception as exc:
+            if not vllm_frames(exc.__traceback__, a.vllm_file) or _raised_in_lab(exc):
+                raise AdapterError(f"building vLLM {a.version}'s V0 LLMEngine failed in the lab: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            raise _BuildCrash(exc) from exc
+        self.engine = engine
+        self.engine_config = engine_config
+        self.scheduler = engine.scheduler[0] if isinstance(engine.scheduler, list) else engine.scheduler
+        self._observe()
+
+    def _observe(self) -> None:
+        """Wrap the scheduler's ``schedule`` on the instance (vLLM's method unchanged) so that
+        the trace and the audit see what each step scheduled."""
+        sched = self.scheduler
+        schedule = sched.schedule
+        loop = self
+
+        def observed_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            so = out[1] if isinstance(out, tuple) else out
+            scheduled = {}
+            for s in getattr(so, "scheduled_seq_groups", ()):
+                rid = s.seq_group.request_id
+                scheduled[rid] = scheduled.get(rid, 0) + int(s.token_chunk_size)
+            loop._line.scheduled = scheduled
+            loop._so = so
+            if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
+                                                       so, scheduled):
+                raise _ObserverStop()
+            return out
+
+        sched.schedule = observed_schedule
+
+    # ---- the run ----------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        t0 = time.perf_counter()
+        self.step = 0
+        self._line = TraceLine(0)
+        self._so = None
+        self._use_v1_was = os.environ.get("VLLM_USE_V1")
+        try:
+            try:
+                self._build()
+            except _BuildCrash as crash:
+                exc = crash.__cause__
+                c = describe_exception(exc, self.adapter.vllm_file, 0, "engine-build")
+                self.trace(TraceLine(0, phase="engine-build", crash=c.brief()))
+                return RunResult("crash", crash=c, steps=0, finished={},
+                                 unfinished=[r["id"] for r in self.sc["requests"]],
+                                 limit_reached=False, level=self.level,
+                                 timing=Timing(round(time.perf_counter() - t0, 4)))
+            build_s = time.perf_counter() - t0
+            result = self._run_steps(build_s, self._engine_step, scheduled={})
+            cc = self.engine_config.cache_config
+            result.engine = EngineInfo(getattr(cc, "num_gpu_blocks", None), 1, "step",
+                                       type(self.scheduler).__name__)
+            return result
+        finally:
+            if self._use_v1_was is None:
+                os.environ.pop("VLLM_USE_V1", None)
+            else:
+                os.environ["VLLM_USE_V1"] = self._use_v1_was
+
+    def _engine_step(self, step: int, line: TraceLine):
+        """One turn of ``LLMEngine``'s caller: this step's requests added, aborts applied, then
+        ``engine.step()`` where the engine has unfinished requests."""
+        a = self.adapter
+        engine = self.engine
+        self._line = line
+        self._so = None
+        phase = "add_request"
+        try:
+            for r in self.requests_by_step.get(step, []):
+                kw = {"arrival_time": r["arrival_time"] if r.get("arrival_time") is not None
+                      else float(self.order)}
+                if r.get("priority") and "priority" in a.add_request_params:
+                    kw["priority"] = r["priority"]
+                self.order += 1
+                prompt = self.prompt_of(r)
+                engine.add_request(r["id"], {"prompt_token_ids": prompt},
+                                   a.sampling_params(r["max_tokens"]), **kw)
+                self.created[r["id"]] = True
+                line.added.append(r["id"])
+            phase = "abort"
+            for e in self.events_by_step.get(step, []):
+                if e.get("abort"):
+                    engine.abort_request(list(e["abort"]))
+                    line.aborted.extend(e["abort"])
+            if not engine.has_unfinished_requests():
+                line.idle = True
+                return None, None
+            phase = "step"
+            outputs = engine.step()
+            for out in outputs or ():
+                if getattr(out, "finished", False) and out.request_id not in self.finished:
+                    reasons = [o.finish_reason for o in getattr(out, "outputs", ()) if o.finish_reason]
+                    self.finished[out.request_id] = str(reasons[0] if reasons else "finished")
+                    self._newly.append(out.request_id)
+        except (RefusedByRelease, AdapterError):
+            raise
+        except (self._stop_exception(), _ObserverStop):
+            return self._stopped(line), self._so
+        except MemoryError:
+            raise
+        except Exception as exc:
+            if _raised_in_lab(exc):
+                raise AdapterError(f"the lab failed inside vLLM {a.version}'s V0 step {step}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            return self._crashed(exc, step, phase, line), self._so
+        return None, self._so or _NoSchedule()
+
+    _newly: list[str] = []
+
+    def _run_steps(self, build_s, step_fn, scheduled=None):
+        self._newly = []
+        return super()._run_steps(build_s, step_fn, scheduled)
+
+    def _collect_finished(self) -> list[str]:
+        """Requests whose final ``RequestOutput`` came out of this step, and aborted ones
+        (which V0 drops without an output)."""
+        newly, self._newly = self._newly, []
+        live = self._live_ids()
+        for rid in self.created:
+            if rid not in self.finished and rid not in live and rid not in newly:
+                self.finished[rid] = "aborted"
+                newly.append(rid)
+        return newly
+
+    def _live_ids(self) -> set[str]:
+        ids = set()
+        for sched in (self.engine.scheduler if isinstance(self.engine.scheduler, list)
+                      else [self.engine.scheduler]):
+            for q in (sched.waiting, sched.running, sched.swapped):
+                ids.update(sg.request_id for sg in q)
+        # V0 with async output processing: a request's last output may still be queued
+        for ctx in getattr(self.engine, "scheduler_contexts", ()) or ():
+            for item in getattr(ctx, "output_queue", ()) or ():
+                for sg in _groups_in(item):
+                    ids.add(sg)
+        return ids
+
+    def _busy(self) -> bool:
+        return bool(self.engine.has_unfinished_requests())
+
+    def _state(self, line: TraceLine) -> None:
+        """V0's queues (``swapped`` stands in the trace's ``preempted`` column) and free GPU
+        blocks, read now."""
+        try:
+            s = self.scheduler
+            line.waiting = [sg.request_id for sg in s.waiting]
+            line.running = [sg.request_id for sg in s.running]
+            line.preempted = [sg.request_id for sg in s.swapped]
+            line.free_blocks = s.block_manager.get_num_free_gpu_blocks()
+        except Exception as exc:  # noqa: BLE001 - after a crash the books may be unreadable
+            line.state_error = f"{type(exc).__name__}: {exc}"
+
+    def _track_worker_batch(self) -> None:
+        return None
+
+    def refusal(self, exc: Exception) -> Exception:
+        """A failure while vLLM builds its engine config: the release refuses the config."""
+        first = " ".join(" ".join(str(exc).strip().splitlines()[:3]).split())
+        if vllm_frames(exc.__traceback__, self.adapter.vllm_file) or type(exc).__name__ in (
+                "ValidationError", "TypeError", "ValueError"):
+            return RefusedByRelease(f"config: vLLM {self.adapter.version} refuses this "
+                                    f"configuration: {type(exc).__name__}: {first}")
+        return AdapterError(f"building vLLM {self.adapter.version}'s engine config failed: "
+                            f"{type(exc).__name__}: {first}")
+
+
+def _groups_in(item) -> list[str]:
+    """Request ids of the sequence groups in one entry of ``SchedulerContext.output_queue``
+    (``OutputData`` or a tuple, by release)."""
+    metas = getattr(item, "seq_group_metadata_list", None)
+    if metas is None and isinstance(item, tuple) and len(item) > 1:
+        metas = item[1]
+    return [getattr(m, "request_id", None) for m in (metas or ()) if getattr(m, "request_id", None)]
+
+
+class _NoSchedule:
+    """A step that did not schedule (the engine stepped on output processing only)."""
+
+    scheduled_seq_groups = ()
+    num_batched_tokens = 0
+
+
+class _BuildCrash(Exception):
+    """vLLM raised inside ``LLMEngine.__init__``: the run's ``crash`` at ``engine-build``."""
+
+
+class _ObserverStop(Exception):
+    """The observer stopped the run after ``schedule()`` returned."""
+
+
+_LAB_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def _raised_in_lab(exc: BaseException) -> bool:
+    """Whether the innermost frame of ``exc`` is the lab's own code (a lab failure)."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    return bool(tb) and str(Path(tb[-1].filename).resolve()).startswith(_LAB_DIR + "/")

@@ -1,0 +1,72 @@
+"""level: v0-engine on a real release: vLLM 0.6.3.post1's own V0 LLMEngine (scheduler, block
+manager, swap, output processing) with the fake V0 worker, through the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+RELEASE = "0.6.3.post1"
+
+
+def scenario(tmp_path, name: str, config: dict, expect: dict | None = None, **extra) -> str:
+    d = {"name": name, "level": "v0-engine",
+         "config": {"block_size": 16, "max_model_len": 160, "max_num_batched_tokens": 256,
+                    "enable_chunked_prefill": False, "max_num_seqs": 4, **config},
+         "requests": [{"id": "A", "prompt_len": 40, "max_tokens": 60},
+                      {"id": "B", "prompt_len": 40, "max_tokens": 60},
+                      {"id": "C", "prompt_len": 40, "max_tokens": 60},
+                      {"id": "D", "at_step": 3, "prompt_len": 30, "max_tokens": 40}], **extra}
+    if expect:
+        d["expect"] = expect
+        d["vllm"] = {"reproduces_on": [RELEASE]}
+    else:
+        d["vllm"] = {"clean_on": [RELEASE]}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return str(p)
+
+
+def test_v0_start_up_without_gpu_blocks_and_a_swapping_pool(cli, tmp_path):
+    """0 GPU blocks: vLLM's own start-up error at engine-build (ValueError, "No available memory
+    for the cache blocks", raised by the release's raise_if_cache_size_invalid); a 12-block pool
+    that swaps requests out to CPU blocks and back runs clean under the audit, with the
+    release's swap really happening (swapped requests in the trace, CPU blocks given back)."""
+    reports = tmp_path / "r"
+    startup = scenario(tmp_path, "v0-no-gpu-blocks", {"num_gpu_blocks": 0, "num_cpu_blocks": 0},
+                       {"outcome": "crash", "phase": "engine-build", "exception": "ValueError",
+                        "message": "^No available memory for the cache blocks"})
+    swap = scenario(tmp_path, "v0-swap", {"num_gpu_blocks": 12, "num_cpu_blocks": 40,
+                                          "preemption_mode": "swap"})
+    res = cli("run", startup, swap, "--vllm", RELEASE, "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    crash = json.loads((reports / "v0-no-gpu-blocks" / RELEASE / "result.json").read_text())
+    assert crash["outcome"] == "crash" and crash["level"] == "v0-engine"
+    assert crash["crash"]["message"] == ("No available memory for the cache blocks. Try "
+                                         "increasing `gpu_memory_utilization` when "
+                                         "initializing the engine.")
+    assert crash["crash"]["where"]["file"] == "vllm/worker/worker.py"
+    assert [f["function"] for f in crash["crash"]["vllm_frames"]][:2] == [
+        "__init__", "_initialize_kv_caches"]
+    clean = json.loads((reports / "v0-swap" / RELEASE / "result.json").read_text())
+    assert clean["outcome"] == "clean" and sorted(clean["finished"]) == ["A", "B", "C", "D"]
+    assert clean["engine"]["num_gpu_blocks"] == 12
+    assert clean["audit"]["checks"] > 100 and not clean["audit"]["by_code"]
+    assert clean["audit"]["hook_calls"].get("CPU.decr", 0) > 0  # blocks swapped back in
+    lines = [json.loads(x) for x in
+             (reports / "v0-swap" / RELEASE / "trace.jsonl").read_text().splitlines()]
+    assert any(line["preempted"] for line in lines)  # V0's swapped queue
+    assert lines[-1]["free_blocks"] == 12
+
+
+def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_path):
+    bad = scenario(tmp_path, "v0-newer-field", {"num_gpu_blocks": 12,
+                                                "max_num_partial_prefills": 2})
+    res = cli("run", bad, "--vllm", RELEASE, "--reports", str(tmp_path / "r"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "config.max_num_partial_prefills" in res.stdout + res.stderr
+    assert f"vLLM {RELEASE}'s EngineArgs has no field" in res.stdout + res.stderr

@@ -1,0 +1,153 @@
+"""The V0 audit's checks (audit/v0.py) on books shaped as vLLM's V0 block manager keeps them
+(``SelfAttnBlockSpaceManager``: block tables, ``CpuGpuBlockAllocator`` with a
+``NaiveBlockAllocator`` per device, ``RefCounter``), with faults planted into them."""
+
+from __future__ import annotations
+
+from collections import deque
+from enum import Enum
+from types import SimpleNamespace as NS
+
+import pytest
+
+from vllm_repro.audit.v0 import V0Auditor, V0Books, check_books, check_queues
+
+
+class Device(Enum):
+    GPU = 0
+    CPU = 1
+
+
+class RefCounter:
+    def __init__(self, ids):
+        self._refcounts = {b: 0 for b in ids}
+
+    def decr(self, b):
+        assert self._refcounts[b] > 0
+        self._refcounts[b] -= 1
+        return self._refcounts[b]
+
+
+def allocator(ids):
+    return NS(_all_block_indices=frozenset(ids), _free_block_indices=deque(ids),
+              _refcounter=RefCounter(ids))
+
+
+def take(alloc, b):
+    alloc._free_block_indices.remove(b)
+    alloc._refcounter._refcounts[b] += 1
+
+
+class Group:
+    def __init__(self, rid, seq_id, status):
+        self.request_id = rid
+        self.seq = NS(seq_id=seq_id, status=NS(name=status))
+
+    def get_seqs(self):
+        return [self.seq]
+
+
+def books(running=(), swapped=()):
+    """GPU blocks 0-7, CPU blocks 8-11; ``running`` / ``swapped``: (request id, seq id, block
+    ids) held as vLLM holds them."""
+    gpu, cpu = allocator(range(8)), allocator(range(8, 12))
+    tables = {}
+    for _rid, sid, blocks in (*running, *swapped):
+        for b in blocks:
+            take(gpu if b < 8 else cpu, b)
+        tables[sid] = NS(physical_block_ids=list(blocks))
+    bm = NS(block_tables=tables,
+            block_allocator=NS(_allocators={Device.GPU: gpu, Device.CPU: cpu}, _null_block=None),
+            get_num_free_gpu_blocks=lambda: len(gpu._free_block_indices))
+    sched = NS(block_manager=bm, waiting=deque(),
+               running=deque(Group(r, s, "RUNNING") for r, s, _ in running),
+               swapped=deque(Group(r, s, "SWAPPED") for r, s, _ in swapped))
+    return V0Books(sched), gpu, cpu
+
+
+def all_checks(b: V0Books):
+    found, req_of_seq = check_queues(b, b.tables(), b.pools()["GPU"]["all"])
+    return found + check_books(b, req_of_seq)
+
+
+def test_consistent_books_have_no_violation():
+    b, _, _ = books(running=[("A", 1, [0, 1]), ("B", 2, [2])], swapped=[("C", 3, [8, 9])])
+    assert all_checks(b) == []
+
+
+def test_a_ref_count_above_the_block_table_references_is_kv_refcount():
+    b, gpu, _ = books(running=[("A", 1, [0, 1])])
+    gpu._refcounter._refcounts[1] += 1  # planted: a reference nobody holds
+    found = all_checks(b)
+    assert [(v.code, v.blocks, v.requests) for v in found] == [("KV_REFCOUNT", [1], ["A"])]
+    assert "GPU block 1 ref count 2 but held by A (expected 1)" in found[0].message
+
+
+def test_a_block_in_two_tables_with_one_reference_is_kv_refcount_naming_both():
+    b, _, _ = books(running=[("A", 1, [0]), ("B", 2, [3])])
+    b.bm.block_tables[2].physical_block_ids.append(0)  # planted: B's table also points at 0
+    found = [v for v in all_checks(b) if v.code == "KV_REFCOUNT"]
+    assert [(v.blocks, v.requests) for v in found] == [([0], ["A", "B"])]
+
+
+def test_a_held_block_on_the_free_list_and_a_lost_block_are_kv_free_queue():
+    b, gpu, _ = books(running=[("A", 1, [0, 1])])
+    gpu._free_block_indices.append(1)  # planted: freed while A holds it
+    gpu._free_block_indices.remove(5)  # planted: block 5 vanishes from the free list
+    msgs = [v.message for v in all_checks(b) if v.code == "KV_FREE_QUEUE"]
+    assert any("GPU block 1 is on the free list with ref count 1" in m for m in msgs)
+    assert any("GPU block 5 has ref count 0 and no holder" in m for m in msgs)
+
+
+def test_cpu_pool_is_checked_too():
+    b, _, cpu = books(swapped=[("C", 3, [8])])
+    cpu._refcounter._refcounts[8] = 0  # planted
+    found = all_checks(b)
+    assert [(v.code, v.blocks) for v in found if v.code == "KV_REFCOUNT"] == [("KV_REFCOUNT", [8])]
+
+
+def test_a_swapped_request_holding_gpu_blocks_is_kv_leak():
+    b, _, _ = books(swapped=[("C", 3, [8, 2])])
+    found = [v for v in all_checks(b) if v.code == "KV_LEAK"]
+    assert [(v.requests, v.blocks) for v in found] == [(["C"], [2])]
+
+
+def test_queue_states_request_in_two_queues_and_status_mismatch():
+    b, _, _ = books(running=[("A", 1, [0])])
+    b.scheduler.swapped.append(b.scheduler.running[0])  # planted: A also in swapped
+    found = [v for v in all_checks(b) if v.code == "REQ_STATE"]
+    assert any(v.message == "A is in running and swapped" for v in found)
+    assert any("is RUNNING but in swapped" in v.message for v in found)
+
+
+def test_a_block_table_of_a_sequence_no_queue_holds_is_kv_leak():
+    b, _, _ = books(running=[("A", 1, [0])])
+    b.scheduler.running.clear()  # planted: A left the queues, its table stayed
+    found = [v for v in all_checks(b) if v.code == "KV_LEAK"]
+    assert len(found) == 1 and "sequence 1 has a block table (1 blocks)" in found[0].message
+
+
+def test_double_free_hook_reports_inside_decr_before_vllms_assert():
+    b, gpu, _ = books(running=[("A", 1, [0])])
+    loop = NS(scheduler=b.scheduler, step=4)
+    auditor = V0Auditor(NS(), keep_going=True)
+    auditor.attach(loop)
+    assert "GPU.RefCounter.decr" in auditor.hook_names
+    gpu._refcounter.decr(0)
+    with pytest.raises(AssertionError):  # the release's own assert still runs
+        gpu._refcounter.decr(0)
+    assert [(v.code, v.blocks, v.step, v.phase) for v in auditor.violations] == [
+        ("KV_DOUBLE_FREE", [0], 4, "in RefCounter.decr")]
+    auditor.finish(loop, "crash")
+    assert "decr" not in vars(gpu._refcounter)  # the hook is undone after the run
+
+
+def test_a_group_parked_in_async_stopped_keeps_its_table_without_a_leak():
+    """With async output processing a group past max_model_len leaves ``running`` for the
+    scheduler's ``_async_stopped`` and keeps its blocks until ``free_finished_seq_groups``."""
+    b, _, _ = books(running=[("A", 1, [0])])
+    parked = b.scheduler.running.popleft()
+    b.scheduler._async_stopped = [parked]
+    assert all_checks(b) == []
+    b.scheduler._async_stopped = []
+    assert [v.code for v in all_checks(b)] == ["KV_LEAK"]
