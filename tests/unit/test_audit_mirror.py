@@ -55,7 +55,7 @@ def test_the_mirror_follows_every_write_and_gives_the_class_back(cls):
         blocks[b].ref_cnt = r
         blocks[b]._block_hash = h
         blocks[b].prev_free_block = blocks[0]  # an untracked field: no cost, no effect
-    setattr(blocks[4], "ref_cnt", blocks[4].ref_cnt + 1)
+    blocks[4].ref_cnt = blocks[4].ref_cnt + 1
     refs, hashes = read(blocks)
     assert (m.refs, m.hashes) == (refs, hashes)
     assert m.nzero == refs.count(0)
