@@ -179,9 +179,11 @@ class Auditor:
                    scheduled_ids=None) -> list[Violation]:
         """The KV cache's books (KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP).
 
-        Every check reads all ref counts, the block tables and (with prefix caching) every
-        block's hash at C speed, and compares every block's ref count with the references
-        held to it. The free queue's links are walked every ``full_every``-th check and whenever
+        Every check compares every block's ref count with the references held to it and
+        (with prefix caching) looks up the blocks whose hash changed; with the books' block
+        mirror (:class:`~vllm_repro.audit.books.BlockMirror`, see :meth:`_kv_checks_mirrored`)
+        ref counts and hashes are kept as they are written, else every block is read at C
+        speed. The free queue's links are walked every ``full_every``-th check and whenever
         its count is not the number of ref-0 blocks; only blocks whose hash changed are looked
         up in the hash map (all of them every 64 checks). When nothing moved since the last
         check (hook calls, counts, tables, hashes) the comparisons are skipped. Leaks are
