@@ -7,7 +7,8 @@ The workload is the stress generator's (256 requests, mixed short and long promp
 early EOS) on a 2,000-block pool. Steps/s counts the step loop only (schedule, the fake model,
 update_from_output, and the audit when on), best of ``--repeat`` runs each, alternating;
 by wall clock and by the worker's CPU time in the loop (steady when other processes load the
-machine). Prints steps/s with and without the audit and their ratio (goal, issue #3: >= 0.5).
+machine). Prints steps/s with and without the audit and their ratio, and whether the CPU-time
+ratio meets the goal (issue 21: >= 0.6 on this workload; issue 3 asked >= 0.5).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from vllm_repro.engine.host import Worker  # noqa: E402
 from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 from vllm_repro.scenario.schema import Scenario  # noqa: E402
+
+
+GOAL = 0.6  # issue 21: steps/s with the audit / without, by CPU time
 
 
 def workload(policy: str, caching: bool, blocks: int, name: str = "bench-overhead",
@@ -48,7 +52,7 @@ def main() -> None:
     ap.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
     ap.add_argument("--no-cache", action="store_true", help="prefix caching off")
     ap.add_argument("--blocks", type=int, default=2000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     payload = workload(args.policy, not args.no_cache, args.blocks)
     env = prepare_release(args.vllm)
@@ -76,7 +80,9 @@ def main() -> None:
     print(f"  with audit:    {best[True]:8.1f} steps/s {best_cpu[True]:8.1f} steps/s")
     ratio, ratio_cpu = best[True] / best[False], (best_cpu[True] / best_cpu[False]
                                                   if best_cpu[False] else float("nan"))
-    print(f"  ratio:         {ratio:8.2f}         {ratio_cpu:8.2f}          (goal >= 0.5)")
+    print(f"  ratio:         {ratio:8.2f}         {ratio_cpu:8.2f}")
+    met = "met" if ratio_cpu >= GOAL else "NOT met"
+    print(f"  audit overhead ratio (CPU time, same run) {ratio_cpu:.2f}: goal >= {GOAL} {met}")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def run_cmd(version: str, reports: str, *extra: str) -> list[str]:
 
 
 def imported(stderr: str) -> str:
-    m = re.search(r"imported in ([0-9.]+)s( \(warm\))?", stderr)
+    m = re.search(r"imported in ([0-9.]+) ?s( \(warm\))?", stderr)
     return f"vLLM imported in {m.group(1)} s{' (warm)' if m.group(2) else ' (cold)'}" if m else "?"
 
 

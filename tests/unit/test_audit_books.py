@@ -380,3 +380,21 @@ def test_hash_checkable_groups_skip_a_group_whose_block_spans_several_hash_block
     assert state.hash_checkable_groups(books.layout) == [0]
     del books.managers[0].num_cached_block
     assert state.hash_checkable_groups(books.layout) == []
+
+
+def test_request_state_repeats_a_lasting_disagreement_at_every_look_and_sees_a_new_one():
+    # the checks look again only at requests that moved since their last look, and at those
+    # found wrong then: a lasting fault is reported at every check, as when all were read
+    books, s = scheduled_books()
+    chk = checks.RequestChecks(books)
+    assert chk.check("schedule") == []
+    s.requests["A"].status = RequestStatus.PREEMPTED  # A stays in running
+    for phase in ("schedule", "schedule", "update", "schedule"):
+        out = chk.check(phase, make_output({"A": 8}) if phase == "update" else None)
+        assert [vf(v, "requests") for v in out] == [["A"]], phase
+    s.requests["A"].status = RequestStatus.RUNNING
+    assert chk.check("schedule") == []
+    s.requests["B"].num_computed_tokens += 3  # moved in a step that did not schedule it
+    out = chk.check("schedule", make_output({}))
+    assert [vf(v, "requests") for v in out] == [["B"]]
+    assert "in a step that did not schedule it" in vf(out[0], "message")

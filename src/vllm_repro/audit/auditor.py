@@ -18,6 +18,7 @@ import re
 import traceback
 from collections import Counter
 from itertools import compress
+from operator import attrgetter
 
 from ..records import AuditSummary, TraceLine, Violation
 from .books import Books
@@ -25,12 +26,13 @@ from ..engine import state
 from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, StarvationCheck,
                      check_end_of_run, check_free_queue, check_leaks, check_transfer_blocks,
                      check_preempt_report,
-                     check_refcounts, check_residue, check_worker_batch, status_name,
-                     used_blocks)
+                     check_refcounts, check_residue, check_worker_batch, used_blocks)
 from .codes import KV_CODES, NO_PROGRESS, make_violation, names
 from .hooks import PoolHooks
 
 _AUDIT_DIR = os.path.dirname(os.path.abspath(__file__))
+_rid = attrgetter("request_id")
+_npre = attrgetter("num_preemptions")
 
 
 class AuditStop(BaseException):
@@ -62,7 +64,7 @@ class Auditor:
         self.violations: list[Violation] = []
         self._keys: dict[tuple, Violation] = {}
         self._step_new: list[Violation] = []
-        self._figures: tuple | None = None  # (refs, held ids, free count, hash snapshot)
+        self._figures: dict | None = None  # a trace line's audit figures (_compute_figures)
         self._fig_step: int | None = None  # the step whose books _figures describe
         self._fingerprint: tuple | None = None  # (hook calls/free/map keys, refs, held ids, hashes)
         self.dropped = 0
@@ -85,6 +87,8 @@ class Auditor:
         self.map_check = PrefixMapCheck(self.books)
         self.hooks = PoolHooks(self.books, self._hook_report)
         self.hook_names = list(self.hooks.install())
+        #: why the blocks are read one by one at every check (None: the mirror keeps them)
+        self.mirror_off = self.books.install_mirror()
         self.starve_check = StarvationCheck(self.books)
         self._left_at: dict[str, int] = {}  # request id -> the step it left the scheduler
         self._last_schedule_step = 0
@@ -124,10 +128,8 @@ class Auditor:
                 # the books moved since the last full comparison (frees verified inside
                 # free_blocks) or the step ended inside a vLLM call (a crash, a hook's stop):
                 # read them as they are now
-                b = self.books
-                self._figures = (b.refs(), b.held_ids(), b.num_free(),
-                                 self.map_check.snapshot(full=False))
-            line.audit = self._compute_figures(*self._figures)
+                self._figures = self._figures_now()
+            line.audit = dict(self._figures)
             self._fig_step = None
         if self._step_new:
             line.violations = [v.brief() for v in self._step_new]
@@ -142,6 +144,13 @@ class Auditor:
         self._unwrap_schedule()
         if self.books is None:
             return bool(self.violations)
+        try:
+            self._end_checks(loop, outcome)
+        finally:
+            self.books.uninstall_mirror()
+        return bool(self.violations)
+
+    def _end_checks(self, loop, outcome: str) -> None:
         step = getattr(loop, "step", 0)
         unfinished = [rid for rid in loop.created if rid not in loop.finished]
         if outcome == "clean" and not unfinished and self.stopped is None:
@@ -157,7 +166,6 @@ class Auditor:
         elif outcome == "crash":
             found = [v for v in self._kv_checks(with_leaks=False) if v.code in KV_CODES]
             self._record_all(found, step, "after crash", stop=False)
-        return bool(self.violations)
 
     def summary(self) -> AuditSummary:
         """The ``audit`` section of ``result.json``."""
@@ -171,9 +179,11 @@ class Auditor:
                    scheduled_ids=None) -> list[Violation]:
         """The KV cache's books (KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP).
 
-        Every check reads all ref counts, the block tables and (with prefix caching) every
-        block's hash at C speed, and compares every block's ref count with the references
-        held to it. The free queue's links are walked every ``full_every``-th check and whenever
+        Every check compares every block's ref count with the references held to it and
+        (with prefix caching) looks up the blocks whose hash changed; with the books' block
+        mirror (:class:`~vllm_repro.audit.books.BlockMirror`, see :meth:`_kv_checks_mirrored`)
+        ref counts and hashes are kept as they are written, else every block is read at C
+        speed. The free queue's links are walked every ``full_every``-th check and whenever
         its count is not the number of ref-0 blocks; only blocks whose hash changed are looked
         up in the hash map (all of them every 64 checks). When nothing moved since the last
         check (hook calls, counts, tables, hashes) the comparisons are skipped. Leaks are
@@ -198,6 +208,8 @@ class Auditor:
                 self._fig_step = None
             return check_leaks(b, requests, getattr(self.loop, "finished", {})) if with_leaks else []
         full = self.checks % self.full_every == 1 or self._fingerprint is None
+        if b.mirror is not None and b.mirror.exact:
+            return self._kv_checks_mirrored(b, requests, calls, full, with_leaks, scheduled_ids)
         refs = b.refs()
         ids = b.held_ids()
         snap = self.map_check.snapshot(full=full)
@@ -212,16 +224,88 @@ class Auditor:
             # the pool, the tables and the hashes are as the last check left them
             self._fig_step = getattr(self.loop, "step", None)
             return found
-        found += check_refcounts(b, refs, ids)
+        found += check_refcounts(b, refs, ids, b.held_dense())
         if full or not self._queue_counts_agree(refs, nfree):
             found += check_free_queue(b, refs)[0]
         found += self.map_check.check(full=False, snap=snap)
         if scheduled_ids is not None or full:  # blocks get cached inside schedule()
             found += self.hash_check.check(requests, None if full else scheduled_ids)
         self._fingerprint = (fp, refs, ids, snap[0], self.hooks.verified_frees if self.hooks else 0)
-        self._figures = (refs, ids, nfree, snap)  # turned into figures once a step (annotate)
+        self._figures = self._compute_figures(refs, ids, nfree, snap)
         self._fig_step = getattr(self.loop, "step", None)
         return found
+
+    def _kv_checks_mirrored(self, b: Books, requests, calls: int, full: bool, with_leaks: bool,
+                            scheduled_ids) -> list[Violation]:
+        """:meth:`_kv_checks` past its quick path, on the books' mirror of ref counts and hashes
+        (:class:`~vllm_repro.audit.books.BlockMirror`): the same checks, run when the same
+        things moved, with the same findings; what moved is known from the blocks written since
+        the last comparison instead of comparing every block's ref count and hash, and a check
+        that would find nothing is answered from running counts (any disagreement is then
+        worked out by the same code as without the mirror, on full lists)."""
+        m = b.mirror
+        ids = b.held_ids()
+        nfree = b.num_free()
+        if b.caching:
+            inner = self.map_check._inner()
+            snap = (None, len(inner) if inner is not None else -1)
+            hashes_same = not m.hashes_moved()
+        else:  # as without the mirror: hashes read at full checks only
+            snap = self.map_check.snapshot(full=full)
+            hashes_same = self._fingerprint is not None and snap[0] == self._fingerprint[3]
+        fp = (calls, nfree, snap[1])
+        last = self._fingerprint
+        vf = self.hooks.verified_frees if self.hooks else 0
+        found: list[Violation] = []
+        if with_leaks:  # ownership changes without the pool (a request finishing)
+            found += check_leaks(b, requests, getattr(self.loop, "finished", {}))
+        if not full and fp == last[0] and ids == last[2] and hashes_same and vf == last[4] \
+                and not m.refs_moved():
+            self._fig_step = getattr(self.loop, "step", None)
+            return found
+        if not b.refcounts_agree():
+            found += check_refcounts(b, b.refs(), ids)
+        null = b.null_id
+        nzero = m.nzero - (1 if null is not None and m.refs[null] == 0 else 0)
+        nb = b.null
+        if full or not (nfree == nzero and (nb is None or (nb.prev_free_block is None
+                                                           and nb.next_free_block is None))):
+            found += check_free_queue(b, b.refs())[0]
+        if b.caching:
+            found += self.map_check.check_moved(m)
+        else:
+            found += self.map_check.check(full=False, snap=snap)
+        if scheduled_ids is not None or full:  # blocks get cached inside schedule()
+            found += self.hash_check.check(requests, None if full else scheduled_ids)
+        m.take()
+        self._fingerprint = (fp, None, ids, snap[0], vf)
+        self._figures = self._figures_now(ids, nfree, snap[1])
+        self._fig_step = getattr(self.loop, "step", None)
+        return found
+
+    def _figures_now(self, ids: list[int] | None = None, nfree: int | None = None,
+                     nkeys: int | None = None) -> dict:
+        """The trace line's figures of the books as they are now (``ids``, ``nfree``,
+        ``nkeys``: already read)."""
+        b = self.books
+        m = b.mirror
+        if m is None or not m.exact:
+            return self._compute_figures(b.refs(), b.held_ids(), b.num_free(),
+                                         self.map_check.snapshot(full=False))
+        ids = b.held_ids() if ids is None else ids
+        null = b.null_id
+        refs = m.refs
+        fig = {"free": b.num_free() if nfree is None else nfree,
+               "used": b.num_blocks - m.nzero - (1 if null is not None and refs[null] != 0 else 0),
+               "total": b.num_blocks,
+               "refs_held": len(ids) - (ids.count(null) if null is not None else 0)}
+        if b.caching:
+            if nkeys is None:
+                inner = self.map_check._inner()
+                nkeys = len(inner) if inner is not None else -1
+            fig["cached_free"] = m.nhashed - m.nhashed_held
+            fig["hash_entries"] = nkeys
+        return fig
 
     def _queue_counts_agree(self, refs: list[int], nfree: int) -> bool:
         """The free queue counts exactly the non-null ref-0 blocks, and the null block is not
@@ -285,8 +369,12 @@ class Auditor:
         auditor = self
 
         def schedule(*args, **kwargs):
-            auditor._pre_running = [(r.request_id, getattr(r, "num_preemptions", 0) or 0)
-                                    for r in sched.running]
+            running = list(sched.running)
+            try:  # at C speed where every request has the count (0.13+)
+                npre = list(map(_npre, running))
+            except AttributeError:
+                npre = [getattr(r, "num_preemptions", 0) for r in running]
+            auditor._pre_running = list(zip(map(_rid, running), npre))
             return orig(*args, **kwargs)
 
         schedule.__wrapped__ = orig
@@ -315,10 +403,11 @@ class Auditor:
             return []
         reqs = self.books.scheduler.requests
         out = []
+        name = self.req_checks._name
         for rid, npre in pre:
             r = reqs.get(rid)
-            if r is not None and (status_name(r) == "PREEMPTED"
-                                  or (getattr(r, "num_preemptions", 0) or 0) > npre):
+            if r is not None and (name(getattr(r, "status", None)) == "PREEMPTED"
+                                  or (getattr(r, "num_preemptions", 0) or 0) > (npre or 0)):
                 out.append(rid)
         return out
 

@@ -7,8 +7,10 @@ inside release environments (standard library only).
 
 from __future__ import annotations
 
+import dataclasses
+import types
 from collections import Counter
-from itertools import chain
+from itertools import chain, compress
 from operator import attrgetter
 
 from ..engine import state
@@ -16,6 +18,7 @@ from ..engine.state import WAITING_QUEUES, block_hash_of  # noqa: F401 - re-expo
 
 _ref = attrgetter("ref_cnt")
 _bid = attrgetter("block_id")
+_hash_of = attrgetter("_block_hash")  # KVCacheBlock._block_hash, 0.8 to 0.33
 
 #: waiting statuses under which a request may legitimately hold KV blocks (a KV connector's
 #: async load, a paused streaming session)
@@ -44,6 +47,34 @@ class Books:
         self.max_tokens = lay.max_tokens
         self.max_seqs = lay.max_seqs
         self.max_model_len = lay.max_model_len
+        #: the :class:`BlockMirror` while installed and exact (None: read the blocks)
+        self.mirror: BlockMirror | None = None
+        #: per KV cache group: request id -> (its table list, a copy, the copy's block ids)
+        self._id_cache: list[dict[str, tuple[list, list, list[int]]]] = []
+        self._dense: list[int] = [0] * self.num_blocks
+        self._foreign: Counter = Counter()
+        self._extra_ids: list[int] | None = None
+        self._touched: set[int] = set()  # ids whose held count moved since refcounts_agree
+        self._mismatch: set[int] | None = None  # ids whose table count != ref_cnt then
+
+    def install_mirror(self) -> str | None:
+        """Keep ``ref_cnt`` and ``_block_hash`` of every block in lists as they are written
+        (:class:`BlockMirror`); None when installed, else why not (the blocks are then read
+        one by one at every check, as before)."""
+        mirror = BlockMirror(self.blocks)
+        why = mirror.install()
+        if why is None:
+            self.mirror = mirror
+        return why
+
+    def uninstall_mirror(self) -> None:
+        if self.mirror is not None:
+            self.mirror.uninstall()
+            self.mirror = None
+
+    def _exact_mirror(self):
+        m = self.mirror
+        return m if m is not None and m.exact else None
 
     # ---- block tables and holders --------------------------------------------------------
     def tables(self) -> list[dict]:
@@ -58,14 +89,120 @@ class Books:
     def held_ids(self) -> list[int]:
         """The block ids of every reference held (all tables of all groups, then the extra
         holders), in table order: a fingerprint of the tables as well as their content."""
-        seqs = [bl for t in self.tables() for bl in t.values()]
-        seqs += [bl for _, bl in self.extra_holders()]
-        return list(map(_bid, chain.from_iterable(seqs)))
+        if self._exact_mirror() is None:
+            seqs = [bl for t in self.tables() for bl in t.values()]
+            seqs += [bl for _, bl in self.extra_holders()]
+            self._extra_ids = None
+            return list(map(_bid, chain.from_iterable(seqs)))
+        seqs = self._table_ids()
+        extra = [list(map(_bid, bl)) for _, bl in self.extra_holders()]
+        self._extra_ids = list(chain.from_iterable(extra))
+        return list(chain.from_iterable(seqs + extra))
+
+    def _table_ids(self) -> list[list[int]]:
+        """The block ids of each table list, in table order, keeping :attr:`_dense` (references
+        held by the tables, by block id) and :attr:`_foreign` (ids outside the pool) up to
+        date. A table list equal, element by element (identity first), to its copy at the last
+        read holds the same block ids (block ids are never written while the mirror is exact):
+        only the lists that changed are read block by block, only their ids counted again."""
+        old = self._id_cache
+        if len(old) != len(self.managers):
+            old = [{} for _ in self.managers]
+        new = [{} for _ in self.managers]
+        dense, foreign, n = self._dense, self._foreign, self.num_blocks
+        touched = self._touched
+
+        def count(ids, k):
+            for i in ids:
+                if 0 <= i < n:
+                    dense[i] += k
+                    touched.add(i)
+                else:
+                    foreign[i] += k
+                    if not foreign[i]:
+                        del foreign[i]
+
+        seqs = []
+        append = seqs.append
+        for t, old_g, new_g in zip(self.tables(), old, new):
+            pop = old_g.pop
+            for rid, bl in t.items():
+                c = pop(rid, None)
+                if c is not None and c[0] is bl:
+                    if c[1] == bl:
+                        new_g[rid] = c
+                        append(c[2])
+                        continue
+                    m = len(c[1])
+                    if m < len(bl) and bl[:m] == c[1]:  # blocks appended
+                        more = list(map(_bid, bl[m:]))
+                        count(more, 1)
+                        c = new_g[rid] = (bl, list(bl), c[2] + more)
+                        append(c[2])
+                        continue
+                if c is not None:
+                    count(c[2], -1)
+                ids = list(map(_bid, bl))
+                count(ids, 1)
+                new_g[rid] = (bl, list(bl), ids)
+                append(ids)
+        for old_g in old:  # tables gone
+            for c in old_g.values():
+                count(c[2], -1)
+        self._id_cache = new
+        return seqs
+
+    def refcounts_agree(self) -> bool:
+        """After :meth:`held_ids`, with the mirror exact: whether every non-null block's
+        ``ref_cnt`` equals the references held to it and no held id is outside the pool, i.e.
+        whether :func:`~vllm_repro.audit.checks.check_refcounts` finds nothing. Only the blocks
+        whose ref count or held count moved since the last call are compared again (a set of
+        the disagreeing ones is kept). False also without an exact mirror."""
+        m = self._exact_mirror()
+        if m is None or self._extra_ids is None:
+            return False
+        refs, dense, bad = m.refs, self._dense, self._mismatch
+        if bad is None:  # the first look: every block
+            moved = range(self.num_blocks)
+            bad = self._mismatch = set()
+        else:
+            moved = self._touched | m.pend
+        self._touched, m.pend = set(), set()
+        for i in moved:
+            if dense[i] != refs[i]:
+                bad.add(i)
+            else:
+                bad.discard(i)
+        if self._foreign:
+            return False
+        n, null = self.num_blocks, self.null_id
+        extra = Counter(self._extra_ids) if self._extra_ids else {}
+        for i in bad | extra.keys():
+            if i == null:
+                continue
+            if not (0 <= i < n) or refs[i] != dense[i] + extra.get(i, 0):
+                return False
+        return True
 
     def held_counts(self) -> Counter:
         """block id -> number of references held (all tables of all groups + extra holders).
         The null block is counted too; callers ignore it (its ref_cnt is not maintained)."""
         return Counter(self.held_ids())
+
+    def held_counts_of(self, block_ids) -> dict[int, int]:
+        """block id -> references held, for ``block_ids`` only (ids held by no one included,
+        as 0); the same counts as :meth:`held_counts`."""
+        if self._exact_mirror() is None:
+            self._extra_ids = None
+            c = Counter(self.held_ids())
+            return {b: c.get(b, 0) for b in block_ids}
+        self._table_ids()  # the counts, without the list of ids
+        self._extra_ids = list(chain.from_iterable(
+            map(_bid, bl) for _, bl in self.extra_holders()))
+        dense, foreign, n = self._dense, self._foreign, self.num_blocks
+        extra = Counter(self._extra_ids) if self._extra_ids else {}
+        return {b: (dense[b] if 0 <= b < n else foreign.get(b, 0)) + extra.get(b, 0)
+                for b in block_ids}
 
     def holders_of(self, block_ids) -> dict[int, list[str]]:
         """block id -> who holds it (request ids; ``A[g1]`` for group 1 of a multi-group
@@ -86,7 +223,13 @@ class Books:
 
     def refs(self) -> list[int]:
         """``ref_cnt`` of every block, indexed by block id."""
-        return list(map(_ref, self.blocks))
+        m = self._exact_mirror()
+        return list(m.refs) if m is not None else list(map(_ref, self.blocks))
+
+    def hashes(self) -> list:
+        """``_block_hash`` of every block (None: not cached), indexed by block id."""
+        m = self._exact_mirror()
+        return list(m.hashes) if m is not None else list(map(_hash_of, self.blocks))
 
     # ---- free queue ------------------------------------------------------------------------
     def free_list(self) -> tuple[list, bool]:
@@ -114,3 +257,199 @@ class Books:
     def kv_holding_ids(self) -> set:
         """Waiting requests the release lets keep their KV (``kv_holding_waiting``)."""
         return state.kv_holding_ids(self.scheduler)
+
+
+class BlockMirror:
+    """``ref_cnt`` and ``_block_hash`` of every block of a pool, kept as they are written: each
+    block's class is swapped, for the run, for a subclass of the release's ``KVCacheBlock``
+    (same name, fields, methods and equality) whose ``__setattr__`` also stores those two
+    fields into ``refs`` / ``hashes`` by block id. Any write by any code goes through it, so
+    the lists equal what reading every block gives (what the audit did at every check before),
+    at the cost of a Python call per write instead of a read of every block per check.
+
+    Also kept as they are written: ``ref_old`` / ``hash_old`` (block id -> its value at the
+    last :meth:`take`, for the blocks written since), ``pend`` (ids whose ref count was written
+    since :meth:`Books.refcounts_agree` last looked), ``nzero`` (blocks with ``ref_cnt`` 0),
+    ``nhashed`` (blocks with a hash) and ``nhashed_held`` (those with ``ref_cnt`` != 0).
+
+    ``exact`` turns False for good (the auditor then reads the blocks again) if a block's
+    ``block_id`` is written or an attribute deleted. The class itself is never patched;
+    :meth:`uninstall` gives every block its class back.
+    """
+
+    def __init__(self, blocks: list):
+        self.blocks = blocks
+        self.refs: list[int] = []
+        self.hashes: list = []
+        self.ref_old: dict[int, int] = {}
+        self.hash_old: dict[int, object] = {}
+        self.pend: set[int] = set()
+        self.nzero = self.nhashed = self.nhashed_held = 0
+        self.exact = False
+        self.base: type | None = None
+
+    def install(self) -> str | None:
+        """Swap the blocks' class; None on success, else why not (nothing is changed)."""
+        blocks = self.blocks
+        if not blocks:
+            return "no blocks"
+        base = type(blocks[0])
+        if any(type(b) is not base for b in blocks):
+            return "blocks of more than one class"
+        if any(b.block_id != i for i, b in enumerate(blocks)):
+            return "block ids are not their positions in the pool"
+        try:
+            self.refs = list(map(_ref, blocks))
+            self.hashes = list(map(_hash_of, blocks))
+        except AttributeError as exc:
+            return f"a block has no {exc.name or 'ref_cnt/_block_hash'}"
+        self.nzero = self.refs.count(0)
+        self.nhashed = len(list(filter(None, self.hashes)))
+        self.nhashed_held = len(list(filter(None, compress(self.hashes, self.refs))))
+        tracked = self._subclass(base)
+        if isinstance(tracked, str):
+            return tracked
+        done = []
+        try:
+            for b in blocks:
+                b.__class__ = tracked
+                done.append(b)
+        except TypeError as exc:  # a layout that does not allow it
+            for b in done:
+                b.__class__ = base
+            return f"cannot swap {base.__name__}'s class: {exc}"
+        self.base = base
+        self.exact = True
+        return None
+
+    def uninstall(self) -> None:
+        if self.base is None:
+            return
+        base, self.base, self.exact = self.base, None, False
+        for b in self.blocks:
+            if type(b) is not base:
+                b.__class__ = base
+
+    def take(self) -> None:
+        """Start ``ref_old`` / ``hash_old`` afresh (the books as they are now are the base)."""
+        self.ref_old = {}
+        self.hash_old = {}
+
+    def refs_moved(self) -> bool:
+        """Whether a ref count differs from its value at the last :meth:`take`."""
+        refs = self.refs
+        for i, o in self.ref_old.items():
+            if refs[i] != o:
+                return True
+        return False
+
+    def hashes_moved(self) -> bool:
+        """Whether a hash differs (``!=``, identity first) from its value at the last take."""
+        hashes = self.hashes
+        for i, o in self.hash_old.items():
+            h = hashes[i]
+            if h is not o and h != o:
+                return True
+        return False
+
+    def _on_ref(self, i: int, v) -> None:
+        refs = self.refs
+        old = refs[i]
+        if i not in self.ref_old:
+            self.ref_old[i] = old
+        self.pend.add(i)
+        refs[i] = v
+        if (old == 0) != (v == 0):
+            self.nzero += 1 if v == 0 else -1
+        if self.hashes[i] and bool(old) != bool(v):
+            self.nhashed_held += 1 if v else -1
+
+    def _on_hash(self, i: int, v) -> None:
+        hashes = self.hashes
+        old = hashes[i]
+        if i not in self.hash_old:
+            self.hash_old[i] = old
+        hashes[i] = v
+        if bool(old) != bool(v):
+            k = 1 if v else -1
+            self.nhashed += k
+            if self.refs[i]:
+                self.nhashed_held += k
+
+    def _subclass(self, base: type) -> type | str:
+        """The tracked subclass of ``base``, or why there is none: ``ref_cnt`` and
+        ``_block_hash`` become data descriptors that store as the release's class does (the
+        slot's member descriptor, or the instance dict) and then update the mirror; writing
+        ``block_id`` makes the mirror inexact. Reads and other fields are untouched (a slot's
+        own getter; an instance dict wins over a descriptor without ``__get__``)."""
+        ns: dict = {}
+        for name, on in (("ref_cnt", self._on_ref), ("_block_hash", self._on_hash),
+                         ("block_id", None)):
+            md = next((vars(k)[name] for k in base.__mro__ if name in vars(k)), None)
+            if isinstance(md, types.MemberDescriptorType):  # __slots__ (0.33's dataclass)
+                ns[name] = self._slot_field(md, on)
+            elif md is None or not hasattr(type(md), "__set__"):  # the instance dict
+                ns[name] = self._dict_field(name, on)
+            else:
+                return f"{base.__name__}.{name} is a {type(md).__name__}"
+        ns.update({"__slots__": (), "__module__": base.__module__,
+                   "__qualname__": base.__qualname__, "__doc__": base.__doc__})
+        params = getattr(base, "__dataclass_params__", None)
+        if params is not None and params.eq and "__eq__" in vars(base):
+            # the dataclass __eq__ compares only instances of exactly one class: keep a tracked
+            # block equal to an untracked one (another pool's) with the same fields
+            keys = tuple(f.name for f in dataclasses.fields(base) if f.compare)
+
+            def __eq__(self, other):
+                if isinstance(other, base):
+                    return tuple(getattr(self, k) for k in keys) == \
+                        tuple(getattr(other, k) for k in keys)
+                return NotImplemented
+
+            ns["__eq__"] = __eq__
+            ns["__hash__"] = vars(base).get("__hash__")
+        return type(base.__name__, (base,), ns)
+
+    def _slot_field(self, md, on):
+        get, set_, del_ = md.__get__, md.__set__, md.__delete__
+        mirror, blocks, n = self, self.blocks, len(self.blocks)
+
+        if on is None:
+            def fset(obj, value):
+                set_(obj, value)
+                mirror.exact = False
+        else:
+            def fset(obj, value):
+                set_(obj, value)
+                i = obj.block_id
+                if type(i) is int and 0 <= i < n and blocks[i] is obj:
+                    on(i, value)
+
+        def fdel(obj):
+            del_(obj)
+            mirror.exact = False
+
+        return property(get, fset, fdel)
+
+    def _dict_field(self, name: str, on):
+        mirror, blocks, n = self, self.blocks, len(self.blocks)
+
+        if on is None:
+            def __set__(self, obj, value):
+                obj.__dict__[name] = value
+                mirror.exact = False
+        else:
+            def __set__(self, obj, value):
+                d = obj.__dict__
+                d[name] = value
+                i = d.get("block_id", -1)
+                if type(i) is int and 0 <= i < n and blocks[i] is obj:
+                    on(i, value)
+
+        def __delete__(self, obj):
+            del obj.__dict__[name]
+            mirror.exact = False
+
+        # no __get__: the instance dict wins on reads, at no cost
+        return type(f"tracked_{name}", (), {"__slots__": (), "__set__": __set__,
+                                            "__delete__": __delete__})()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import compress, count, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, ne
 
 from ..engine import state
 from ..records import Violation
@@ -61,6 +61,7 @@ def check_refcounts(books: Books, refs: list[int], held: Counter | list[int]) ->
     Mirrors the bookkeeping of ``BlockPool.get_new_blocks`` / ``touch`` / ``free_blocks``
     (``vllm/v1/core/block_pool.py``) against ``SingleTypeKVCacheManager.req_to_blocks``.
     ``held``: a ``Counter`` of block id -> references, or the list of held block ids.
+    (:meth:`Books.refcounts_agree` answers "no finding" from the books' running counts.)
     """
     n = books.num_blocks
     null = books.null_id
@@ -286,7 +287,7 @@ class PrefixMapCheck:
         nkeys = len(inner) if inner is not None else -1
         if not self.books.caching and not full:
             return self._none, nkeys
-        return list(map(_hash_of, self.books.blocks)), nkeys
+        return self.books.hashes(), nkeys
 
     @property
     def _none(self) -> list:
@@ -298,7 +299,7 @@ class PrefixMapCheck:
     def check(self, full: bool = False, snap: tuple[list, int] | None = None) -> list[Violation]:
         books = self.books
         inner = self._inner()
-        self.hashes = hashes = snap[0] if snap is not None else list(map(_hash_of, books.blocks))
+        self.hashes = hashes = snap[0] if snap is not None else books.hashes()
         if inner is None:
             return []
         self.n += 1
@@ -324,6 +325,47 @@ class PrefixMapCheck:
         out = []
         for bid in compress(count(), map(is_not, hashes, last)):
             h, o = hashes[bid], last[bid]
+            if bid == null and h is not None:
+                out.append(make_violation(KV_PREFIX_MAP, (
+                    "the null block carries a prefix-cache hash (expected never cached)"), blocks=[bid]))
+                continue
+            if h is not None and not _maps_to(inner.get(h), bid):
+                out.append(self._unmapped(bid))
+            if o is not None and o != h and _maps_to(inner.get(o), bid) and o not in sec.get(bid, ()):
+                out.append(make_violation(KV_PREFIX_MAP, (
+                    f"block {bid} is in the hash map under a hash it does not carry (the block "
+                    f"has {'no hash' if h is None else 'another hash'}; expected the map key)"),
+                    blocks=[bid]))
+            if len(out) >= MAX_PER_CHECK:
+                break
+        return out
+
+    def check_moved(self, mirror, full: bool = False) -> list[Violation]:
+        """:meth:`check` with prefix caching on, on the books' mirror
+        (:class:`~vllm_repro.audit.books.BlockMirror`): the blocks whose hash changed since the
+        last check are the mirror's ``hash_old`` keys whose hash is another object now (what
+        comparing every block's hash with the last list found); the same findings."""
+        inner = self._inner()
+        if inner is None:
+            return []
+        self.n += 1
+        nkeys = len(inner)
+        started = self.last is not None
+        unchanged = started and not mirror.hashes_moved()
+        due = full or not started or self.n % self.full_every == 0 or \
+            (unchanged and nkeys != self.last_keys)
+        hashes = mirror.hashes
+        self.last, self.last_keys = hashes, nkeys  # (a marker: compared through hash_old)
+        if due:
+            return self._full(inner, list(hashes))
+        if unchanged:
+            return []
+        sec = self.books.secondary_hashes()
+        null = self.books.null_id
+        old = mirror.hash_old
+        out = []
+        for bid in sorted(i for i, o in old.items() if hashes[i] is not o):
+            h, o = hashes[bid], old[bid]
             if bid == null and h is not None:
                 out.append(make_violation(KV_PREFIX_MAP, (
                     "the null block carries a prefix-cache hash (expected never cached)"), blocks=[bid]))
@@ -456,6 +498,32 @@ class RequestChecks:
         self.last: dict[str, tuple[int, str, int]] = {}
         self.preempted_now: set[str] = set()  # PREEMPTED now, not PREEMPTED at the last look
         self._names: dict = {}  # RequestStatus member -> name
+        #: rid -> (id of its status, num_computed_tokens, num_preemptions,
+        #: num_output_placeholders, its queue) at its last look (:meth:`_looks`)
+        self._seen: dict[str, tuple] = {}
+        self._flagged: set[str] = set()  # rids a check of its own found wrong at the last look
+
+    _status = attrgetter("status")
+    _nct = attrgetter("num_computed_tokens")
+    _npre = attrgetter("num_preemptions")
+    _nop = attrgetter("num_output_placeholders")
+
+    @staticmethod
+    def _look(req, q) -> tuple:
+        """What a request's own checks read (see :meth:`_looks`), for one request."""
+        return (id(req.status), req.num_computed_tokens, getattr(req, "num_preemptions", 0),
+                getattr(req, "num_output_placeholders", 0), q)
+
+    def _looks(self, reqs: list, rids: list[str], where: dict) -> list[tuple]:
+        """:meth:`_look` of every request, read at C speed where every request has the field."""
+        cols = []
+        for get, name in ((self._npre, "num_preemptions"), (self._nop, "num_output_placeholders")):
+            try:
+                cols.append(list(map(get, reqs)))
+            except AttributeError:
+                cols.append([getattr(r, name, 0) for r in reqs])
+        return list(zip(map(id, map(self._status, reqs)), map(self._nct, reqs), cols[0], cols[1],
+                        map(where.get, rids)))
 
     def where(self) -> tuple[dict[str, str], dict[str, list[str]]]:
         """(request id -> its queue, request id -> every queue it is in, for ids in more than
@@ -508,25 +576,49 @@ class RequestChecks:
         last = self.last
         names_of = self._names
         mml = self.books.max_model_len
+        seen, flagged = self._seen, self._flagged
         if phase == "update":
             # update_from_output only touches the requests it was given (the others keep the
             # status and count the after-schedule check saw); finished ones leave the dict
             for rid in last.keys() - requests.keys():
                 del last[rid]
+                seen.pop(rid, None)
             new_last = last
             items = [(rid, requests[rid]) for rid in nst if rid in requests]
+            looks = [(rid, self._look(req, where.get(rid))) for rid, req in items]
         else:
-            new_last = {}
-            items = requests.items()
+            # a request whose status, count, preemptions, placeholders and queue are as at its
+            # last look, which found nothing wrong with it then, has nothing to find now: its
+            # bounds and continuity are only checked when its count moved (the loop below
+            # skips it at "unchanged since the last look"); only the others are looked at
+            rids = list(requests)
+            cur = self._looks(list(requests.values()), rids, where)
+            now = dict(zip(rids, cur))
+            todo = list(compress(rids, map(ne, map(seen.get, rids), cur)))  # in request order
+            flagged.intersection_update(now.keys())
+            if flagged - set(todo):
+                todo = set(todo) | flagged
+                todo = [rid for rid in rids if rid in todo]
+            new_last = dict(last)  # the requests not looked at keep theirs
+            for rid in last.keys() - now.keys():
+                del new_last[rid]
+            items = [(rid, requests[rid]) for rid in todo]
+            looks = [(rid, now[rid]) for rid in todo]
+            self._seen = seen = now
+        seen.update(looks)
+        for rid, _ in looks:
+            flagged.discard(rid)
         for rid, req in items:
             status = req.status
             st = names_of.get(status) or name(status)
             q = where.get(rid)
             if q == "running":
                 if st != "RUNNING":
+                    flagged.add(rid)
                     by_rid.setdefault(rid, []).append(
                         f"{rid} is in running with status {st} (expected RUNNING)")
             elif q is not None and (st == "RUNNING" or st.startswith("FINISHED")):
+                flagged.add(rid)
                 by_rid.setdefault(rid, []).append(
                     f"{rid} is in {q} with status {st} (expected a waiting status or PREEMPTED)")
             nct = req.num_computed_tokens
@@ -540,6 +632,7 @@ class RequestChecks:
                 self.preempted_now.add(rid)
             nop = getattr(req, "num_output_placeholders", 0) or 0
             if nop < 0:
+                flagged.add(rid)
                 # AsyncScheduler asserts it only on the frames it does not discard
                 # (vllm/v1/core/sched/async_scheduler.py:_update_request_with_output)
                 by_rid.setdefault(rid, []).append(

@@ -185,7 +185,7 @@ class PoolHooks:
             objs[b.block_id] = b
         if not freed:
             return objs, {}
-        held = books.held_counts()
+        held = books.held_counts_of(freed)
         releasing = _releasing_holder(books.managers)
         if releasing is not None:
             g, rid = releasing
