@@ -306,7 +306,8 @@ class RequestSpec(Strict):
     #: (a prefill instance's request) or ``{do_remote_prefill: true, remote_block_ids: [...],
     #: ...}`` (the decode side: the prompt was computed elsewhere). Read by vLLM's own connectors
     #: (``kv_connector: NixlConnector``); plain JSON values, handed over as written
-    kv_transfer_params: dict[str, str | int | float | bool | list[int] | None] | None = None
+    kv_transfer_params: dict[str, str | int | float | bool | list[int] | list[list[int]] | None] \
+        | None = None
 
     @field_validator("id")
     @classmethod
