@@ -12,7 +12,7 @@ Mamba in align mode sharing one pool), on the releases that have those kinds. A 
 ``stress-kv-connector``, runs the fcfs / prefix-caching workload at level engine-core with the
 lab's scripted KV connector: a third of the requests have external hits (loaded synchronously
 or asynchronously, a few loads failing), a fifth have their frees delayed for a send
-(``kv_transfer_config``).
+(``kv_transfer_config``), and about one in seven carry structured outputs.
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def build_connector(seed: int) -> dict:
     """The fcfs / prefix-caching workload at level engine-core with connector scripts."""
     sc = build("fcfs", True, seed)
     rnd = random.Random(seed + 1)
+    grammars = random.Random(seed + 2)  # its own draws: the connector script stays as it was
     script = {}
     for r in sc["requests"]:
         entry = {}
@@ -125,17 +126,34 @@ def build_connector(seed: int) -> dict:
                 entry["send_done_at_step"] = min(3900, r["at_step"] + rnd.randint(5, 300))
         if entry:
             script[r["id"]] = entry
+        if grammars.random() < 0.15:
+            # a structured-output request: the engine's StructuredOutputManager compiles its
+            # grammar with the real backend, the fake worker samples through its bitmask
+            r["structured_outputs"] = dict(grammars.choice(STRUCTURED))
     sc["name"] = "stress-kv-connector"
     sc["description"] = (
         f"Audit stress with a KV connector (fcfs, prefix caching on, level engine-core): {N} "
         "requests as stress-fcfs-cache, a third of them with external prefix hits from the "
         "scripted connector (synchronous or asynchronous loads, some failing), a fifth with "
-        "their frees delayed for a send. Must run with no audit finding (no false positive) "
-        "on the clean_on releases.")
+        "their frees delayed for a send, and about one in seven with structured outputs (JSON "
+        "schema, regex, choice, EBNF grammar) compiled by the release's backend and sampled "
+        "through the bitmask. Must run with no audit finding (no false positive) on the "
+        "clean_on releases.")
     sc["vllm"] = {"clean_on": ["0.33.0"]}
     sc["level"] = "engine-core"
     sc["kv_transfer_config"] = {"kv_role": "kv_both", "requests": script}
     return sc
+
+
+#: the structured-output constraints the connector stress draws from (one of each kind the
+#: release's StructuredOutputsParams names; the packaged tokenizer samples JSON, letters, EBNF)
+STRUCTURED = [
+    {"json": {"type": "object", "properties": {"n": {"type": "integer"}}}},
+    {"regex": "[a-z]{1,8}"},
+    {"choice": ["yes", "no", "maybe"]},
+    {"grammar": 'root ::= "t4" "t5"*'},
+    {"json_object": True},
+]
 
 
 class _Flow(yaml.SafeDumper):

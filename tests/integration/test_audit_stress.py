@@ -8,7 +8,8 @@ Everything the audit reports must be real: on 0.33.0 nothing; on
 0.11.0 (a request preempted after being scheduled in the same schedule() call stays in
 num_scheduled_tokens), each finding naming that request. The fifth file, stress-kv-connector,
 runs at level engine-core with the scripted KV connector (external hits, asynchronous and
-failing loads, delayed frees): on 0.33.0 nothing either.
+failing loads, delayed frees) and structured-output requests among them: on 0.33.0 nothing
+either.
 """
 
 from __future__ import annotations
@@ -108,10 +109,11 @@ def test_a_run_is_repeatable_to_the_audits_figures(tmp_path):
 
 
 def test_the_connector_stress_runs_clean_on_0_33_and_exercises_every_transfer(tmp_path):
-    """No false positive with a KV connector: every new connector path taken many times
-    (loads, asynchronous receives, failed loads, delayed frees and their sends), under
-    preemption pressure and aborts, and the audit (KV_LEAK's delayed frees,
-    KV_TRANSFER_FREED, REQ_RESIDUE over the connector) finds nothing."""
+    """No false positive with a KV connector and structured outputs: every new connector path
+    taken many times (loads, asynchronous receives, failed loads, delayed frees and their
+    sends) and 34 grammar requests, under preemption pressure and aborts, and the audit
+    (KV_LEAK's delayed frees, KV_TRANSFER_FREED, REQ_RESIDUE over the connector and the
+    structured-output manager, REQ_STARVED with grammars) finds nothing."""
     from ..conftest import run_cli
 
     proc = run_cli("run", str(CONNECTOR), "--reports", str(tmp_path), "--json")
@@ -130,3 +132,14 @@ def test_the_connector_stress_runs_clean_on_0_33_and_exercises_every_transfer(tm
     assert events.get("send", 0) >= 30 and events.get("load_failed", 0) >= 3, events
     assert len({rid for ln in lines for rid in ln["preempted"]}) >= 10
     assert sum(len(ln["aborted"]) for ln in lines) >= 20
+    # structured outputs alongside: compiled by 0.33.0's backend, sampled through the bitmask,
+    # finished by their grammar (EOS), some of them with connector loads or delayed frees too
+    from vllm_repro.scenario import load_scenario
+
+    sc = load_scenario(CONNECTOR)
+    grammars = {r.id for r in sc.requests if r.structured_outputs is not None}
+    assert len(grammars & set(sc.kv_transfer_config.requests)) >= 10
+    sampled = {rid for ln in lines for rid in (ln.get("sampled") or {})}
+    assert len(grammars) >= 30 and len(sampled & grammars) >= len(grammars) - 2
+    stopped = [rid for rid in grammars if res["finished"][rid] == "FINISHED_STOPPED"]
+    assert len(stopped) >= len(grammars) - 2 and not res.get("refused")

@@ -247,3 +247,21 @@ def test_23215_the_fixed_front_door_refuses_the_blank_grammar(catalog_runs):
     fixed = item_of(catalog_runs, name, "0.12.0").result
     assert fixed.finished == {"A": "FINISHED_STOPPED"}
     assert fixed.refused == {"E": "ValueError: structured_outputs.grammar cannot be an empty string"}
+
+
+@needs("0.28.0", "0.29.0")
+def test_53514_the_fixed_nixl_truncates_before_the_lookup(catalog_runs):
+    """0.28.0: NixlConnector's scheduler half drops B's last prompt token after the local hit
+    covered the rest, and schedule() asserts num_new_tokens > 0 with B still waiting; 0.29.0
+    (PR #53523) truncates in on_new_request: B computes, finishes after one token and its
+    blocks wait for the decode side's read, which the worker half reports."""
+    name = "vllm-53514-nixl-mamba-truncation-zero-tokens"
+    bad = item_of(catalog_runs, name, "0.28.0")
+    assert (bad.result.crash.phase, bad.result.crash.step) == ("schedule", 3)
+    assert trace_of(bad)[-1]["waiting"] == ["B"]
+    fixed = item_of(catalog_runs, name, "0.29.0")
+    assert fixed.result.finished == {"A": "FINISHED_LENGTH_CAPPED",
+                                     "B": "FINISHED_LENGTH_CAPPED"}
+    steps = trace_of(fixed)
+    assert sum(s["scheduled"].get("B", 0) for s in steps) > 0
+    assert any("B" in ((s.get("kv_connector") or {}).get("send") or []) for s in steps)

@@ -127,6 +127,26 @@ def test_runner_verifies_drafts_and_proposes_more():
     assert drafts == [[8, 9]]
 
 
+def test_runner_accepts_per_verification_and_proposes_per_step():
+    """``accept: {A: [2, 0, 1]}``: A's first verification accepts 2 drafts, the second none,
+    the third 1, then all; a step without drafts is no verification. ``propose: {A: [2, 0]}``:
+    after A's first sampling step 2 drafts, after the second none, then all of
+    ``draft_tokens``."""
+    runner = FakeModelRunner({"token": 7, "draft_tokens": [8, 9, 10],
+                              "spec_decode": {"accept": {"A": [2, 0, 1]},
+                                              "propose": {"A": [2, 0]}}}, 3)
+    r = reqs(A=4)
+    got = []
+    for step, spec in enumerate(([8, 9, 10], [], [8, 9, 10], [8, 9, 10], [8, 9, 10]), 1):
+        _, sampled, drafts = runner.execute(step, [Scheduled("A", 1 + len(spec), 4, spec, False)], r)
+        got.append((sampled[0], drafts[0]))
+    assert got == [([8, 9, 7], [8, 9]),         # verification 1: 2 accepted; 2 proposed
+                   ([7], []),                   # no drafts scheduled; none proposed
+                   ([7], [8, 9, 10]),           # verification 2: 0 accepted; list over: all
+                   ([8, 7], [8, 9, 10]),        # verification 3: 1 accepted
+                   ([8, 9, 10, 7], [8, 9, 10])]  # past the list: all accepted
+
+
 def test_runner_skips_a_never_seen_request_without_data():
     runner = FakeModelRunner({}, None)
     assert runner.execute(1, [Scheduled("Z", 1, None, [], False)], reqs(Z=4))[1] == [[]]

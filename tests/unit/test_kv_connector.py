@@ -65,9 +65,15 @@ def test_kv_transfer_config_loads_under_vllms_names_and_reaches_the_worker(tmp_p
     ("AA", "AA", None),
     ("external_hit_tokens: 48", "external_hit_tokens: 65",
      "external_hit_tokens: 65 is over its prompt_len 64"),
-    ("external_hit_tokens: 48, ", "", "`load_async` needs `external_hit_tokens: N`"),
-    ("load_async: true, ", "", "`recv_done_at_step` goes with load_async: true"),
-    ("delay_free: true, ", "", "`send_done_at_step` goes with delay_free: true"),
+    ("external_hit_tokens: 48, ", "",
+     "kv_transfer_config.requests.A.load_async: needs `external_hit_tokens: N`"),
+    ("load_async: true, ", "",
+     "kv_transfer_config.requests.A.recv_done_at_step: goes with load_async: true"),
+    ("delay_free: true, ", "",
+     "kv_transfer_config.requests.B.send_done_at_step: goes with delay_free: true"),
+    ("kv_role: kv_consumer", "kv_role: kv_consumer\n      kv_connector: NixlConnector",
+     "kv_transfer_config.requests.A.external_hit_tokens: NixlConnector's scheduler half"),
+    ("kv_role: kv_consumer", "kv_role: kv_consumer\n      kv_connector: Nixl", "kv_connector"),
     ("send_done_at_step: 9", "send_done_at_step: 900",
      "send_done_at_step: step 900 is past limits.max_steps 500"),
     ("kv_role: kv_consumer", "kv_role: consumer", "kv_role"),
@@ -139,6 +145,33 @@ def test_the_worker_reports_a_delayed_free_no_earlier_than_it_learns_of_it():
     # a send it learns of after its scripted step is reported at once
     w.script["D"] = {"delay_free": True, "send_done_at_step": 2}
     assert w.step(10, meta(sends={"D": [7]}))[0] == {"D"}
+
+
+def test_the_worker_half_reads_nixls_own_metadata_as_loads_and_sends():
+    """vLLM's NixlConnector hands its worker ``reqs_to_recv`` (request id -> ReqMeta with the
+    blocks a pull writes, one list per group) and ``reqs_to_send`` (request id -> expiry):
+    the worker half reports the pulls in finished_recving and the sends in finished_sending,
+    at their scripted steps, with the blocks the audit watches."""
+    nixl = SimpleNamespace(reqs_to_recv={"D": SimpleNamespace(local_block_ids=([3, 4], [9]))},
+                           reqs_to_send={"P": 1e9}, reqs_in_batch=set())
+    w = ScriptedWorker({"D": {"recv_done_at_step": 3}, "P": {"send_done_at_step": 2}}, set(),
+                       blocks_of=lambda rid: ([7, 8], [10]))
+    assert w.step(1, nixl) == (set(), set(), set(), set())
+    assert w.transfers_in_flight() == {"D": ("load", [3, 4]), "P": ("send", [7, 8])}
+    empty = SimpleNamespace(reqs_to_recv={}, reqs_to_send={})
+    assert w.step(2, empty) == ({"P"}, set(), set(), set())
+    assert w.step(3, empty) == (set(), {"D"}, set(), set())
+    assert [e for _, _, e in w.events] == ["load", "send", "recv"]
+
+
+def test_kv_transfer_params_need_a_connector_and_reach_the_worker(tmp_path):
+    text = SCENARIO.replace("{id: B, prompt_len: 32}",
+                            "{id: B, prompt_len: 32, kv_transfer_params: {do_remote_decode: true}}")
+    sc = load_scenario(write(tmp_path, text))
+    assert sc.child_payload()["requests"][1]["kv_transfer_params"] == {"do_remote_decode": True}
+    bare = text.split("    kv_transfer_config")[0]
+    with pytest.raises(InputError, match=r"requests\[1\]\.kv_transfer_params: no KV connector"):
+        load_scenario(write(tmp_path, bare))
 
 
 def test_a_release_without_the_seam_refuses_with_its_version():

@@ -56,6 +56,18 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
     # block 0 is the null block: one block leaves nothing to allocate
     (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 1}"), "config.num_gpu_blocks",
      "use a value of at least 2"),
+    # per-step model behaviour (spec decode): ids, counts and the drafter's limit
+    (("abort: [A]}", "abort: [A]}\nmodel: {spec_decode: {accept: {Z: [1, 0]}}}"),
+     "model.spec_decode.accept", "unknown request id 'Z'"),
+    (("abort: [A]}", "abort: [A]}\nmodel: {spec_decode: {accept: {A: [1, -1]}}}"),
+     "spec_decode.accept", "A: give a count >= 0 for every step"),
+    (("abort: [A]}", "abort: [A]}\nmodel: {spec_decode: {accept: {A: []}}}"),
+     "spec_decode.accept", "non-empty list of counts"),
+    (("abort: [A]}", "abort: [A]}\nmodel: {spec_decode: {propose: {A: [1]}}}"),
+     "model.spec_decode.propose.A", "spec decode is off"),
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, num_speculative_tokens: 2}"
+      "\nmodel: {spec_decode: {propose: {A: [1, 3]}}}"),
+     "model.spec_decode.propose.A", "3 drafts, over config.num_speculative_tokens 2"),
 ])
 def test_bad_field_is_one_line_naming_file_and_field(tmp_path, mutation, field, words):
     old, new = mutation

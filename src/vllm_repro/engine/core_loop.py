@@ -25,13 +25,14 @@ a crash in a step writes vLLM's own crash dump (``dump_engine_exception``) and t
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import logging
 import queue
 import time
 import traceback
 
 from .adapter import (AdapterError, RefusedByRelease, _import, _try_import, call_supported,
-                      init_params, iter_queue)
+                      fields_of, init_params, iter_queue)
 from .executor import FakeWorker, available_memory, kv_cache_spec, make_executor_class
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from . import state
@@ -132,7 +133,15 @@ class EngineCoreLoop(StepLoop):
                 "failed_recving); drop load_fails for this release")
         from .kv_worker import ScriptedWorker
 
-        return ScriptedWorker(script, set(a.caps.kv_load_failures))
+        def blocks_of(rid):
+            # the request's blocks in the release's KV cache manager (KVCacheManager.get_block_ids)
+            get = getattr(getattr(self.scheduler, "kv_cache_manager", None), "get_block_ids", None)
+            try:
+                return get(rid) if get is not None else []
+            except Exception:  # noqa: BLE001 - a request the manager no longer holds
+                return []
+
+        return ScriptedWorker(script, set(a.caps.kv_load_failures), blocks_of)
 
     def _config_or_refusal(self, build):
         try:
@@ -409,8 +418,16 @@ class EngineCoreLoop(StepLoop):
         ``Processor.process_inputs`` makes it for a token-id prompt."""
         a = self.adapter
         ecr_cls = _import("vllm.v1.engine:EngineCoreRequest")
+        extra = {}
+        if r.get("kv_transfer_params") is not None:
+            # the front end's place for them (serving: SamplingParams.extra_args), which
+            # Request.__init__ reads into Request.kv_transfer_params
+            if "extra_args" not in fields_of(a.SamplingParams):
+                raise RefusedByRelease(f"requests[{r['id']}].kv_transfer_params: vLLM "
+                                       f"{a.version}'s SamplingParams has no extra_args")
+            extra["extra_args"] = {"kv_transfer_params": copy.deepcopy(r["kv_transfer_params"])}
         sp = call_supported(a.SamplingParams, max_tokens=r["max_tokens"], ignore_eos=False,
-                            temperature=0.0,
+                            temperature=0.0, **extra,
                             **a.structured_outputs_kwargs(r["id"], r.get("structured_outputs")))
         if hasattr(sp, "update_from_generation_config"):
             try:

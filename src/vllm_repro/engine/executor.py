@@ -150,7 +150,16 @@ def make_executor_class(worker: FakeWorker, max_concurrent_batches: int | Callab
     def check_health(self) -> None:
         return None
 
+    def get_kv_connector_handshake_metadata(self) -> list:
+        # no worker has a transport to hand its agent metadata to the decode side (the worker
+        # half is the lab's): an empty list, so that EngineCore never has the scheduler's
+        # connector serve it (NixlConnector's handshake listener binds a port on this host;
+        # [None], what collective_rpc gathers from the fake worker, would start it)
+        return []
+
     ns: dict[str, Any] = {"_init_executor": _init_executor, "check_health": check_health,
+                          "get_kv_connector_handshake_metadata":
+                              get_kv_connector_handshake_metadata,
                           "__doc__": "vllm-repro's fake executor: the release's UniProcExecutor "
                                      "with a FakeWorker (no GPU)."}
     if max_concurrent_batches is not None:

@@ -5,8 +5,9 @@ This is where the lab's fakes stop (the model-runner / executor boundary). Like
 requests whose prompt is fully computed after this step (a partial prefill chunk yields no token),
 verifies draft tokens for spec decode (accepted drafts + one bonus token), and proposes the next
 drafts. What it emits comes from the scenario's ``model`` section: the token id, EOS at a given
-output length, empty outputs at given steps, draft tokens and how many are accepted, a
-scripted token list per request; and, for structured-output requests, the step's grammar
+output length, empty outputs at given steps, draft tokens and how many are accepted (per
+request, or per verification step of a request), how many drafts are proposed after each of a
+request's steps, a scripted token list per request; and, for structured-output requests, the step's grammar
 bitmask applied as the GPU sampler applies it (``apply_grammar``: the scheduler's
 ``get_grammar_bitmask`` rows, one per position of a request, drafts included).
 """
@@ -31,7 +32,15 @@ class FakeModelRunner:
         self.num_spec = num_speculative_tokens
         drafts = model.get("draft_tokens")
         self.draft_tokens = list(drafts) if drafts else ([self.token] * (num_speculative_tokens or 0))
-        self.accept = ((model.get("spec_decode") or {}).get("accept")) or {}
+        spec = model.get("spec_decode") or {}
+        #: request id -> drafts accepted: one count for every verification, or a list of counts
+        #: for its successive verifications (then all)
+        self.accept: dict[str, int | list[int]] = spec.get("accept") or {}
+        #: request id -> drafts proposed after its successive sampling steps (then all)
+        self.propose: dict[str, list[int]] = spec.get("propose") or {}
+        #: request id -> steps in which its drafts were verified / in which it sampled, so far
+        self._verified: dict[str, int] = {}
+        self._sampled: dict[str, int] = {}
         # the runner's own per-request books (GPUModelRunner.requests: CachedRequestState):
         # req_id -> [num_computed_tokens as last told by the scheduler, num_tokens it has seen]
         self.books: dict[str, list[int]] = {}
@@ -73,9 +82,7 @@ class FakeModelRunner:
                 sampled.append([])
                 drafts.append([])
                 continue
-            n_acc = len(s.spec_tokens)
-            if s.req_id in self.accept:
-                n_acc = min(self.accept[s.req_id], n_acc)
+            n_acc = self._accepted(s.req_id, len(s.spec_tokens))
             # async scheduling: tokens still in flight count as output (Request's placeholders)
             outputs = _num_output_tokens(req) + (getattr(req, "num_output_placeholders", 0) or 0)
             script = self.scripted.get(s.req_id, ())
@@ -89,8 +96,31 @@ class FakeModelRunner:
                         break
             sampled.append(tokens)
             book[1] += len(tokens)
-            drafts.append(list(self.draft_tokens) if self.num_spec else [])
+            drafts.append(self._proposed(s.req_id) if self.num_spec else [])
         return req_ids, sampled, (drafts if self.num_spec else None)
+
+    def _accepted(self, rid: str, num_drafts: int) -> int:
+        """How many of the ``num_drafts`` drafts scheduled for ``rid`` the model accepts in
+        this verification (``spec_decode.accept``: a count for all, or the next of a list;
+        default and past the list: all). A step without drafts is no verification."""
+        if not num_drafts:
+            return 0
+        rule = self.accept.get(rid)
+        i = self._verified.get(rid, 0)
+        self._verified[rid] = i + 1
+        if isinstance(rule, list):
+            return min(rule[i], num_drafts) if i < len(rule) else num_drafts
+        return num_drafts if rule is None else min(rule, num_drafts)
+
+    def _proposed(self, rid: str) -> list[int]:
+        """The drafts the drafter proposes for ``rid`` after this sampling step:
+        ``model.draft_tokens``, cut to the next count of ``spec_decode.propose`` (0: none)."""
+        counts = self.propose.get(rid)
+        j = self._sampled.get(rid, 0)
+        self._sampled[rid] = j + 1
+        if counts is not None and j < len(counts):
+            return list(self.draft_tokens[:counts[j]])
+        return list(self.draft_tokens)
 
 
     # ---- structured outputs -------------------------------------------------------------------

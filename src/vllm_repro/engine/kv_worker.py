@@ -15,9 +15,12 @@ class ScriptedWorker:
     reports it can carry). ``step(n, metadata)`` returns ``(finished_sending,
     finished_recving, invalid_block_ids, failed_recving)`` for step ``n``."""
 
-    def __init__(self, script: dict[str, dict], fields: set[str]):
+    def __init__(self, script: dict[str, dict], fields: set[str], blocks_of=None):
         self.script = script
         self.fields = fields
+        #: request id -> its block ids now (the first group), for the sends of a connector whose
+        #: metadata does not carry them (vLLM's NixlConnector: ``reqs_to_send`` holds deadlines)
+        self.blocks_of = blocks_of
         self.recv: dict[str, tuple[int, list[int], bool]] = {}  # id -> (done at, blocks, fails)
         self.send: dict[str, tuple[int, list[int]]] = {}  # id -> (done at, blocks)
         self.failed_once: set[str] = set()
@@ -27,6 +30,7 @@ class ScriptedWorker:
     def step(self, n: int, meta) -> tuple[set[str], set[str], set[int], set[str]]:
         invalid: set[int] = set()
         failed: set[str] = set()
+        meta = self._translate(meta)
         if meta is not None and hasattr(meta, "loads"):  # ScriptedConnectorMetadata
             for rid, (blocks, is_async) in meta.loads.items():
                 entry = self.script.get(rid) or {}
@@ -57,6 +61,22 @@ class ScriptedWorker:
             self.events.append((n, rid, "send"))
         return sending, recving, invalid, failed
 
+    def _translate(self, meta):
+        """vLLM's own connector's metadata in the scripted metadata's terms (``loads``,
+        ``sends``), or ``meta`` as it is. ``NixlConnectorMetadata``
+        (``kv_connector/v1/nixl``): ``reqs_to_recv`` (request id -> ``ReqMeta`` with the
+        ``local_block_ids`` the pull writes) are asynchronous loads, as NixlConnector's worker
+        reads them remotely between steps; ``reqs_to_send`` (request id -> expiry) are the
+        delayed frees of finished prefills, read by the decode side (reported done at
+        ``send_done_at_step``, or at once, as the decode side's read or the expiry would)."""
+        if meta is None or hasattr(meta, "loads") or not hasattr(meta, "reqs_to_recv"):
+            return meta
+        loads = {rid: (_first_group(getattr(m, "local_block_ids", ())), True)
+                 for rid, m in (getattr(meta, "reqs_to_recv", None) or {}).items()}
+        sends = {rid: (_first_group(self.blocks_of(rid)) if self.blocks_of else [])
+                 for rid in (getattr(meta, "reqs_to_send", None) or {})}
+        return _Translated(loads, sends)
+
     def transfers_in_flight(self) -> dict[str, tuple[str, list[int]]]:
         """Request id -> ``("load", block ids)`` for an asynchronous load still writing them
         (started, not yet reported in ``finished_recving``), or ``("send", block ids)`` for a
@@ -70,6 +90,22 @@ class ScriptedWorker:
             failed.add(rid)
         if "invalid_block_ids" in self.fields:
             invalid.update(blocks)
+
+
+class _Translated:
+    """A step's loads and sends (see :meth:`ScriptedWorker._translate`)."""
+
+    def __init__(self, loads: dict[str, tuple[list[int], bool]], sends: dict[str, list[int]]):
+        self.loads = loads
+        self.sends = sends
+
+
+def _first_group(block_ids) -> list[int]:
+    """The block ids of the first KV cache group of ``BlockIds`` (one list per group, or a
+    flat list)."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return list(block_ids[0])
+    return list(block_ids or ())
 
 
 __all__ = ["ScriptedWorker"]

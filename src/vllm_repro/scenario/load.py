@@ -20,7 +20,7 @@ def _loc(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and part.startswith(("function-after", "function-before", "model")):
+        elif isinstance(part, str) and part.startswith(("function-after", "function-before", "model-", "model[")):
             continue
         else:
             out += ("." if out else "") + str(part)

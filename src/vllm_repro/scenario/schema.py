@@ -305,6 +305,14 @@ class RequestSpec(Strict):
     #: structured outputs (``level: engine-core``): the release's StructuredOutputManager and
     #: its real backend compile the constraint and the fake model samples through its bitmask
     structured_outputs: StructuredOutputs | None = None
+    #: the request's ``kv_transfer_params`` (``level: engine-core``, with ``kv_transfer_config``):
+    #: what vLLM's front end puts in ``SamplingParams.extra_args["kv_transfer_params"]`` and
+    #: ``Request.kv_transfer_params`` carries to the connector, e.g. ``{do_remote_decode: true}``
+    #: (a prefill instance's request) or ``{do_remote_prefill: true, remote_block_ids: [...],
+    #: ...}`` (the decode side: the prompt was computed elsewhere). Read by vLLM's own connectors
+    #: (``kv_connector: NixlConnector``); plain JSON values, handed over as written
+    kv_transfer_params: dict[str, str | int | float | bool | list[int] | list[list[int]] | None] \
+        | None = None
 
     @field_validator("id")
     @classmethod
@@ -367,10 +375,36 @@ class Event(Strict):
 
 
 class SpecDecode(Strict):
-    """What the fake model does with draft tokens (spec decode): drafts proposed per step and
-    how many of the scheduled drafts it accepts, per request (default: all)."""
+    """What the fake model does with draft tokens (spec decode), per request.
 
-    accept: dict[str, NonNegInt] = Field(default_factory=dict)
+    ``accept``: request id -> how many of the scheduled drafts the model accepts: one count for
+    every step (``{H: 1}``), or a list, one count per step in which the request's drafts are
+    verified, in order (``{A: [2, 0, 1]}``: 2 at its first verification, none at the second, 1
+    at the third; all of them after the list). A count over the drafts scheduled accepts them
+    all. ``propose``: request id -> how many drafts the drafter proposes after each step in
+    which the request sampled, in order (``{A: [2, 0, 3]}``; 0: no drafts that step, as an
+    n-gram drafter that finds no match; after the list, ``model.draft_tokens`` in full), each
+    at most ``config.num_speculative_tokens``."""
+
+    accept: dict[str, int | list[int]] = Field(default_factory=dict)
+    propose: dict[str, list[int]] = Field(default_factory=dict)
+
+    @field_validator("accept", "propose", mode="before")
+    @classmethod
+    def _counts(cls, v, info):
+        # checked here rather than by a union of types, whose errors name pydantic's branches
+        if not isinstance(v, dict):
+            return v
+        for rid, counts in v.items():
+            one = isinstance(counts, int) and not isinstance(counts, bool)
+            if info.field_name == "propose" and one:
+                raise ValueError(f"{rid}: give a list of counts, one per step ([2, 0, 1])")
+            seq = counts if isinstance(counts, list) else [counts]
+            if (not seq or any(not isinstance(n, int) or isinstance(n, bool) or n < 0
+                               for n in seq)):
+                raise ValueError(f"{rid}: give a count >= 0 for every step, or a non-empty "
+                                 f"list of counts >= 0 ([2, 0, 1]); got {counts!r}")
+        return v
 
 
 class ModelBehaviour(Strict):
@@ -447,21 +481,6 @@ class KVConnectorScript(Strict):
     delay_free: bool = False
     send_done_at_step: PosInt | None = None
 
-    @model_validator(mode="after")
-    def _consistent(self):
-        if not self.external_hit_tokens:
-            for key in ("load_async", "recv_done_at_step", "load_fails"):
-                if getattr(self, key):
-                    raise ValueError(f"`{key}` needs `external_hit_tokens: N` (N > 0): without "
-                                     "an external hit nothing is loaded")
-        if self.recv_done_at_step is not None and not self.load_async:
-            raise ValueError("`recv_done_at_step` goes with load_async: true (a synchronous "
-                             "load finishes inside its step)")
-        if self.send_done_at_step is not None and not self.delay_free:
-            raise ValueError("`send_done_at_step` goes with delay_free: true (nothing is sent "
-                             "otherwise)")
-        return self
-
 
 class KVTransferConfig(Strict):
     """vLLM's ``kv_transfer_config`` (``KVTransferConfig``), with the lab's scripted connector:
@@ -470,9 +489,37 @@ class KVTransferConfig(Strict):
     ``kv_consumer``) and ``requests``: request id -> :class:`KVConnectorScript` (a request
     without an entry gets no external hit and is freed at once)."""
 
-    kv_connector: Literal["ScriptedConnector"] = "ScriptedConnector"
+    kv_connector: Literal["ScriptedConnector", "NixlConnector"] = "ScriptedConnector"
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
     requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        for rid, e in self.requests.items():
+            where = f"kv_transfer_config.requests.{rid}"
+            if self.kv_connector != "ScriptedConnector":
+                # vLLM's own connector decides hits, async loads and delayed frees from the
+                # request's kv_transfer_params; only its worker half is scripted
+                for key in ("external_hit_tokens", "load_async", "load_fails", "delay_free"):
+                    if getattr(e, key):
+                        raise ValueError(
+                            f"{where}.{key}: {self.kv_connector}'s scheduler half (vLLM's own) "
+                            "decides this from the request's kv_transfer_params; give "
+                            "requests[].kv_transfer_params instead, and here only "
+                            "recv_done_at_step / send_done_at_step (its worker half's reports)")
+                continue
+            if not e.external_hit_tokens:
+                for key in ("load_async", "recv_done_at_step", "load_fails"):
+                    if getattr(e, key):
+                        raise ValueError(f"{where}.{key}: needs `external_hit_tokens: N` (N > 0):"
+                                         " without an external hit nothing is loaded")
+            if e.recv_done_at_step is not None and not e.load_async:
+                raise ValueError(f"{where}.recv_done_at_step: goes with load_async: true (a "
+                                 "synchronous load finishes inside its step)")
+            if e.send_done_at_step is not None and not e.delay_free:
+                raise ValueError(f"{where}.send_done_at_step: goes with delay_free: true (nothing"
+                                 " is sent otherwise)")
+        return self
 
 
 class Limits(Strict):
@@ -638,9 +685,21 @@ class Scenario(Strict):
                 raise ValueError(f"model.empty_at.{rid}: step {late[0]} is past limits.max_steps "
                                  f"{max_steps}: it would never happen; raise max_steps or drop it")
         if self.model.spec_decode:
-            for rid in self.model.spec_decode.accept:
-                if rid not in ids:
-                    raise ValueError(f"model.spec_decode.accept: unknown request id {rid!r}")
+            k = self.config.num_speculative_tokens
+            for key in ("accept", "propose"):
+                for rid in getattr(self.model.spec_decode, key):
+                    if rid not in ids:
+                        raise ValueError(f"model.spec_decode.{key}: unknown request id {rid!r}; "
+                                         "use an id from requests[].id")
+            for rid, counts in self.model.spec_decode.propose.items():
+                if not k:
+                    raise ValueError(f"model.spec_decode.propose.{rid}: spec decode is off (no "
+                                     "config.num_speculative_tokens); set it or drop propose")
+                over = [n for n in counts if n > k]
+                if over:
+                    raise ValueError(f"model.spec_decode.propose.{rid}: {over[0]} drafts, over "
+                                     f"config.num_speculative_tokens {k} (vLLM's drafter "
+                                     "proposes at most that many a step); give at most that many")
         self._check_drafts()
         self._check_kv_transfer()
         self._check_lab_limits()
@@ -652,6 +711,11 @@ class Scenario(Strict):
         (the fake worker reports its transfers)."""
         kv = self.kv_transfer_config
         if kv is None:
+            for i, r in enumerate(self.requests):
+                if r.kv_transfer_params is not None:
+                    raise ValueError(f"requests[{i}].kv_transfer_params: no KV connector reads "
+                                     "them; add kv_transfer_config (e.g. kv_connector: "
+                                     "NixlConnector) or drop kv_transfer_params")
             return
         if self.level != "engine-core":
             raise ValueError("kv_transfer_config: the scripted connector's worker half reports "

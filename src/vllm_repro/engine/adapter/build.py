@@ -172,10 +172,11 @@ class BuildMixin:
 
     def kv_transfer_config(self, kv: dict):
         """The release's ``KVTransferConfig`` (``vllm/config/kv_transfer.py``, or
-        ``vllm.config``) naming the lab's scripted connector, registered first with the
+        ``vllm.config``) naming the lab's scripted connector (registered first with the
         release's ``KVConnectorFactory.register_connector(name, module, class)``
         (``vllm/distributed/kv_transfer/kv_connector/factory.py``; the scheduler builds it by
-        that name). ``kv``: the scenario's ``kv_transfer_config`` (``kv_connector``,
+        that name), or one of the release's own (``NixlConnector``: its registry must have it).
+        ``kv``: the scenario's ``kv_transfer_config`` (``kv_connector``,
         ``kv_role``, ``requests``: the script, handed over in ``kv_connector_extra_config``).
         Raises :class:`RefusedByRelease` where the release has no V1 KV connectors."""
         if not self.caps.kv_connectors:
@@ -183,13 +184,21 @@ class BuildMixin:
         from .. import connector
 
         factory = _import("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory")
-        if connector.NAME not in getattr(factory, "_registry", {}):
-            factory.register_connector(connector.NAME, connector.__name__, "ScriptedConnector")
+        registry = getattr(factory, "_registry", {})
+        name = kv.get("kv_connector") or connector.NAME
+        if name == connector.NAME:
+            if connector.NAME not in registry:
+                factory.register_connector(connector.NAME, connector.__name__, "ScriptedConnector")
+        elif name not in registry:
+            # one of vLLM's own connectors (its scheduler half runs as the release ships it)
+            raise RefusedByRelease(f"kv_transfer_config.kv_connector: vLLM {self.version}'s "
+                                   f"KVConnectorFactory has no {name} (it has "
+                                   f"{', '.join(sorted(registry))})")
         cls = _try_import("vllm.config.kv_transfer:KVTransferConfig", "vllm.config:KVTransferConfig")
         if cls is None:
             raise RefusedByRelease(f"kv_transfer_config: vLLM {self.version} has no "
                                    "KVTransferConfig")
-        return call_supported(cls, kv_connector=connector.NAME, kv_role=kv.get("kv_role", "kv_both"),
+        return call_supported(cls, kv_connector=name, kv_role=kv.get("kv_role", "kv_both"),
                               kv_connector_extra_config={connector.SCRIPT_KEY: kv.get("requests") or {}})
 
     def _scheduler_class(self, cfg: dict[str, Any], vllm_config, spec_config) -> type:
