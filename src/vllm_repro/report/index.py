@@ -59,7 +59,8 @@ def write_index(reports: Path) -> Path | None:
         counts[ok_text] += 1
         href = lambda name, rel=rel: html.escape((rel / name).as_posix(), quote=True)  # noqa: E731
         links = []
-        for name in (SCENARIO_FILE, ReportDir.RESULT, ReportDir.TRACE, ReportDir.ENGINE_LOG):
+        for name in (SCENARIO_FILE, ReportDir.RESULT, ReportDir.TRACE, ReportDir.ENGINE_LOG,
+                     ReportDir.TIMELINE):
             if (run_dir / name).is_file():
                 links.append(f'<a href="{href(name)}">{name}</a>')
         page = (run_dir / PAGE).is_file()
