@@ -24,7 +24,7 @@ BASE_IMAGE ?=
 EXTRA_CA_CERT ?=
 DOCKER ?= docker
 DOCKER_BUILD_FLAGS ?=
-# cpu-repro runs in the CPU image when a Docker engine answers, else here; RUNNER=docker|native
+# cpu-repro runs in the CPU image when it exists (make images), else here; RUNNER=docker|native
 RUNNER ?= auto
 # gpu-verify (docs/gpu-verify.md)
 REMOTE ?=
@@ -57,18 +57,21 @@ venv: $(VENV)/.installed
 REPRO_ARGS = $(if $(filter all,$(CATALOG)),catalog run --also-on $(NEWEST),run $(SCENARIO)) \
   $(if $(JOBS),--jobs $(JOBS)) --reports $(abspath $(REPORTS))
 
+# RUNNER=auto picks once, and says so: docker when an engine answers and the CPU image exists
+# (or `make images` is among the goals), else native; it never builds an image on its own.
 cpu-repro:
-	@runner="$(RUNNER)"; \
+	@runner="$(RUNNER)"; why=""; \
 	if [ "$$runner" = auto ]; then \
-	  if $(DOCKER) info >/dev/null 2>&1; then \
-	    if $(MAKE) --no-print-directory ensure-image; then runner=docker; else \
-	      echo "cpu-repro: the CPU image could not be built here; running natively instead" >&2; runner=native; fi; \
-	  else runner=native; fi; \
+	  if ! $(DOCKER) info >/dev/null 2>&1; then runner=native; why="no Docker engine answers"; \
+	  elif $(DOCKER) image inspect $(CPU_IMAGE) >/dev/null 2>&1; then runner=docker; why="the image exists"; \
+	  elif [ -n "$(filter images image-cpu,$(MAKECMDGOALS))" ]; then runner=docker; why="make images was asked for"; \
+	  else runner=native; why="no image $(CPU_IMAGE): make images builds it"; fi; \
+	  why="RUNNER=auto: $$why; "; \
 	fi; \
 	case "$$runner" in \
-	  docker) echo "cpu-repro: runner docker, image $(CPU_IMAGE) (RUNNER=native runs it here)" >&2; \
+	  docker) echo "cpu-repro: runner docker, image $(CPU_IMAGE) ($${why}RUNNER=native runs it here)" >&2; \
 	          exec $(MAKE) --no-print-directory cpu-repro-docker;; \
-	  native) echo "cpu-repro: runner native (RUNNER=docker runs it in $(CPU_IMAGE))" >&2; \
+	  native) echo "cpu-repro: runner native ($${why}RUNNER=docker runs it in $(CPU_IMAGE))" >&2; \
 	          exec $(MAKE) --no-print-directory cpu-repro-native;; \
 	  *) echo "cpu-repro: RUNNER=$$runner: expected docker, native or auto" >&2; exit 2;; \
 	esac
@@ -82,11 +85,14 @@ cpu-repro-native: venv
 	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall"; $(SAY_EXIT); exit $$rc
 
 # The image's lab and releases, this checkout's scenarios (mounted read-only at the same path,
-# so paths and the table read as they do natively); reports owned by the caller.
+# so paths and the table read as they do natively), a SCENARIO outside the checkout too (read-only,
+# at its own path, when it exists: a missing one is the tool's exit 2); reports owned by the caller.
+OUTSIDE_SCENARIOS = $(if $(filter all,$(CATALOG)),,$(foreach s,$(abspath $(SCENARIO)),$(if $(filter $(CURDIR)/%,$(s)),,$(s))))
 cpu-repro-docker: ensure-image
-	@mkdir -p $(REPORTS); start=$$(date +%s); \
+	@mkdir -p $(REPORTS); start=$$(date +%s); mounts=(); \
+	for s in $(OUTSIDE_SCENARIOS); do [ -f "$$s" ] && mounts+=(-v "$$s:$$s:ro"); done; \
 	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
-	  -v "$(CURDIR):$(CURDIR):ro" -v "$(abspath $(REPORTS)):$(abspath $(REPORTS))" -w "$(CURDIR)" \
+	  -v "$(CURDIR):$(CURDIR):ro" "$${mounts[@]}" -v "$(abspath $(REPORTS)):$(abspath $(REPORTS))" -w "$(CURDIR)" \
 	  $(CPU_IMAGE) $(REPRO_ARGS); rc=$$?; \
 	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall (in $(CPU_IMAGE))"; $(SAY_EXIT); exit $$rc
 

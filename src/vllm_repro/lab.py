@@ -236,6 +236,7 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
             item.result.verdict = item.verdict.as_dict()
             item.report.write_result(item.result)
             _timeline(item, item.result, say)
+            _page(item, item.result, say)
             item.report.commit()  # the whole report replaces the previous run's
     return items
 
@@ -265,6 +266,17 @@ def _timeline(item: RunItem, result: RunResult, say: Say) -> None:
         write_timeline(item.report.current, result)
     except Exception as exc:  # noqa: BLE001 - matplotlib or a damaged trace
         say(f"{item.scenario.name} on {item.version}: no timeline.png ({type(exc).__name__}: {exc})")
+
+
+def _page(item: RunItem, result: RunResult, say: Say) -> None:
+    """The run's page (``index.html``) and ``scenario.yaml`` next to its result (a failed page
+    never fails the run)."""
+    from .report.pages import write_run_page
+
+    try:
+        write_run_page(item.report.current, result, item.scenario.source_text)
+    except Exception as exc:  # noqa: BLE001 - a damaged trace or a full disk
+        say(f"{item.scenario.name} on {item.version}: no index.html ({type(exc).__name__}: {exc})")
 
 
 def releases_for(scenario: Scenario, requested: list[str], covering: bool = False) -> list[str]:

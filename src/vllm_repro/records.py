@@ -14,7 +14,8 @@ Who writes what:
 - the host writes ``result.json`` once, through :class:`ReportDir`, after the verdict is known.
 
 Layout of a report (``ReportDir``): ``<reports>/<scenario>/<release>/{result.json,
-trace.jsonl, timeline.png, engine.log}``, staged in ``.<release>.partial-<pid>`` until whole; the
+trace.jsonl, timeline.png, engine.log, scenario.yaml, index.html}`` (the last two:
+:mod:`vllm_repro.report.pages`), staged in ``.<release>.partial-<pid>`` until whole; the
 workers' whole logs under ``<reports>/_engine/``.
 """
 

@@ -38,8 +38,13 @@ def test_compose_services():
     assert any(v.endswith(":/reports") for v in services["cpu"]["volumes"])
     ports = services["reports"]["ports"]
     assert ports and all(p.startswith("127.0.0.1:") for p in ports)  # loopback only
-    # http.server as PID 1 ignores SIGTERM; Docker's init passes it on (down in ~1 s, not 10)
+    # a server as PID 1 ignores SIGTERM; Docker's init passes it on (down in ~1 s, not 10)
     assert services["reports"].get("init") is True
+    # .jsonl and .log as text: the lab's server, not http.server; reads only
+    assert services["reports"]["entrypoint"][:3] == ["python3", "-m", "vllm_repro.report.serve"]
+    assert any(v.endswith(":/reports:ro") for v in services["reports"]["volumes"])
+    # no uid to set by hand: the image's entrypoint picks the reports folder's owner
+    assert "user" not in services["cpu"]
     gpu = services["gpu"]
     assert gpu["profiles"] == ["gpu"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
@@ -48,9 +53,10 @@ def test_compose_services():
 
 
 def test_remote_script_is_posix_sh():
-    for shell in ("sh", "bash"):
-        proc = subprocess.run([shell, "-n", str(ROOT / "scripts/remote-run.sh")], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
+    for script in ("scripts/remote-run.sh", "images/cpu/entrypoint.sh"):
+        for shell in ("sh", "bash"):
+            proc = subprocess.run([shell, "-n", str(ROOT / script)], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr
 
 
 def test_catalog_release_list_for_the_image():

@@ -97,7 +97,7 @@ def write_timeline(run_dir: Path, result: RunResult | None = None) -> Path | Non
     free = [ln.free_blocks for ln in trace]
     audit = [ln.audit or {} for ln in trace]
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(10, 5.8),
+    fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(8, 5.2),
                                    gridspec_kw={"height_ratios": [1, 1]})
     marker = "o" if len(steps) <= 60 else None
     style = {"drawstyle": "steps-mid", "linewidth": 1.6, "marker": marker, "markersize": 3.5}
@@ -105,28 +105,30 @@ def write_timeline(run_dir: Path, result: RunResult | None = None) -> Path | Non
     ax1.plot(steps, count("waiting"), label="waiting", color="#1f77b4", alpha=0.45,
              **{**style, "linewidth": 4})
     ax1.plot(steps, count("running"), label="running", color="#2ca02c", **style)
-    ax1.plot(steps, count("preempted"), label="preempted (waiting)", color="#d62728",
+    ax1.plot(steps, count("preempted"), label="preempted", color="#d62728",
              linestyle="--", **style)
-    ax1.set_ylabel("requests")
+    ax1.set_ylabel("requests", fontsize=11)
     ax1.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax1.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax1.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=11, frameon=False,
+               handlelength=1.6)
 
     if any(f is not None for f in free):
-        ax2.plot(steps, [f if f is not None else float("nan") for f in free], label="free blocks",
+        ax2.plot(steps, [f if f is not None else float("nan") for f in free], label="free",
                  color="#9467bd", **style)
     if any("used" in a for a in audit):
-        ax2.plot(steps, [a.get("used", float("nan")) for a in audit], label="used blocks",
+        ax2.plot(steps, [a.get("used", float("nan")) for a in audit], label="used",
                  color="#8c564b", linestyle=":", **style)
     if any("cached_free" in a for a in audit):
         ax2.plot(steps, [a.get("cached_free", float("nan")) for a in audit],
-                 label="free, prefix cached", color="#17becf", linestyle="-.", **style)
+                 label="free, cached", color="#17becf", linestyle="-.", **style)
     total = next((a["total"] for a in audit if "total" in a), None)
-    ax2.set_ylabel("KV blocks" + (f" (pool {total}, 1 null)" if total else ""))
-    ax2.set_xlabel("step (n-th schedule() call)")
+    ax2.set_ylabel("KV blocks" + (f" (pool {total})" if total else ""), fontsize=11)
+    ax2.set_xlabel("step (n-th schedule() call)", fontsize=11)
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
     if ax2.get_legend_handles_labels()[0]:  # a start-up crash has no step to plot
-        ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=11, frameon=False,
+                   handlelength=1.6)
     ax1.set_ylim(0, max([1, *count("waiting"), *count("running")]) * 1.35)
     ax2.set_ylim(bottom=0, top=(total or max([1] + [f or 0 for f in free])) * 1.15)
 
@@ -138,8 +140,8 @@ def write_timeline(run_dir: Path, result: RunResult | None = None) -> Path | Non
                        linestyle="-" if kind != "violation" else "--", alpha=0.9)
     for row, (step, kind, label) in enumerate(labels(all_marks)):
         ax1.annotate(label, xy=(step, 1.0), xycoords=("data", "axes fraction"),
-                     xytext=(4, -4 - 14 * row), textcoords="offset points",
-                     va="top", ha="left", fontsize=8, color=colors[kind], fontweight="bold",
+                     xytext=(4, -4 - 17 * row), textcoords="offset points",
+                     va="top", ha="left", fontsize=10, color=colors[kind], fontweight="bold",
                      bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": colors[kind],
                            "alpha": 0.9})
     lo, hi = min(steps), max(steps)
@@ -150,8 +152,10 @@ def write_timeline(run_dir: Path, result: RunResult | None = None) -> Path | Non
     title = f"{(result and result.scenario) or Path(run_dir).parent.name} on vLLM " \
             f"{(result and result.vllm) or Path(run_dir).name}"
     verdict = ((result and result.verdict) or {}).get("observed") or (result and result.outcome) or ""
-    fig.suptitle(title, fontsize=11)
-    ax1.set_title(verdict, fontsize=8.5, color="#444")
+    fig.suptitle(title, fontsize=12)
+    ax1.set_title(verdict, fontsize=10, color="#444")
+    for ax in (ax1, ax2):
+        ax.tick_params(labelsize=10)
     fig.tight_layout()
     out = Path(run_dir) / ReportDir.TIMELINE
     fig.savefig(out, dpi=110)

@@ -127,7 +127,9 @@ def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     text = read_text(p, "scenario file", "give a scenario file such as scenarios/<name>.yaml")
     data = load_yaml(text, p)
-    return parse_scenario(data, p)
+    scenario = parse_scenario(data, p)
+    scenario._source_text = text
+    return scenario
 
 
 def unique_scenarios(paths: list[Path]) -> list[Scenario]:

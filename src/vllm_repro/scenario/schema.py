@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 Outcome = Literal["clean", "crash", "violation", "stall"]
 PosInt = Annotated[int, Field(ge=1)]
@@ -589,6 +589,13 @@ class Scenario(Strict):
     #: what the fixed releases (``clean_on``) must do; default: run clean. E.g. the fix refuses the
     #: config at start-up: ``{outcome: crash, phase: engine-build, exception: ValueError}``
     fixed: Expect | None = None
+    #: the file's text as the lab read it (set by ``load_scenario``; the report's scenario.yaml)
+    _source_text: str | None = PrivateAttr(default=None)
+
+    @property
+    def source_text(self) -> str | None:
+        """The scenario file's text as read, or ``None`` for a scenario not read from a file."""
+        return self._source_text
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,102 @@
+"""The report pages written from recorded results (tests/data/results: real runs' result.json):
+the index's summary, date, versions and release order, and each run's page saying what happened
+in sentences. The pages in a real browser: tests/integration/test_report_browser.py."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+
+from vllm_repro.records import RunResult, TraceLine
+from vllm_repro.report.index import write_index
+from vllm_repro.report.pages import explain, step_rows, timeline_svg, write_run_page
+
+from ..conftest import ROOT
+
+RESULTS = ROOT / "tests" / "data" / "results"
+
+
+def reports_from_recorded(tmp_path):
+    reports = tmp_path / "reports"
+    for f in sorted(RESULTS.glob("*.json")):
+        result = RunResult.from_json(f.read_text())
+        run_dir = reports / result.scenario / result.vllm
+        run_dir.mkdir(parents=True)
+        shutil.copy(f, run_dir / "result.json")
+        write_run_page(run_dir, result)
+    return reports
+
+
+def text_of(page: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def test_index_summary_versions_and_release_order(tmp_path):
+    reports = reports_from_recorded(tmp_path)
+    page = write_index(reports).read_text()
+    words = " ".join(text_of(page).split())
+    # 8 recorded runs: 7 as expected, one input error (0.7.0 refuses the flagship's config)
+    assert "7 of 8 runs ok; 1 error" in words
+    assert re.search(r"written \d{4}-\d\d-\d\d \d\d:\d\d UTC by vllm-repro \d", words)
+    assert "vLLM releases: 0.6.6.post1, 0.7.0, 0.10.1.1, 0.10.2, 0.19.1, 0.20.2, 0.22.0, 0.24.0" in words
+    # the flagship's rows by version (as strings 0.7.0 would come last)
+    flagship = re.findall(r'href="vllm-23347-priority-preempt-scheduled/([^/]+)/index.html"', page)
+    assert flagship == ["0.7.0", "0.10.1.1", "0.10.2"]
+    # the audit finding's own sentence, not only "also: REQ_STATE @3"
+    assert "REQ_STATE @3: L is in num_scheduled_tokens but was preempted in the same step" in words
+
+
+def test_run_pages_explain_the_run_in_sentences(tmp_path):
+    reports = reports_from_recorded(tmp_path)
+    flagship = reports / "vllm-23347-priority-preempt-scheduled"
+    crash = " ".join(text_of((flagship / "0.10.1.1" / "index.html").read_text()).split())
+    assert "vLLM raised AssertionError (no message) in vllm/v1/core/sched/scheduler.py:530 (schedule), " \
+           "at step 3 during schedule()." in crash
+    page = (flagship / "0.10.1.1" / "index.html").read_text()
+    assert "<pre class='traceback'>Traceback (most recent call last):\n" in page  # as lines
+    fixed = " ".join(text_of((flagship / "0.10.2" / "index.html").read_text()).split())
+    assert "The audit found REQ_STATE at step 3 (after schedule): L is in num_scheduled_tokens but " \
+           "was preempted in the same step (status PREEMPTED, in waiting)." in fixed
+    assert "The run went on to its end: 2 request(s) finished in 31 steps." in fixed
+    stall = " ".join(text_of((reports / "vllm-35541-prompt-larger-than-kv-pool" / "0.19.1" /
+                              "index.html").read_text()).split())
+    assert "The run stalled: no request made progress from step 9 to step 28; unfinished: huge" in stall
+    error = " ".join(text_of((flagship / "0.7.0" / "index.html").read_text()).split())
+    assert "ERROR" in error and "Bad input (exit 2):" in error
+    # no trace recorded: no timeline, no step table, and no link to a file that is not there
+    assert "trace.jsonl" not in error and "<svg" not in error
+
+
+def test_timeline_svg_names_each_request_and_finding_on_hover(tmp_path):
+    result = RunResult.from_json((RESULTS / "violation-ran-to-end-23347-0.10.2.json").read_text())
+    trace = [TraceLine.from_dict(d) for d in (
+        {"step": 1, "added": ["L"], "scheduled": {"L": 30}, "running": ["L"], "free_blocks": 2},
+        {"step": 2, "added": ["H"], "scheduled": {"L": 1, "H": 32}, "running": ["L", "H"]},
+        {"step": 3, "scheduled": {"L": 1, "H": 1}, "waiting": ["L"], "running": ["H"],
+         "preempted": ["L"], "violations": [result.violations[0].brief().to_dict()]},
+        {"step": 4, "scheduled": {"H": 1}, "running": ["H"], "finished": ["L"]},
+    )]
+    svg = timeline_svg(trace, result)
+    titles = re.findall(r"<title>([^<]*)</title>", svg)
+    assert "L: running, steps 1-2; 31 token(s) scheduled" in titles
+    assert "L: preempted (waiting), step 3; 1 token(s) scheduled" in titles
+    assert "H: running, steps 2-4; 34 token(s) scheduled" in titles
+    assert any(t.startswith("step 3: REQ_STATE: L is in num_scheduled_tokens") for t in titles)
+    rows, left = step_rows(trace)
+    assert [r.step for r in rows] == [1, 2, 3, 4] and left == 0
+
+
+def test_a_long_run_keeps_the_steps_where_something_changed():
+    lines = [TraceLine(step=s, running=["A"], free_blocks=3) for s in range(1, 1001)]
+    lines[499] = TraceLine(step=500, running=[], waiting=["A"], free_blocks=3)
+    rows, left = step_rows(lines)
+    assert [r.step for r in rows] == [1, 500, 501] and left == 997
+
+
+def test_explain_a_clean_run():
+    result = RunResult.from_json((RESULTS / "clean-engine-core-42117-0.22.0.json").read_text())
+    [sentence] = explain(result)
+    n = len(json.loads((RESULTS / "clean-engine-core-42117-0.22.0.json").read_text())["finished"])
+    assert sentence == f"Every request finished ({n}) in {result.steps} steps, with no crash and no broken invariant."
