@@ -59,12 +59,13 @@ def parse_range(text: str | None):
     return spec
 
 
-def final_releases(versions: Iterable[str], spec) -> list[str]:
+def final_releases(versions: Iterable[str], specs) -> list[str]:
     """The final releases (no pre-, post- or dev- part: ``0.8.5``, not ``0.8.5.post1`` or
-    ``0.11.0rc1``) among ``versions`` that ``spec`` holds, oldest first; names that are not
-    PEP 440 versions are skipped."""
+    ``0.11.0rc1``) among ``versions`` that one of ``specs`` (a specifier set, or a list of them:
+    their union) holds, oldest first; names that are not PEP 440 versions are skipped."""
     from packaging.version import InvalidVersion, Version
 
+    specs = specs if isinstance(specs, (list, tuple)) else [specs]
     chosen = []
     for v in versions:
         try:
@@ -73,20 +74,21 @@ def final_releases(versions: Iterable[str], spec) -> list[str]:
             continue
         if pv.is_prerelease or pv.is_postrelease or pv.is_devrelease or pv.local:
             continue
-        if spec.contains(pv):
+        if any(spec.contains(pv) for spec in specs):
             chosen.append((pv, v))
     return [v for _, v in sorted(chosen)]
 
 
-def index_releases(spec, settings=None) -> list[str]:
-    """The final releases of vLLM on the index (an sdist, or only wheels) in ``spec``.
-    Raises :class:`InputError` when the range holds none; :class:`~vllm_repro.errors.EnvError`
-    when the index cannot be read."""
+def index_releases(specs, settings=None) -> list[str]:
+    """The final releases of vLLM on the index (an sdist, or only wheels) in ``specs`` (a
+    specifier set or a list of them, :func:`final_releases`). Raises :class:`InputError` when
+    they hold none; :class:`~vllm_repro.errors.EnvError` when the index cannot be read."""
     from .sources.index import list_versions
 
-    found = final_releases(list_versions("vllm", settings), spec)
+    found = final_releases(list_versions("vllm", settings), specs)
     if not found:
-        raise InputError(f"--releases {str(spec)!r}: no final vLLM release on the index is in "
+        text = " | ".join(str(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs]))
+        raise InputError(f"--releases {text!r}: no final vLLM release on the index is in "
                          "that range; widen it")
     return found
 

@@ -16,9 +16,10 @@ DEFAULT_REPORTS = Path("reports")
 
 def matrix(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
-    releases: Optional[str] = typer.Option(
-        None, "--releases", help="PEP 440 range of releases, e.g. '>=0.10,<0.34' (default: "
-        "every final release on the index from 0.6.5, the first with a V1 scheduler)."),
+    releases: List[str] = typer.Option(
+        [], "--releases", help="PEP 440 range of releases, e.g. '>=0.10,<0.34'; repeatable, the "
+        "union (default: every final release on the index from 0.6.5, the first with a V1 "
+        "scheduler)."),
     modes: List[str] = typer.Option([], "--mode", help="plain | async | spec | prefix-caching "
                                     "(repeatable; default: all of them)."),
     reports: Path = typer.Option(DEFAULT_REPORTS, help="Where reports/_matrix/<scenario>/ and "
@@ -40,14 +41,15 @@ def matrix(
     from ..scenario.load import unique_scenarios
 
     chosen_modes = check_modes(modes)
-    spec = parse_range(releases)
+    specs = [parse_range(r) for r in releases] or [parse_range(None)]
+    text = " | ".join(str(s) for s in specs)
     reports = reports_dir(reports, create=False)
     sc = unique_scenarios([scenario])[0]
-    versions = index_releases(spec)
-    say(f"{sc.name}: {len(versions)} release(s) in {str(spec)!r} ({versions[0]} to {versions[-1]}), "
+    versions = index_releases(specs)
+    say(f"{sc.name}: {len(versions)} release(s) in {text!r} ({versions[0]} to {versions[-1]}), "
         f"modes {', '.join(chosen_modes)}")
     reports = reports_dir(reports)
-    report = run(sc, versions, chosen_modes, reports, str(spec), jobs=jobs, say=say,
+    report = run(sc, versions, chosen_modes, reports, text, jobs=jobs, say=say,
                  source=str(scenario))
     if as_json:
         print(json.dumps(report.to_dict(), indent=1))
