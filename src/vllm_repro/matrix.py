@@ -174,13 +174,14 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
 
 def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path,
         releases_range: str, jobs: int | None = None, say: Say = lambda s: None,
-        source: str | None = None) -> MatrixReport:
+        source: str | None = None, timelines: bool = False) -> MatrixReport:
     """Run ``scenario`` on every release in every mode (:func:`mode_scenario`; the modes the
     scenario already is are left out) and return the matrix, written to
     ``<reports>/_matrix/<scenario>/matrix.json`` with its picture (``matrix.png``).
 
     A release's modes run in one worker (:func:`vllm_repro.lab.run_matrix`); an environment
-    failure marks that release's cells ``error`` and the rest go on."""
+    failure marks that release's cells ``error`` and the rest go on. ``timelines``: draw each
+    run's ``timeline.png`` too (off by default: about 2 s a run, for a hundred and more runs)."""
     from .engine import capabilities
     from .lab import RunItem, run_matrix
     from .settings import cache_dir
@@ -192,7 +193,7 @@ def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path
         if all(m != v for v, _ in variants):
             say(f"{scenario.name}: mode {m} is the scenario as written (plain); left out")
     items = [(m, RunItem(sc, v)) for v in releases for m, sc in variants]
-    run_matrix([item for _, item in items], reports, jobs=jobs, say=say)
+    run_matrix([item for _, item in items], reports, jobs=jobs, say=say, timelines=timelines)
     cells = []
     caps_of: dict = {}
     for mode, item in items:

@@ -27,6 +27,8 @@ def matrix(
     jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: "
                                        "CPUs, max 4)."),
     as_json: bool = typer.Option(False, "--json", help="Print matrix.json instead of the table."),
+    timelines: bool = typer.Option(False, "--timelines", help="Draw each run's timeline.png too "
+                                   "(about 2 s a run)."),
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Run a scenario on every final vLLM release in a range, in each mode (plain, async, spec,
@@ -50,7 +52,7 @@ def matrix(
         f"modes {', '.join(chosen_modes)}")
     reports = reports_dir(reports)
     report = run(sc, versions, chosen_modes, reports, text, jobs=jobs, say=say,
-                 source=str(scenario))
+                 source=str(scenario), timelines=timelines)
     if as_json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
