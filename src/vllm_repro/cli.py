@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from .commands import bisect, catalog, fuzz, prepare, remote, run, triage, verify
+from .commands import bisect, catalog, fuzz, matrix, prepare, remote, run, triage, verify
 from .commands import slice as slice_
 from .console import err, error
 from .errors import EXIT_ENV, EXIT_INPUT, LabError
@@ -33,6 +33,7 @@ app.command("verify")(verify.verify)
 app.command("gpu-verify")(remote.gpu_verify)
 app.command("gpu-judge")(remote.gpu_judge)
 app.command("bisect")(bisect.bisect)
+app.command("matrix")(matrix.matrix)
 
 
 def _check_cache() -> None:

@@ -173,9 +173,11 @@ def _run_log(log: Path, start: int, report: ReportDir) -> Path:
 def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
                jobs: int | None = None, say: Say = lambda s: None,
                prepare: Callable[[str], ReleaseEnv] | None = None,
-               tree: str | None = None) -> list[RunItem]:
+               tree: str | None = None, timelines: bool = True) -> list[RunItem]:
     """Run every item; fill in ``result`` and ``verdict``; write each run's ``result.json``
-    (with its verdict, through :class:`~vllm_repro.records.ReportDir`: its only writer).
+    (with its verdict, through :class:`~vllm_repro.records.ReportDir`: its only writer) and,
+    with ``timelines``, its ``timeline.png`` (about 2 s of matplotlib a run on a busy machine;
+    the release matrix draws its own picture instead).
 
     Releases are prepared one after the other (network and disk), then run in parallel, one
     worker per release, at most ``jobs`` at a time (default: the number of CPUs, at most 4).
@@ -209,7 +211,7 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
                     item.fail_from(exc)
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
     runnable = [k for k in groups if k in envs]
-    if runnable:
+    if runnable and timelines:
         _prefetch_timeline()
     kinds_of: dict[str, int] = {}
     for version, _ in runnable:
@@ -235,7 +237,8 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
         if item.report is not None and item.report.current.is_dir():
             item.result.verdict = item.verdict.as_dict()
             item.report.write_result(item.result)
-            _timeline(item, item.result, say)
+            if timelines:
+                _timeline(item, item.result, say)
             _page(item, item.result, say)
             item.report.commit()  # the whole report replaces the previous run's
     return items

@@ -295,9 +295,11 @@ class RunResult(Record):
     when nothing else went wrong: a run that did not finish is not clean). ``level`` is
     ``scheduler`` or ``engine-core``; ``vllm`` the release; ``python`` the worker's interpreter;
     ``platform`` the platform vLLM saw (``cuda 9.0 (emulated NonNvmlCudaPlatform)``, ``cpu
-    (vLLM's CpuPlatform)``: ``engine/adapter/platform.py``); ``substitutions`` the release's
-    pinned requirements its environment has as another version, because the index no longer
-    has the pinned one (``xgrammar==0.1.16 -> xgrammar==0.1.17 ...``; ``sources/env.py``);
+    (vLLM's CpuPlatform)``: ``engine/adapter/platform.py``); ``substitutions`` what the run has
+    in place of the release's own: the release's pinned requirements its environment has as
+    another version, because the index no longer has the pinned one (``xgrammar==0.1.16 ->
+    xgrammar==0.1.17 ...``; ``sources/env.py``), and vLLM's sources taken from a wheel where the
+    index has no sdist (``vllm sources from vllm-0.15.1-...whl ...``; ``sources/sdist.py``);
     ``tree_changes`` how the release's tree differs from what was extracted from its sdist
     (``edited vllm/v1/core/sched/scheduler.py``, ``added ...``, ``removed ...``;
     ``sources/manifest.py``): a run on an edited tree is an observation of the edit.
@@ -517,6 +519,75 @@ class ReportDir:
         return RunResult.from_json(self.result_path.read_text())
 
 
+# ---- the release matrix (``vllm-repro matrix``) ---------------------------------------------
+#: a matrix cell's outcomes beyond a run's (:data:`OUTCOMES`): ``refused`` (the release or the
+#: index refuses the run: exit 2), ``n/a`` (the release's Capabilities lack the mode)
+MATRIX_OUTCOMES = (*OUTCOMES, "refused", "n/a")
+
+
+@dataclass
+class MatrixCell(Record):
+    """One (release, mode) of a matrix: ``outcome`` (:data:`MATRIX_OUTCOMES`; a lab or
+    environment failure is ``error``), ``exit`` the exit code that run alone would give (0
+    clean, 1 crash, violation, stall or incomplete, 2 refused, 3 error; absent for ``n/a``),
+    ``cause`` one line: why it was not clean (the error, the refusal, the crash), or why the
+    mode does not apply (the Capabilities' refusal); ``observed`` the verdict table's text;
+    ``report`` the run's report folder; ``substitutions`` as in :class:`RunResult`."""
+
+    release: str
+    mode: str
+    outcome: str
+    exit: int | None = None
+    cause: str | None = None
+    observed: str | None = None
+    report: str | None = None
+    substitutions: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.outcome not in MATRIX_OUTCOMES:
+            raise RecordError(f"MatrixCell.outcome: {self.outcome!r} is not one of "
+                              f"{', '.join(MATRIX_OUTCOMES)}")
+
+
+@dataclass
+class MatrixReport(Record):
+    """A whole matrix: ``reports/_matrix/<scenario>/matrix.json``. ``scenario`` its name,
+    ``source`` its file; ``releases_range`` the PEP 440 specifier set the releases were chosen
+    by (``--releases``), ``releases`` the final releases on the index it held, oldest first;
+    ``modes`` the modes asked for (``plain``, ``async``, ``spec``, ``prefix-caching``);
+    ``cells`` one per release and mode; ``started`` when (ISO 8601, UTC) and ``seconds`` how
+    long the whole matrix took (wall clock, preparing the releases included)."""
+
+    scenario: str
+    releases_range: str
+    releases: list[str]
+    modes: list[str]
+    cells: list[MatrixCell]
+    started: str
+    seconds: float
+    source: str | None = None
+
+    def cell(self, release: str, mode: str) -> MatrixCell | None:
+        """The cell of ``release`` in ``mode``, or None when the matrix has none."""
+        return next((c for c in self.cells if c.release == release and c.mode == mode), None)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """mode -> outcome -> how many releases."""
+        out: dict[str, dict[str, int]] = {m: {} for m in self.modes}
+        for c in self.cells:
+            out.setdefault(c.mode, {})[c.outcome] = out.get(c.mode, {}).get(c.outcome, 0) + 1
+        return out
+
+    def exit_code(self) -> int:
+        """The matrix's exit code: 3 if any cell is a lab or environment error, else 2 if any is
+        refused, else 1 if any ran and was not clean, else 0 (``n/a`` cells count as clean)."""
+        codes = {c.exit for c in self.cells if c.exit is not None}
+        for code in (3, 2, 1):
+            if code in codes:
+                return code
+        return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -534,7 +605,7 @@ def schema() -> str:
 
     out = []
     for cls in (RunResult, Crash, Frame, Stall, Violation, RunError, Timing, AuditSummary,
-                EngineInfo, TraceLine):
+                EngineInfo, TraceLine, MatrixReport, MatrixCell):
         out.append(f"### `{cls.__name__}`\n")
         doc = inspect.cleandoc(cls.__doc__ or "")
         # Sphinx roles (:class:`~a.b.C`) read as code in Markdown
@@ -555,4 +626,4 @@ def schema() -> str:
 
 __all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "Stall", "Violation", "RunError",
            "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
-           "read_trace", "schema"]
+           "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport"]

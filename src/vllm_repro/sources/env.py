@@ -132,9 +132,18 @@ class ReleaseEnv:
         return self._ready().get("freeze", [])
 
     def substitutions(self) -> list[str]:
-        """The release's pinned requirements installed as another version
-        (:class:`Substitution`), as lines: shown with every run's result."""
-        return list(self._ready().get("substitutions", []))
+        """What the environment has in place of the release's own, as lines shown with every
+        run's result: sources taken from a wheel (the index has no sdist of the release:
+        ``.extracted.json``'s ``source``, :meth:`~vllm_repro.sources.sdist.Release.source_note`),
+        and pinned requirements installed as another version (:class:`Substitution`)."""
+        source = None
+        if self.tree is not None:
+            try:
+                source = json.loads((self.tree / ".extracted.json").read_text()).get("source")
+            except (OSError, ValueError, AttributeError):
+                source = None
+        return ([source] if isinstance(source, str) else []) \
+            + list(self._ready().get("substitutions", []))
 
     def _ready(self) -> dict:
         try:

@@ -40,6 +40,9 @@ class SdistInfo:
     sha256: str
     size: int | None
     upload_time: datetime | None
+    #: ``sdist``, or ``wheel`` for a release the index has only as wheels (0.15.0, 0.15.1): its
+    #: Python sources are taken from the wheel (``sources/sdist.py``)
+    kind: str = "sdist"
 
 
 def ssl_context(settings: IndexSettings) -> ssl.SSLContext:
@@ -157,15 +160,54 @@ def list_releases(project: str = "vllm", settings: IndexSettings | None = None) 
     return out
 
 
+def wheel_name_version(filename: str, project: str = "vllm") -> str | None:
+    """``vllm-0.15.1-cp38-abi3-manylinux_2_31_x86_64.whl`` -> ``0.15.1``; None for anything that
+    is not this project's wheel (PEP 427 names)."""
+    m = re.fullmatch(rf"{re.escape(project)}-([^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl", filename,
+                     flags=re.IGNORECASE)
+    return m.group(1) if m else None
+
+
+def list_versions(project: str = "vllm", settings: IndexSettings | None = None) -> dict[str, str]:
+    """``{version: "sdist" or "wheel"}`` for every release of ``project`` on the index: ``sdist``
+    where it has one, ``wheel`` where it has only wheels (yanked files left out)."""
+    out: dict[str, str] = {}
+    for f in project_files(project, settings):
+        if f.get("yanked"):
+            continue
+        name = f.get("filename", "")
+        version = sdist_name_version(name, project)
+        if version:
+            out[version] = "sdist"
+        elif (version := wheel_name_version(name, project)) and version not in out:
+            out[version] = "wheel"
+    return out
+
+
+def _wheel_of(version: str, files: list[dict], project: str) -> dict | None:
+    """The wheel of ``version`` to take Python sources from: any platform tag (the Python files
+    are the same in each), the smallest download; None when there is none."""
+    wheels = [f for f in files if not f.get("yanked")
+              and wheel_name_version(f.get("filename", ""), project) == version]
+    return min(wheels, key=lambda f: (f.get("size") or 1 << 62, f["filename"])) if wheels else None
+
+
 def find_sdist(version: str, project: str = "vllm", settings: IndexSettings | None = None) -> SdistInfo:
-    """The sdist of ``project==version``.
+    """The sdist of ``project==version``, or, for a release the index has only as wheels, one of
+    its wheels (``kind="wheel"``: see :func:`_wheel_of`).
 
     Raises :class:`InputError` naming the nearest known releases when the version does not exist,
     :class:`EnvError` when the index gives no sha256 for it (the lab refuses unchecked downloads).
     """
-    releases = list_releases(project, settings)
+    files = project_files(project, settings)
+    releases = {v: f for f in files if (v := sdist_name_version(f.get("filename", ""), project))}
     f = releases.get(version)
+    kind = "sdist"
+    if f is None and (f := _wheel_of(version, files, project)) is not None:
+        kind = "wheel"
     if f is None:
+        releases.update({v: {} for f in files if (v := wheel_name_version(f.get("filename", ""),
+                                                                           project))})
         from packaging.version import InvalidVersion, Version
 
         try:
@@ -189,6 +231,7 @@ def find_sdist(version: str, project: str = "vllm", settings: IndexSettings | No
         sha256=sha.lower(),
         size=f.get("size"),
         upload_time=_parse_time(f.get("upload-time")),
+        kind=kind,
     )
 
 

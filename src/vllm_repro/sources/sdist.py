@@ -8,6 +8,9 @@ Cache layout under :func:`vllm_repro.settings.cache_dir`::
     trees/0.10.1.1/requirements/...    the release's requirement files
     trees/0.10.1.1/vllm-0.10.1.1+cpu.dist-info/   metadata that makes vLLM see a CPU build
     trees/0.10.1.1/.manifest.json      sha256 of every file, checked before each run (manifest.py)
+    sdists/vllm-0.15.1-cp38-abi3-manylinux_2_31_aarch64.whl   a release the index has only as
+    sdists/vllm-0.15.1.wheel.json      wheels: one of them (sha256 checked); its tree holds the
+                                       wheel's Python files and its METADATA's requirements
 
 Downloads and extractions write to a temporary name in the same folder and are renamed into
 place, so an interrupted run never leaves a partial file where a good one is expected.
@@ -20,8 +23,10 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -49,10 +54,27 @@ class Release:
     sha256: str
     upload_time: datetime
 
+    @property
+    def from_wheel(self) -> bool:
+        """Whether the sources come from a wheel (the index has no sdist of the release)."""
+        return self.sdist.suffix == ".whl"
+
+    def source_note(self) -> str | None:
+        """One line saying the sources are not the sdist's (shown with every run), or None."""
+        if not self.from_wheel:
+            return None
+        return (f"vllm sources from {self.sdist.name} (the index has no sdist of {self.version}; "
+                "its Python files, requirements from its METADATA)")
+
 
 def _sdist_paths(version: str) -> tuple[Path, Path]:
     d = cache_dir() / "sdists"
     return d / f"vllm-{version}.tar.gz", d / f"vllm-{version}.tar.gz.json"
+
+
+def _wheel_meta(version: str) -> Path:
+    """Where the record of a release taken from a wheel is kept (it names the wheel's file)."""
+    return cache_dir() / "sdists" / f"vllm-{version}.wheel.json"
 
 
 def _tar_upload_time(path: Path) -> datetime:
@@ -62,11 +84,27 @@ def _tar_upload_time(path: Path) -> datetime:
     return datetime.fromtimestamp(newest, tz=timezone.utc)
 
 
+def _zip_upload_time(path: Path) -> datetime:
+    """:func:`_tar_upload_time` for a wheel: its newest member's date."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        newest = max((datetime(*i.date_time, tzinfo=timezone.utc) for i in zf.infolist()),
+                     default=datetime.fromtimestamp(0, tz=timezone.utc))
+    return newest
+
+
 def cached_release(version: str) -> Release | None:
     """The cached sdist of ``version`` if present and its sha256 still matches the record."""
     path, meta = _sdist_paths(version)
     if not (path.is_file() and meta.is_file()):
-        return None
+        meta = _wheel_meta(version)
+        try:
+            path = meta.parent / PurePosixPath(json.loads(meta.read_text())["filename"]).name
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not path.is_file():
+            return None
     try:
         info = json.loads(meta.read_text())
         if sha256_file(path) != info["sha256"]:
@@ -81,8 +119,10 @@ def fetch_sdist(version: str, settings: IndexSettings | None = None,
     """Return the cached sdist of vLLM ``version``, downloading it first if needed.
 
     The download is checked against the sha256 the index gives and renamed into the cache only
-    when it matches. Raises :class:`InputError` for a version the index does not have and
-    :class:`EnvError` for an unreachable index or a hash mismatch (nothing is left in the cache).
+    when it matches. A release the index has only as wheels (0.15.0, 0.15.1) is fetched as one
+    of its wheels (:func:`~vllm_repro.sources.index.find_sdist`), checked the same way. Raises
+    :class:`InputError` for a version the index does not have and :class:`EnvError` for an
+    unreachable index or a hash mismatch (nothing is left in the cache).
     """
     cached = cached_release(version)
     if cached:
@@ -90,6 +130,9 @@ def fetch_sdist(version: str, settings: IndexSettings | None = None,
     settings = settings or IndexSettings.from_pip()
     info: SdistInfo = find_sdist(version, settings=settings)
     path, meta = _sdist_paths(version)
+    if info.kind == "wheel":
+        meta = _wheel_meta(version)
+        path = meta.parent / PurePosixPath(info.filename).name
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     tmp = Path(tmp_name)
@@ -117,7 +160,8 @@ def fetch_sdist(version: str, settings: IndexSettings | None = None,
             raise EnvError(
                 f"sha256 mismatch for {info.filename}: index says {info.sha256}, got {got}; "
                 "nothing was cached")
-        upload = info.upload_time or _tar_upload_time(tmp)
+        upload = info.upload_time or (_zip_upload_time(tmp) if info.kind == "wheel"
+                                      else _tar_upload_time(tmp))
         os.replace(tmp, path)
         _atomic_write_text(meta, json.dumps({
             "url": info.url, "sha256": info.sha256, "size": info.size,
@@ -165,7 +209,8 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
     Adds ``vllm-<version>+cpu.dist-info`` so that ``importlib.metadata.version("vllm")`` names a
     CPU build: releases that detect the CPU platform from the installed version (0.8 to 0.10)
     then pick it, without any edit to vLLM's files. Raises :class:`EnvError` for an sdist with
-    links or paths outside the target.
+    links or paths outside the target. A release fetched as a wheel gets the wheel's Python files
+    instead (:func:`extract_wheel`).
     """
     target = tree_dir(release.version)
     stamp = target / ".extracted.json"
@@ -180,30 +225,112 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{release.version}.", dir=target.parent))
     try:
-        with tarfile.open(release.sdist, "r:gz") as tf:
-            members = safe_members(tf, parts)
-            if not any(rel.startswith("vllm/") for _, rel in members):
-                raise EnvError(f"{release.sdist.name} holds no vllm/ package")
-            for m, rel in members:
-                if hasattr(tarfile, "data_filter"):
-                    tf.extract(m.replace(name=rel), tmp, filter="data")
-                else:  # Python < 3.11.4 / 3.10.12 (Debian 12's 3.11.2): no filters; members are
-                    m = copy.copy(m)  # already checked by safe_members (no links, no escapes)
-                    m.name = rel
-                    m.mode &= 0o755
-                    tf.extract(m, tmp, set_attrs=False)
+        if release.from_wheel:
+            extract_wheel(release, tmp)
+            parts = WHEEL_PARTS
+        else:
+            _extract_sdist(release, tmp, parts)
         write_dist_info(tmp, release.version)
-        (tmp / ".extracted.json").write_text(json.dumps({"sha256": release.sha256, "parts": parts}))
+        (tmp / ".extracted.json").write_text(json.dumps({"sha256": release.sha256, "parts": parts,
+                                                         "source": release.source_note()}))
         manifest.write(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
     except tarfile.TarError as exc:
         raise EnvError(f"{release.sdist.name} is not a readable tar.gz: {exc}") from exc
+    except zipfile.BadZipFile as exc:
+        raise EnvError(f"{release.sdist.name} is not a readable wheel: {exc}") from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _extract_sdist(release: Release, tmp: Path, parts: tuple[str, ...]) -> None:
+    with tarfile.open(release.sdist, "r:gz") as tf:
+        members = safe_members(tf, parts)
+        if not any(rel.startswith("vllm/") for _, rel in members):
+            raise EnvError(f"{release.sdist.name} holds no vllm/ package")
+        for m, rel in members:
+            if hasattr(tarfile, "data_filter"):
+                tf.extract(m.replace(name=rel), tmp, filter="data")
+            else:  # Python < 3.11.4 / 3.10.12 (Debian 12's 3.11.2): no filters; members are
+                m = copy.copy(m)  # already checked by safe_members (no links, no escapes)
+                m.name = rel
+                m.mode &= 0o755
+                tf.extract(m, tmp, set_attrs=False)
+
+
+#: what a tree taken from a wheel holds: the package's Python files, and the requirements its
+#: METADATA declares (written as ``requirements/common.txt``, :func:`extract_wheel`)
+WHEEL_PARTS = ("vllm/*.py", "requirements/common.txt")
+#: the wheel's own requirements for its GPU build (what ``requirements/cuda.txt`` adds to
+#: ``common.txt`` in the sdists around it: numba, ray[cgraph], which pulls cupy); the
+#: environment builder drops torch, flashinfer and the rest of its GPU toolchain itself
+WHEEL_GPU_REQUIREMENTS = frozenset({"numba", "ray", "cupy-cuda12x"})
+
+
+def wheel_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
+    """The wheel's Python files under ``vllm/``. Rejects paths that would leave the target and
+    links (a zip member's Unix mode); compiled extensions, data files and ``*.dist-info`` are
+    left out."""
+    chosen = []
+    for info in zf.infolist():
+        p = PurePosixPath(info.filename)
+        if p.is_absolute() or ".." in p.parts or "\\" in info.filename:
+            raise EnvError(f"wheel member {info.filename!r} leaves the extraction folder; "
+                           "refusing the wheel")
+        if info.is_dir() or p.parts[0] != "vllm" or p.suffix != ".py":
+            continue
+        kind = stat.S_IFMT(info.external_attr >> 16)  # 0: a zip tool that wrote no Unix mode
+        if kind and kind != stat.S_IFREG:
+            raise EnvError(f"wheel member {info.filename!r} is not a plain file; refusing the wheel")
+        chosen.append(info)
+    return chosen
+
+
+def wheel_requirements(zf: zipfile.ZipFile) -> list[str]:
+    """The ``Requires-Dist`` lines of the wheel's METADATA that hold without an extra, less
+    :data:`WHEEL_GPU_REQUIREMENTS` (PEP 508 strings, markers kept)."""
+    import email.parser
+    import re
+
+    meta = [n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+    if not meta:
+        raise EnvError("the wheel has no *.dist-info/METADATA; refusing it")
+    msg = email.parser.Parser().parsestr(zf.read(meta[0]).decode("utf-8", "replace"))
+    out = []
+    for req in msg.get_all("Requires-Dist") or []:
+        if re.search(r"\bextra\s*==", req):
+            continue
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+        if name and re.sub(r"[-_.]+", "-", name.group(1)).lower() in WHEEL_GPU_REQUIREMENTS:
+            continue
+        out.append(req.strip())
+    return out
+
+
+def extract_wheel(release: Release, tmp: Path) -> None:
+    """The tree of a release the index has only as wheels, in ``tmp``: the wheel's Python files
+    under ``vllm/`` (:func:`wheel_members`) and ``requirements/common.txt`` from its METADATA
+    (:func:`wheel_requirements`). Raises :class:`EnvError` for a wheel with links or paths
+    outside the target, or without a ``vllm/`` package."""
+    with zipfile.ZipFile(release.sdist) as zf:
+        members = wheel_members(zf)
+        if not members:
+            raise EnvError(f"{release.sdist.name} holds no vllm/ package")
+        for info in members:
+            dest = tmp / info.filename
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out)
+            dest.chmod(0o644)
+        reqs = tmp / "requirements" / "common.txt"
+        reqs.parent.mkdir(parents=True, exist_ok=True)
+        reqs.write_text(f"# from {release.sdist.name}'s METADATA (Requires-Dist, no extras; "
+                        "its GPU build's own left out): the index has no sdist of this release\n"
+                        + "".join(f"{r}\n" for r in wheel_requirements(zf)))
 
 
 def _manifest_from_sdist(release: Release, tree: Path, parts: tuple[str, ...]) -> None:

@@ -77,7 +77,7 @@ class BuildMixin:
                             cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
         cache_kwargs.update(routed.get("CacheConfig", {}))
         cache_config = self._strict_call(c.CacheConfig, cache_kwargs, routed.get("CacheConfig", {}))
-        spec_config = self._spec_config(cfg, routed)
+        spec_config = self._spec_config(cfg, routed, model_config)
         other = self._other_configs(routed)
         if cfg.get("kv_transfer_config"):
             other["kv_transfer_config"] = self.kv_transfer_config(cfg["kv_transfer_config"])
@@ -122,10 +122,13 @@ class BuildMixin:
         return self._strict_call(self.config_mod.SchedulerConfig, sched_kwargs,
                                  routed.get("SchedulerConfig", {}))
 
-    def _spec_config(self, cfg: dict[str, Any], routed: dict):
+    def _spec_config(self, cfg: dict[str, Any], routed: dict, model_config=None):
         """``SpeculativeConfig`` (ngram drafts by default) when the scenario turns spec decode
         on, else None; a SpeculativeConfig field without it, or spec decode on a release whose
-        V1 scheduler has no draft tokens, is refused."""
+        V1 scheduler has no draft tokens, is refused. Where the release's ``SpeculativeConfig``
+        is V0's, built from positional parts (0.7.x: draft model config, draft parallel config,
+        ... 11 of them) by its ``maybe_create_spec_config`` factory, the factory builds it as
+        ``EngineArgs.create_engine_config`` calls it (:meth:`_spec_config_by_factory`)."""
         if not cfg.get("num_speculative_tokens"):
             if routed.get("SpeculativeConfig"):
                 raise RefusedByRelease(
@@ -136,12 +139,45 @@ class BuildMixin:
             # 0.6.x/0.7.0: the V1 scheduler has no draft tokens (SpeculativeConfig is V0's)
             raise RefusedByRelease(f"config.num_speculative_tokens: "
                                    f"{self.caps.refusal('spec decode')}; drop it for this release")
+        cls = self.config_mod.SpeculativeConfig
+        factory = getattr(cls, "maybe_create_spec_config", None)
+        if callable(factory) and "num_speculative_tokens" in params_of(factory)[0] \
+                and "model" not in init_params(cls)[0]:
+            return self._spec_config_by_factory(cfg, routed, factory, model_config)
         spec_kwargs = dict(model="ngram", method=cfg.get("speculative_method", "ngram"),
                            num_speculative_tokens=cfg["num_speculative_tokens"],
                            prompt_lookup_max=4, prompt_lookup_min=1)
         spec_kwargs.update(routed.get("SpeculativeConfig", {}))
         return self._strict_call(self.config_mod.SpeculativeConfig, spec_kwargs,
                                  routed.get("SpeculativeConfig", {}))
+
+    def _spec_config_by_factory(self, cfg: dict[str, Any], routed: dict, factory, model_config):
+        """V0's ``SpeculativeConfig.maybe_create_spec_config`` (``vllm/config.py``, 0.7.x) with
+        the arguments ``EngineArgs.create_engine_config`` gives it for ``--speculative-model
+        [ngram]`` (``vllm/engine/arg_utils.py``): ngram drafts on the target model's config, the
+        engine arguments' defaults for the rest. Pass-through fields are its arguments of the
+        same name; one it does not take is refused."""
+        extra = dict(routed.get("SpeculativeConfig", {}))
+        names = params_of(factory)[0]
+        unknown = [k for k in extra if k not in names]
+        if unknown:
+            raise RefusedByRelease(f"config.{unknown[0]}: vLLM {self.version}'s "
+                                   "SpeculativeConfig.maybe_create_spec_config does not take it")
+        parallel = call_supported(self.config_mod.ParallelConfig)
+        kwargs = dict(target_model_config=model_config, target_parallel_config=parallel,
+                      target_dtype="float16", speculative_model="[ngram]",
+                      speculative_model_quantization=None,
+                      speculative_draft_tensor_parallel_size=None,
+                      num_speculative_tokens=cfg["num_speculative_tokens"],
+                      speculative_disable_mqa_scorer=None, speculative_max_model_len=None,
+                      enable_chunked_prefill=cfg["enable_chunked_prefill"],
+                      disable_log_stats=True, speculative_disable_by_batch_size=None,
+                      ngram_prompt_lookup_max=4, ngram_prompt_lookup_min=1,
+                      draft_token_acceptance_method="rejection_sampler",
+                      typical_acceptance_sampler_posterior_threshold=None,
+                      typical_acceptance_sampler_posterior_alpha=None, disable_logprobs=None)
+        kwargs.update(extra)
+        return call_supported(factory, **kwargs)
 
     def _other_configs(self, routed: dict) -> dict[str, Any]:
         """The rest of ``VllmConfig``'s parts: the pass-through ones (``ParallelConfig``,

@@ -1,0 +1,315 @@
+"""The release matrix (``vllm-repro matrix``): one scenario on every final release in a range, in
+each mode the release's :class:`~vllm_repro.engine.capabilities.Capabilities` allow.
+
+Modes are overlays of the scenario (:func:`mode_scenario`): ``plain`` (as written), ``async``
+(``async_scheduling: true``: ``AsyncScheduler``), ``spec`` (ngram spec decode,
+:data:`SPEC_TOKENS` drafts a step, all accepted unless the scenario says) and ``prefix-caching``
+(``enable_prefix_caching: true``); a mode the scenario already is (its own config has it) is the
+plain run and is left out. Every mode of a release runs in one worker, through
+:func:`vllm_repro.lab.run_matrix`; a mode whose feature the release lacks is refused by the
+release's own adapter (exit 2) and shown ``n/a`` with the Capabilities' one-line reason
+(:data:`MODE_FEATURE`). The releases come from the index (:func:`index_releases`), never from a
+list kept here.
+
+Writes ``<reports>/_matrix/<scenario>/matrix.json`` (:class:`~vllm_repro.records.MatrixReport`)
+and ``matrix.png`` (:func:`draw`); each run's own report is under
+``<reports>/<scenario>[.<mode>]/<release>/``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .errors import EXIT_ENV, EXIT_INPUT, EXIT_MISMATCH, EXIT_OK, InputError
+from .records import MatrixCell, MatrixReport
+from .scenario.schema import Scenario
+
+Say = Callable[[str], None]
+
+#: the modes, in the table's order
+MODES = ("plain", "async", "spec", "prefix-caching")
+#: the Capabilities feature (:data:`~vllm_repro.engine.capabilities.FEATURES`) a mode needs
+MODE_FEATURE = {"async": "async scheduling", "spec": "spec decode"}
+#: ``--releases``' default: every final release from the first with a V1 engine scheduler
+#: (``vllm/v1/core``; :func:`~vllm_repro.sources.prepare.require_v1_scheduler` refuses the
+#: earlier ones)
+DEFAULT_RANGE = ">=0.6.5"
+#: drafts a step in the ``spec`` mode (where the scenario has no ``num_speculative_tokens``)
+SPEC_TOKENS = 2
+#: where the matrices go, under the reports folder (a scenario name never starts with ``_``)
+MATRIX_DIR = "_matrix"
+
+
+def parse_range(text: str | None):
+    """``--releases`` as a :class:`packaging.specifiers.SpecifierSet` (``">=0.10,<0.34"``;
+    default :data:`DEFAULT_RANGE`). Raises :class:`InputError` naming the option and the fix."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    raw = DEFAULT_RANGE if text is None else text.strip()
+    try:
+        spec = SpecifierSet(raw)
+    except InvalidSpecifier:
+        raise InputError(f"--releases {text!r}: not a PEP 440 version range; give one such as "
+                         "'>=0.10,<0.34' or '==0.15.1'") from None
+    if not str(spec):
+        raise InputError("--releases '': an empty range; give one such as '>=0.10,<0.34'")
+    return spec
+
+
+def final_releases(versions: Iterable[str], specs) -> list[str]:
+    """The final releases (no pre-, post- or dev- part: ``0.8.5``, not ``0.8.5.post1`` or
+    ``0.11.0rc1``) among ``versions`` that one of ``specs`` (a specifier set, or a list of them:
+    their union) holds, oldest first; names that are not PEP 440 versions are skipped."""
+    from packaging.version import InvalidVersion, Version
+
+    specs = specs if isinstance(specs, (list, tuple)) else [specs]
+    chosen = []
+    for v in versions:
+        try:
+            pv = Version(v)
+        except InvalidVersion:
+            continue
+        if pv.is_prerelease or pv.is_postrelease or pv.is_devrelease or pv.local:
+            continue
+        if any(spec.contains(pv) for spec in specs):
+            chosen.append((pv, v))
+    return [v for _, v in sorted(chosen)]
+
+
+def index_releases(specs, settings=None) -> list[str]:
+    """The final releases of vLLM on the index (an sdist, or only wheels) in ``specs`` (a
+    specifier set or a list of them, :func:`final_releases`). Raises :class:`InputError` when
+    they hold none; :class:`~vllm_repro.errors.EnvError` when the index cannot be read."""
+    from .sources.index import list_versions
+
+    found = final_releases(list_versions("vllm", settings), specs)
+    if not found:
+        text = " | ".join(str(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs]))
+        raise InputError(f"--releases {text!r}: no final vLLM release on the index is in "
+                         "that range; widen it")
+    return found
+
+
+def check_modes(modes: Iterable[str]) -> list[str]:
+    """``--mode`` values in :data:`MODES` order (all when none). Raises :class:`InputError`
+    for one that is not a mode."""
+    asked = list(modes)
+    for m in asked:
+        if m not in MODES:
+            raise InputError(f"--mode {m!r}: expected one of {', '.join(MODES)}")
+    return [m for m in MODES if m in asked] if asked else list(MODES)
+
+
+def mode_scenario(scenario: Scenario, mode: str) -> Scenario | None:
+    """The scenario in ``mode``, named ``<name>.<mode>`` (``plain``: the scenario itself);
+    None when the scenario already is that mode (its config has it on). Raises
+    :class:`InputError` when the overlay makes the scenario invalid."""
+    if mode == "plain":
+        return scenario
+    data = scenario.model_dump(mode="json", exclude_unset=True)
+    config = data["config"]
+    model = data.setdefault("model", {})
+    if mode == "async":
+        if scenario.config.async_scheduling:
+            return None
+        config["async_scheduling"] = True
+    elif mode == "spec":
+        if scenario.config.num_speculative_tokens:
+            return None
+        config["num_speculative_tokens"] = SPEC_TOKENS
+        if not scenario.model.draft_tokens:
+            model["draft_tokens"] = [scenario.model.token] * SPEC_TOKENS
+    elif mode == "prefix-caching":
+        if scenario.config.enable_prefix_caching:
+            return None
+        config["enable_prefix_caching"] = True
+    else:
+        raise InputError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+    data["name"] = f"{scenario.name}.{mode}"
+    from pydantic import ValidationError
+
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise InputError(f"{scenario.name} in mode {mode}: {where}: {first.get('msg')}") from None
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None) -> MatrixCell:
+    """The cell of one run: its result (:class:`~vllm_repro.records.RunResult`) and verdict
+    as outcome, exit code and one-line cause; a run the release refused in a mode its
+    Capabilities (``caps``, None when unknown) lack is ``n/a`` with their reason."""
+    subs = result.substitutions or None
+    where = str(report) if report is not None else None
+    observed = verdict.observed if verdict is not None else None
+    err = result.error
+    if result.outcome == "error" and err is not None and err.kind == "input":
+        feature = MODE_FEATURE.get(mode)
+        if feature and caps is not None and not caps.supports(feature):
+            return MatrixCell(release, mode, "n/a", None, _one_line(caps.refusal(feature)),
+                              None, where, subs)
+        return MatrixCell(release, mode, "refused", EXIT_INPUT, _one_line(err.message), observed,
+                          where, subs)
+    if result.outcome == "error":
+        message = err.message if err is not None else "the run produced no result"
+        return MatrixCell(release, mode, "error", EXIT_ENV, _one_line(message), observed, where,
+                          subs)
+    if result.outcome == "clean":
+        return MatrixCell(release, mode, "clean", EXIT_OK, None, observed, where, subs)
+    cause = observed or result.outcome
+    if result.outcome == "crash" and result.crash is not None and result.crash.message:
+        cause = f"{cause}: {result.crash.message}"
+    return MatrixCell(release, mode, result.outcome, EXIT_MISMATCH, _one_line(cause), observed,
+                      where, subs)
+
+
+def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path,
+        releases_range: str, jobs: int | None = None, say: Say = lambda s: None,
+        source: str | None = None, timelines: bool = False) -> MatrixReport:
+    """Run ``scenario`` on every release in every mode (:func:`mode_scenario`; the modes the
+    scenario already is are left out) and return the matrix, written to
+    ``<reports>/_matrix/<scenario>/matrix.json`` with its picture (``matrix.png``).
+
+    A release's modes run in one worker (:func:`vllm_repro.lab.run_matrix`); an environment
+    failure marks that release's cells ``error`` and the rest go on. ``timelines``: draw each
+    run's ``timeline.png`` too (off by default: about 2 s a run, for a hundred and more runs)."""
+    from .engine import capabilities
+    from .lab import RunItem, run_matrix
+    from .settings import cache_dir
+
+    t0 = time.perf_counter()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    variants = [(m, sc) for m in modes if (sc := mode_scenario(scenario, m)) is not None]
+    for m in modes:
+        if all(m != v for v, _ in variants):
+            say(f"{scenario.name}: mode {m} is the scenario as written (plain); left out")
+    items = [(m, RunItem(sc, v)) for v in releases for m, sc in variants]
+    run_matrix([item for _, item in items], reports, jobs=jobs, say=say, timelines=timelines)
+    cells = []
+    caps_of: dict = {}
+    for mode, item in items:
+        if item.version not in caps_of:
+            caps_of[item.version] = capabilities.load(cache_dir(), item.version)
+        cells.append(cell_for(item.version, mode, item.result, item.verdict,
+                              caps_of[item.version], item.report_dir))
+    report = MatrixReport(scenario=scenario.name, releases_range=releases_range,
+                          releases=list(releases), modes=[m for m, _ in variants], cells=cells,
+                          started=started, seconds=round(time.perf_counter() - t0, 1),
+                          source=source)
+    out = matrix_dir(reports, scenario.name)
+    write(report, out)
+    try:
+        draw(report, out / "matrix.png")
+    except Exception as exc:  # noqa: BLE001 - a failed picture never fails the matrix
+        say(f"{scenario.name}: no matrix.png ({type(exc).__name__}: {exc})")
+    return report
+
+
+def matrix_dir(reports: Path, name: str) -> Path:
+    """``<reports>/_matrix/<name>/``."""
+    return Path(reports) / MATRIX_DIR / name
+
+
+def write(report: MatrixReport, folder: Path) -> Path:
+    """Write ``matrix.json`` into ``folder`` (made if missing; replaced whole); its path."""
+    import json
+    import os
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "matrix.json"
+    fd, tmp = tempfile.mkstemp(prefix=".matrix.", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        json.dump(report.to_dict(), f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+#: a cell's colour in the picture and the table
+COLOURS = {"clean": "#4caf50", "n/a": "#d9d9d9", "refused": "#ffb300", "error": "#e53935",
+           "crash": "#8e24aa", "violation": "#8e24aa", "stall": "#8e24aa",
+           "incomplete": "#8e24aa"}
+STYLES = {"clean": "green", "n/a": "dim", "refused": "yellow", "error": "red"}
+
+
+def draw(report: MatrixReport, path: Path) -> Path:
+    """``matrix.png``: one row per release (oldest at the top), one column per mode, each cell
+    coloured by its outcome (:data:`COLOURS`) and labelled with it; the title gives the
+    scenario, the range, the counts and the time it took."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    rows, cols = report.releases, report.modes
+    fig_h = 1.6 + 0.24 * max(1, len(rows))
+    fig, ax = plt.subplots(figsize=(2.0 + 1.5 * max(1, len(cols)), fig_h))
+    for i, release in enumerate(rows):
+        for j, mode in enumerate(cols):
+            cell = report.cell(release, mode)
+            outcome = cell.outcome if cell is not None else "n/a"
+            ax.add_patch(Rectangle((j, i), 0.96, 0.92, color=COLOURS.get(outcome, "#8e24aa")))
+            ax.text(j + 0.48, i + 0.46, outcome, ha="center", va="center", fontsize=7)
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(len(rows), 0)
+    ax.set_xticks([j + 0.48 for j in range(len(cols))], cols, fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_yticks([i + 0.46 for i in range(len(rows))], rows, fontsize=7)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    clean = sum(1 for c in report.cells if c.outcome == "clean")
+    ran = sum(1 for c in report.cells if c.outcome != "n/a")
+    ax.set_title(f"{report.scenario} on {len(rows)} releases ({report.releases_range}): "
+                 f"{clean} of {ran} runs clean, {report.seconds:.0f} s", fontsize=9, pad=24)
+    seen = sorted({c.outcome for c in report.cells}, key=list(COLOURS).index)
+    ax.legend(handles=[Patch(color=COLOURS[o], label=o) for o in seen], loc="upper center",
+              bbox_to_anchor=(0.5, 0.0), ncol=max(1, len(seen)), fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def table(report: MatrixReport):
+    """The rich table: release x mode, each cell its outcome (coloured)."""
+    from rich.text import Text
+
+    from .console import table as plain_table
+
+    t = plain_table(("release", *report.modes), edge=False)
+    for release in report.releases:
+        row = []
+        for mode in report.modes:
+            cell = report.cell(release, mode)
+            outcome = cell.outcome if cell is not None else "-"
+            row.append(Text(outcome, style=STYLES.get(outcome, "magenta")))
+        t.add_row(Text(release), *row)
+    return t
+
+
+def cause_lines(report: MatrixReport) -> list[str]:
+    """One line per cell that was not clean: ``<release> <mode>: <outcome> (exit N): cause``
+    (``n/a`` cells left out), then one per mode with its counts."""
+    lines = [f"{c.release} {c.mode}: {c.outcome} (exit {c.exit}): {c.cause}"
+             for c in report.cells if c.outcome not in ("clean", "n/a")]
+    for mode, counts in report.counts().items():
+        ran = sum(n for o, n in counts.items() if o != "n/a")
+        text = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+        lines.append(f"{mode}: {counts.get('clean', 0)} of {ran} clean ({text})")
+    return lines
+
+
+__all__ = ["MODES", "MODE_FEATURE", "DEFAULT_RANGE", "SPEC_TOKENS", "parse_range",
+           "final_releases", "index_releases", "check_modes", "mode_scenario", "cell_for", "run",
+           "matrix_dir", "write", "draw", "table", "cause_lines"]

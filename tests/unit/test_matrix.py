@@ -1,0 +1,170 @@
+"""The release matrix without a release: the range, the final releases, the modes, a cell's
+outcome and cause, the record, the table and the picture (vllm-repro matrix)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from vllm_repro import matrix as mx
+from vllm_repro.engine.capabilities import Capabilities
+from vllm_repro.errors import InputError
+from vllm_repro.records import MatrixCell, MatrixReport, RecordError, RunResult
+from vllm_repro.scenario.load import load_scenario
+
+from .fake_index import FakeIndex, make_sdist
+
+INDEX = ["0.6.4", "0.6.5", "0.6.6", "0.6.6.post1", "0.8.5", "0.8.5.post1", "0.11.0rc1",
+         "0.10.1.1", "0.10.2", "0.15.1", "0.33.0", "0.34.0.dev0", "not-a-version"]
+
+
+def test_the_range_is_a_pep440_specifier_set_and_a_bad_one_names_the_option():
+    assert str(mx.parse_range(None)) == mx.DEFAULT_RANGE
+    assert mx.parse_range(" >=0.10,<0.34 ").contains("0.15.1")
+    for bad in ("0.10..0.33", "", "latest"):
+        with pytest.raises(InputError, match="--releases"):
+            mx.parse_range(bad)
+
+
+def test_only_final_releases_in_the_range_oldest_first():
+    assert mx.final_releases(INDEX, SpecifierSet(">=0.6.5")) == [
+        "0.6.5", "0.6.6", "0.8.5", "0.10.1.1", "0.10.2", "0.15.1", "0.33.0"]
+    assert mx.final_releases(INDEX, SpecifierSet(">=0.10,<0.34")) == [
+        "0.10.1.1", "0.10.2", "0.15.1", "0.33.0"]
+    assert mx.final_releases(INDEX, SpecifierSet("==0.15.1")) == ["0.15.1"]
+
+
+def test_the_releases_come_from_the_index_sdists_and_wheel_only_ones(monkeypatch, tmp_path):
+    from vllm_repro import settings
+
+    files = {"vllm-0.6.4.tar.gz": make_sdist("0.6.4"), "vllm-0.6.5.tar.gz": make_sdist("0.6.5"),
+             "vllm-0.15.1-cp38-abi3-manylinux_2_31_x86_64.whl": b"PK",
+             "vllm-0.16.0rc1.tar.gz": make_sdist("0.16.0rc1")}
+    with FakeIndex(files) as idx:
+        monkeypatch.setenv("PIP_INDEX_URL", idx.url)
+        settings.pip_config.cache_clear()
+        assert mx.index_releases(mx.parse_range(None)) == ["0.6.5", "0.15.1"]
+        with pytest.raises(InputError, match="no final vLLM release on the index"):
+            mx.index_releases(mx.parse_range(">=1.0"))
+    settings.pip_config.cache_clear()
+
+
+def test_modes_in_order_and_a_bad_one_refused():
+    assert mx.check_modes([]) == list(mx.MODES)
+    assert mx.check_modes(["spec", "plain"]) == ["plain", "spec"]
+    with pytest.raises(InputError, match="--mode 'fast'"):
+        mx.check_modes(["fast"])
+
+
+def test_each_mode_is_an_overlay_and_a_mode_the_scenario_already_is_left_out(root):
+    plain = load_scenario(root / "scenarios/matrix/plain.yaml")
+    assert mx.mode_scenario(plain, "plain") is plain
+    a = mx.mode_scenario(plain, "async")
+    assert (a.name, a.config.async_scheduling) == ("matrix-plain.async", True)
+    s = mx.mode_scenario(plain, "spec")
+    assert s.config.num_speculative_tokens == mx.SPEC_TOKENS
+    assert s.model.draft_tokens == [plain.model.token] * mx.SPEC_TOKENS
+    assert not s.config.async_scheduling
+    # the rest of the scenario is as written
+    assert [r.model_dump() for r in s.requests] == [r.model_dump() for r in plain.requests]
+    assert s.events == plain.events and s.config.num_gpu_blocks == plain.config.num_gpu_blocks
+    assert plain.config.enable_prefix_caching
+    assert mx.mode_scenario(plain, "prefix-caching") is None  # it is the plain run
+    off = plain.model_copy(update={"config": plain.config.model_copy(
+        update={"enable_prefix_caching": False})})
+    assert mx.mode_scenario(off, "prefix-caching").config.enable_prefix_caching is True
+
+
+class _Verdict:
+    def __init__(self, observed):
+        self.observed = observed
+
+
+def test_a_cell_says_its_outcome_exit_and_cause():
+    no_async = Capabilities("0.9.2", spec_decode=True)
+    refused = RunResult.failed("input", "config.async_scheduling: vLLM 0.9.2 has no "
+                               "AsyncScheduler (vllm/v1/core/sched/async_scheduler.py); drop it")
+    cell = mx.cell_for("0.9.2", "async", refused, _Verdict("error: ..."), no_async, None)
+    assert (cell.outcome, cell.exit) == ("n/a", None)
+    assert cell.cause == "vLLM 0.9.2 has no AsyncScheduler (vllm/v1/core/sched/async_scheduler.py)"
+    # a refusal of a mode the release has is the release refusing the run: exit 2
+    cell = mx.cell_for("0.9.2", "spec", RunResult.failed("input", "config.x: no such\nfield"),
+                       _Verdict("error"), no_async, None)
+    assert (cell.outcome, cell.exit, cell.cause) == ("refused", 2, "config.x: no such field")
+    # a refusal with unknown capabilities (the worker never started) is not n/a
+    cell = mx.cell_for("0.9.2", "async", refused, None, None, None)
+    assert (cell.outcome, cell.exit) == ("refused", 2)
+    env = RunResult.failed("env", "vLLM 0.17.1 failed to import: AttributeError: ...")
+    cell = mx.cell_for("0.17.1", "plain", env, None, None, None)
+    assert (cell.outcome, cell.exit, cell.cause) == ("error", 3, env.error.message)
+    clean = RunResult("clean", steps=22, finished={"A": "FINISHED_LENGTH_CAPPED"})
+    cell = mx.cell_for("0.33.0", "plain", clean, _Verdict("clean (1 finished, 22 steps)"), None,
+                       None)
+    assert (cell.outcome, cell.exit, cell.cause) == ("clean", 0, None)
+    stall = RunResult("stall", steps=30)
+    cell = mx.cell_for("0.33.0", "spec", stall, _Verdict("stall @10 (2 unfinished)"), None, None)
+    assert (cell.outcome, cell.exit, cell.cause) == ("stall", 1, "stall @10 (2 unfinished)")
+
+
+def _report(cells):
+    releases = list(dict.fromkeys(c.release for c in cells))
+    modes = list(dict.fromkeys(c.mode for c in cells))
+    return MatrixReport(scenario="s", releases_range=">=0.6.5", releases=releases, modes=modes,
+                        cells=cells, started="2026-12-03T07:00:00+00:00", seconds=12.5)
+
+
+def test_the_record_round_trips_counts_and_exits_with_the_worst():
+    cells = [MatrixCell("0.9.2", "plain", "clean", 0), MatrixCell("0.9.2", "async", "n/a", None,
+                                                                  "no AsyncScheduler"),
+             MatrixCell("0.33.0", "plain", "clean", 0), MatrixCell("0.33.0", "async", "clean", 0)]
+    report = _report(cells)
+    assert MatrixReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+    assert report.exit_code() == 0, "n/a is not a failure"
+    assert report.counts() == {"plain": {"clean": 2}, "async": {"n/a": 1, "clean": 1}}
+    for extra, code in ((MatrixCell("0.8.1", "plain", "crash", 1, "crash ..."), 1),
+                        (MatrixCell("0.8.1", "plain", "refused", 2, "..."), 2),
+                        (MatrixCell("0.8.1", "plain", "error", 3, "..."), 3)):
+        assert _report([*cells, extra]).exit_code() == code
+    assert _report([MatrixCell("a", "plain", "refused", 2), MatrixCell("b", "plain", "error", 3)]
+                   ).exit_code() == 3
+    with pytest.raises(RecordError, match="MatrixCell.outcome"):
+        MatrixCell("0.9.2", "plain", "fine", 0)
+
+
+def test_the_table_the_causes_and_the_picture(tmp_path):
+    from rich.console import Console
+
+    report = _report([MatrixCell("0.9.2", "plain", "clean", 0),
+                      MatrixCell("0.9.2", "async", "n/a", None, "no AsyncScheduler"),
+                      MatrixCell("0.17.1", "plain", "error", 3, "failed to import"),
+                      MatrixCell("0.17.1", "async", "clean", 0)])
+    console = Console(width=200, record=True)
+    console.print(mx.table(report))
+    text = console.export_text()
+    assert text.split("\n")[0].split() == ["release", "plain", "async"]
+    assert "0.9.2" in text and "n/a" in text and "error" in text
+    lines = mx.cause_lines(report)
+    assert lines[0] == "0.17.1 plain: error (exit 3): failed to import"
+    assert "plain: 1 of 2 clean (1 clean, 1 error)" in lines
+    assert "async: 1 of 1 clean (1 clean, 1 n/a)" in lines
+    png = mx.draw(report, tmp_path / "matrix.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    path = mx.write(report, tmp_path / "m")
+    assert MatrixReport.from_dict(json.loads(path.read_text())) == report
+
+
+def test_cli_bad_range_or_mode_is_exit_2_in_one_line(cli, root, tmp_path):
+    for args, words in ((["--releases", "latest"], "--releases 'latest'"),
+                        (["--mode", "fast"], "--mode 'fast'")):
+        p = cli("matrix", str(root / "scenarios/matrix/plain.yaml"), *args, "--reports",
+                str(tmp_path / "r"))
+        assert p.returncode == 2, p.stderr
+        assert words in p.stderr and len(p.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "r").exists(), "bad input leaves nothing"
+
+
+def test_several_ranges_are_their_union():
+    specs = [SpecifierSet("==0.6.5"), SpecifierSet(">=0.15,<0.34")]
+    assert mx.final_releases(INDEX, specs) == ["0.6.5", "0.15.1", "0.33.0"]
