@@ -94,14 +94,15 @@ class Executor:
     def run(self, fn: Callable[[Any], Any], args: list[Any]) -> Iterator[tuple[int, TaskOutcome]]:
         raise NotImplementedError
 
-    def close(self) -> None:
-        pass
+    def close(self, abort: bool = False) -> None:
+        """Stop the back end; ``abort`` (an exception or an interrupt left the ``with``): do
+        not wait for running tasks (an interrupted campaign resumes them)."""
 
     def __enter__(self) -> "Executor":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *rest) -> None:
+        self.close(abort=exc_type is not None)
 
 
 class LocalExecutor(Executor):
@@ -126,8 +127,8 @@ class LocalExecutor(Executor):
                     outcome = TaskOutcome(error=f"{type(exc).__name__}: {exc}")
                 yield futures[f], outcome
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, abort: bool = False) -> None:
+        self._pool.shutdown(wait=not abort, cancel_futures=True)
 
 
 class RayExecutor(Executor):
@@ -193,7 +194,7 @@ class RayExecutor(Executor):
                     outcome = TaskOutcome(error=f"{type(exc).__name__}: {str(exc)[:1500]}")
                 yield refs[ref], outcome
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
         try:
             self._ray.shutdown()  # a cluster started here stops with it
         except Exception:  # noqa: BLE001 - nothing left to stop
