@@ -98,13 +98,15 @@ def test_hybrid_pool_fits_vllms_start_up_estimate():
     # the catalog's #45856 pool: 15 blocks, window 16, 32 batched tokens -> 160 tokens
     assert _hybrid_max_model_len(15, 16, 16, 32) == 160
     assert _hybrid_max_model_len(3, 16, 16, 2048) == 0
+    assert _hybrid_max_model_len(15, 16, 16, 32, "mamba") == 192  # 12 + 2 state blocks
     for sc in _draw(FULL, "scheduler"):
         cfg = sc["config"]
         if cfg.get("kv_cache_groups"):
-            window = cfg["kv_cache_groups"][1]["sliding_window"]
-            blocks = -(-cfg["max_model_len"] // 16) + -(-min(
-                window - 1 + cfg["max_num_batched_tokens"], cfg["max_model_len"]) // 16) + 1
-            assert blocks <= cfg["num_gpu_blocks"] - 1
+            group = cfg["kv_cache_groups"][1]
+            span = group.get("sliding_window") or group.get("attention_chunk_size")
+            extra = 2 if group["type"] == "mamba" else -(-min(
+                span - 1 + cfg["max_num_batched_tokens"], cfg["max_model_len"]) // 16) + 1
+            assert -(-cfg["max_model_len"] // 16) + extra <= cfg["num_gpu_blocks"] - 1
 
 
 def test_the_database_keys_by_level_and_keeps_failures(tmp_path):
