@@ -129,3 +129,16 @@ def test_local_executor_runs_tasks_and_reports_a_failed_one():
         got = dict(ex.run(_square, [1, 2, 3]))
     assert got[0].value == 1 and got[1].value == 4
     assert got[2].value is None and got[2].error.startswith("ValueError: three")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["campaign", "--releases", ">=banana"], "--releases '>=banana': not a version range"),
+    (["campaign", "--features", "everything"], "--features 'everything'"),
+    (["campaign", "--ray", "yes please"], "--ray 'yes please'"),
+    (["catalog", "run", "--ray", "yes please"], "--ray 'yes please'"),
+    (["bisect", "scenarios/vllm-23347-priority-preempt-scheduled.yaml", "--ray", "x y"], "--ray 'x y'"),
+])
+def test_bad_campaign_and_ray_input_is_exit_2_in_one_line(cli, args, says):
+    proc = cli(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr
