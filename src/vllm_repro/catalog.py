@@ -103,12 +103,20 @@ def catalog_items(directory: Path, only: Iterable[str] = (), extra: Iterable[str
 
 
 def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | None = None,
-                say: Callable[[str], None] = lambda _msg: None) -> list:
-    """Run the items (:func:`vllm_repro.lab.run_matrix`) and rewrite the reports' index;
+                say: Callable[[str], None] = lambda _msg: None, ray: str | None = None) -> list:
+    """Run the items (:func:`vllm_repro.lab.run_matrix`; with ``ray``, one task per release on
+    that Ray back end, :func:`vllm_repro.lab.run_matrix_on`) and rewrite the reports' index;
     returns the items, each with its verdict."""
-    from .lab import run_matrix
+    from .lab import run_matrix, run_matrix_on
     from .report.index import write_index
 
-    run_matrix(items, reports, audit=audit, jobs=jobs, say=say)
+    if ray is None:
+        run_matrix(items, reports, audit=audit, jobs=jobs, say=say)
+    else:
+        from .executor import open_executor
+
+        with open_executor(ray, jobs) as executor:
+            say(f"catalog: releases run on {executor.name}")
+            run_matrix_on(executor, items, reports, audit=audit, say=say)
     write_index(reports)
     return items

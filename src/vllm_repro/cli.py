@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from .commands import bisect, catalog, fuzz, matrix, prepare, remote, run, triage, verify
+from .commands import bisect, campaign, catalog, fuzz, matrix, prepare, remote, run, triage, verify
 from .commands import slice as slice_
 from .console import err, error
 from .errors import EXIT_ENV, EXIT_INPUT, LabError
@@ -28,6 +28,7 @@ app.command("prepare")(prepare.prepare)
 app.add_typer(catalog.app, name="catalog")
 app.command("triage")(triage.triage)
 app.command("fuzz")(fuzz.fuzz)
+app.command("campaign")(campaign.campaign)
 app.command("slice")(slice_.slice_cmd)
 app.command("verify")(verify.verify)
 app.command("gpu-verify")(remote.gpu_verify)

@@ -244,6 +244,49 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     return items
 
 
+def run_release_task(arg: dict) -> list[dict]:
+    """One release's items, run where the executor put this task (a local process, a Ray
+    node): ``arg`` ``{"items": [(Scenario, release)], "reports": absolute path, "audit",
+    "keep_going", "tree"}``; :func:`run_matrix` there (the release prepared in that machine's
+    cache, reports written under ``reports`` there: on a cluster, a folder every node shares).
+    Returns each item's :class:`RunResult` as a dict, in order."""
+    items = [RunItem(sc, v) for sc, v in arg["items"]]
+    run_matrix(items, Path(arg["reports"]), audit=arg["audit"], keep_going=arg["keep_going"],
+               jobs=1, tree=arg.get("tree"))
+    return [item.result.to_dict() for item in items]
+
+
+def run_matrix_on(executor, items: list[RunItem], reports: Path, audit: bool = True,
+                  keep_going: bool = False, tree: str | None = None,
+                  say: Say = lambda s: None) -> list[RunItem]:
+    """:func:`run_matrix` with one task per release on ``executor``
+    (:mod:`vllm_repro.executor`: ``--ray``), each running that release's items; the verdicts
+    are judged here from the results that come back. A task that failed (its process or node
+    died) marks its items ``error`` of kind ``env``."""
+    reports = reports.resolve()
+    by_release: dict[str, list[RunItem]] = {}
+    for item in items:
+        by_release.setdefault(item.version, []).append(item)
+    versions = list(by_release)
+    args = [{"items": [(i.scenario, i.version) for i in by_release[v]], "reports": str(reports),
+             "audit": audit, "keep_going": keep_going, "tree": tree} for v in versions]
+    for n, outcome in executor.run(run_release_task, args):
+        group = by_release[versions[n]]
+        if outcome.error is not None:
+            for item in group:
+                item.fail("env", f"the task of vLLM {item.version} failed: "
+                                 f"{outcome.error.splitlines()[0]}")
+        else:
+            for item, data in zip(group, outcome.value):
+                item.result = RunResult.from_dict(data)
+                item.report = ReportDir(reports, item.scenario.name, item.version)
+        say(f"vLLM {versions[n]}: {len(group)} run(s) back from the executor")
+    for item in items:
+        item.fail("lab", "the run produced no result")  # never silently clean
+        item.verdict = judge(item.scenario, item.version, item.result)
+    return items
+
+
 def _prefetch_timeline() -> None:
     """Import matplotlib (about a second, most of a warm re-run's host time) in a thread while
     the workers run, so ``timeline.png`` is drawn without waiting for it afterwards."""
@@ -305,5 +348,5 @@ def releases_for(scenario: Scenario, requested: list[str], covering: bool = Fals
     return versions
 
 
-__all__ = ["RunItem", "prepare_release", "run_matrix", "releases_for", "resolve_tree", "TREES",
-           "EnvError"]
+__all__ = ["RunItem", "prepare_release", "run_matrix", "run_matrix_on", "run_release_task",
+           "releases_for", "resolve_tree", "TREES", "EnvError"]

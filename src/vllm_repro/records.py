@@ -409,6 +409,85 @@ class TraceLine(Record):
         return bool(self.finished) or any(n > 0 for n in (self.scheduled or {}).values())
 
 
+# ---- campaigns (vllm-repro campaign: src/vllm_repro/campaign/) ---------------------------------
+@dataclass
+class CampaignFinding(Record):
+    """A shrunk failure one campaign task found: its ``signature`` (``fuzz``'s: exception type
+    and innermost vLLM frame, a violation code, or ``stall``), on ``release`` with the campaign
+    ``seed`` and the feature set ``features``; ``scenario`` the shrunk scenario (the scenario
+    format, replayable with ``vllm-repro run``), ``result`` its run. ``examples``: examples the
+    search had run when the shrunk finding was made; ``first_example``: when the first example
+    with this signature failed (counts, the same on every machine with the same seed); seconds
+    in ``found_after_s`` (they vary with the machine)."""
+
+    signature: str
+    release: str
+    seed: int
+    features: str
+    scenario: dict
+    result: RunResult
+    examples: int = 0
+    first_example: int | None = None
+    found_after_s: float | None = None
+
+
+@dataclass
+class CampaignTaskResult(Record):
+    """One campaign task, (``release``, ``seed``), every feature set of the campaign in turn.
+    ``status``: ``done`` (searched to its bound), ``refused`` (the release refuses what the
+    campaign asks: no V1 engine, a forced feature it lacks; ``message`` says which; never
+    re-run), ``error`` (a lab or environment failure; re-run when the campaign resumes).
+    ``examples`` and ``by_outcome`` count every feature set's examples; ``bound``: what ended
+    the last search, ``examples`` (the campaign's bound: repeatable) or ``time`` (the safety
+    cap: depends on the machine). ``node``: the host that ran it; ``elapsed_s`` seconds there,
+    preparing the release included."""
+
+    release: str
+    seed: int
+    status: str
+    examples: int = 0
+    by_outcome: dict[str, int] = field(default_factory=dict)
+    bound: str | None = None
+    findings: list[CampaignFinding] = field(default_factory=list)
+    message: str | None = None
+    notes: list[str] = field(default_factory=list)
+    node: str | None = None
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class SignatureSpan(Record):
+    """Where one signature appears in a campaign: its ``first`` and ``last`` release (oldest
+    and newest with a finding), ``releases`` (all with one, oldest first) and ``gone_from``:
+    the first release after ``last`` the campaign searched (a ``done`` task) without finding it
+    (None when ``last`` is the newest release searched)."""
+
+    signature: str
+    first: str
+    last: str
+    releases: list[str] = field(default_factory=list)
+    gone_from: str | None = None
+
+
+@dataclass
+class CampaignReport(Record):
+    """A whole campaign, merged from its tasks: ``campaign.json``. ``spec`` is what was asked
+    (the command's options), ``releases`` (oldest first) and ``seeds`` the matrix, ``tasks``
+    every task's result; ``table`` maps signature -> release -> how many seeds found it there;
+    ``spans`` the first / last release of each signature; ``scenarios`` maps signature ->
+    release -> the shrunk scenario's YAML (relative to the campaign's folder; the smallest of
+    the seeds' findings); ``backend`` says where the tasks ran (of the last invocation)."""
+
+    spec: dict
+    releases: list[str]
+    seeds: list[int]
+    tasks: list[CampaignTaskResult] = field(default_factory=list)
+    table: dict[str, dict[str, int]] = field(default_factory=dict)
+    spans: list[SignatureSpan] = field(default_factory=list)
+    scenarios: dict[str, dict[str, str]] = field(default_factory=dict)
+    backend: str | None = None
+
+
 def read_trace(path: Path) -> list[TraceLine]:
     """The lines of a ``trace.jsonl``. Raises :class:`RecordError` (naming the line) and
     ``OSError``."""
@@ -626,4 +705,5 @@ def schema() -> str:
 
 __all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "Stall", "Violation", "RunError",
            "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
-           "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport"]
+           "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport",
+           "CampaignFinding", "CampaignTaskResult", "SignatureSpan", "CampaignReport"]

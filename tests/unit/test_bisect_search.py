@@ -151,3 +151,24 @@ def test_classifier_exceptions_pass_through():
 
     with pytest.raises(IndexUnreachable):
         bisect_releases(SPAN, "0.9.0", "0.11.0", classify)
+
+
+# -- rounds of several releases at once (bisect --ray) -------------------------------------------
+
+@pytest.mark.parametrize("width", [2, 3, 5])
+@pytest.mark.parametrize("boundary", range(1, len(SPAN)))
+def test_wide_rounds_find_the_same_boundary_in_fewer_rounds(width, boundary):
+    states = {r: BAD if i < boundary else GOOD for i, r in enumerate(SPAN)}
+    states["0.10.0"] = SKIP if boundary not in (3, 4) else states["0.10.0"]
+    narrow = bisect_releases(SPAN, SPAN[0], SPAN[-1], Fake(states))
+    fake, rounds = Fake(states), []
+
+    def many(releases):
+        rounds.append(list(releases))
+        return {r: fake(r) for r in releases}
+
+    wide = bisect_releases(SPAN, SPAN[0], SPAN[-1], fake, classify_many=many, width=width)
+    assert (wide.last_old, wide.first_new, wide.skipped_between) == (
+        narrow.last_old, narrow.first_new, narrow.skipped_between)
+    assert rounds[0] == [SPAN[0], SPAN[-1]] and all(len(r) <= width for r in rounds[1:])
+    assert len(rounds) - 1 <= math.ceil(math.log(len(SPAN), width + 1)) + 2

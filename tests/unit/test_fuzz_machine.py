@@ -19,10 +19,11 @@ from vllm_repro.scenario import parse_scenario
 FULL = Capabilities(
     "9.9", priority=True, spec_decode=True, spec_methods=("ngram", "ngram_gpu"),
     empty_outputs=True, async_scheduling=True, kv_cache_groups=True,
-    kv_group_kinds=("full", "sliding_window"), engine_core=True,
+    kv_group_kinds=("full", "sliding_window", "chunked_local_attention", "mamba"), engine_core=True,
     events=("abort", "abort_in_flight", "reset_prefix_cache", "reset_running_requests", "pause",
             "pause_mode", "resume"),
-    structured_outputs=True, structured_backends=("xgrammar",))
+    structured_outputs=True, structured_backends=("xgrammar",), kv_connectors=True,
+    kv_load_failures=("invalid_block_ids",))
 BARE = Capabilities("0.0.1", engine_core=True, events=("abort",))
 
 
@@ -52,6 +53,10 @@ def _features(scs) -> Counter:
                  if e.get(k))
         c.update("in_flight" for e in sc["events"] if e.get("when") == "in_flight")
         c.update(k for k in ("empty_at", "eos_at", "tokens", "spec_decode") if k in sc["model"])
+        c.update(f"group:{g['type']}" for g in cfg.get("kv_cache_groups", [])[1:])
+        scripts = (sc.get("kv_transfer_config") or {}).get("requests", {}).values()
+        c.update(f"connector:{k}" for script in scripts for k in script
+                 if k in ("external_hit_tokens", "load_async", "load_fails", "delay_free"))
     return c
 
 
@@ -62,8 +67,13 @@ def test_every_feature_is_drawn_where_the_release_has_it(level):
     f = _features(scs)
     common = {"async_scheduling", "kv_cache_groups", "num_speculative_tokens", "abort",
               "empty_at", "eos_at", "tokens", "spec_decode"}
+    common |= {"group:sliding_window", "group:chunked_local_attention", "group:mamba"}
     engine_only = {"grammar", "reset_prefix_cache", "pause", "in_flight",
-                   "max_concurrent_batches", "num_gpu_blocks_override"}
+                   "max_concurrent_batches", "num_gpu_blocks_override", "connector:load_async",
+                   "connector:external_hit_tokens", "connector:load_fails", "connector:delay_free"}
+    assert not [sc for sc in scs if sc["config"]["enable_prefix_caching"] and any(
+        g["type"] == "mamba" for g in sc["config"].get("kv_cache_groups", []))], \
+        "a Mamba group with prefix caching needs a mamba_cache_mode not every release knows"
     if level == "engine-core":
         assert common | engine_only <= set(f), f
     else:
@@ -74,7 +84,13 @@ def test_every_feature_is_drawn_where_the_release_has_it(level):
 def test_nothing_the_release_lacks_is_drawn():
     f = _features(_draw(BARE, "engine-core"))
     assert not {"async_scheduling", "kv_cache_groups", "num_speculative_tokens", "grammar",
-                "reset_prefix_cache", "pause", "in_flight", "empty_at", "spec_decode"} & set(f), f
+                "reset_prefix_cache", "pause", "in_flight", "empty_at", "spec_decode",
+                "connector:external_hit_tokens"} & set(f), f
+    window_only = Capabilities("9.8", engine_core=True, events=("abort",), kv_cache_groups=True,
+                               kv_group_kinds=("full", "sliding_window"), kv_connectors=True)
+    f = _features(_draw(window_only, "engine-core"))
+    assert f["group:sliding_window"] and f["connector:external_hit_tokens"], f
+    assert not {"group:chunked_local_attention", "group:mamba", "connector:load_fails"} & set(f), f
     assert f["abort"] and f["eos_at"]
 
 
@@ -82,13 +98,15 @@ def test_hybrid_pool_fits_vllms_start_up_estimate():
     # the catalog's #45856 pool: 15 blocks, window 16, 32 batched tokens -> 160 tokens
     assert _hybrid_max_model_len(15, 16, 16, 32) == 160
     assert _hybrid_max_model_len(3, 16, 16, 2048) == 0
+    assert _hybrid_max_model_len(15, 16, 16, 32, "mamba") == 192  # 12 + 2 state blocks
     for sc in _draw(FULL, "scheduler"):
         cfg = sc["config"]
         if cfg.get("kv_cache_groups"):
-            window = cfg["kv_cache_groups"][1]["sliding_window"]
-            blocks = -(-cfg["max_model_len"] // 16) + -(-min(
-                window - 1 + cfg["max_num_batched_tokens"], cfg["max_model_len"]) // 16) + 1
-            assert blocks <= cfg["num_gpu_blocks"] - 1
+            group = cfg["kv_cache_groups"][1]
+            span = group.get("sliding_window") or group.get("attention_chunk_size")
+            extra = 2 if group["type"] == "mamba" else -(-min(
+                span - 1 + cfg["max_num_batched_tokens"], cfg["max_model_len"]) // 16) + 1
+            assert -(-cfg["max_model_len"] // 16) + extra <= cfg["num_gpu_blocks"] - 1
 
 
 def test_the_database_keys_by_level_and_keeps_failures(tmp_path):

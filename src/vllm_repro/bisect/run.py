@@ -129,6 +129,34 @@ class ReleaseClassifier:
                            error_kind=good.error_kind)
 
 
+def classify_task(arg: dict) -> Observation:
+    """One release classified where the executor put this task (``bisect --ray``): ``arg``
+    ``{"scenario": Scenario, "release", "reports": absolute path}``; reports are written there
+    (on a cluster: a folder the nodes share)."""
+    return ReleaseClassifier(arg["scenario"], Path(arg["reports"]))(arg["release"])
+
+
+def classify_on(executor, scenario: Scenario, reports: Path) -> Callable[[list[str]], dict[str, Observation]]:
+    """``releases -> observations``, each release one task on ``executor``
+    (:mod:`vllm_repro.executor`), for :func:`~vllm_repro.bisect.search.bisect_releases`'s
+    ``classify_many``. A task that raised (the index unreachable, its process or node died) is
+    an :class:`~vllm_repro.errors.EnvError` naming the release: exit 3, as without Ray."""
+    from ..errors import EnvError
+
+    def many(releases: list[str]) -> dict[str, Observation]:
+        args = [{"scenario": scenario, "release": r, "reports": str(reports.resolve())}
+                for r in releases]
+        out = {}
+        for i, outcome in executor.run(classify_task, args):
+            if outcome.error is not None:
+                raise EnvError(f"bisect: vLLM {releases[i]} could not be classified: "
+                               f"{outcome.error.splitlines()[0]}")
+            out[releases[i]] = outcome.value
+        return out
+
+    return many
+
+
 def _record_verdict(item, verdict: Verdict) -> None:
     """Put ``verdict`` (the one that decided the release) into the run's ``result.json``,
     through its :class:`~vllm_repro.records.ReportDir`."""

@@ -150,23 +150,37 @@ def _endpoint_error(flag: str, release: str, want: State, obs: Observation) -> E
 
 
 def bisect_releases(span: list[str], bad: str, good: str, classify: Classifier,
-                    say: Callable[[str], None] = lambda s: None) -> BisectResult:
+                    say: Callable[[str], None] = lambda s: None, *,
+                    classify_many: Callable[[list[str]], dict[str, Observation]] | None = None,
+                    width: int = 1) -> BisectResult:
     """Binary search ``span`` (oldest first, the endpoints at both ends) for the boundary
     between ``bad`` and ``good``, running ``classify`` on as few releases as it can.
 
     The endpoints are classified first, ``bad`` then ``good``: ``bad`` must come out bad and
     ``good`` good. Then the release nearest the middle of the open interval that has not been
     skipped is classified, and the interval narrowed, until no unskipped release is left in it.
+
+    With ``width`` > 1 and ``classify_many`` (releases -> observations, run at once: the
+    ``--ray`` back end), each round classifies up to ``width`` releases spread evenly over the
+    open interval (both endpoints together in the first), and narrows to the first release in
+    the newer state and the last in the older state before it: fewer rounds, more releases run.
+
     Raises :class:`InputError` when an endpoint does not show its state (exit code 2) and
     :class:`EnvError` when its environment failed (exit code 3); whatever ``classify`` raises
     passes through.
     """
     if bad not in (span[0], span[-1]) or good not in (span[0], span[-1]) or bad == good:
         raise ValueError("bad and good must be the two ends of span")
+    wide = width > 1 and classify_many is not None
     result = BisectResult(bad, good, list(span))
+    if wide:
+        say(f"bisect: checking --bad {bad} and --good {good}")
+        result.tested.update(classify_many([bad, good]))
     for flag, release, want in (("--bad", bad, BAD), ("--good", good, GOOD)):
-        say(f"bisect: checking {flag} {release}")
-        obs = result.tested[release] = classify(release)
+        if not wide:
+            say(f"bisect: checking {flag} {release}")
+            result.tested[release] = classify(release)
+        obs = result.tested[release]
         if obs.state != want:
             raise _endpoint_error(flag, release, want, obs)
     old_state = result.tested[span[0]].state
@@ -176,16 +190,29 @@ def bisect_releases(span: list[str], bad: str, good: str, classify: Classifier,
         left = [i for i in range(lo + 1, hi) if i not in skipped]
         if not left:
             break
-        middle = (lo + hi) / 2
-        i = min(left, key=lambda j: (abs(j - middle), j))
-        say(f"bisect: {span[i]} ({len(left)} release(s) left between {span[lo]} and {span[hi]})")
-        obs = result.tested[span[i]] = classify(span[i])
-        if obs.state == SKIP:
-            skipped.add(i)
-        elif obs.state == old_state:
-            lo = i
-        else:
-            hi = i
+        if not wide:
+            middle = (lo + hi) / 2
+            i = min(left, key=lambda j: (abs(j - middle), j))
+            say(f"bisect: {span[i]} ({len(left)} release(s) left between {span[lo]} and {span[hi]})")
+            obs = result.tested[span[i]] = classify(span[i])
+            if obs.state == SKIP:
+                skipped.add(i)
+            elif obs.state == old_state:
+                lo = i
+            else:
+                hi = i
+            continue
+        k = min(width, len(left))
+        picks = sorted({left[(n + 1) * len(left) // (k + 1)] for n in range(k)})
+        say(f"bisect: {', '.join(span[i] for i in picks)} at once ({len(left)} release(s) left "
+            f"between {span[lo]} and {span[hi]})")
+        got = classify_many([span[i] for i in picks])
+        for i in picks:
+            result.tested[span[i]] = got[span[i]]
+        skipped |= {i for i in picks if got[span[i]].state == SKIP}
+        newer = [i for i in picks if got[span[i]].state not in (SKIP, old_state)]
+        hi = min(newer, default=hi)
+        lo = max([i for i in picks if got[span[i]].state == old_state and i < hi], default=lo)
     result.last_old, result.first_new = span[lo], span[hi]
     result.skipped_between = [span[i] for i in range(lo + 1, hi)]
     return result

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from . import COLD_HELP, warm_setting
+from ..executor import RAY_HELP  # standard library only at import: --help stays light
 
 
 def bisect(
@@ -20,6 +21,8 @@ def bisect(
                                       "(default: its first concrete vllm.reproduces_on)."),
     reports: Path = typer.Option(Path("reports"), help="Where reports/<scenario>/<version>/ go."),
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
+    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP + " With --ray, each round classifies as many releases at once as the back end has slots."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="With --ray auto: the local cluster's CPUs (releases classified at once)."),
 ) -> None:
     """Find the first bad (or first fixed) release between --bad and --good by binary search.
 
@@ -30,10 +33,11 @@ def bisect(
     2 bad input, or an endpoint that does not show its state; 3 environment error.
     """
     warm_setting(cold)
-    from ..bisect.run import ReleaseClassifier, default_endpoints, require_expectation
+    from ..bisect.run import ReleaseClassifier, classify_on, default_endpoints, require_expectation
     from ..bisect.search import bisect_releases, release_span
     from ..console import out, say
     from ..errors import InputError
+    from ..executor import check_ray, open_executor
     from ..inputs import release_name, reports_dir
     from ..report.index import write_index
     from ..scenario import load_scenario
@@ -41,6 +45,7 @@ def bisect(
     from ..sources.installed import installed
 
     t0 = time.perf_counter()
+    check_ray(ray)
     good = release_name(good, "--good") if good is not None else None
     bad = release_name(bad, "--bad") if bad is not None else None
     reports = reports_dir(reports, create=False)
@@ -55,7 +60,14 @@ def bisect(
     say(f"bisect: {len(span)} releases from {span[0]} to {span[-1]} on the index")
     classify = ReleaseClassifier(sc, reports, say=say)
     try:
-        result = bisect_releases(span, bad_v, good_v, classify, say=say)
+        if ray is None:
+            result = bisect_releases(span, bad_v, good_v, classify, say=say)
+        else:
+            with open_executor(ray, jobs) as executor:
+                say(f"bisect: releases classified on {executor.name}")
+                result = bisect_releases(span, bad_v, good_v, classify, say=say,
+                                         classify_many=classify_on(executor, sc, reports),
+                                         width=executor.slots)
     finally:
         if reports.is_dir():
             write_index(reports)

@@ -12,6 +12,7 @@ import typer
 from . import COLD_HELP, warm_setting
 
 from ..catalog import DEFAULT_DIR  # standard library only at import: --help stays light
+from ..executor import RAY_HELP
 
 app = typer.Typer(help="The catalog of real vLLM bugs.", invoke_without_command=True)
 
@@ -49,21 +50,24 @@ def catalog_run(
     jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: CPUs, max 4)."),
     as_json: bool = typer.Option(False, "--json"),
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
+    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
 ) -> None:
     """Run every catalog entry on its own releases (and --also-on ones); print the table."""
     warm_setting(cold)
     from ..catalog import catalog_items, run_catalog
     from ..console import print_results, say
+    from ..executor import check_ray
     from ..inputs import folder, release_name, reports_dir
 
     t0 = time.perf_counter()
     folder(directory, "catalog folder (--directory)", "give --directory a folder of scenario "
            "files such as scenarios/")
+    check_ray(ray)
     extra = [release_name(v, "--also-on") for v in extra]
     reports = reports_dir(reports, create=False)
     items = catalog_items(directory, only, extra, say=say)
     reports = reports_dir(reports)
-    run_catalog(items, reports, audit=audit, jobs=jobs, say=say)
+    run_catalog(items, reports, audit=audit, jobs=jobs, say=say, ray=ray)
     code = print_results(items, as_json, False)
     say(f"catalog done in {time.perf_counter() - t0:.1f}s")
     raise typer.Exit(code)

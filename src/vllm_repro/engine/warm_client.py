@@ -48,7 +48,9 @@ _VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHO
                        "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKE_TERMOUT", "MAKE_TERMERR",
                        # the lab's own settings for building environments (Makefile exports)
                        "TORCH_VERSION", "TORCH_INDEX_URL", "TORCH_WHEEL_DIR"})
-_VOLATILE_PREFIXES = ("PYTEST_", "SSH_", "TERM", "COLORTERM", "WINDOW", "TMUX", "STY")
+#: ``RAY_``: what a Ray worker process carries (its session, job, raylet: new every cluster), so
+#: that a campaign's tasks on Ray share their parents with each other and the next campaign
+_VOLATILE_PREFIXES = ("PYTEST_", "SSH_", "TERM", "COLORTERM", "WINDOW", "TMUX", "STY", "RAY_")
 #: how long a starting parent may take to import (a loaded two-core machine: tens of seconds)
 START_TIMEOUT_S = 300.0
 _SOCK_MAX = 100  # sun_path is 104-108 bytes

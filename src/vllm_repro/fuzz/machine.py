@@ -25,10 +25,13 @@ Preconditions come from the release's :class:`~vllm_repro.engine.capabilities.Ca
 (the record the worker probed at start-up): no empty output where a ``ModelRunnerOutput`` holds
 one token per request, no ``reset_prefix_cache`` / ``pause`` / in-flight abort where
 ``EngineCore`` lacks the call, no grammar request without V1 structured outputs and a backend
-library, and only the level's own calls (engine-core events and grammars need ``level:
-engine-core``, as the scenario format says). The rules are the same class for every release,
-so an example stored in the database replays on another release as the same sequence of calls
-(a call the release lacks is skipped by its precondition).
+library, no KV connector script without the release's connector seam (``kv_connectors``) and
+no failed load where its ``KVConnectorOutput`` reports none, hybrid KV cache groups only of the
+kinds the release defines (``kv_group_kinds``), and only the level's own calls (engine-core
+events, grammars and connectors need ``level: engine-core``, as the scenario format says). The
+rules are the same class for every release, so an example stored in the database replays on
+another release as the same sequence of calls (a call the release lacks is skipped by its
+precondition).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from .strategies import MAX_MODEL_LEN, Profile
 
 #: bump when a rule's meaning changes: the database's stored examples (keyed by it) would
 #: replay as other scenarios
-MACHINE_VERSION = 1
+MACHINE_VERSION = 2
 #: the last step a call may land at (the machine's cursor); runs stop at ``limits.max_steps``
 MAX_CALL_STEP = 40
 #: constraints a grammar request draws from (the ``structured_outputs`` kinds of the scenario
@@ -60,6 +63,18 @@ GRAMMARS: tuple[dict, ...] = (
     {"json": {}},
     {"choice": ["", "x"]},
 )
+
+
+#: the second group of a hybrid ``kv_cache_groups`` the machine draws (beside full attention),
+#: where the release's capabilities list the kind (``Capabilities.kv_group_kinds``): the
+#: scheduler-side kinds with their own managers; ``mamba`` only without prefix caching (with it
+#: vLLM wants a ``mamba_cache_mode`` that only some releases know)
+HYBRID_KINDS = ("sliding_window", "chunked_local_attention", "mamba")
+#: the group field a kind's span goes to (tokens)
+HYBRID_SPAN = {"sliding_window": "sliding_window", "chunked_local_attention": "attention_chunk_size"}
+#: blocks counted for a Mamba group's state per request (MambaSpec: one block of state; one
+#: more kept free for the speculative or aligned copies some releases make)
+MAMBA_BLOCKS = 2
 
 
 @st.composite
@@ -84,13 +99,19 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
     }
     if profile.async_scheduling and caps.async_scheduling and draw(st.booleans()):
         cfg["async_scheduling"] = True
-    if (profile.kv_cache_groups and caps.kv_cache_groups and "sliding_window" in caps.kv_group_kinds
-            and draw(st.booleans())):
-        window = draw(st.sampled_from([16, 32, 64, 128]))
-        fits = _hybrid_max_model_len(num_blocks, block_size, window, cfg["max_num_batched_tokens"])
+    kinds = [k for k in HYBRID_KINDS if k in caps.kv_group_kinds
+             and (k != "mamba" or not cfg["enable_prefix_caching"])]
+    if profile.kv_cache_groups and caps.kv_cache_groups and kinds and draw(st.booleans()):
+        # shrinks towards a sliding window, the kind drawn before the others were
+        kind = draw(st.sampled_from(kinds))
+        span = draw(st.sampled_from([16, 32, 64, 128]))
+        fits = _hybrid_max_model_len(num_blocks, block_size, span, cfg["max_num_batched_tokens"],
+                                     kind)
         if fits >= block_size:
-            cfg["kv_cache_groups"] = [{"type": "full"},
-                                      {"type": "sliding_window", "sliding_window": window}]
+            group = {"type": kind}
+            if kind in HYBRID_SPAN:
+                group[HYBRID_SPAN[kind]] = span
+            cfg["kv_cache_groups"] = [{"type": "full"}, group]
             cfg["max_model_len"] = max_model_len = fits
             cfg["long_prefill_token_threshold"] = min(cfg["long_prefill_token_threshold"], fits)
     if profile.spec_decode and caps.spec_decode and draw(st.booleans()):
@@ -110,10 +131,15 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
     return cfg
 
 
-def _hybrid_max_model_len(num_blocks: int, block_size: int, window: int, batched: int) -> int:
+def _hybrid_max_model_len(num_blocks: int, block_size: int, window: int, batched: int,
+                          kind: str = "sliding_window") -> int:
     """The largest ``max_model_len`` (a multiple of ``block_size``, at most MAX_MODEL_LEN) whose
     one request fits a pool of ``num_blocks`` (the null block included) shared by a
-    full-attention and a sliding-window group: what vLLM's start-up check
+    full-attention group and a group of ``kind`` (window or chunk ``window`` tokens; for
+    ``chunked_local_attention`` vLLM's ``ChunkedLocalAttentionSpec`` needs
+    ``cdiv(min(chunk + max_num_batched_tokens, max_model_len))``, at most what the window
+    formula below gives; a ``mamba`` group's state is a block or two a request, counted as
+    :data:`MAMBA_BLOCKS`): what vLLM's start-up check
     (``kv_cache_utils.check_enough_kv_cache_memory`` over each spec's
     ``max_memory_usage_bytes``: ``cdiv(max_model_len)`` blocks for full attention,
     ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len)) + 1`` for the window)
@@ -122,9 +148,14 @@ def _hybrid_max_model_len(num_blocks: int, block_size: int, window: int, batched
     def cdiv(a: int) -> int:
         return -(-a // block_size)
 
+    def extra(mml: int) -> int:
+        if kind == "mamba":
+            return MAMBA_BLOCKS
+        return cdiv(min(window - 1 + batched, mml)) + 1
+
     mml = min(MAX_MODEL_LEN, (num_blocks - 1) * block_size) // block_size * block_size
     while mml >= block_size:
-        if cdiv(mml) + cdiv(min(window - 1 + batched, mml)) + 1 <= num_blocks - 1:
+        if cdiv(mml) + extra(mml) <= num_blocks - 1:
             return mml
         mml -= block_size
     return 0
@@ -146,6 +177,7 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             self.reqs: list[dict] = []
             self.events: list[dict] = []
             self.model: dict = {"token": 100}
+            self.connector: dict[str, dict] = {}  # request id -> KVConnectorScript fields
 
         # -- the scenario being built -----------------------------------------------------
         def scenario(self) -> dict:
@@ -158,6 +190,9 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                   "limits": {"max_steps": 400, "stall_steps": 40}}
             if version:
                 sc["vllm"] = {"reproduces_on": [version]}
+            if self.connector:
+                sc["kv_transfer_config"] = {"kv_connector": "ScriptedConnector", "kv_role": "kv_both",
+                                            "requests": {k: dict(v) for k, v in self.connector.items()}}
             return sc
 
         def _engine_core(self) -> bool:
@@ -217,6 +252,32 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             ``StructuredOutputManager`` compiles the grammar, the fake model samples through
             the step's bitmask."""
             return self._add(False, prompt, max_tokens, 0, None, None, 1, structured=grammar)
+
+        @precondition(lambda self: profile.kv_connectors and self._engine_core()
+                      and caps.kv_connectors)
+        @rule(rid=requests, hit=st.sampled_from([1.0, 0.5, 0.25]), load_async=st.booleans(),
+              recv_after=st.integers(0, 4), load_fails=st.booleans(), delay_free=st.booleans(),
+              send_after=st.integers(0, 4))
+        def kv_connector(self, rid, hit, load_async, recv_after, load_fails, delay_free,
+                         send_after):
+            """The scripted KV connector's answers for ``rid`` (``kv_transfer_config``): an
+            external prefix hit on part of its prompt, loaded synchronously or asynchronously
+            (``finished_recving`` ``recv_after`` steps after now), a failed load where the
+            release's ``KVConnectorOutput`` reports one, and a delayed free
+            (``request_finished`` keeps the blocks until ``finished_sending``)."""
+            prompt = next(r["prompt_len"] for r in self.reqs if r["id"] == rid)
+            script: dict = {"external_hit_tokens": max(1, int(prompt * hit))}
+            if load_async:
+                script["load_async"] = True
+                if recv_after:
+                    script["recv_done_at_step"] = self.cursor + recv_after
+            if load_fails and caps.kv_load_failures:
+                script["load_fails"] = True
+            if delay_free:
+                script["delay_free"] = True
+                if send_after:
+                    script["send_done_at_step"] = self.cursor + send_after
+            self.connector[rid] = script
 
         @precondition(lambda self: self.cursor < MAX_CALL_STEP)
         @rule(steps=st.integers(1, 4))

@@ -27,6 +27,7 @@ import queue as queue_mod
 import re
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -109,6 +110,8 @@ class Finding:
     #: seconds from the search process's start to the first example with this signature
     #: (before shrinking); None where unknown
     first_failure_s: float | None = None
+    #: how many examples had run when the first example with this signature failed
+    first_failure_example: int | None = None
 
 
 @dataclass
@@ -127,6 +130,13 @@ class SearchConfig:
     #: (:mod:`vllm_repro.fuzz.database`); ``use_database=False`` runs without memory
     database: str | None = None
     use_database: bool = True
+    #: stop after this many examples (None: only ``time_s`` bounds the search). A campaign
+    #: bounds each task by examples so that the same (release, seed) finds the same thing on
+    #: any machine, however loaded (:mod:`vllm_repro.campaign`); ``time_s`` stays a safety cap
+    max_examples: int | None = None
+    #: shrink each failure (hypothesis's ``shrink`` phase); a campaign may skip it
+    #: (``campaign --no-shrink``: the failing example as drawn, at a fraction of the cost)
+    shrink: bool = True
 
     def example_database(self):
         """The :class:`~vllm_repro.fuzz.database.FindingsDatabase` of this campaign's level,
@@ -185,6 +195,29 @@ def fit_profile(profile: Profile, refused: dict[str, str], spec_forced: bool = F
     return profile
 
 
+def _without_local_constants() -> None:
+    """Make hypothesis's draws a function of the seed alone. Hypothesis (6.13x on) mixes
+    "local constants" into its draws: the literals of every module of the project's own code
+    loaded in the process (``hypothesis.internal.conjecture.providers._get_local_constants``,
+    which scans ``sys.modules``; the lab is such code when installed editable). A search
+    process then draws differently depending on which of the lab's modules it happened to
+    import (a ``vllm-repro campaign`` task in a local process drew other examples than the same
+    task on a Ray worker: found at example 8 there, 15 here) and on any edit to them. The pool
+    of local constants is replaced by an empty one; hypothesis's global constants stay. A
+    hypothesis without that function is left alone."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - another hypothesis layout
+        return
+    if not hasattr(providers, "_get_local_constants") or not hasattr(providers, "Constants"):
+        return
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if cache is not None and hasattr(cache, "clear"):
+        cache.clear()  # pools computed before, with local constants in them
+
+
 def _chunk_seed(base: int, worker: int, chunk: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{base}:{worker}:{chunk}".encode()).digest()[:8], "big")
 
@@ -203,7 +236,7 @@ def _outcome_kind(result: RunResult) -> str:
     return oc
 
 
-def _settings(cfg: SearchConfig, first_chunk: bool, database) -> settings:
+def _settings(cfg: SearchConfig, first_chunk: bool, database, examples: int = CHUNK) -> settings:
     """The hypothesis settings of one chunk. Health checks are all on; only ``deadline`` is
     off, because an example's time is one scenario run in the release's worker (0.05 s to
     several seconds, with the engine-core level's start-up), which is the work, not a sign of
@@ -211,7 +244,9 @@ def _settings(cfg: SearchConfig, first_chunk: bool, database) -> settings:
     process's first chunk only: later chunks would replay the same ones again."""
     phases = (Phase.reuse, Phase.generate, Phase.shrink) if first_chunk else (Phase.generate,
                                                                                Phase.shrink)
-    return settings(max_examples=CHUNK, database=database, deadline=None, derandomize=False,
+    if not cfg.shrink:
+        phases = tuple(p for p in phases if p is not Phase.shrink)
+    return settings(max_examples=examples, database=database, deadline=None, derandomize=False,
                     phases=phases, report_multiple_bugs=False, print_blob=False,
                     verbosity=Verbosity.quiet, stateful_step_count=STATEFUL_STEPS)
 
@@ -219,40 +254,65 @@ def _settings(cfg: SearchConfig, first_chunk: bool, database) -> settings:
 def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue, log_dir: str) -> None:
     """Body of one search process: posts ``("progress", ...)``, ``("finding", ...)``,
     ``("error", ...)``, ``("note", ...)`` and finally ``("done", index)`` messages on ``out``.
-    A SIGTERM (the campaign's ``terminate()``) or SIGINT takes its worker down with it.
+    A SIGTERM (the campaign's ``terminate()``) or SIGINT takes its worker down with it."""
+    from .. import procs as lab_procs
+    from ..sources.env import ReleaseEnv
+
+    lab_procs.exit_on_signal()
+    env = ReleaseEnv(env_dict["version"], Path(env_dict["tree"]), Path(env_dict["root"]))
+    try:
+        search(index, cfg, env, Path(log_dir) / f"fuzz-{cfg.version}-{index}.log",
+               lambda kind, payload: out.put((kind, index, payload)))
+    finally:
+        out.put(("done", index, None))
+
+
+def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> dict:
+    """One search: its own engine worker of ``env`` (worker log ``log``), chunks of hypothesis's
+    state machine until ``cfg.time_s`` seconds of search have passed or, with
+    ``cfg.max_examples``, that many examples ran. ``emit(kind, payload)`` receives
+    ``progress`` (the counts), ``finding`` (a :class:`Finding`), ``error`` (a lab error's
+    message, the first three), ``note``, ``input`` (an :class:`InputError`'s message) and
+    ``fatal`` (anything else that stopped the search); nothing is raised. Returns the final
+    counts ``{"examples", "errors", "by_outcome", "bound"}`` (``bound``: ``examples`` or
+    ``time``, whichever ended the search; None when it did not start). ``worker``: an engine
+    worker of ``env`` already started (left running), instead of starting one here.
 
     Each chunk of :data:`CHUNK` examples is one run of :func:`machine.machine_class`'s state
     machine (seeded from the campaign seed, the process index and the chunk number); every
     example's scenario runs once in the worker (``check``) and fails the example when its
-    signature is the process's target."""
-    from .. import procs as lab_procs
+    signature is the process's target. Used by ``vllm-repro fuzz``'s search processes
+    (:func:`search_process`) and by a campaign's tasks (:mod:`vllm_repro.campaign.task`)."""
     from ..engine.host import Worker
-
-    lab_procs.exit_on_signal()
     from ..scenario import parse_scenario
-    from ..sources.env import ReleaseEnv
 
-    env = ReleaseEnv(env_dict["version"], Path(env_dict["tree"]), Path(env_dict["root"]))
+    _without_local_constants()
     t0 = time.perf_counter()
-    stats = {"examples": 0, "errors": 0, "by_outcome": {}}
+    stats = {"examples": 0, "errors": 0, "by_outcome": {}, "bound": None}
     try:
         database = cfg.example_database()
-        with Worker(env, Path(log_dir) / f"fuzz-{cfg.version}-{index}.log") as worker:
+        with nullcontext(worker) if worker is not None else Worker(env, log) as worker:
             refused = refused_features(worker)
             profile = fit_profile(cfg.profile, refused, spec_forced=cfg.spec_forced,
                                   level=cfg.level)
             lacks = [f for f in refused if f != "engine-core"]
             if lacks and index == 0:
-                out.put(("note", index, "vLLM {} refuses {}: fuzz draws without {}".format(
-                    cfg.version, ", ".join(lacks), "them" if len(lacks) > 1 else "it")))
+                emit("note", "vLLM {} refuses {}: fuzz draws without {}".format(
+                    cfg.version, ", ".join(lacks), "them" if len(lacks) > 1 else "it"))
             if database is not None and index == 0:
                 n = database.stored()
                 if n:
-                    out.put(("note", index, f"replaying {n} stored failure(s) from {database.path} first"))
+                    emit("note", f"replaying {n} stored failure(s) from {database.path} first")
             deadline = time.perf_counter() + cfg.time_s  # search time: from vLLM imported
             seen: set[str] = set()
             chunk = 0
-            while time.perf_counter() < deadline:
+            while True:
+                if cfg.max_examples is not None and stats["examples"] >= cfg.max_examples:
+                    stats["bound"] = "examples"
+                    break
+                if time.perf_counter() >= deadline:
+                    stats["bound"] = "time"
+                    break
                 state: dict = {"target": None, "last": None}
 
                 def check(sc: dict) -> None:
@@ -264,9 +324,9 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                     if oc == "error":
                         stats["errors"] += 1
                         if stats["errors"] <= 3:
-                            out.put(("error", index, result.error.message if result.error else ""))
+                            emit("error", result.error.message if result.error else "")
                     if stats["examples"] % 20 == 0:
-                        out.put(("progress", index, dict(stats)))
+                        emit("progress", dict(stats))
                     sig = signature(result) if oc != "refused" else None
                     if sig is None or sig in seen:
                         return
@@ -277,6 +337,7 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                     if state["target"] is None:  # noqa: B023
                         state["target"] = sig  # noqa: B023
                         state["first_s"] = round(time.perf_counter() - t0, 2)  # noqa: B023
+                        state["first_example"] = stats["examples"]  # noqa: B023
                     if sig == state["target"]:  # noqa: B023
                         state["last"] = (sc, result)  # noqa: B023
                         raise _Found(sig)
@@ -285,8 +346,11 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                     machine_class(profile, cfg.level, worker.capabilities, check, cfg.version))
                 first = chunk == 0
                 chunk += 1
+                budget = CHUNK  # the last chunk of an example-bounded search: what is left
+                if cfg.max_examples is not None:
+                    budget = max(1, min(CHUNK, cfg.max_examples - stats["examples"]))
                 try:
-                    run_state_machine_as_test(machine, settings=_settings(cfg, first, database))
+                    run_state_machine_as_test(machine, settings=_settings(cfg, first, database, budget))
                 except Exception:
                     # _Found, or hypothesis's FlakyFailure around it when the shrunk example
                     # failed once and not on its final replay (engine-core threads): the last
@@ -295,19 +359,18 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
                         raise
                     sc, result = state["last"]
                     seen.add(state["target"])
-                    out.put(("finding", index, Finding(state["target"], sc, result,
-                                                       round(time.perf_counter() - t0, 2),
-                                                       stats["examples"], index,
-                                                       state.get("first_s"))))
+                    emit("finding", Finding(state["target"], sc, result,
+                                            round(time.perf_counter() - t0, 2),
+                                            stats["examples"], index, state.get("first_s"),
+                                            state.get("first_example")))
                     if cfg.stop_on_first:
                         break
-            out.put(("progress", index, dict(stats)))
-    except InputError as exc:  # reported to the parent, which exits 2
-        out.put(("input", index, str(exc)))
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which exits 3
-        out.put(("fatal", index, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
-    finally:
-        out.put(("done", index, None))
+            emit("progress", dict(stats))
+    except InputError as exc:  # reported to the caller, which exits 2
+        emit("input", str(exc))
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, which exits 3
+        emit("fatal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}")
+    return stats
 
 
 @dataclass

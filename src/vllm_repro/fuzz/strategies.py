@@ -49,6 +49,7 @@ class Profile:
     structured_outputs: bool = True  # grammar requests (level engine-core)
     engine_events: bool = True  # reset_prefix_cache, pause/resume (level engine-core)
     pool_override: bool = True  # num_gpu_blocks_override below the memory found (engine-core)
+    kv_connectors: bool = True  # a scripted KV connector's events per request (engine-core)
 
     def with_policy(self, policy: str | None) -> "Profile":
         return self if policy is None else replace(self, policies=(policy,))
@@ -58,13 +59,13 @@ class Profile:
 
 
 _PLAIN = dict(async_scheduling=False, kv_cache_groups=False, structured_outputs=False,
-              engine_events=False, pool_override=False)
+              engine_events=False, pool_override=False, kv_connectors=False)
 LADDER: tuple[Profile, ...] = (
     Profile("single", requests=(1, 1), long_prompt=None, aborts=False, shared_prefixes=False,
             **_PLAIN),
     Profile("concurrent", requests=(2, 8), long_prompt=None, **_PLAIN),
     Profile("long", requests=(1, 6), short_prompt=(1, 32), long_prompt=(100, 900), blocks=(8, 48),
-            async_scheduling=False, engine_events=False),
+            async_scheduling=False, engine_events=False, kv_connectors=False),
     Profile("mixed", requests=(1, 10), empty_outputs=True, spec_decode=True),
 )
 DEFAULT = Profile("default")

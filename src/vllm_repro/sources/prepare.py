@@ -37,6 +37,9 @@ TREES = ("full", "slice", "auto")
 #: 0.7.x ``vllm/v1/core/scheduler.py``, later ``vllm/v1/core/sched/scheduler.py``.
 V1_SCHEDULER_FILES = ("vllm/v1/core/sched/scheduler.py", "vllm/v1/core/scheduler.py")
 V1_KV_CACHE_MANAGER = "vllm/v1/core/kv_cache_manager.py"
+#: The first release whose sdist has them (:func:`require_v1_scheduler` decides per tree; this
+#: bounds which releases a campaign even fetches: ``campaign/spec.py:select_releases``)
+FIRST_V1 = "0.6.5"
 
 
 def check_tree(tree: str | None) -> None:
@@ -105,7 +108,8 @@ def require_v1_scheduler(version: str, tree: Path) -> None:
         return
     raise InputError(f"--vllm {version}: this release has no V1 engine scheduler "
                      f"({V1_SCHEDULER_FILES[0]} or {V1_SCHEDULER_FILES[1]}, with {V1_KV_CACHE_MANAGER}) "
-                     f"and no V0 engine ({' + '.join(V0_ENGINE_FILES)}), which the lab drives")
+                     f"and no V0 engine ({' + '.join(V0_ENGINE_FILES)}), which the lab drives; "
+                     f"pick a release with the V1 engine ({FIRST_V1} or later) or the V0 engine")
 
 
 @contextmanager
