@@ -684,7 +684,8 @@ def schema() -> str:
 
     out = []
     for cls in (RunResult, Crash, Frame, Stall, Violation, RunError, Timing, AuditSummary,
-                EngineInfo, TraceLine, MatrixReport, MatrixCell):
+                EngineInfo, TraceLine, MatrixReport, MatrixCell, CampaignReport,
+                CampaignTaskResult, CampaignFinding, SignatureSpan):
         out.append(f"### `{cls.__name__}`\n")
         doc = inspect.cleandoc(cls.__doc__ or "")
         # Sphinx roles (:class:`~a.b.C`) read as code in Markdown
