@@ -135,6 +135,36 @@ class ExtensionStandIns(importlib.abc.MetaPathFinder):
         return None
 
 
+#: an extension's load error when the machine has no GPU driver (libcuda.so.1 is the driver's,
+#: mounted into a container by the NVIDIA runtime only with ``--gpus``)
+_NO_DRIVER = re.compile(r"\blibcuda\.so(\.\d+)*: cannot open shared object file")
+
+
+class _DriverlessExtension(importlib.abc.Loader):
+    """The loader of a *real* compiled extension of an installed full vLLM (the CUDA image):
+    loaded as it is where the GPU driver is present; on a machine without it (that image run
+    without ``--gpus``: the shared suite's CPU-level tests) the load fails only for want of
+    ``libcuda.so.1``, and the module becomes the stand-in the sdist's absent extension is, and
+    says so in :data:`STOOD_IN`. Any other load error stands."""
+
+    def __init__(self, real: importlib.machinery.ModuleSpec):
+        self.real = real
+
+    def create_module(self, spec):
+        try:
+            return self.real.loader.create_module(self.real)
+        except ImportError as exc:
+            if not _NO_DRIVER.search(str(exc)):
+                raise
+            return _StandIn().create_module(spec)
+
+    def exec_module(self, module):
+        if str(getattr(module, "__file__", "")).startswith("<vllm-repro stand-in"):
+            STOOD_IN.append(f"{module.__name__} (no GPU driver here)")
+        else:
+            self.real.loader.exec_module(module)
+
+
 class BuildProductStandIns(importlib.abc.MetaPathFinder):
     """A first finder on ``sys.meta_path``: a vLLM sub-package that the CUDA build copies in
     (``vllm/vllm_flash_attn``, from the vllm-flash-attn project) is an empty folder in some
@@ -146,6 +176,12 @@ class BuildProductStandIns(importlib.abc.MetaPathFinder):
         if not fullname.startswith("vllm.") or path is None:
             return None
         last = fullname.rpartition(".")[2]
+        if _EXTENSION.match(last):  # a real extension (installed vLLM) may need the GPU driver
+            real = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if real is not None and isinstance(real.loader, importlib.machinery.ExtensionFileLoader):
+                return importlib.machinery.ModuleSpec(fullname, _DriverlessExtension(real),
+                                                      origin=real.origin)
+            return None
         for entry in path:
             d = os.path.join(entry, last)
             if os.path.isfile(d + ".py") or os.path.isfile(os.path.join(d, "__init__.py")):
