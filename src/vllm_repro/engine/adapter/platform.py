@@ -29,7 +29,9 @@ log_warnings                nothing (it queries NVML)
 The release's compiled extension modules (``vllm._C`` and the like, which ``cuda.py`` imports at
 module level) are not in an sdist, nor is NVML's ``pynvml``: under the CUDA platform a last finder
 on ``sys.meta_path`` (:class:`ExtensionStandIns`) makes each one an empty module, by the shape of
-its name, not by a list per release. The kernels' capability queries that vLLM calls at import
+its name, not by a list per release; an installed full vLLM's real extension that cannot load
+only for want of the GPU driver (the CUDA image without ``--gpus``) becomes the same stand-in
+(:class:`_DriverlessExtension`). The kernels' capability queries that vLLM calls at import
 (``torch.ops._C.cutlass_scaled_mm_supports_fp8(capability)`` ...) answer ``False``: this build
 has no such kernel (:func:`answer_kernel_queries`). The CPU
 platform stays available (``platform: {name: cpu}``), as vLLM's own ``CpuPlatform``.
