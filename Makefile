@@ -131,9 +131,21 @@ image-cpu: stage-images
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \
 	echo "images: $(CPU_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CPU_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"
 
-# On a GPU host only (it starts from vllm/vllm-openai:v$(VLLM_VERSION), several GB); docs/images.md.
-image-cuda:
-	$(DOCKER) build -f images/cuda/Dockerfile -t $(CUDA_IMAGE) --build-arg VLLM_VERSION=$(VLLM_VERSION) .
+# The CUDA image of VLLM_VERSION (docs/images.md). Default base: vLLM's own image,
+# vllm/vllm-openai:v$(VLLM_VERSION) (a GPU host pulls it, several GB). BASE_IMAGE=<a Python base>:
+# full vLLM installed from the index with the dependencies of the release's day (EXCLUDE_NEWER,
+# default: the release's upload time + 1 h from the index, as the CPU environments use; ~9 GB).
+EXCLUDE_NEWER ?=
+image-cuda: stage-images $(if $(BASE_IMAGE),venv)
+	@start=$$(date +%s); cutoff="$(EXCLUDE_NEWER)"; \
+	if [ -n "$(BASE_IMAGE)" ] && [ -z "$$cutoff" ]; then \
+	  cutoff=$$($(BIN)/python images/cuda/exclude_newer.py $(VLLM_VERSION)) || exit $$?; fi; \
+	echo "image-cuda: vLLM $(VLLM_VERSION) on $(or $(BASE_IMAGE),vllm/vllm-openai:v$(VLLM_VERSION))$${cutoff:+, if installed there: dependencies as of $$cutoff}"; \
+	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f images/cuda/Dockerfile -t $(CUDA_IMAGE) \
+	  --build-arg VLLM_VERSION=$(VLLM_VERSION) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	  $${cutoff:+--build-arg EXCLUDE_NEWER=$$cutoff} \
+	  $(if $(EXTRA_CA_CERT),--build-arg EXTRA_CA_CERT=images/stage/ca) . || exit 3; \
+	echo "images: $(CUDA_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CUDA_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"
 
 # size, build time cold/warm, cpu-repro wall time in the image and natively (COLD=1: no-cache build)
 bench-image: venv

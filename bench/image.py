@@ -9,6 +9,11 @@ Needs a Docker engine (on this workplace's machines: eval "$(../shared/tools/doc
 first, which also gives BASE_IMAGE, EXTRA_CA_CERT and TORCH_WHEEL_DIR). Goal (issue #7): the
 image <= 1.5 GB.
 
+    python bench/image.py --cuda      # the CUDA image instead (make image-cuda on BASE_IMAGE, a
+                                      # Python base: full vLLM of VLLM_VERSION from the index,
+                                      # ~9 GB): size, layers, build time, the cut-off and the
+                                      # versions it gave; with --cold a --no-cache build (15+ min)
+
 "cold" build: `docker build --no-cache` (the base image present: it cannot be pulled here);
 "warm" build: the same build again, every layer cached. "cold" cpu-repro in the image: the first
 run after that cold build (every run is a fresh container); "warm": the median of the next runs.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -70,9 +76,12 @@ def main() -> None:
                     "empty cache")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--image", default=os.environ.get("CPU_IMAGE", "vllm-repro-cpu:latest"))
+    ap.add_argument("--cuda", action="store_true", help="the CUDA image on BASE_IMAGE instead (see above)")
     args = ap.parse_args()
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         sys.exit("no Docker engine answers (here: eval \"$(../shared/tools/docker-host.sh)\")")
+    if args.cuda:
+        return cuda(args.cold)
     lines = []
     if args.cold:
         lines.append(f"build cold (--no-cache, base present): {build(args.image, True):.0f} s")
@@ -95,6 +104,78 @@ def main() -> None:
     nat = [cpu_repro("native", args.image) for _ in range(args.repeat)]
     lines.append(f"make cpu-repro natively, warm: median {statistics.median(nat):.1f} s "
                  f"(min {min(nat):.1f}, max {max(nat):.1f})")
+    print("\n".join(lines))
+
+
+#: shown with their upload dates: the ones today's index would give far newer versions of
+CUDA_SHOWN = ("vllm", "torch", "transformers", "tokenizers", "protobuf", "xformers", "fastapi", "numpy")
+
+
+def uploads(name: str, version: str) -> tuple[str | None, str]:
+    """(first upload time of ``name==version`` on the index, ISO; the newest final release there)."""
+    from packaging.utils import parse_sdist_filename, parse_wheel_filename
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from vllm_repro.sources.index import project_files
+
+    first, seen = None, set()
+    for f in project_files(name):
+        fn = f["filename"]
+        try:
+            v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
+        except ValueError:
+            continue
+        seen.add(v)
+        t = f.get("upload-time")
+        if str(v) == version and t and (first is None or t < first):
+            first = t
+    final = [v for v in seen if not v.is_prerelease]
+    return first, str(max(final)) if final else "?"
+
+
+def cuda(cold: bool) -> None:
+    """The CUDA image built on ``BASE_IMAGE`` (a Python base; ``make image-cuda``): build time,
+    size and layers, the ``--exclude-newer`` cut-off, and what it gave for :data:`CUDA_SHOWN`."""
+    version = os.environ.get("VLLM_VERSION", "0.10.1.1")
+    base = os.environ.get("BASE_IMAGE")
+    if not base:
+        sys.exit("--cuda needs BASE_IMAGE=<a Python base image> (here: eval \"$(../shared/tools/docker-host.sh)\")")
+    image = os.environ.get("CUDA_IMAGE", f"vllm-repro-cuda:{version}")
+    make = ["make", "--no-print-directory", "image-cuda", f"VLLM_VERSION={version}", f"BASE_IMAGE={base}",
+            f"CUDA_IMAGE={image}"]
+    lines = [f"CUDA image {image}: vLLM {version} installed on {base}"]
+    if cold:
+        lines.append(f"build cold (--no-cache, base present): {sh([*make, 'DOCKER_BUILD_FLAGS=--no-cache'])[0]:.0f} s")
+    else:
+        sh(make)
+    lines.append(f"build warm (nothing changed): {sh(make)[0]:.1f} s")
+    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", image],
+                              capture_output=True, text=True, check=True).stdout)
+    lines.append(f"size {size / 1e9:.2f} GB; layers of 1 MB or more:")
+    out = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{json .}}", image],
+                         capture_output=True, text=True, check=True).stdout
+    for d in map(json.loads, out.splitlines()[::-1]):  # oldest first, as layers() lists them
+        num = next((float(d["Size"][:-len(u)]) * m for u, m in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+                    if d["Size"].endswith(u)), 0.0)
+        # the step without its build arguments (|N A=1 B=2 ...) and shell
+        step = re.sub(r"^[|][0-9]+ (?:[A-Z_]+=[^ ]* )*(?:/bin/bash -o pipefail -c )?(?:set -eux; *)?", "",
+                      d["CreatedBy"]).strip()
+        if num >= 1e6:
+            lines.append(f"    {num / 1e6:7.0f} MB  {' '.join(step.split())[:100] or '(the base)'}")
+
+    def inside(*cmd: str) -> str:
+        return subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", cmd[0], image,
+                               *cmd[1:]], capture_output=True, text=True, check=True).stdout
+
+    cutoff = inside("cat", "/opt/vllm/EXCLUDE_NEWER").strip()
+    versions = dict(x.split("==", 1) for x in inside("python3", "-m", "pip", "list", "--format=freeze").split()
+                    if "==" in x)
+    lines.append(f"dependencies as of {cutoff} ({len(versions)} distributions): installed, first "
+                 "uploaded, the newest release on the index today:")
+    for name in CUDA_SHOWN:
+        have = versions.get(name, "-")
+        first, newest = uploads(name, have)
+        lines.append(f"    {name:13} {have:14} {first[:10] if first else '?':10}  today: {newest}")
     print("\n".join(lines))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,62 @@ def test_the_requested_platform_comes_from_the_workers_environment(monkeypatch):
     monkeypatch.setenv(plat.ENV_VAR, "[1]")
     with pytest.raises(plat.PlatformError):
         plat.requested()
+
+
+EXT_SOURCE = """
+#include <Python.h>
+int cuInit(unsigned int flags);
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "%(name)s", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_%(name)s(void) {
+    PyObject *m = PyModule_Create(&def);
+    if (m) PyModule_AddIntConstant(m, "driver_answer", cuInit(0));
+    return m;
+}
+"""
+
+
+def _cc(*args: str) -> None:
+    import subprocess
+
+    proc = subprocess.run(["cc", *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_real_extension_without_the_gpu_driver_is_a_stand_in_and_with_it_loads(tmp_path):
+    """The CUDA image run without --gpus: full vLLM's compiled extensions need the driver's
+    libcuda.so.1, absent there; they become the stand-ins an sdist's absent extensions are. A
+    real extension (built here, linked against a stand-in driver library) loads when its driver
+    is found, and a load error for any other reason stands."""
+    import shutil
+    import sysconfig
+
+    if not shutil.which("cc") or not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        pytest.skip("needs a C compiler and Python's headers to build a real extension")
+    drv, pkg, other = tmp_path / "drv", tmp_path / "pkg", tmp_path / "other"
+    for d in (drv, pkg, other):
+        d.mkdir()
+    (tmp_path / "cuda.c").write_text("int cuInit(unsigned int flags) { return 42; }\n")
+    _cc("-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(drv / "libcuda.so.1"), str(tmp_path / "cuda.c"))
+    _cc("-shared", "-fPIC", "-Wl,-soname,libfoo.so.1", "-o", str(other / "libfoo.so.1"), str(tmp_path / "cuda.c"))
+    inc = sysconfig.get_paths()["include"]
+    for name, lib, rpath in (("_C", "cuda", None), ("_D_C", "cuda", drv), ("_moe_C", "foo", None)):
+        (tmp_path / f"{name}.c").write_text(EXT_SOURCE % {"name": name})
+        libdir = drv if lib == "cuda" else other
+        _cc("-shared", "-fPIC", f"-I{inc}", "-o", str(pkg / f"{name}.so"), str(tmp_path / f"{name}.c"),
+            "-Wl,--no-as-needed", f"-L{libdir}", f"-l:lib{lib}.so.1", *([f"-Wl,-rpath,{rpath}"] if rpath else []))
+    finder = plat.BuildProductStandIns()
+
+    spec = finder.find_spec("vllm._C", [str(pkg)])  # the driver is nowhere the loader looks
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.__file__.startswith("<vllm-repro stand-in") and "vllm._C (no GPU driver here)" in plat.STOOD_IN
+
+    spec = finder.find_spec("vllm._D_C", [str(pkg)])  # this one finds its driver (rpath)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.driver_answer == 42 and mod.__file__ == str(pkg / "_D_C.so")
+
+    spec = finder.find_spec("vllm._moe_C", [str(pkg)])  # missing something else: the error stands
+    with pytest.raises(ImportError, match="libfoo.so.1"):
+        importlib.util.module_from_spec(spec)
+    assert finder.find_spec("vllm._nope_C", [str(pkg)]) is None  # absent: left to the last finder

@@ -153,6 +153,15 @@ class ReleaseEnv:
         return data if isinstance(data, dict) else {}
 
 
+def exclude_newer(upload_time: datetime) -> str:
+    """The index's state a release's dependencies resolve against: an hour after the release's
+    sdist was uploaded (``upload_time``, UTC; uv's cut-off is strict and the wheels of a release
+    go up within minutes of it), as uv's ``--exclude-newer`` reads it, e.g.
+    ``2025-08-21T00:17:16Z`` for 0.10.1.1. The CPU environments and the CUDA image built on a
+    plain Python base (images/cuda/exclude_newer.py) both use it."""
+    return (upload_time + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def env_dir(version: str) -> Path:
     """``<cache>/envs/<version>``: the full tree's environment of ``version``."""
     return cache_dir() / "envs" / version
@@ -234,7 +243,7 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
         req_file.write_text("\n".join(reqs) + "\n")
         overrides = root / "overrides.txt"
         overrides.write_text("".join(f'{name} ; sys_platform == "never"\n' for name in OVERRIDDEN_AWAY))
-        cutoff = (release.upload_time + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cutoff = exclude_newer(release.upload_time)
         substitutions: list[Substitution] = []
         for _ in range(MAX_SUBSTITUTIONS + 1):
             try:

@@ -29,7 +29,9 @@ log_warnings                nothing (it queries NVML)
 The release's compiled extension modules (``vllm._C`` and the like, which ``cuda.py`` imports at
 module level) are not in an sdist, nor is NVML's ``pynvml``: under the CUDA platform a last finder
 on ``sys.meta_path`` (:class:`ExtensionStandIns`) makes each one an empty module, by the shape of
-its name, not by a list per release. The kernels' capability queries that vLLM calls at import
+its name, not by a list per release; an installed full vLLM's real extension that cannot load
+only for want of the GPU driver (the CUDA image without ``--gpus``) becomes the same stand-in
+(:class:`_DriverlessExtension`). The kernels' capability queries that vLLM calls at import
 (``torch.ops._C.cutlass_scaled_mm_supports_fp8(capability)`` ...) answer ``False``: this build
 has no such kernel (:func:`answer_kernel_queries`). The CPU
 platform stays available (``platform: {name: cpu}``), as vLLM's own ``CpuPlatform``.
@@ -135,6 +137,36 @@ class ExtensionStandIns(importlib.abc.MetaPathFinder):
         return None
 
 
+#: an extension's load error when the machine has no GPU driver (libcuda.so.1 is the driver's,
+#: mounted into a container by the NVIDIA runtime only with ``--gpus``)
+_NO_DRIVER = re.compile(r"\blibcuda\.so(\.\d+)*: cannot open shared object file")
+
+
+class _DriverlessExtension(importlib.abc.Loader):
+    """The loader of a *real* compiled extension of an installed full vLLM (the CUDA image):
+    loaded as it is where the GPU driver is present; on a machine without it (that image run
+    without ``--gpus``: the shared suite's CPU-level tests) the load fails only for want of
+    ``libcuda.so.1``, and the module becomes the stand-in the sdist's absent extension is, and
+    says so in :data:`STOOD_IN`. Any other load error stands."""
+
+    def __init__(self, real: importlib.machinery.ModuleSpec):
+        self.real = real
+
+    def create_module(self, spec):
+        try:
+            return self.real.loader.create_module(self.real)
+        except ImportError as exc:
+            if not _NO_DRIVER.search(str(exc)):
+                raise
+            return _StandIn().create_module(spec)
+
+    def exec_module(self, module):
+        if str(getattr(module, "__file__", "")).startswith("<vllm-repro stand-in"):
+            STOOD_IN.append(f"{module.__name__} (no GPU driver here)")
+        else:
+            self.real.loader.exec_module(module)
+
+
 class BuildProductStandIns(importlib.abc.MetaPathFinder):
     """A first finder on ``sys.meta_path``: a vLLM sub-package that the CUDA build copies in
     (``vllm/vllm_flash_attn``, from the vllm-flash-attn project) is an empty folder in some
@@ -146,6 +178,12 @@ class BuildProductStandIns(importlib.abc.MetaPathFinder):
         if not fullname.startswith("vllm.") or path is None:
             return None
         last = fullname.rpartition(".")[2]
+        if _EXTENSION.match(last):  # a real extension (installed vLLM) may need the GPU driver
+            real = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if real is not None and isinstance(real.loader, importlib.machinery.ExtensionFileLoader):
+                return importlib.machinery.ModuleSpec(fullname, _DriverlessExtension(real),
+                                                      origin=real.origin)
+            return None
         for entry in path:
             d = os.path.join(entry, last)
             if os.path.isfile(d + ".py") or os.path.isfile(os.path.join(d, "__init__.py")):
