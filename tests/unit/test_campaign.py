@@ -23,12 +23,12 @@ INDEX["0.10.1"] = {"filename": "vllm-0.10.1.tar.gz", "yanked": True}
 def test_range_selects_final_v1_releases_in_order():
     assert select_releases(INDEX, ">=0.10,<0.34", "0.6.5") == [
         "0.10.0", "0.10.1.1", "0.10.2", "0.11.0", "0.33.0"]  # no yanked, rc or dev
-    assert select_releases(INDEX, "", "0.6.5")[0] == "0.6.5"  # default: every V1 release
-    assert "0.5.4" not in select_releases(INDEX, "", "0.6.5")
+    assert select_releases(INDEX, None, "0.6.5")[0] == "0.6.5"  # default: every V1 release
+    assert "0.5.4" not in select_releases(INDEX, None, "0.6.5")
     assert select_releases(INDEX, "==0.10.*", "0.6.5") == ["0.10.0", "0.10.1.1", "0.10.2"]
 
 
-@pytest.mark.parametrize("text", [">=banana", "0.10"])
+@pytest.mark.parametrize("text", [">=banana", "0.10", "", "  "])
 def test_a_bad_range_is_one_input_error(text):
     with pytest.raises(InputError, match="--releases"):
         select_releases(INDEX, text, "0.6.5")
@@ -132,7 +132,8 @@ def test_local_executor_runs_tasks_and_reports_a_failed_one():
 
 
 @pytest.mark.parametrize("args, says", [
-    (["campaign", "--releases", ">=banana"], "--releases '>=banana': not a version range"),
+    (["campaign", "--releases", ">=banana"], "--releases '>=banana': not a PEP 440 version range"),
+    (["campaign", "--releases", ""], "--releases '': an empty range"),
     (["campaign", "--features", "everything"], "--features 'everything'"),
     (["campaign", "--ray", "yes please"], "--ray 'yes please'"),
     (["catalog", "run", "--ray", "yes please"], "--ray 'yes please'"),

@@ -15,7 +15,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..errors import InputError
@@ -55,14 +55,12 @@ class CampaignSpec(Record):
 
 
 def parse_range(text: str | None) -> SpecifierSet:
-    """``--releases`` as a :class:`SpecifierSet` (empty text: every release). Raises
-    InputError naming the fix."""
-    text = (text or "").strip()
-    try:
-        return SpecifierSet(text)
-    except InvalidSpecifier:
-        raise InputError(f"--releases {text!r}: not a version range; give a packaging "
-                         "specifier set such as '>=0.10,<0.34' or '==0.10.*'") from None
+    """``--releases`` as a :class:`SpecifierSet` (``None``: every release): the matrix's own
+    parser (:func:`vllm_repro.matrix.parse_range`), so an empty or malformed range is the same
+    InputError (exit 2) for both commands, never "every release" by accident."""
+    from ..matrix import parse_range as matrix_range
+
+    return SpecifierSet("") if text is None else matrix_range(text)
 
 
 def select_releases(index: dict[str, dict], text: str | None, first_v1: str) -> list[str]:

@@ -13,7 +13,7 @@ from ..executor import RAY_HELP  # standard library only at import: --help stays
 
 
 def campaign(
-    releases: str = typer.Option("", "--releases", help="Release range on the index, a packaging specifier set such as '>=0.10,<0.34' (default: every final V1 release)."),
+    releases: str | None = typer.Option(None, "--releases", help="Release range on the index, a packaging specifier set such as '>=0.10,<0.34' (default: every final V1 release)."),
     seeds: int = typer.Option(2, "--seeds", min=1, help="Seeds per release: 0 .. N-1 (one task per release and seed)."),
     features: str = typer.Option("default", "--features", help="Feature sets, comma-separated: default, single, concurrent, long, mixed (each searched in every task)."),
     level: str = typer.Option("scheduler", "--level", help="scheduler | engine-core: the level the scenarios run at."),
@@ -74,7 +74,7 @@ def campaign(
     if installed() is not None:
         raise InputError("campaign runs each release from its sdist; unset VLLM_REPRO_VLLM "
                          "(installed mode runs only the installed vLLM)")
-    cspec = CampaignSpec(releases_range=releases, seeds=list(range(seeds)), features=names,
+    cspec = CampaignSpec(releases_range=releases or "", seeds=list(range(seeds)), features=names,
                          level=level, policy=policy, spec_decode=spec, target=target,
                          examples=examples, time_s=seconds, audit=audit, db=db,
                          shrink=shrink)
