@@ -53,6 +53,9 @@ def matrix(
     reports = reports_dir(reports)
     report = run(sc, versions, chosen_modes, reports, text, jobs=jobs, say=say,
                  source=str(scenario), timelines=timelines)
+    from ..report.index import write_index
+
+    write_index(reports)  # the matrix's runs are runs like any other: the index links them
     if as_json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
