@@ -320,25 +320,8 @@ class PrefixMapCheck:
             return self._full(inner, hashes)
         if unchanged:
             return []
-        sec = books.secondary_hashes()
-        null = books.null_id
-        out = []
-        for bid in compress(count(), map(is_not, hashes, last)):
-            h, o = hashes[bid], last[bid]
-            if bid == null and h is not None:
-                out.append(make_violation(KV_PREFIX_MAP, (
-                    "the null block carries a prefix-cache hash (expected never cached)"), blocks=[bid]))
-                continue
-            if h is not None and not _maps_to(inner.get(h), bid):
-                out.append(self._unmapped(bid))
-            if o is not None and o != h and _maps_to(inner.get(o), bid) and o not in sec.get(bid, ()):
-                out.append(make_violation(KV_PREFIX_MAP, (
-                    f"block {bid} is in the hash map under a hash it does not carry (the block "
-                    f"has {'no hash' if h is None else 'another hash'}; expected the map key)"),
-                    blocks=[bid]))
-            if len(out) >= MAX_PER_CHECK:
-                break
-        return out
+        moved = ((bid, hashes[bid], last[bid]) for bid in compress(count(), map(is_not, hashes, last)))
+        return self._moved_findings(inner, books, moved)
 
     def check_moved(self, mirror, full: bool = False) -> list[Violation]:
         """:meth:`check` with prefix caching on, on the books' mirror
@@ -360,12 +343,18 @@ class PrefixMapCheck:
             return self._full(inner, list(hashes))
         if unchanged:
             return []
-        sec = self.books.secondary_hashes()
-        null = self.books.null_id
         old = mirror.hash_old
+        moved = ((bid, hashes[bid], old[bid]) for bid in sorted(i for i, o in old.items() if hashes[i] is not o))
+        return self._moved_findings(inner, self.books, moved)
+
+    def _moved_findings(self, inner, books, moved) -> list[Violation]:
+        """The findings over ``moved``: (block id, its hash now, its hash at the last check) of
+        each block whose hash changed, in block order; at most MAX_PER_CHECK. Shared by
+        :meth:`check` (a comparison of the lists) and :meth:`check_moved` (the mirror)."""
+        sec = books.secondary_hashes()
+        null = books.null_id
         out = []
-        for bid in sorted(i for i, o in old.items() if hashes[i] is not o):
-            h, o = hashes[bid], old[bid]
+        for bid, h, o in moved:
             if bid == null and h is not None:
                 out.append(make_violation(KV_PREFIX_MAP, (
                     "the null block carries a prefix-cache hash (expected never cached)"), blocks=[bid]))
