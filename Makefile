@@ -86,12 +86,14 @@ cpu-repro-native: venv
 
 # The image's lab and releases, this checkout's scenarios (mounted read-only at the same path,
 # so paths and the table read as they do natively), a SCENARIO outside the checkout too (read-only,
-# at its own path, when it exists: a missing one is the tool's exit 2); reports owned by the caller.
+# at its own path, when it exists: a missing one is the tool's exit 2); reports owned by the caller
+# (VLLM_REPRO_UID too: started as root, the entrypoint would otherwise pick the image's user).
 OUTSIDE_SCENARIOS = $(if $(filter all,$(CATALOG)),,$(foreach s,$(abspath $(SCENARIO)),$(if $(filter $(CURDIR)/%,$(s)),,$(s))))
 cpu-repro-docker: ensure-image
 	@mkdir -p $(REPORTS); start=$$(date +%s); mounts=(); \
 	for s in $(OUTSIDE_SCENARIOS); do [ -f "$$s" ] && mounts+=(-v "$$s:$$s:ro"); done; \
 	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
+	  -e VLLM_REPRO_UID="$$(id -u)" -e VLLM_REPRO_GID="$$(id -g)" \
 	  -v "$(CURDIR):$(CURDIR):ro" "$${mounts[@]}" -v "$(abspath $(REPORTS)):$(abspath $(REPORTS))" -w "$(CURDIR)" \
 	  $(CPU_IMAGE) $(REPRO_ARGS); rc=$$?; \
 	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall (in $(CPU_IMAGE))"; $(SAY_EXIT); exit $$rc
