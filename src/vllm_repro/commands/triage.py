@@ -158,7 +158,7 @@ def triage(
 
     from ..inputs import input_file, output_file, release_name
     from ..triage.core import triage_log, write_draft
-    from ..triage.scenario import draft_scenario
+    from ..triage.scenario import draft_release, draft_scenario
 
     if log != "-":
         input_file(log, "crash log", "give the path of a vLLM crash log (or - for stdin)",
@@ -177,7 +177,8 @@ def triage(
         written = {"path": str(scenario), "name": sc_obj.name,
                    "requests": len(sc_obj.requests),
                    "guesses": text.count("# guess"),
-                   "vllm": sc_obj.vllm.reproduces_on[0]}
+                   "vllm": draft_release(report, vllm),
+                   "expects": sc_obj.expect.outcome if sc_obj.expect else None}
     if as_json:
         data = report.as_dict()
         if written:
@@ -187,7 +188,10 @@ def triage(
         out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
         render(report, out)
         if written:
+            aim = (f"expects the log's {written['expects']}" if written["expects"] else
+                   "no expect: the log's crash is outside the code the lab drives; the replay "
+                   "shows whether the scheduler side stays sound")
             out.print(Text(f"scenario: {written['path']} ({written['requests']} requests, "
-                           f"{written['guesses']} guessed values marked) -> vllm-repro run "
+                           f"{written['guesses']} guessed values marked; {aim}) -> vllm-repro run "
                            f"{written['path']} --vllm {written['vllm']}"))
     raise typer.Exit(0)
