@@ -214,3 +214,44 @@ def test_a_utf8_byte_order_mark_is_ignored(tmp_path):
     log = tmp_path / "bom.log"
     log.write_bytes(b"\xef\xbb\xbf" + CRASH.encode())
     assert reader.iter_lines(log).__next__()[1].startswith("INFO 06-01")
+
+
+def test_vllm_is_checked_against_the_index_as_run_checks_it(tmp_path):
+    """`triage --vllm 9.9.9`: a release the index does not have is exit 2 in one line naming
+    the flag, the nearest releases and how to list them, before the log is read or a draft
+    written; a release the index (or the cache) has is taken; with no index to ask, a draft
+    (which needs none) goes on and says the release was not checked, a replay stops (exit 3)."""
+    import socket
+
+    from .fake_index import FakeIndex, make_sdist
+
+    log = tmp_path / "crash.log"
+    log.write_text(CRASH)
+    draft = tmp_path / "d.yaml"
+    env = {**os.environ, "COLUMNS": "200", "VLLM_REPRO_CACHE": str(tmp_path / "cache")}
+
+    def triage(*args, index):
+        return subprocess.run([sys.executable, "-m", "vllm_repro.cli", "triage", str(log), *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env={**env, "PIP_INDEX_URL": index})
+
+    with FakeIndex({"vllm-0.9.2.tar.gz": make_sdist("0.9.2"),
+                    "vllm-0.10.0.tar.gz": make_sdist("0.10.0")}) as idx:
+        p = triage("--vllm", "9.9.9", "--scenario", str(draft), index=idx.url)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert lines[0].startswith("error: --vllm 9.9.9: vLLM 9.9.9 is not a release on the "
+                                   "index; nearest releases: "), lines[0]
+        assert "pip index versions vllm" in lines[0]
+        assert not draft.exists()
+        p = triage("--vllm", "v0.9.2", "--json", index=idx.url)
+        assert p.returncode == 0, p.stderr
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    gone = f"http://127.0.0.1:{s.getsockname()[1]}/simple"
+    s.close()  # nothing listens there now
+    p = triage("--vllm", "0.9.2", "--json", index=gone)
+    assert p.returncode == 0, p.stderr
+    assert "--vllm 0.9.2: not checked against the index" in p.stderr
+    p = triage("--vllm", "0.9.2", "--replay", "--reports", str(tmp_path / "r"), index=gone)
+    assert p.returncode == 3 and "unreachable" in p.stderr, p.stderr
