@@ -84,7 +84,8 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
         err.print("aborted", highlight=False)
         sys.exit(exc.exit_code)
     except LabError as exc:
-        error(str(exc))
+        for line in exc.lines():  # one line each (several only for several problems of an input)
+            error(line)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

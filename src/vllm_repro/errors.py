@@ -14,16 +14,24 @@ EXIT_ENV = 3
 
 
 class LabError(Exception):
-    """Base class: a one-line message for the user and the exit code it maps to."""
+    """Base class: a one-line message for the user and the exit code it maps to; ``more``:
+    further problems of the same input, one line each (a scenario with several bad fields), which
+    the command line prints one per line after the first (:meth:`lines`)."""
 
     exit_code = EXIT_ENV
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, more: tuple[str, ...] | list[str] = ()):
         super().__init__(message)
         self.message = message
+        self.more = [" ".join(str(m).split("\n")) for m in more]
 
-    def __str__(self) -> str:  # one line, always
-        return " ".join(self.message.split("\n"))
+    def __str__(self) -> str:  # one line, always (with the count of the other problems)
+        first = " ".join(self.message.split("\n"))
+        return first + (f" (+{len(self.more)} more)" if self.more else "")
+
+    def lines(self) -> list[str]:
+        """Every problem, one line each: the message, then ``more``."""
+        return [" ".join(self.message.split("\n")), *self.more]
 
 
 class InputError(LabError):

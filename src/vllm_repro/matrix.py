@@ -8,12 +8,16 @@ Modes are overlays of the scenario (:func:`mode_scenario`): ``plain`` (as writte
 plain run and is left out. Every mode of a release runs in one worker, through
 :func:`vllm_repro.lab.run_matrix`; a mode whose feature the release lacks is refused by the
 release's own adapter (exit 2) and shown ``n/a`` with the Capabilities' one-line reason
-(:data:`MODE_FEATURE`). The releases come from the index (:func:`index_releases`), never from a
-list kept here.
+(:data:`MODE_FEATURE`), as is every run of a release without the engine the scenario's level
+drives (:data:`LEVEL_NEEDS`). A mode with no meaning at the scenario's level (``async`` and
+``spec`` at ``level: v0-engine``: :func:`level_refusal`) is not run and shown ``n/a`` on every
+release. The releases come from the index (:func:`index_releases`), never from a list kept
+here.
 
 Writes ``<reports>/_matrix/<scenario>/matrix.json`` (:class:`~vllm_repro.records.MatrixReport`)
 and ``matrix.png`` (:func:`draw`); each run's own report is under
-``<reports>/<scenario>[.<mode>]/<release>/``.
+``<reports>/<scenario>[.<mode>]/<release>/``, which a cell names relative to the reports folder
+(:func:`cell_report` reads it back), so that a copied reports folder still holds its links.
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ Say = Callable[[str], None]
 MODES = ("plain", "async", "spec", "prefix-caching")
 #: the Capabilities feature (:data:`~vllm_repro.engine.capabilities.FEATURES`) a mode needs
 MODE_FEATURE = {"async": "async scheduling", "spec": "spec decode"}
+#: the scenario config field each mode's overlay turns on (:func:`mode_scenario`)
+MODE_FIELD = {"async": "async_scheduling", "spec": "num_speculative_tokens",
+              "prefix-caching": "enable_prefix_caching"}
+#: what a scenario's ``level`` needs of a release, in the order they are checked: the
+#: Capabilities generation or feature (:data:`~vllm_repro.engine.capabilities.GENERATIONS`,
+#: :data:`~vllm_repro.engine.capabilities.FEATURES`) whose absence makes every run there ``n/a``
+LEVEL_NEEDS = {"scheduler": ("v1-engine",), "engine-core": ("v1-engine", "engine-core"),
+               "v0-engine": ("v0-engine",)}
 #: ``--releases``' default: every final release from the first with a V1 engine scheduler
 #: (``vllm/v1/core``; :func:`~vllm_repro.sources.prepare.require_v1_scheduler` refuses the
 #: earlier ones)
@@ -139,20 +151,72 @@ def mode_scenario(scenario: Scenario, mode: str) -> Scenario | None:
         raise InputError(f"{scenario.name} in mode {mode}: {where}: {first.get('msg')}") from None
 
 
+def level_refusal(scenario: Scenario, mode: str) -> str | None:
+    """Why ``mode`` has no meaning at the scenario's ``level`` on any release (one line), or
+    None. At ``level: v0-engine`` the ``async`` and ``spec`` overlays set V1-only config fields
+    (``engine/v0.py``'s ``V1_ONLY``, which the V0 adapter refuses on every release), so those
+    cells are ``n/a``, not runs the release refused."""
+    if scenario.level != "v0-engine":
+        return None
+    from .engine.v0 import V1_ONLY
+
+    key = MODE_FIELD.get(mode)
+    if key not in V1_ONLY:
+        return None
+    return (f"level: v0-engine: config.{key} is the V1 engine's (vLLM's V0 LLMEngine has no "
+            f"{MODE_FEATURE[mode]} the lab drives); the mode applies at level scheduler or "
+            "engine-core")
+
+
+def _level_missing(level: str, caps) -> str | None:
+    """The Capabilities' reason a release lacks what ``level`` needs (:data:`LEVEL_NEEDS`), or
+    None when it has it (or its record is unknown)."""
+    if caps is None:
+        return None
+    for need in LEVEL_NEEDS.get(level, ()):
+        reason = caps.refusal(need)
+        if reason:
+            return reason
+    return None
+
+
+def cell_report(reports: Path, cell: MatrixCell) -> Path | None:
+    """The run's report folder of ``cell`` under ``reports`` (the folder its ``matrix.json``
+    is in, two levels up): its ``report`` is relative to the reports folder; one written as an
+    absolute path by an older lab is taken as it is. None when the cell has no report."""
+    if not cell.report:
+        return None
+    p = Path(cell.report)
+    return p if p.is_absolute() else Path(reports) / p
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None) -> MatrixCell:
+def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None,
+             level: str = "scheduler", reports: Path | None = None) -> MatrixCell:
     """The cell of one run: its result (:class:`~vllm_repro.records.RunResult`) and verdict
     as outcome, exit code and one-line cause; a run the release refused in a mode its
-    Capabilities (``caps``, None when unknown) lack is ``n/a`` with their reason."""
+    Capabilities (``caps``, None when unknown) lack, or at a ``level`` whose engine it lacks
+    (:data:`LEVEL_NEEDS`), is ``n/a`` with their reason. ``report``: the run's folder, kept
+    relative to ``reports`` when it is under it."""
     subs = result.substitutions or None
-    where = str(report) if report is not None else None
+    where = None
+    if report is not None:
+        where = str(report)
+        if reports is not None:
+            try:
+                where = Path(report).resolve().relative_to(Path(reports).resolve()).as_posix()
+            except ValueError:
+                pass
     observed = verdict.observed if verdict is not None else None
     err = result.error
     if result.outcome == "error" and err is not None and err.kind == "input":
+        missing = _level_missing(level, caps)
+        if missing:
+            return MatrixCell(release, mode, "n/a", None, _one_line(missing), None, where, subs)
         feature = MODE_FEATURE.get(mode)
         if feature and caps is not None and not caps.supports(feature):
             return MatrixCell(release, mode, "n/a", None, _one_line(caps.refusal(feature)),
@@ -192,15 +256,21 @@ def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path
     for m in modes:
         if all(m != v for v, _ in variants):
             say(f"{scenario.name}: mode {m} is the scenario as written (plain); left out")
-    items = [(m, RunItem(sc, v)) for v in releases for m, sc in variants]
+    not_here = {m: why for m, _ in variants if (why := level_refusal(scenario, m))}
+    for m, why in not_here.items():
+        say(f"{scenario.name}: mode {m} is n/a on every release ({why})")
+    items = [(m, RunItem(sc, v)) for v in releases for m, sc in variants if m not in not_here]
     run_matrix([item for _, item in items], reports, jobs=jobs, say=say, timelines=timelines)
-    cells = []
+    ran: dict = {}
     caps_of: dict = {}
     for mode, item in items:
         if item.version not in caps_of:
             caps_of[item.version] = capabilities.load(cache_dir(), item.version)
-        cells.append(cell_for(item.version, mode, item.result, item.verdict,
-                              caps_of[item.version], item.report_dir))
+        ran[item.version, mode] = cell_for(item.version, mode, item.result, item.verdict,
+                                           caps_of[item.version], item.report_dir,
+                                           scenario.level, reports)
+    cells = [ran.get((v, m)) or MatrixCell(v, m, "n/a", None, _one_line(not_here[m]))
+             for v in releases for m, _ in variants]
     report = MatrixReport(scenario=scenario.name, releases_range=releases_range,
                           releases=list(releases), modes=[m for m, _ in variants], cells=cells,
                           started=started, seconds=round(time.perf_counter() - t0, 1),
@@ -310,6 +380,7 @@ def cause_lines(report: MatrixReport) -> list[str]:
     return lines
 
 
-__all__ = ["MODES", "MODE_FEATURE", "DEFAULT_RANGE", "SPEC_TOKENS", "parse_range",
-           "final_releases", "index_releases", "check_modes", "mode_scenario", "cell_for", "run",
-           "matrix_dir", "write", "draw", "table", "cause_lines"]
+__all__ = ["MODES", "MODE_FEATURE", "MODE_FIELD", "LEVEL_NEEDS", "DEFAULT_RANGE", "SPEC_TOKENS",
+           "parse_range", "final_releases", "index_releases", "check_modes", "mode_scenario",
+           "level_refusal", "cell_report", "cell_for", "run", "matrix_dir", "write", "draw",
+           "table", "cause_lines"]

@@ -611,7 +611,8 @@ class MatrixCell(Record):
     clean, 1 crash, violation, stall or incomplete, 2 refused, 3 error; absent for ``n/a``),
     ``cause`` one line: why it was not clean (the error, the refusal, the crash), or why the
     mode does not apply (the Capabilities' refusal); ``observed`` the verdict table's text;
-    ``report`` the run's report folder; ``substitutions`` as in :class:`RunResult`."""
+    ``report`` the run's report folder, relative to the reports folder (``<scenario>[.<mode>]/
+    <release>``); ``substitutions`` as in :class:`RunResult`."""
 
     release: str
     mode: str

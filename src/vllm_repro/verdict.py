@@ -236,6 +236,10 @@ def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdi
         return v
     if exp is None:
         v.ok = outcome != "clean"
+        if not v.ok:
+            v.reason = (f"{v.vllm} is in vllm.reproduces_on and the scenario gives no expect, so "
+                        "any outcome but clean shows the bug; the run was clean (add expect, or "
+                        f"drop {v.vllm} from reproduces_on if the bug cannot show here)")
         return v
     violations = result.all_violations()
     if exp.outcome == "stall" and outcome == "stall":

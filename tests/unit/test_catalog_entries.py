@@ -127,3 +127,26 @@ def test_catalog_list_refuses_a_missing_folder(cli, tmp_path):
     proc = cli("catalog", "--directory", str(tmp_path / "nodir"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "nodir: no such catalog folder (--directory)" in proc.stderr
+
+
+def test_the_docs_count_the_catalog_as_it_is(root, monkeypatch):
+    """docs/catalog.md's entries, runs and releases are the catalog's own (a stale '10
+    releases' misled a newcomer), with Makefile's NEWEST as the extra release of CATALOG=all."""
+    import re
+
+    from vllm_repro.catalog import catalog_items
+    from vllm_repro.sources.installed import MODE_VAR
+
+    monkeypatch.delenv(MODE_VAR, raising=False)  # release mode: each entry on its own releases
+
+    newest = re.search(r"^NEWEST \?= (\S+)$", (root / "Makefile").read_text(), re.M).group(1)
+    assert newest == NEWEST
+    text = " ".join((root / "docs" / "catalog.md").read_text().split())
+    m = re.search(r"The whole catalog is (\d+) entries: (\d+) runs on (\d+) releases with "
+                  r"`vllm-repro catalog run` \((\d+) with `--also-on ([\d.]+)`", text)
+    assert m, "docs/catalog.md no longer says how many entries, runs and releases"
+    runs = catalog_items(SCENARIOS)
+    with_newest = catalog_items(SCENARIOS, extra=[newest])
+    assert (int(m[1]), int(m[2]), int(m[3]), int(m[4]), m[5]) == (
+        len(ENTRIES), len(runs), len({r.version for r in runs}), len(with_newest), newest)
+    assert not re.search(r"runs in about \d+ s", text), "a wall time kept in the docs goes stale"

@@ -329,7 +329,12 @@ ROWS = [
     ("log-char-device", lambda c: ["triage", "/dev/zero"], 2, "character device"),
     ("log-empty", triage_case(""), 2, "the log is empty"),
     ("log-gzip", triage_case(gzip.compress(LOG.encode())), 2, "gzip-compressed"),
-    ("log-nul-bytes", triage_case(b"INFO x\n\x00\x00\n"), 2, "binary data"),
+    # NUL runs are padding (a copy out of a container), dropped; lone NULs amid bytes are binary
+    ("log-nul-bytes", triage_case(b"INFO x\n\x7fELF\x02\x01\x01\x00\x03\x00>\x00\x01\n"), 2,
+     "line 2: binary data"),
+    ("log-nul-padding-only", triage_case(b"\x00" * 5000), 2,
+     "the log is empty (only 5000 NUL bytes of padding)"),
+    ("log-nul-padding-no-crash", triage_case(b"INFO x\n\x00\x00\n"), 2, "no crash found"),
     ("log-vllm-banana", triage_case(LOG, "--vllm", "x" * 80), 2, "a release name of 80 characters"),
     ("triage-scenario-exists", triage_out(lambda c: c.file("old.yaml", "keep me")), 2,  # issue
      "already exists; give --scenario a new path, or add --force"),

@@ -4,14 +4,17 @@ outcome and cause, the record, the table and the picture (vllm-repro matrix)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 from packaging.specifiers import SpecifierSet
 
 from vllm_repro import matrix as mx
 from vllm_repro.engine.capabilities import Capabilities
 from vllm_repro.errors import InputError
 from vllm_repro.records import MatrixCell, MatrixReport, RecordError, RunResult
+from vllm_repro.scenario import parse_scenario
 from vllm_repro.scenario.load import load_scenario
 
 from .fake_index import FakeIndex, make_sdist
@@ -168,3 +171,91 @@ def test_cli_bad_range_or_mode_is_exit_2_in_one_line(cli, root, tmp_path):
 def test_several_ranges_are_their_union():
     specs = [SpecifierSet("==0.6.5"), SpecifierSet(">=0.15,<0.34")]
     assert mx.final_releases(INDEX, specs) == ["0.6.5", "0.15.1", "0.33.0"]
+
+
+V0_SCENARIO = """
+name: v0-matrix
+level: v0-engine
+config: {num_gpu_blocks: 64, block_size: 16}
+requests:
+  - {id: A, prompt_len: 20, max_tokens: 4}
+"""
+
+
+def _fake_matrix(monkeypatch, results, caps):
+    """``matrix.run`` without a release: ``run_matrix`` gives each item the result ``results``
+    holds for its (release, mode) and a report folder under the reports folder; the
+    Capabilities are ``caps``'s. Returns the (release, scenario name) pairs that ran."""
+    from vllm_repro import lab
+    from vllm_repro.engine import capabilities
+    from vllm_repro.records import ReportDir
+
+    ran = []
+
+    def run_matrix(items, reports, **_kw):
+        for item in items:
+            ran.append((item.version, item.scenario.name))
+            mode = item.scenario.name.partition(".")[2] or "plain"
+            item.result = results(item.version, mode)
+            item.verdict = _Verdict(item.result.outcome)
+            item.report = ReportDir(reports, item.scenario.name, item.version)
+            item.report.path.mkdir(parents=True, exist_ok=True)
+        return items
+
+    monkeypatch.setattr(lab, "run_matrix", run_matrix)
+    monkeypatch.setattr(capabilities, "load", lambda _cache, v: caps[v])
+    return ran
+
+
+def test_a_v0_engine_scenario_shows_the_modes_it_has_no_meaning_for_as_n_a(
+        tmp_path, monkeypatch, root):
+    """level: v0-engine: async and spec set V1-only fields (the V0 adapter refuses them on every
+    release): n/a on every release, never run and never 'refused'; a release without the V0
+    engine is n/a too (its Capabilities' reason), so the matrix is clean where V0 runs clean."""
+    sc = parse_scenario(yaml.safe_load(V0_SCENARIO))
+    caps = {"0.9.2": Capabilities("0.9.2", spec_decode=True, v0_engine=True),
+            "0.11.0": Capabilities("0.11.0", spec_decode=True, async_scheduling=True)}
+
+    def results(version, mode):
+        if version == "0.11.0":
+            return RunResult.failed("input", f"level: v0-engine: {caps[version].refusal('v0-engine')}")
+        return RunResult("clean", steps=6, finished={"A": "FINISHED_LENGTH_CAPPED"})
+
+    ran = _fake_matrix(monkeypatch, results, caps)
+    report = mx.run(sc, ["0.9.2", "0.11.0"], list(mx.MODES), tmp_path / "r", ">=0.9")
+    assert sorted(ran) == [("0.11.0", "v0-matrix"), ("0.11.0", "v0-matrix.prefix-caching"),
+                           ("0.9.2", "v0-matrix"), ("0.9.2", "v0-matrix.prefix-caching")]
+    assert report.modes == ["plain", "async", "spec", "prefix-caching"]
+    for release in ("0.9.2", "0.11.0"):
+        for mode in ("async", "spec"):
+            cell = report.cell(release, mode)
+            assert (cell.outcome, cell.exit) == ("n/a", None), cell
+            assert cell.cause.startswith("level: v0-engine: config.")
+    assert report.cell("0.9.2", "plain").outcome == "clean"
+    no_v0 = report.cell("0.11.0", "plain")
+    assert (no_v0.outcome, no_v0.cause) == ("n/a", caps["0.11.0"].refusal("v0-engine"))
+    assert report.exit_code() == 0
+    assert not [c for c in report.cells if c.outcome == "refused"]
+    # a scheduler-level scenario still runs every mode (the overlay applies there)
+    assert mx.level_refusal(load_scenario(root / "scenarios/matrix/plain.yaml"), "spec") is None
+
+
+def test_matrix_json_names_each_run_relative_to_the_reports_folder(tmp_path, monkeypatch):
+    """A copied (or mounted elsewhere) reports folder still leads from matrix.json to each run."""
+    import shutil
+
+    sc = parse_scenario(yaml.safe_load(V0_SCENARIO.replace("level: v0-engine\n", "")))
+    caps = {"0.33.0": Capabilities("0.33.0", spec_decode=True, async_scheduling=True)}
+    _fake_matrix(monkeypatch, lambda v, m: RunResult("clean", steps=6, finished={"A": "x"}),
+                 caps)
+    mx.run(sc, ["0.33.0"], ["plain", "spec"], tmp_path / "r", "==0.33.0")
+    shutil.copytree(tmp_path / "r", tmp_path / "copy")
+    shutil.rmtree(tmp_path / "r")
+    written = (tmp_path / "copy" / "_matrix" / "v0-matrix" / "matrix.json").read_text()
+    assert str(tmp_path) not in written
+    report = MatrixReport.from_dict(json.loads(written))
+    assert [c.report for c in report.cells] == ["v0-matrix/0.33.0", "v0-matrix.spec/0.33.0"]
+    for cell in report.cells:
+        assert mx.cell_report(tmp_path / "copy", cell).is_dir()
+    old = MatrixCell("0.33.0", "plain", "clean", 0, report="/elsewhere/x/0.33.0")
+    assert mx.cell_report(tmp_path / "copy", old) == Path("/elsewhere/x/0.33.0")

@@ -168,3 +168,68 @@ def test_v0_engine_level_takes_zero_gpu_blocks_and_cpu_blocks(tmp_path):
     with pytest.raises(InputError, match="config.num_gpu_blocks is required at level: v0-engine"):
         load_scenario(write(tmp_path, GOOD.replace(
             "config: {num_gpu_blocks: 8}", "level: v0-engine\nconfig: {kv_cache_memory_bytes: 9}")))
+
+
+def test_every_problem_is_listed_one_line_each_and_exit_2(tmp_path, cli):
+    """Several bad fields: each on its own line naming the file, the field and the fix (not
+    the first one and "(+N more)"), still exit 2 and no report."""
+    text = GOOD.replace("config: {num_gpu_blocks: 8}",
+                        "config: {num_gpu_blocks: 8, max_num_seqs: true, policy: lifo}")
+    text = text.replace("{id: A, prompt_len: 10}", "{id: A, prompt_len: -1}")
+    p = write(tmp_path, text)
+    proc = cli("run", str(p), "--vllm", "0.10.2", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 3, proc.stderr
+    fields = ["config.max_num_seqs", "config.policy", "requests[0].prompt_len"]
+    fixes = ["write a plain int value", "use one of the values listed", "at least 1"]
+    for field, fix in zip(fields, fixes):
+        (line,) = [ln for ln in lines if f": {field}: " in ln]
+        assert line.startswith(f"error: {p}: ") and fix in line, line
+    assert "more)" not in proc.stderr
+    assert not (tmp_path / "r").exists()
+    # in one line where only one fits (a run's error record, a table cell): the count stays
+    with pytest.raises(InputError) as info:
+        load_scenario(p)
+    assert str(info.value).endswith("(+2 more)") and len(info.value.lines()) == 3
+
+
+def test_a_long_list_of_problems_is_cut_with_a_count(tmp_path):
+    reqs = "".join(f"  - {{id: R{i}, prompt_len: -1}}\n" for i in range(30))
+    p = write(tmp_path, "name: t\nconfig: {num_gpu_blocks: 8}\nrequests:\n" + reqs)
+    with pytest.raises(InputError) as info:
+        load_scenario(p)
+    lines = info.value.lines()
+    assert len(lines) == 21 and "requests[19].prompt_len" in lines[19]
+    assert lines[20] == f"{p}: ... and 10 more problem(s) like these; fix the ones above and " \
+                        "validate it again"
+
+
+@pytest.mark.parametrize("field, typed, meant", [
+    ("level", "v0-engin", "v0-engine"),
+    ("level", "engine_core", "engine-core"),
+    ("level", "schedular", "scheduler"),
+    ("config.policy", "fcsf", "fcfs"),
+])
+def test_a_misspelled_choice_gets_did_you_mean(tmp_path, field, typed, meant):
+    """As an unknown field name does: the value of a field with fixed choices names the nearest."""
+    if field == "level":
+        text = GOOD.replace("config: {num_gpu_blocks: 8}",
+                            f"level: {typed}\nconfig: {{num_gpu_blocks: 8}}")
+    else:
+        text = GOOD.replace("config: {num_gpu_blocks: 8}",
+                            f"config: {{num_gpu_blocks: 8, policy: {typed}}}")
+    p = write(tmp_path, text)
+    with pytest.raises(InputError) as info:
+        load_scenario(p)
+    msg = str(info.value)
+    assert msg.startswith(f"{p}: {field}: ") and msg.endswith(f"did you mean {meant!r}?"), msg
+
+
+def test_a_choice_far_from_every_value_lists_them_without_a_guess(tmp_path):
+    p = write(tmp_path, GOOD.replace("config: {num_gpu_blocks: 8}",
+                                     "level: gpu\nconfig: {num_gpu_blocks: 8}"))
+    with pytest.raises(InputError) as info:
+        load_scenario(p)
+    msg = str(info.value)
+    assert "'scheduler', 'engine-core' or 'v0-engine'" in msg and "did you mean" not in msg

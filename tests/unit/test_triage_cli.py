@@ -143,6 +143,38 @@ def test_bytes_that_are_not_utf8_are_replaced_not_refused(tmp_path):
     assert d["notes"] and "line 8" in next(n for n in d["notes"] if "UTF-8" in n)
 
 
+def test_nul_padding_is_dropped_and_the_log_triaged(tmp_path):
+    """A log as copied out of a container or rotated under its writer (copytruncate): NUL
+    bytes before the text (more than a read block of them), runs of them between lines and
+    after the text. Triaged as the same crash, line numbers as in the text, the padding noted."""
+    lines = CRASH.encode().splitlines(keepends=True)
+    data = (b"\x00" * (reader._CHUNK + 4096) + b"".join(lines[:3]) + b"\x00" * 512
+            + b"".join(lines[3:]) + b"\x00" * 100)
+    log = tmp_path / "padded.log"
+    log.write_bytes(data)
+    p = run(str(log), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert (d["exception_type"], d["vllm_version"]) == ("KeyError", "0.9.2")
+    assert d["last_vllm_frame"]["module"] == "vllm/v1/core/sched/scheduler.py"
+    assert d["root_cause"]["log_line"] == 7  # the text's own line numbers
+    (note,) = [n for n in d["notes"] if "NUL" in n]
+    assert note.startswith(f"{reader._CHUNK + 4096 + 512 + 100} NUL bytes of padding dropped "
+                           "(before the text")
+
+
+@pytest.mark.parametrize("block, binary", [
+    (b"INFO a\n" * 50 + b"\x00" * 4000 + b"INFO b\n", False),           # padding between lines
+    (b"\x00" * 10 + b"plain text\n", False),
+    ("INFO x\n".encode("utf-16-le") * 20, True),                        # UTF-16 without a BOM
+    (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4, True),         # an executable
+    (b"SQLite format 3\x00\x10\x00\x01\x01\x00@  \x00\x00\x00\x02", True),
+    (b"INFO \x1b[32mgreen\x1b[0m\r\n\tindented\x0c\n" * 20, False),     # colours, CR, tab
+])
+def test_only_truly_binary_data_is_binary(block, binary):
+    assert reader.looks_binary(block) is binary
+
+
 def test_a_traceback_cut_before_its_exception_reports_its_frames(tmp_path):
     log = tmp_path / "cut.log"
     log.write_bytes(CRASH.encode().rsplit(b"\n", 2)[0] + b"\n")
@@ -182,3 +214,44 @@ def test_a_utf8_byte_order_mark_is_ignored(tmp_path):
     log = tmp_path / "bom.log"
     log.write_bytes(b"\xef\xbb\xbf" + CRASH.encode())
     assert reader.iter_lines(log).__next__()[1].startswith("INFO 06-01")
+
+
+def test_vllm_is_checked_against_the_index_as_run_checks_it(tmp_path):
+    """`triage --vllm 9.9.9`: a release the index does not have is exit 2 in one line naming
+    the flag, the nearest releases and how to list them, before the log is read or a draft
+    written; a release the index (or the cache) has is taken; with no index to ask, a draft
+    (which needs none) goes on and says the release was not checked, a replay stops (exit 3)."""
+    import socket
+
+    from .fake_index import FakeIndex, make_sdist
+
+    log = tmp_path / "crash.log"
+    log.write_text(CRASH)
+    draft = tmp_path / "d.yaml"
+    env = {**os.environ, "COLUMNS": "200", "VLLM_REPRO_CACHE": str(tmp_path / "cache")}
+
+    def triage(*args, index):
+        return subprocess.run([sys.executable, "-m", "vllm_repro.cli", "triage", str(log), *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env={**env, "PIP_INDEX_URL": index})
+
+    with FakeIndex({"vllm-0.9.2.tar.gz": make_sdist("0.9.2"),
+                    "vllm-0.10.0.tar.gz": make_sdist("0.10.0")}) as idx:
+        p = triage("--vllm", "9.9.9", "--scenario", str(draft), index=idx.url)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert lines[0].startswith("error: --vllm 9.9.9: vLLM 9.9.9 is not a release on the "
+                                   "index; nearest releases: "), lines[0]
+        assert "pip index versions vllm" in lines[0]
+        assert not draft.exists()
+        p = triage("--vllm", "v0.9.2", "--json", index=idx.url)
+        assert p.returncode == 0, p.stderr
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    gone = f"http://127.0.0.1:{s.getsockname()[1]}/simple"
+    s.close()  # nothing listens there now
+    p = triage("--vllm", "0.9.2", "--json", index=gone)
+    assert p.returncode == 0, p.stderr
+    assert "--vllm 0.9.2: not checked against the index" in p.stderr
+    p = triage("--vllm", "0.9.2", "--replay", "--reports", str(tmp_path / "r"), index=gone)
+    assert p.returncode == 3 and "unreachable" in p.stderr, p.stderr

@@ -103,8 +103,10 @@ def _index_name(flag: str, version: str, index: dict[str, dict]) -> str:
     older = [v for v in ordered if Version(v) < want][-1:]
     newer = [v for v in ordered if Version(v) > want][:1]
     near = ", ".join(older + newer)
+    from ..sources.index import LIST_RELEASES
+
     raise InputError(f"{flag} {version}: vLLM {version} is not a release on the index"
-                     + (f"; nearest releases: {near}" if near else ""))
+                     + (f"; nearest releases: {near}" if near else "") + f" ({LIST_RELEASES})")
 
 
 def release_span(index: dict[str, dict], bad: str, good: str) -> tuple[str, str, list[str]]:

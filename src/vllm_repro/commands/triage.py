@@ -136,6 +136,25 @@ def _replay(report, sc, vllm, reports: Path, scenario: Optional[Path], force: bo
     raise typer.Exit(rep.exit_code)
 
 
+def _checked_release(vllm: str, needed: bool) -> str:
+    """``--vllm`` checked as ``run`` checks a release (:func:`~vllm_repro.sources.sdist.
+    known_release`: the cache, else the index): exit 2 for one that is not a release. When the
+    index cannot be read and the release is not cached, a replay (``needed``) stops there (exit
+    3: it could not run it anyway); a draft, which triage writes offline, goes on with the
+    release unchecked and says so."""
+    from ..console import say
+    from ..errors import IndexUnreachable
+    from ..sources.sdist import known_release, validate_version
+
+    try:
+        return known_release(vllm, "--vllm")
+    except IndexUnreachable as exc:
+        if needed:
+            raise
+        say(f"--vllm {vllm}: not checked against the index ({exc}); the draft names it as given")
+        return validate_version(vllm)
+
+
 def triage(
     log: str = typer.Argument(..., help="The crash log (a file, or - to read stdin)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -158,13 +177,13 @@ def triage(
 
     from ..inputs import input_file, output_file, release_name
     from ..triage.core import triage_log, write_draft
-    from ..triage.scenario import draft_scenario
+    from ..triage.scenario import draft_release, draft_scenario
 
     if log != "-":
         input_file(log, "crash log", "give the path of a vLLM crash log (or - for stdin)",
                    fifo_ok=True)
     if vllm is not None:
-        vllm = release_name(vllm)
+        vllm = _checked_release(release_name(vllm), needed=do_replay)
     if scenario is not None:  # refused before the log is read: nothing is overwritten
         output_file(scenario, "scenario file", "--scenario", force=force)
     report, sc = triage_log(log)
@@ -177,7 +196,8 @@ def triage(
         written = {"path": str(scenario), "name": sc_obj.name,
                    "requests": len(sc_obj.requests),
                    "guesses": text.count("# guess"),
-                   "vllm": sc_obj.vllm.reproduces_on[0]}
+                   "vllm": draft_release(report, vllm),
+                   "expects": sc_obj.expect.outcome if sc_obj.expect else None}
     if as_json:
         data = report.as_dict()
         if written:
@@ -187,7 +207,10 @@ def triage(
         out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
         render(report, out)
         if written:
+            aim = (f"expects the log's {written['expects']}" if written["expects"] else
+                   "no expect: the log's crash is outside the code the lab drives; the replay "
+                   "shows whether the scheduler side stays sound")
             out.print(Text(f"scenario: {written['path']} ({written['requests']} requests, "
-                           f"{written['guesses']} guessed values marked) -> vllm-repro run "
+                           f"{written['guesses']} guessed values marked; {aim}) -> vllm-repro run "
                            f"{written['path']} --vllm {written['vllm']}"))
     raise typer.Exit(0)

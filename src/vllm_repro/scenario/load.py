@@ -27,6 +27,14 @@ def _loc(loc: tuple) -> str:
     return out
 
 
+def _choices(err: dict) -> list[str]:
+    """The values a ``literal_error`` / ``enum`` error allows (pydantic's ``ctx.expected``:
+    ``'scheduler', 'engine-core' or 'v0-engine'``)."""
+    import re
+
+    return re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+
+
 def _fix_hint(err: dict) -> str:
     kind = err.get("type", "")
     if kind == "extra_forbidden":
@@ -38,8 +46,12 @@ def _fix_hint(err: dict) -> str:
         return f"use a value of at least {ctx.get('ge')}"
     if kind == "greater_than":
         return f"use a value above {ctx.get('gt')}"
-    if kind == "literal_error":
-        return "use one of the values listed"
+    if kind in ("literal_error", "enum"):
+        from .schema import close_field
+
+        near = close_field(err.get("input"), _choices(err), cutoff=0.6) \
+            if isinstance(err.get("input"), str) else None
+        return f"did you mean {near!r}?" if near else "use one of the values listed"
     if kind == "finite_number":
         return "write a finite number (not .nan or .inf)"
     if kind.endswith("_type"):
@@ -81,31 +93,44 @@ def _typo(errs: list[dict]) -> tuple[dict, str, str | None] | None:
     return None
 
 
-def format_validation_error(path: str | Path, exc: ValidationError) -> str:
-    """One line: ``FILE: FIELD: problem; fix`` for the first error, plus a count of the rest.
-    An unknown field that misspells a field of the format (``promt_len``) is named first, with
-    the field it likely means."""
-    errs = exc.errors()
-    err = errs[0]
-    msg = err.get("msg", "invalid").removeprefix("Value error, ")
-    hint = _fix_hint(err)
-    typo = _typo(errs)
-    if typo is not None:
-        err, near, required = typo
-        msg = f"unknown field; did you mean {near}?" + (f" ({near} is required)" if required else "")
-        hint = ""
-        errs = [e for e in errs if e is not err and not (
-            required and e.get("type") == "missing" and tuple(e.get("loc", ()))[-1] == required)]
-        errs.insert(0, err)
-    elif err.get("type") == "extra_forbidden":
-        msg = "unknown field"
-    elif err.get("type") == "missing":
-        msg = "missing required field"
-    more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
+#: the problems of one scenario listed, at most (a generated file may have thousands)
+MAX_LISTED = 20
+
+
+def _line(path: str | Path, err: dict, msg: str | None = None, hint: str | None = None) -> str:
+    """One problem on one line: ``FILE: FIELD: problem; fix`` (``msg`` and ``hint`` replace
+    the error's own where given)."""
+    if msg is None:
+        msg = {"extra_forbidden": "unknown field", "missing": "missing required field"}.get(
+            err.get("type", ""), err.get("msg", "invalid").removeprefix("Value error, "))
+    hint = hint if hint is not None else _fix_hint(err)
     loc = _loc(tuple(err.get("loc", ())))
     # a validator's message that names its own field (config.num_gpu_blocks: ...) stands alone
     head = f"{path}: {loc}: " if loc and not msg.startswith(loc + ".") else f"{path}: "
-    return head + msg + (f"; {hint}" if hint else "") + more
+    return head + msg + (f"; {hint}" if hint else "")
+
+
+def validation_lines(path: str | Path, exc: ValidationError) -> list[str]:
+    """Every problem of a scenario, one line each (``FILE: FIELD: problem; fix``), in
+    pydantic's order, at most :data:`MAX_LISTED` and then a line counting the rest. An unknown
+    field that misspells a field of the format (``promt_len``) comes first, with the field it
+    likely means (and without the "missing" error of that field, when it is the one meant); a
+    value outside a field's choices (``level: v0-engin``) names the nearest choice."""
+    errs = list(exc.errors())
+    lines = []
+    typo = _typo(errs)
+    if typo is not None:
+        err, near, required = typo
+        lines.append(_line(path, err, f"unknown field; did you mean {near}?"
+                           + (f" ({near} is required)" if required else ""), ""))
+        errs = [e for e in errs if e is not err and not (
+            required and e.get("type") == "missing" and tuple(e.get("loc", ()))[-1] == required)]
+    lines.extend(_line(path, e) for e in errs)
+    if len(lines) > MAX_LISTED:
+        rest = len(lines) - MAX_LISTED
+        lines = lines[:MAX_LISTED] + [f"{path}: ... and {rest} more problem(s) like these; fix "
+                                      "the ones above and validate it again"]
+    return lines
 
 
 def parse_scenario(data: object, source: str | Path = "<scenario>") -> Scenario:
@@ -115,7 +140,8 @@ def parse_scenario(data: object, source: str | Path = "<scenario>") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise InputError(format_validation_error(source, exc)) from None
+        first, *more = validation_lines(source, exc)
+        raise InputError(first, more) from None
     except RecursionError:
         raise InputError(f"{source}: nested too deep to validate; flatten it") from None
 

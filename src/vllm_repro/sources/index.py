@@ -20,6 +20,9 @@ from html.parser import HTMLParser
 from ..errors import EnvError, IndexUnreachable, InputError
 from ..settings import IndexSettings
 
+#: how a user lists vLLM's releases on the index the lab reads (pip's own configuration, which
+#: :meth:`~vllm_repro.settings.IndexSettings.from_pip` follows too)
+LIST_RELEASES = "`pip index versions vllm` lists every release on the index"
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
 HTML_ACCEPT = "application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01"
 TIMEOUT_S = 60
@@ -219,7 +222,7 @@ def find_sdist(version: str, project: str = "vllm", settings: IndexSettings | No
         except InvalidVersion:
             known = []
         hint = f"; nearest releases: {', '.join(sorted(known, key=_vkey))}" if known else ""
-        raise InputError(f"vLLM {version} is not a release on the index{hint}")
+        raise InputError(f"vLLM {version} is not a release on the index{hint} ({LIST_RELEASES})")
     sha = (f.get("hashes") or {}).get("sha256")
     if not sha:
         raise EnvError(f"the index gives no sha256 for {f['filename']}; refusing an unchecked download")

@@ -359,6 +359,23 @@ def write_dist_info(tree: Path, version: str) -> Path:
     return dist
 
 
+def known_release(version: str, flag: str = "--vllm", settings: IndexSettings | None = None) -> str:
+    """``version`` as the index spells it (:func:`validate_version`), once it is known to be a
+    release of vLLM: its sdist (or wheel) is in the cache (no network), else the index has it,
+    looked up as ``run`` and ``prepare`` look it up (:func:`~vllm_repro.sources.index.
+    find_sdist`). Raises :class:`InputError` naming ``flag``, the nearest releases and how to
+    list them (exit 2); :class:`~vllm_repro.errors.IndexUnreachable` when the index cannot be
+    read and nothing is cached."""
+    try:
+        text = validate_version(version)
+        if _sdist_paths(text)[1].is_file() or _wheel_meta(text).is_file():
+            return text
+        find_sdist(text, settings=settings or IndexSettings.from_pip())
+    except InputError as exc:
+        raise InputError(f"{flag} {version}: {exc}") from None
+    return text
+
+
 def validate_version(version: str) -> str:
     """The release string as the index spells it, from what a user typed: surrounding spaces and
     a tag's leading ``v`` (``v0.10.2``) dropped. Raises :class:`InputError` for a string that

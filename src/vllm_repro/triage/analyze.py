@@ -388,7 +388,7 @@ def _root_cause(root, cut) -> dict | None:
 
 def _notes(sc: LogScanner, root, sig, cut, reversed_tb) -> list[str]:
     """What a reader of the report should know about the log itself: missing processes, cut
-    tracebacks, bytes that are not UTF-8, what was not kept."""
+    tracebacks, bytes that are not UTF-8, NUL padding dropped, what was not kept."""
     notes: list[str] = []
     if root is not None and is_wrapper(root, sc.exceptions):
         notes.append("only exceptions that report another one are in the log: the root cause "
@@ -415,6 +415,10 @@ def _notes(sc: LogScanner, root, sig, cut, reversed_tb) -> list[str]:
     if sc.not_utf8[0]:
         notes.append(f"{sc.not_utf8[0]} line(s) hold bytes that are not UTF-8, read as U+FFFD "
                      f"(first at line {sc.not_utf8[1]})")
+    if sc.nul_padding[0]:
+        where = "before the text" if sc.nul_padding[1] == 1 else f"first at line {sc.nul_padding[1]}"
+        notes.append(f"{sc.nul_padding[0]} NUL bytes of padding dropped ({where}: a copy from a "
+                     "container or a log rotated under its writer)")
     if sc.exceptions_dropped:
         notes.append(f"{sc.exceptions_dropped} exceptions from the middle of the log not kept")
     if root is not None and root.frames_dropped:

@@ -18,7 +18,8 @@ _HEAD_CHARS = 16 * 1024 * 1024  # at most this much of the head is held to learn
 def scan_log(source: str | Path) -> LogScanner:
     """Read ``source`` (a path or ``-`` for stdin) line by line into a :class:`LogScanner`.
     Raises :class:`InputError` for an unreadable, empty, binary or UTF-16 input; bytes that
-    are not UTF-8 are read as U+FFFD (``sc.not_utf8``: how many lines, the first)."""
+    are not UTF-8 are read as U+FFFD (``sc.not_utf8``: how many lines, the first); NUL bytes of
+    padding are dropped (``sc.nul_padding``: how many bytes, the line after the first)."""
     stats = ReadStats()
     lines = iter_lines(source, stats)
     head: list[tuple[int, str]] = []
@@ -37,6 +38,7 @@ def scan_log(source: str | Path) -> LogScanner:
         feed(lineno, line)
     sc.finish()
     sc.not_utf8 = (stats.bad_lines, stats.first_bad_line)
+    sc.nul_padding = (stats.nul_bytes, stats.first_nul_line)
     return sc
 
 

@@ -116,12 +116,12 @@ def replay(report: TriageReport, sc, *, version: str | None, reports: Path, scen
     from ..scenario import load_scenario
     from ..verdict import exit_code
     from .core import write_draft
-    from .scenario import draft_scenario
+    from .scenario import draft_release, draft_scenario
 
-    text, drafted = draft_scenario(report, sc, version=version)
+    text, _ = draft_scenario(report, sc, version=version)
     write_draft(scenario_path, text)
     scenario = load_scenario(scenario_path)
-    release = drafted.vllm.reproduces_on[0]
+    release = draft_release(report, version)
     (item,) = run_matrix([RunItem(scenario, release)], reports, jobs=1, say=say)
     result = item.result
     trace = []

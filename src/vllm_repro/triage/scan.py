@@ -362,6 +362,7 @@ class LogScanner:
         self.truncated_frames: list[TruncatedTraceback] = []
         #: lines whose bytes were not UTF-8 (read as U+FFFD): (count, first line)
         self.not_utf8: tuple[int, int | None] = (0, None)
+        self.nul_padding: tuple[int, int | None] = (0, None)
         self._streams: dict[tuple[str, str | None], _Stream] = {}
         self._prev_tb: tuple[int, tuple[str, str | None]] | None = None
         #: (line, stream key) of the last line of a dump still open (a wrapped dump goes on)

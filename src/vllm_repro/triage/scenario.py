@@ -178,10 +178,19 @@ def _v1_default(version: str) -> tuple[bool | None, str]:
     return False, f"vLLM {version} has no vllm/v1 package"
 
 
+def draft_release(report: TriageReport, version: str | None = None) -> str | None:
+    """The release a draft is for: ``version`` (``--vllm``) or the one the log names."""
+    return version or report.vllm_version
+
+
 def draft_scenario(report: TriageReport, sc: LogScanner, *, version: str | None = None,
                    name: str | None = None) -> tuple[str, Scenario]:
     """The scenario YAML text (with ``# guess`` / ``# derived`` comments) and its validated
-    :class:`Scenario`, for the release ``version`` (default: the one the log names).
+    :class:`Scenario`, for the release ``version`` (default: the one the log names,
+    :func:`draft_release`). The release is under ``vllm.reproduces_on`` only when the draft
+    ``expect``s the log's crash (it is in the code the lab drives): a draft without an
+    expectation names the release in a comment, to be run with ``--vllm`` (exit 0 when the
+    replay runs clean), never one that demands a crash the replay cannot show.
 
     Raises :class:`InputError` when the log names no release and none is given, or shows
     neither a dumped SchedulerOutput nor scheduler stats to build requests from.
@@ -196,7 +205,7 @@ class _Draft:
     def __init__(self, report: TriageReport, sc: LogScanner, version: str | None, name: str | None):
         self.report, self.sc, self.name = report, sc, name
         self.src = report.source
-        self.version = self._check_version(version or report.vllm_version)
+        self.version = self._check_version(draft_release(report, version))
         dump = self.dump = sc.dump
         self.so = read_scheduler_output(dump.scheduler_output) if dump and dump.scheduler_output else None
         self.state = report.scheduler_state or {}
@@ -463,9 +472,10 @@ class _Draft:
                 lines.append(f"  phase: {self.phase}")
             return lines
         where = f"{frame['module']}:{frame['function']}" if frame else "no vLLM frame"
-        return [f"# no expect: the log's crash ({report.exception_type or report.exit_kind}"
-                f" in {where}) is outside the scheduler/KV code the lab drives; the",
-                "# replay shows whether vLLM's scheduler side stays sound under this load"]
+        what = report.exception_type or report.exit_kind or "the crash"
+        return [f"# no expect: the log's crash ({what} in {where}) is outside the scheduler/KV",
+                "# code the lab drives, so the replay cannot show it; it shows whether vLLM's",
+                "# scheduler side stays sound under this load (clean: exit 0; anything else: exit 1)"]
 
     # --- the text ---------------------------------------------------------------------------------
     def _text(self, expect_lines: list[str]) -> str:
@@ -476,19 +486,26 @@ class _Draft:
         what = report.exception_type or "no Python exception"
         if report.exception_message:
             what += f": {report.exception_message[:120]}"
-        desc = (f"drafted by vllm-repro triage from {Path(src).name}: {what} "
-                f"({report.stage}, {report.exit_kind})")
+        known = [x for x in (report.stage and f"stage {report.stage}", report.exit_kind) if x]
+        desc = (f"drafted by vllm-repro triage from {Path(src).name}: {what}"
+                + (f" ({', '.join(known)})" if known else ""))
         vsrc = report.version_source
+        named = f"named in the log, line {vsrc['log_line']}" if vsrc and version == \
+            report.vllm_version else "given with --vllm"
+        expects = any(line.startswith("expect:") for line in expect_lines)
+        name = self.name or _scenario_name(src)
         out = [f"# Drafted by `vllm-repro triage --scenario` from {src}.",
                "# `# guess:` marks values the log does not state; `# derived:` values computed from it.",
-               f"name: {_q(self.name or _scenario_name(src))}",
-               f"description: {_q(desc)}",
-               "vllm:",
-               f"  reproduces_on: [{_q(version)}]"
-               + (f"  # named in the log, line {vsrc['log_line']}" if vsrc and version ==
-                  report.vllm_version else "  # given with --vllm"),
-               f"level: {self.level}  # {self.level_why}",
-               "config:"]
+               f"name: {_q(name)}",
+               f"description: {_q(desc)}"]
+        if expects:
+            out += ["vllm:", f"  reproduces_on: [{_q(version)}]  # {named}"]
+        else:  # reproduces_on would demand a crash the lab cannot show: the replay would fail
+            out += [f"# vLLM {version} ({named}) is not under vllm.reproduces_on: the draft has no",
+                    "# expect (below), so that release would demand a crash the replay cannot show;",
+                    f"# run it there with: vllm-repro run <this file> --vllm {version}"]
+        out += [f"level: {self.level}  # {self.level_why}",
+                "config:"]
         for key in _CONFIG_ORDER:
             if key in c:
                 out.append(f"  {key}: {_q(c[key].value)}{c[key].comment()}")
