@@ -70,3 +70,32 @@ def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_
     assert res.returncode == 2, res.stdout + res.stderr
     assert "config.max_num_partial_prefills" in res.stdout + res.stderr
     assert f"vLLM {RELEASE}'s EngineArgs has no field" in res.stdout + res.stderr
+
+
+def test_8881_async_stopped_assertion_on_0_6_1_and_refused_prompt_from_0_8_4(cli, tmp_path):
+    """The catalog's V0 entry for vLLM #8881 (crash log 013): on 0.6.1.post2 (the log's release)
+    async output processing is on (the emulated CUDA device), B's over-long prompt is chunked in,
+    parked in _async_stopped and never freed, and the next schedule() dies on the issue's
+    assertion in _schedule_running; 0.8.4's front door refuses B (ValueError at add_request)."""
+    entry = "scenarios/vllm-8881-v0-async-stopped-long-prompt.yaml"
+    name = "vllm-8881-v0-async-stopped-long-prompt"
+    reports = tmp_path / "r"
+    res = cli("run", entry, "--vllm", "0.6.1.post2", "--vllm", "0.8.4", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.6.1.post2" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    crash = bad["crash"]
+    assert (crash["type"], crash["step"], crash["phase"]) == ("AssertionError", 5, "step")
+    assert [f["function"] for f in crash["vllm_frames"]][-2:] == [
+        "_schedule_chunked_prefill", "_schedule_running"]
+    log = (reports / name / "0.6.1.post2" / "engine.log").read_text()
+    assert "device_config=cuda" in log and "use_async_output_proc=True" in log
+    lines = [json.loads(x) for x in
+             (reports / name / "0.6.1.post2" / "trace.jsonl").read_text().splitlines()]
+    assert lines[2]["scheduled"] == {"B": 63, "A": 1}  # B's first chunk: admitted past the limit
+    assert "B" not in bad["finished"] and "B" in bad["unfinished"]  # parked, never freed
+    fixed = json.loads((reports / name / "0.8.4" / "result.json").read_text())
+    assert fixed["verdict"]["ok"] is True, fixed["verdict"]
+    assert (fixed["crash"]["type"], fixed["crash"]["phase"]) == ("ValueError", "add_request")
+    assert fixed["crash"]["message"].startswith(
+        "The decoder prompt (length 150) is longer than the maximum model length of 128.")

@@ -532,7 +532,8 @@ class V0EngineLoop(StepLoop):
         ids = set()
         for sched in (self.engine.scheduler if isinstance(self.engine.scheduler, list)
                       else [self.engine.scheduler]):
-            for q in (sched.waiting, sched.running, sched.swapped):
+            for q in (sched.waiting, sched.running, sched.swapped,
+                      getattr(sched, "_async_stopped", ())):  # past max_model_len (async)
                 ids.update(sg.request_id for sg in q)
         # V0 with async output processing: a request's last output may still be queued
         for ctx in getattr(self.engine, "scheduler_contexts", ()) or ():

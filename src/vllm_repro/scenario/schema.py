@@ -619,9 +619,11 @@ class Scenario(Strict):
                 raise ValueError(f"requests[{i}].id: request id {r.id!r} is used twice")
             ids.add(r.id)
             if r.prompt_len + r.max_tokens > self.config.max_model_len and (
-                    self.level != "v0-engine" or r.prompt_len > self.config.max_model_len):
+                    self.level != "v0-engine"):
                 # V0 takes such a request and caps it at max_model_len (its StopChecker:
-                # FINISHED_LENGTH_CAPPED); only its prompt must fit
+                # FINISHED_LENGTH_CAPPED); a prompt over max_model_len goes to the release's
+                # own front door (LLMEngine._validate_model_inputs), which refuses it from 0.8.4
+                # and, before, let it through to the scheduler (vLLM #8881)
                 raise ValueError(
                     f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
                     f"config.max_model_len {self.config.max_model_len}")
