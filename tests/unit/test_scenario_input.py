@@ -103,6 +103,15 @@ def test_prompt_plus_max_tokens_over_max_model_len(tmp_path):
         load_scenario(p)
 
 
+def test_v0_engine_leaves_a_prompt_over_max_model_len_to_the_release(tmp_path):
+    """At level v0-engine a prompt longer than max_model_len goes to the release's own front
+    door (0.8.4+ refuses it, earlier V0 releases take it: the catalog's #8881)."""
+    v0 = GOOD.replace("config: {num_gpu_blocks: 8}",
+                      "level: v0-engine\nconfig: {num_gpu_blocks: 8, max_model_len: 15}")
+    sc = load_scenario(write(tmp_path, v0))
+    assert sc.requests[1].prompt_len == 20 > sc.config.max_model_len
+
+
 @pytest.mark.parametrize("bad, fragment", [
     ("config: {num_gpu_blocks: 8, max_num_seqs: true}", "config.max_num_seqs"),
     ("requests:\n  - {id: A, prompt_len: -1}", "requests[0].prompt_len"),
