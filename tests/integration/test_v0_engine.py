@@ -99,3 +99,31 @@ def test_8881_async_stopped_assertion_on_0_6_1_and_refused_prompt_from_0_8_4(cli
     assert (fixed["crash"]["type"], fixed["crash"]["phase"]) == ("ValueError", "add_request")
     assert fixed["crash"]["message"].startswith(
         "The decoder prompt (length 150) is longer than the maximum model length of 128.")
+
+
+def test_14326_abort_of_an_n2_request_leaves_its_children_running_until_0_8_0(cli, tmp_path):
+    """The catalog's V0 entry for PR #14326: aborting A (n=2) at step 4 leaves both of its child
+    groups running on 0.7.3 (the audit's REQ_STATE there; without the audit A decodes on to
+    max_tokens and finishes "length"); 0.8.0 takes both children out and A comes out aborted."""
+    entry = "scenarios/vllm-14326-v0-abort-n-children-keep-running.yaml"
+    name = "vllm-14326-v0-abort-n-children-keep-running"
+    reports, raw = tmp_path / "r", tmp_path / "raw"
+    res = cli("run", entry, "--vllm", "0.7.3", "--vllm", "0.8.0", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.7.3" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    assert {(v["code"], v["step"], v["message"]) for v in bad["violations"]} == {
+        ("REQ_STATE", 4, f"A (its group A_parallel_sample_{i}) is in running after "
+         "LLMEngine.abort_request(A)") for i in (0, 1)}
+    fixed = json.loads((reports / name / "0.8.0" / "result.json").read_text())
+    assert fixed["outcome"] == "clean" and fixed["finished"] == {"A": "aborted", "B": "length"}
+    steps = [json.loads(x) for x in
+             (reports / name / "0.8.0" / "trace.jsonl").read_text().splitlines()]
+    assert steps[3]["scheduled"] == {"B": 1} and steps[3]["running"] == ["B"]
+
+    res = cli("run", entry, "--vllm", "0.7.3", "--no-audit", "--reports", str(raw))
+    assert res.returncode == 1, res.stdout + res.stderr  # the verdict: not the expected violation
+    plain = json.loads((raw / name / "0.7.3" / "result.json").read_text())
+    assert plain["finished"] == {"A": "length", "B": "length"} and plain["steps"] == 41
+    steps = [json.loads(x) for x in (raw / name / "0.7.3" / "trace.jsonl").read_text().splitlines()]
+    assert steps[39]["scheduled"] == {"A_parallel_sample_0": 1, "A_parallel_sample_1": 1}

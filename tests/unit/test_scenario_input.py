@@ -112,6 +112,17 @@ def test_v0_engine_leaves_a_prompt_over_max_model_len_to_the_release(tmp_path):
     assert sc.requests[1].prompt_len == 20 > sc.config.max_model_len
 
 
+def test_parallel_sampling_is_for_the_v0_engine_level(tmp_path):
+    from vllm_repro.errors import InputError
+
+    n2 = GOOD.replace("{id: A, prompt_len: 10}", "{id: A, prompt_len: 10, n: 2}")
+    with pytest.raises(InputError, match=r"requests\[0\]\.n: parallel sampling is driven at "
+                                         "level: v0-engine only"):
+        load_scenario(write(tmp_path, n2))
+    v0 = n2.replace("config: {num_gpu_blocks: 8}", "level: v0-engine\nconfig: {num_gpu_blocks: 8}")
+    assert load_scenario(write(tmp_path, v0)).requests[0].n == 2
+
+
 @pytest.mark.parametrize("bad, fragment", [
     ("config: {num_gpu_blocks: 8, max_num_seqs: true}", "config.max_num_seqs"),
     ("requests:\n  - {id: A, prompt_len: -1}", "requests[0].prompt_len"),
