@@ -8,6 +8,8 @@ import json
 import pytest
 import yaml
 
+from ..conftest import ROOT
+
 pytestmark = pytest.mark.slow
 
 RELEASE = "0.6.3.post1"
@@ -127,3 +129,41 @@ def test_14326_abort_of_an_n2_request_leaves_its_children_running_until_0_8_0(cl
     assert plain["finished"] == {"A": "length", "B": "length"} and plain["steps"] == 41
     steps = [json.loads(x) for x in (raw / name / "0.7.3" / "trace.jsonl").read_text().splitlines()]
     assert steps[39]["scheduled"] == {"A_parallel_sample_0": 1, "A_parallel_sample_1": 1}
+
+
+def test_11168_sliding_window_prompt_passes_can_allocate_then_runs_out_of_blocks(cli, tmp_path):
+    """Crash log 012 (vLLM #11168, open: never fixed while V0 shipped): with the packaged
+    sliding-window Mistral config, 0.8.5's can_allocate caps B's need at the window's 6 blocks,
+    allocate takes all 13 and dies in the naive allocator; the same requests on the default OPT
+    config (no window) run clean. An unknown config.model is exit 2 naming the packaged ones."""
+    src = ROOT / "scenarios" / "open" / "vllm-11168-v0-swa-prefill-no-free-blocks.yaml"
+    d = yaml.safe_load(src.read_text())
+    name = d["name"]
+    plain = {**d, "name": "v0-no-window", "config": {**d["config"], "model": "opt"}}
+    plain.pop("expect")
+    plain["vllm"] = {"clean_on": ["0.8.5"]}
+    ctl = tmp_path / "v0-no-window.yaml"
+    ctl.write_text(yaml.safe_dump(plain, sort_keys=False))
+    reports = tmp_path / "r"
+    res = cli("run", str(src), str(ctl), "--vllm", "0.8.5", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.8.5" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    assert (bad["crash"]["type"], bad["crash"]["step"]) == ("NoFreeBlocksError", 2)
+    frames = [(f["file"], f["function"]) for f in bad["crash"]["vllm_frames"]]
+    assert ("vllm/core/scheduler.py", "_allocate_and_set_running") in frames
+    assert frames[-1] == ("vllm/core/block/naive_block.py", "_allocate_block_id")
+    assert "models/mistral-swa" in (reports / name / "0.8.5" / "engine.log").read_text()
+    lines = [json.loads(x) for x in
+             (reports / name / "0.8.5" / "trace.jsonl").read_text().splitlines()]
+    assert lines[0]["free_blocks"] == 10  # fewer than B's 13 blocks, more than the window's 6
+    ok = json.loads((reports / "v0-no-window" / "0.8.5" / "result.json").read_text())
+    assert ok["outcome"] == "clean" and sorted(ok["finished"]) == ["A", "B"]
+
+    unknown = {**plain, "name": "v0-unknown-model", "config": {**d["config"], "model": "nope"}}
+    bad_file = tmp_path / "v0-unknown-model.yaml"
+    bad_file.write_text(yaml.safe_dump(unknown, sort_keys=False))
+    res = cli("run", str(bad_file), "--vllm", "0.8.5", "--reports", str(tmp_path / "u"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "config.model: 'nope' is not one of the lab's packaged model configs (mistral-swa, " \
+           "opt)" in res.stdout + res.stderr

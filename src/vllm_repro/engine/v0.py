@@ -149,7 +149,7 @@ class V0Adapter:
             kw["scheduling_policy"] = policy
         if cfg.get("long_prefill_token_threshold"):
             kw["long_prefill_token_threshold"] = cfg["long_prefill_token_threshold"]
-        lab_keys = {"num_gpu_blocks", "num_cpu_blocks", "disable_log_stats", "policy",
+        lab_keys = {"num_gpu_blocks", "num_cpu_blocks", "disable_log_stats", "policy", "model",
                     "long_prefill_token_threshold", *LAB_TO_ENGINE_ARGS, *V1_ONLY,
                     "speculative_method"}
         for key, value in (cfg.get("passthrough") or {}).items():  # Scenario.child_payload
@@ -157,11 +157,25 @@ class V0Adapter:
         for key, value in cfg.items():
             if key not in lab_keys and key != "passthrough":
                 kw[key] = value
+        model = cfg.get("model", (cfg.get("passthrough") or {}).get("model"))
+        kw["model"] = str(self.model_dir if model is None else self.packaged_model(model))
         for key in kw:
             if key not in self.engine_args_fields:
                 raise RefusedByRelease(f"config.{key}: vLLM {v}'s EngineArgs has no field "
                                        f"{key!r} (level: v0-engine); drop it for this release")
         return kw
+
+    def packaged_model(self, name) -> Path:
+        """The config-only model directory ``config.model`` names among the lab's packaged ones
+        (beside the default, ``src/vllm_repro/models/<name>``: a ``config.json`` and the packaged
+        tokenizer), e.g. ``mistral-swa`` (a sliding-window Mistral). Raises
+        :class:`RefusedByRelease` naming the packaged models for any other value."""
+        root = self.model_dir.parent
+        known = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+        if str(name) not in known:
+            raise RefusedByRelease(f"config.model: {name!r} is not one of the lab's packaged model "
+                                   f"configs ({', '.join(known)}); use one of them")
+        return root / str(name)
 
     # ---- requests ----------------------------------------------------------------------------
     def sampling_params(self, max_tokens: int, n: int = 1):
