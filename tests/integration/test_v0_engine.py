@@ -8,6 +8,8 @@ import json
 import pytest
 import yaml
 
+from ..conftest import ROOT
+
 pytestmark = pytest.mark.slow
 
 RELEASE = "0.6.3.post1"
@@ -70,3 +72,98 @@ def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_
     assert res.returncode == 2, res.stdout + res.stderr
     assert "config.max_num_partial_prefills" in res.stdout + res.stderr
     assert f"vLLM {RELEASE}'s EngineArgs has no field" in res.stdout + res.stderr
+
+
+def test_8881_async_stopped_assertion_on_0_6_1_and_refused_prompt_from_0_8_4(cli, tmp_path):
+    """The catalog's V0 entry for vLLM #8881 (crash log 013): on 0.6.1.post2 (the log's release)
+    async output processing is on (the emulated CUDA device), B's over-long prompt is chunked in,
+    parked in _async_stopped and never freed, and the next schedule() dies on the issue's
+    assertion in _schedule_running; 0.8.4's front door refuses B (ValueError at add_request)."""
+    entry = "scenarios/vllm-8881-v0-async-stopped-long-prompt.yaml"
+    name = "vllm-8881-v0-async-stopped-long-prompt"
+    reports = tmp_path / "r"
+    res = cli("run", entry, "--vllm", "0.6.1.post2", "--vllm", "0.8.4", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.6.1.post2" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    crash = bad["crash"]
+    assert (crash["type"], crash["step"], crash["phase"]) == ("AssertionError", 5, "step")
+    assert [f["function"] for f in crash["vllm_frames"]][-2:] == [
+        "_schedule_chunked_prefill", "_schedule_running"]
+    log = (reports / name / "0.6.1.post2" / "engine.log").read_text()
+    assert "device_config=cuda" in log and "use_async_output_proc=True" in log
+    lines = [json.loads(x) for x in
+             (reports / name / "0.6.1.post2" / "trace.jsonl").read_text().splitlines()]
+    assert lines[2]["scheduled"] == {"B": 63, "A": 1}  # B's first chunk: admitted past the limit
+    assert "B" not in bad["finished"] and "B" in bad["unfinished"]  # parked, never freed
+    fixed = json.loads((reports / name / "0.8.4" / "result.json").read_text())
+    assert fixed["verdict"]["ok"] is True, fixed["verdict"]
+    assert (fixed["crash"]["type"], fixed["crash"]["phase"]) == ("ValueError", "add_request")
+    assert fixed["crash"]["message"].startswith(
+        "The decoder prompt (length 150) is longer than the maximum model length of 128.")
+
+
+def test_14326_abort_of_an_n2_request_leaves_its_children_running_until_0_8_0(cli, tmp_path):
+    """The catalog's V0 entry for PR #14326: aborting A (n=2) at step 4 leaves both of its child
+    groups running on 0.7.3 (the audit's REQ_STATE there; without the audit A decodes on to
+    max_tokens and finishes "length"); 0.8.0 takes both children out and A comes out aborted."""
+    entry = "scenarios/vllm-14326-v0-abort-n-children-keep-running.yaml"
+    name = "vllm-14326-v0-abort-n-children-keep-running"
+    reports, raw = tmp_path / "r", tmp_path / "raw"
+    res = cli("run", entry, "--vllm", "0.7.3", "--vllm", "0.8.0", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.7.3" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    assert {(v["code"], v["step"], v["message"]) for v in bad["violations"]} == {
+        ("REQ_STATE", 4, f"A (its group A_parallel_sample_{i}) is in running after "
+         "LLMEngine.abort_request(A)") for i in (0, 1)}
+    fixed = json.loads((reports / name / "0.8.0" / "result.json").read_text())
+    assert fixed["outcome"] == "clean" and fixed["finished"] == {"A": "aborted", "B": "length"}
+    steps = [json.loads(x) for x in
+             (reports / name / "0.8.0" / "trace.jsonl").read_text().splitlines()]
+    assert steps[3]["scheduled"] == {"B": 1} and steps[3]["running"] == ["B"]
+
+    res = cli("run", entry, "--vllm", "0.7.3", "--no-audit", "--reports", str(raw))
+    assert res.returncode == 1, res.stdout + res.stderr  # the verdict: not the expected violation
+    plain = json.loads((raw / name / "0.7.3" / "result.json").read_text())
+    assert plain["finished"] == {"A": "length", "B": "length"} and plain["steps"] == 41
+    steps = [json.loads(x) for x in (raw / name / "0.7.3" / "trace.jsonl").read_text().splitlines()]
+    assert steps[39]["scheduled"] == {"A_parallel_sample_0": 1, "A_parallel_sample_1": 1}
+
+
+def test_11168_sliding_window_prompt_passes_can_allocate_then_runs_out_of_blocks(cli, tmp_path):
+    """Crash log 012 (vLLM #11168, open: never fixed while V0 shipped): with the packaged
+    sliding-window Mistral config, 0.8.5's can_allocate caps B's need at the window's 6 blocks,
+    allocate takes all 13 and dies in the naive allocator; the same requests on the default OPT
+    config (no window) run clean. An unknown config.model is exit 2 naming the packaged ones."""
+    src = ROOT / "scenarios" / "open" / "vllm-11168-v0-swa-prefill-no-free-blocks.yaml"
+    d = yaml.safe_load(src.read_text())
+    name = d["name"]
+    plain = {**d, "name": "v0-no-window", "config": {**d["config"], "model": "opt"}}
+    plain.pop("expect")
+    plain["vllm"] = {"clean_on": ["0.8.5"]}
+    ctl = tmp_path / "v0-no-window.yaml"
+    ctl.write_text(yaml.safe_dump(plain, sort_keys=False))
+    reports = tmp_path / "r"
+    res = cli("run", str(src), str(ctl), "--vllm", "0.8.5", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.8.5" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    assert (bad["crash"]["type"], bad["crash"]["step"]) == ("NoFreeBlocksError", 2)
+    frames = [(f["file"], f["function"]) for f in bad["crash"]["vllm_frames"]]
+    assert ("vllm/core/scheduler.py", "_allocate_and_set_running") in frames
+    assert frames[-1] == ("vllm/core/block/naive_block.py", "_allocate_block_id")
+    assert "models/mistral-swa" in (reports / name / "0.8.5" / "engine.log").read_text()
+    lines = [json.loads(x) for x in
+             (reports / name / "0.8.5" / "trace.jsonl").read_text().splitlines()]
+    assert lines[0]["free_blocks"] == 10  # fewer than B's 13 blocks, more than the window's 6
+    ok = json.loads((reports / "v0-no-window" / "0.8.5" / "result.json").read_text())
+    assert ok["outcome"] == "clean" and sorted(ok["finished"]) == ["A", "B"]
+
+    unknown = {**plain, "name": "v0-unknown-model", "config": {**d["config"], "model": "nope"}}
+    bad_file = tmp_path / "v0-unknown-model.yaml"
+    bad_file.write_text(yaml.safe_dump(unknown, sort_keys=False))
+    res = cli("run", str(bad_file), "--vllm", "0.8.5", "--reports", str(tmp_path / "u"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "config.model: 'nope' is not one of the lab's packaged model configs (mistral-swa, " \
+           "opt)" in res.stdout + res.stderr

@@ -151,3 +151,25 @@ def test_a_group_parked_in_async_stopped_keeps_its_table_without_a_leak():
     assert all_checks(b) == []
     b.scheduler._async_stopped = []
     assert [v.code for v in all_checks(b)] == ["KV_LEAK"]
+
+
+def test_a_group_of_an_aborted_request_still_queued_is_req_state_naming_the_parent():
+    """After ``LLMEngine.abort_request(A)`` no group of A may stay queued; a child of an
+    ``n > 1`` request counts for its parent, by the engine's ``seq_id_to_seq_group``."""
+    b, _, _ = books(running=[("A_parallel_sample_0", 1, [0]), ("B", 2, [1])])
+    parents = {"A_parallel_sample_0": "A"}
+    loop = NS(scheduler=b.scheduler, step=4, aborted_ids=set(),
+              request_of=lambda rid: parents.get(rid, rid))
+    auditor = V0Auditor(NS(), keep_going=True)
+    auditor.attach(loop)
+    assert auditor._check() == []
+    loop.aborted_ids.add("A")  # the caller aborted A; vLLM left its child running
+    found = auditor._check()
+    assert [(v.code, v.requests, v.message) for v in found] == [
+        ("REQ_STATE", ["A"], "A (its group A_parallel_sample_0) is in running after "
+                             "LLMEngine.abort_request(A)")]
+    b.scheduler.running.popleft()  # what abort_seq_group does once it finds the child...
+    b.bm.block_tables.pop(1)       # ...and frees its table
+    b.bm.block_allocator._allocators[Device.GPU]._refcounter._refcounts[0] = 0
+    b.bm.block_allocator._allocators[Device.GPU]._free_block_indices.append(0)
+    assert auditor._check() == []

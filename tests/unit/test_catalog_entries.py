@@ -55,6 +55,10 @@ def test_entry_names_its_bug_and_releases(path):
                          ids=lambda p: p.stem)
 def test_new_entries_are_clean_on_the_newest_release_by_their_own_words(path):
     sc = load_scenario(path)
+    if sc.level == "v0-engine":  # the V0 engine is gone from 0.11.0: its entries end there
+        assert NEWEST not in sc.vllm.clean_on and sc.vllm.expectation_for(NEWEST) is None
+        assert max(_concrete(sc.vllm.clean_on)) < Version("0.11.0")
+        return
     assert NEWEST in sc.vllm.clean_on
     assert sc.vllm.expectation_for(NEWEST) == "clean"
 

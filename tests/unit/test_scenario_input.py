@@ -103,6 +103,26 @@ def test_prompt_plus_max_tokens_over_max_model_len(tmp_path):
         load_scenario(p)
 
 
+def test_v0_engine_leaves_a_prompt_over_max_model_len_to_the_release(tmp_path):
+    """At level v0-engine a prompt longer than max_model_len goes to the release's own front
+    door (0.8.4+ refuses it, earlier V0 releases take it: the catalog's #8881)."""
+    v0 = GOOD.replace("config: {num_gpu_blocks: 8}",
+                      "level: v0-engine\nconfig: {num_gpu_blocks: 8, max_model_len: 15}")
+    sc = load_scenario(write(tmp_path, v0))
+    assert sc.requests[1].prompt_len == 20 > sc.config.max_model_len
+
+
+def test_parallel_sampling_is_for_the_v0_engine_level(tmp_path):
+    from vllm_repro.errors import InputError
+
+    n2 = GOOD.replace("{id: A, prompt_len: 10}", "{id: A, prompt_len: 10, n: 2}")
+    with pytest.raises(InputError, match=r"requests\[0\]\.n: parallel sampling is driven at "
+                                         "level: v0-engine only"):
+        load_scenario(write(tmp_path, n2))
+    v0 = n2.replace("config: {num_gpu_blocks: 8}", "level: v0-engine\nconfig: {num_gpu_blocks: 8}")
+    assert load_scenario(write(tmp_path, v0)).requests[0].n == 2
+
+
 @pytest.mark.parametrize("bad, fragment", [
     ("config: {num_gpu_blocks: 8, max_num_seqs: true}", "config.max_num_seqs"),
     ("requests:\n  - {id: A, prompt_len: -1}", "requests[0].prompt_len"),

@@ -17,8 +17,9 @@ ref count, a block neither free nor held, free + used != the pool), ``KV_LEAK`` 
 request holding GPU blocks, a block table of a sequence no queue holds (the async output processor's
 ``_async_stopped`` groups count as held: they are freed by the engine's next
 ``free_finished_seq_groups``), and at the end of a run
-a GPU block not back), ``REQ_STATE`` (a request in two queues, or a sequence whose status is
-not its queue's), ``KV_DOUBLE_FREE`` (a hook on each allocator's ``RefCounter.decr``: a block
+a GPU block not back), ``REQ_STATE`` (a request in two queues, a sequence whose status is
+not its queue's, or a group of an aborted request still queued), ``KV_DOUBLE_FREE`` (a hook
+on each allocator's ``RefCounter.decr``: a block
 given back at ref count 0, caught inside the call). Older block managers (the "v1"
 ``BlockSpaceManagerV1`` of releases before 0.6.3, used where ``use_v2_block_manager`` is false)
 are not read: the audit says so in its summary's hooks (``unread: ...``) and checks queues only.
@@ -265,11 +266,31 @@ class V0Auditor:
         if b is None:
             return []
         if not b.readable:
-            return check_queues(b, None, set())[0]
+            return check_queues(b, None, set())[0] + self._check_aborted(b)
         tables = b.tables()
         gpu = b.pools().get("GPU", {}).get("all", set())
         found, req_of_seq = check_queues(b, tables, gpu)
-        return found + check_books(b, req_of_seq)
+        return found + self._check_aborted(b) + check_books(b, req_of_seq)
+
+    def _check_aborted(self, b: V0Books) -> list[Violation]:
+        """``REQ_STATE``: a sequence group of a request the caller aborted still in a queue
+        after ``LLMEngine.abort_request`` returned (``Scheduler.abort_seq_group`` takes every
+        group of the request out at once; a child of an ``n > 1`` request counts for its
+        parent, by the engine's own ``seq_id_to_seq_group``)."""
+        loop = self.loop
+        aborted = getattr(loop, "aborted_ids", None)
+        if not aborted:
+            return []
+        found = []
+        for qname, groups in b.queues().items():
+            for sg in groups:
+                rid = loop.request_of(sg.request_id)
+                if rid in aborted:
+                    what = rid if rid == sg.request_id else f"{rid} (its group {sg.request_id})"
+                    found.append(make_violation(
+                        REQ_STATE, f"{what} is in {qname} after LLMEngine.abort_request({rid})",
+                        requests=[rid]))
+        return found
 
     def _hook_decr(self, device: str, allocator) -> None:
         """Wrap ``RefCounter.decr`` of ``allocator`` (on the instance): a block given back at

@@ -149,7 +149,7 @@ class V0Adapter:
             kw["scheduling_policy"] = policy
         if cfg.get("long_prefill_token_threshold"):
             kw["long_prefill_token_threshold"] = cfg["long_prefill_token_threshold"]
-        lab_keys = {"num_gpu_blocks", "num_cpu_blocks", "disable_log_stats", "policy",
+        lab_keys = {"num_gpu_blocks", "num_cpu_blocks", "disable_log_stats", "policy", "model",
                     "long_prefill_token_threshold", *LAB_TO_ENGINE_ARGS, *V1_ONLY,
                     "speculative_method"}
         for key, value in (cfg.get("passthrough") or {}).items():  # Scenario.child_payload
@@ -157,17 +157,34 @@ class V0Adapter:
         for key, value in cfg.items():
             if key not in lab_keys and key != "passthrough":
                 kw[key] = value
+        model = cfg.get("model", (cfg.get("passthrough") or {}).get("model"))
+        kw["model"] = str(self.model_dir if model is None else self.packaged_model(model))
         for key in kw:
             if key not in self.engine_args_fields:
                 raise RefusedByRelease(f"config.{key}: vLLM {v}'s EngineArgs has no field "
                                        f"{key!r} (level: v0-engine); drop it for this release")
         return kw
 
+    def packaged_model(self, name) -> Path:
+        """The config-only model directory ``config.model`` names among the lab's packaged ones
+        (beside the default, ``src/vllm_repro/models/<name>``: a ``config.json`` and the packaged
+        tokenizer), e.g. ``mistral-swa`` (a sliding-window Mistral). Raises
+        :class:`RefusedByRelease` naming the packaged models for any other value."""
+        root = self.model_dir.parent
+        known = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+        if str(name) not in known:
+            raise RefusedByRelease(f"config.model: {name!r} is not one of the lab's packaged model "
+                                   f"configs ({', '.join(known)}); use one of them")
+        return root / str(name)
+
     # ---- requests ----------------------------------------------------------------------------
-    def sampling_params(self, max_tokens: int):
-        """The request's ``SamplingParams``: ``max_tokens``, EOS honoured, no detokenization
-        where the release can skip it (the lab's config-only tokenizer has no decoder)."""
+    def sampling_params(self, max_tokens: int, n: int = 1):
+        """The request's ``SamplingParams``: ``max_tokens``, ``n``, EOS honoured, no
+        detokenization where the release can skip it (the lab's config-only tokenizer has no
+        decoder)."""
         kw = {"max_tokens": max_tokens, "ignore_eos": False}
+        if n > 1:
+            kw["n"] = n
         if "detokenize" in self.sampling_fields:
             kw["detokenize"] = False
         return self.SamplingParams(**kw)
@@ -303,6 +320,8 @@ class V0EngineLoop(StepLoop):
         self.token = m.get("token", 100)
         self.scripted = {rid: list(t) for rid, t in (m.get("tokens") or {}).items()}
         self.eos_at = m.get("eos_at") or {}
+        #: the scenario's requests the caller aborted so far (``LLMEngine.abort_request``)
+        self.aborted_ids: set[str] = set()
 
     def prompt_of(self, spec: dict) -> list[int]:
         """The lab's prompt (:meth:`StepLoop.prompt_of`) folded into the packaged tokenizer's
@@ -343,7 +362,8 @@ class V0EngineLoop(StepLoop):
             samples = []
             if getattr(meta, "do_sample", True):
                 for seq_id, data in meta.seq_data.items():
-                    tok = self._next_token(meta.request_id, len(data.output_token_ids))
+                    tok = self._next_token(self.request_of(meta.request_id),
+                                           len(data.output_token_ids))
                     samples.append(a.SequenceOutput(seq_id, tok, {tok: a.Logprob(0.0)}))
             outputs.append(a.CompletionSequenceGroupOutput(samples, None))
         return [a.SamplerOutput(outputs=outputs)]
@@ -480,7 +500,7 @@ class V0EngineLoop(StepLoop):
                 self.order += 1
                 prompt = self.prompt_of(r)
                 engine.add_request(r["id"], {"prompt_token_ids": prompt},
-                                   a.sampling_params(r["max_tokens"]), **kw)
+                                   a.sampling_params(r["max_tokens"], r.get("n") or 1), **kw)
                 self.created[r["id"]] = True
                 line.added.append(r["id"])
             phase = "abort"
@@ -488,6 +508,7 @@ class V0EngineLoop(StepLoop):
                 if e.get("abort"):
                     engine.abort_request(list(e["abort"]))
                     line.aborted.extend(e["abort"])
+                    self.aborted_ids.update(e["abort"])
             if not engine.has_unfinished_requests():
                 line.idle = True
                 return None, None
@@ -528,17 +549,25 @@ class V0EngineLoop(StepLoop):
                 newly.append(rid)
         return newly
 
+    def request_of(self, group_request_id: str) -> str:
+        """The scenario request a V0 sequence group belongs to: itself, or for a child of a
+        request with ``n > 1`` its parent (``LLMEngine.seq_id_to_seq_group[child].group_id``,
+        the release's own map; ``ParallelSampleSequenceGroup`` in ``vllm/sequence.py``)."""
+        group = (getattr(self.engine, "seq_id_to_seq_group", None) or {}).get(group_request_id)
+        return getattr(group, "group_id", None) or group_request_id
+
     def _live_ids(self) -> set[str]:
         ids = set()
         for sched in (self.engine.scheduler if isinstance(self.engine.scheduler, list)
                       else [self.engine.scheduler]):
-            for q in (sched.waiting, sched.running, sched.swapped):
-                ids.update(sg.request_id for sg in q)
+            for q in (sched.waiting, sched.running, sched.swapped,
+                      getattr(sched, "_async_stopped", ())):  # past max_model_len (async)
+                ids.update(self.request_of(sg.request_id) for sg in q)
         # V0 with async output processing: a request's last output may still be queued
         for ctx in getattr(self.engine, "scheduler_contexts", ()) or ():
             for item in getattr(ctx, "output_queue", ()) or ():
                 for sg in _groups_in(item):
-                    ids.add(sg)
+                    ids.add(self.request_of(sg))
         return ids
 
     def _busy(self) -> bool:

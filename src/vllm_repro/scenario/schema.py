@@ -298,6 +298,9 @@ class RequestSpec(Strict):
     at_step: PosInt = 1
     prompt_len: PosInt
     max_tokens: PosInt = 16
+    #: parallel sampling (``SamplingParams.n``, ``level: v0-engine``): the release's
+    #: ``LLMEngine.add_request`` fans the request out into its own child sequence groups
+    n: PosInt = 1
     priority: int = 0
     arrival_time: float | None = None
     prefix: str | None = None
@@ -618,10 +621,17 @@ class Scenario(Strict):
             if r.id in ids:
                 raise ValueError(f"requests[{i}].id: request id {r.id!r} is used twice")
             ids.add(r.id)
+            if r.n > 1 and self.level != "v0-engine":
+                raise ValueError(
+                    f"requests[{i}].n: parallel sampling is driven at level: v0-engine only (its "
+                    "LLMEngine fans the request out); at this level write each child as a "
+                    "request of its own")
             if r.prompt_len + r.max_tokens > self.config.max_model_len and (
-                    self.level != "v0-engine" or r.prompt_len > self.config.max_model_len):
+                    self.level != "v0-engine"):
                 # V0 takes such a request and caps it at max_model_len (its StopChecker:
-                # FINISHED_LENGTH_CAPPED); only its prompt must fit
+                # FINISHED_LENGTH_CAPPED); a prompt over max_model_len goes to the release's
+                # own front door (LLMEngine._validate_model_inputs), which refuses it from 0.8.4
+                # and, before, let it through to the scheduler (vLLM #8881)
                 raise ValueError(
                     f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
                     f"config.max_model_len {self.config.max_model_len}")

@@ -308,12 +308,13 @@ def trace_environment(env: ReleaseEnv, trace_dir: Path, calls: bool) -> dict[str
 
 def scenario_files(base: Path, globs: tuple[str, ...] = SCENARIO_GLOBS) -> list[Path]:
     """Every scenario file the globs find below ``base``, sorted, without duplicates. Scenarios
-    at ``level: engine-core`` are left out: slices are traced and proven at scheduler level
-    (EngineCore's modules are not in them yet)."""
+    at ``level: engine-core`` or ``v0-engine`` are left out: slices are traced and proven at
+    scheduler level (EngineCore's modules and the V0 engine's are not in them yet)."""
     found: dict[Path, None] = {}
     for g in globs:
         for p in sorted(base.glob(g)):
-            if p.is_file() and not re.search(r"(?m)^level:\s*engine-core\s*$", p.read_text()):
+            if p.is_file() and not re.search(r"(?m)^level:\s*(engine-core|v0-engine)\s*$",
+                                             p.read_text()):
                 found[p.resolve()] = None
     return list(found)
 

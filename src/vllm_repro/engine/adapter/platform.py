@@ -380,4 +380,29 @@ def install_eager(notes: list[str]) -> str:
     notes.append(f"vllm.platforms resolved {type(current).__name__} at import; the lab gave that "
                  f"instance the class {type(platform).__name__}")
     current.__class__ = type(platform)
+    if _answer_is_cpu_false():
+        notes.append("vllm.utils.is_cpu read the tree's +cpu dist-info version; the lab answers "
+                     "False, as a CUDA build's version does (DeviceConfig picks cuda)")
     return f"cuda {spec.get('capability')} (emulated {type(platform).__mro__[1].__name__})"
+
+
+def _answer_is_cpu_false() -> bool:
+    """0.6.1.x and earlier decide the device type (``DeviceConfig(device="auto")``,
+    ``vllm/config.py``) with ``vllm.utils.is_cpu``, which reads the installed dist's version
+    (``"cpu" in version("vllm")``): the lab's sdist build is ``+cpu``, a CUDA wheel's is not. On
+    the emulated CUDA platform the function (lru-cached; every module binds the same object)
+    answers ``False``, what the GPU build answers. Returns whether the tree has that function."""
+    utils = sys.modules.get("vllm.utils")
+    fn = getattr(utils, "is_cpu", None)
+    inner = getattr(fn, "__wrapped__", fn)
+    code = getattr(inner, "__code__", None)
+    if code is None or "version" not in code.co_names:
+        return False
+
+    def _gpu_build() -> bool:
+        return False
+
+    inner.__code__ = _gpu_build.__code__
+    if hasattr(fn, "cache_clear"):
+        fn.cache_clear()
+    return True
