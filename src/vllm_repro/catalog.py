@@ -8,6 +8,7 @@ and run.
 from __future__ import annotations
 
 from .records import RecordError, ReportDir
+import shutil
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -70,7 +71,8 @@ def catalog_items(directory: Path, only: Iterable[str] = (), extra: Iterable[str
     """The runs of ``vllm-repro catalog run`` (:class:`vllm_repro.lab.RunItem`): each entry
     (those in ``only`` when given) on the releases its lists and ranges cover, then on the
     ``extra`` releases. An entry with no release here is said and left out (installed mode:
-    the installed vLLM is outside its lists). Raises :class:`~vllm_repro.errors.InputError`,
+    the installed vLLM is outside its lists; an ``extra`` release without the engine of the
+    entry's ``level`` is left out after its run by :func:`run_catalog`). Raises :class:`~vllm_repro.errors.InputError`,
     before anything runs, when ``directory`` holds no entry, an ``only`` name is no entry's, or
     an ``extra`` release is not a version number."""
     from .errors import InputError
@@ -97,9 +99,22 @@ def catalog_items(directory: Path, only: Iterable[str] = (), extra: Iterable[str
         if not versions:
             say(f"{sc.name}: not run; its releases and ranges say nothing about the "
                 "installed vLLM")
-        versions += [v for v in extra if v not in versions]
         items += [RunItem(sc, v) for v in versions]
+        items += [RunItem(sc, v, also_on=True) for v in extra if v not in versions]
     return items
+
+
+def _lacks_level(item) -> str | None:
+    """Why ``item``, an ``--also-on`` release the entry expects nothing on, could not run: the
+    release has no engine of the entry's ``level`` (e.g. a V0 entry on a release without the V0
+    engine: the adapter's refusal, ``engine/v0.py``'s ``V0Adapter``); else None."""
+    r = item.result
+    if not item.also_on or r is None or r.outcome != "error" or r.error is None:
+        return None
+    if item.scenario.vllm.expectation_for(item.version) is not None or r.error.kind != "input":
+        return None
+    msg = r.error.message
+    return msg if msg.startswith(f"level: {item.scenario.level}: ") and " has no " in msg else None
 
 
 def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | None = None,
@@ -118,5 +133,11 @@ def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | N
         with open_executor(ray, jobs) as executor:
             say(f"catalog: releases run on {executor.name}")
             run_matrix_on(executor, items, reports, audit=audit, say=say)
+    for item in [i for i in items if _lacks_level(i)]:
+        # an --also-on release without the entry's engine says nothing about the entry
+        say(f"{item.scenario.name}: not on {item.version} ({_lacks_level(item)})")
+        items.remove(item)
+        if item.report_dir is not None:
+            shutil.rmtree(item.report_dir, ignore_errors=True)
     write_index(reports)
     return items

@@ -40,6 +40,8 @@ class RunItem:
     result: RunResult | None = None
     verdict: Verdict | None = None
     report: ReportDir | None = None
+    #: an ``--also-on`` release (``catalog run``), not one the entry names
+    also_on: bool = False
 
     @property
     def report_dir(self) -> Path | None:

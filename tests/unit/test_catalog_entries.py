@@ -152,5 +152,36 @@ def test_the_docs_count_the_catalog_as_it_is(root, monkeypatch):
     runs = catalog_items(SCENARIOS)
     with_newest = catalog_items(SCENARIOS, extra=[newest])
     assert (int(m[1]), int(m[2]), int(m[3]), int(m[4]), m[5]) == (
-        len(ENTRIES), len(runs), len({r.version for r in runs}), len(with_newest), newest)
+        len(ENTRIES), len(runs), len({r.version for r in runs}),
+        # the V0 entries are left out on NEWEST, which has no V0 engine (catalog._lacks_level)
+        len([r for r in with_newest if not (r.also_on and r.scenario.level == "v0-engine")]), newest)
     assert not re.search(r"runs in about \d+ s", text), "a wall time kept in the docs goes stale"
+
+
+def test_an_also_on_release_without_the_entrys_engine_is_left_out_not_an_error(tmp_path):
+    """`catalog run --also-on 0.33.0` (make cpu-repro CATALOG=all): a V0 entry on a release with
+    no V0 engine is left out with a line saying why; on a release the entry names, the same
+    refusal stays an error (the entry is wrong), and any other input error stays one."""
+    from vllm_repro.catalog import run_catalog
+    from vllm_repro.lab import RunItem
+    from vllm_repro.records import RunResult
+
+    v0 = next(sc for sc in map(load_scenario, ENTRIES) if sc.level == "v0-engine")
+    own = v0.vllm.reproduces_on[0]
+    refusal = "level: v0-engine: vLLM {} has no V0 engine (vllm/engine/llm_engine.py ...)"
+    items = [RunItem(v0, "0.33.0", also_on=True), RunItem(v0, own),
+             RunItem(v0, "0.33.1", also_on=True)]
+    items[0].result = RunResult.failed("input", refusal.format("0.33.0"))
+    items[1].result = RunResult.failed("input", refusal.format(own))
+    items[2].result = RunResult.failed("input", "config.foo: not a field of vLLM 0.33.1")
+    said = []
+    import vllm_repro.lab as lab
+
+    orig = lab.run_matrix
+    lab.run_matrix = lambda *a, **k: None
+    try:
+        kept = run_catalog(items, tmp_path, say=said.append)
+    finally:
+        lab.run_matrix = orig
+    assert [(i.version, i.also_on) for i in kept] == [(own, False), ("0.33.1", True)]
+    assert said == [f"{v0.name}: not on 0.33.0 ({refusal.format('0.33.0')})"]
