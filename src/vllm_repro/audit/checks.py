@@ -386,7 +386,8 @@ class PrefixMapCheck:
         # their hash up again (hashing a nested tuple hash, 0.9-0.10, costs more than the rest)
         mapped = set()
         for key, val in inner.items():
-            blocks = list(val.values()) if isinstance(val, dict) else [val]
+            isdict = isinstance(val, dict)
+            blocks = list(val.values()) if isdict else [val]
             if not blocks:
                 out.append(make_violation(KV_PREFIX_MAP, "a hash map entry with no block", blocks=[]))
             for b in blocks:
@@ -397,7 +398,7 @@ class PrefixMapCheck:
                         blocks=[bid]))
                     continue
                 h = hashes[bid] if 0 <= bid < len(hashes) else None
-                if h is key and _maps_to(val, bid):
+                if h is key and (bid in val if isdict else val.block_id == bid):  # _maps_to
                     mapped.add(bid)
                     continue
                 if h != key and key not in sec.get(bid, ()):
@@ -498,6 +499,7 @@ class RequestChecks:
         #: num_output_placeholders, its queue) at its last look (:meth:`_looks`)
         self._seen: dict[str, tuple] = {}
         self._flagged: set[str] = set()  # rids a check of its own found wrong at the last look
+        self._absent: set[str] = set()  # fields a request lacked (read with a default since)
 
     _status = attrgetter("status")
     _nct = attrgetter("num_computed_tokens")
@@ -509,11 +511,15 @@ class RequestChecks:
         ``num_preemptions``, ``num_output_placeholders``, its queue in ``where``), the two
         counts 0 where the release has no such field; read at C speed."""
         cols = []
+        absent = self._absent
         for get, name in ((self._npre, "num_preemptions"), (self._nop, "num_output_placeholders")):
-            try:
-                cols.append(list(map(get, reqs)))
-            except AttributeError:  # (getattr at C speed too)
-                cols.append(list(map(getattr, reqs, repeat(name), repeat(0))))
+            if name not in absent:
+                try:
+                    cols.append(list(map(get, reqs)))
+                    continue
+                except AttributeError:  # (a release without it: getattr from now on)
+                    absent.add(name)
+            cols.append(list(map(getattr, reqs, repeat(name), repeat(0))))
         return list(zip(map(id, map(self._status, reqs)), map(self._nct, reqs), cols[0], cols[1],
                         map(where.get, rids)))
 
@@ -594,18 +600,18 @@ class RequestChecks:
             # bounds and continuity are only checked when its count moved (the loop below
             # skips it at "unchanged since the last look"); only the others are looked at
             rids = list(requests)
-            cur = self._looks(list(requests.values()), rids, where)
+            reqs = list(requests.values())
+            cur = self._looks(reqs, rids, where)
             now = dict(zip(rids, cur))
-            todo = list(compress(rids, map(ne, map(seen.get, rids), cur)))  # in request order
+            moved = list(map(ne, map(seen.get, rids), cur))  # in request order
             flagged.intersection_update(now.keys())
-            if flagged - set(todo):
-                todo = set(todo) | flagged
-                todo = [rid for rid in rids if rid in todo]
+            if flagged:
+                moved = [m or rid in flagged for rid, m in zip(rids, moved)]
             new_last = dict(last)  # the requests not looked at keep theirs
             for rid in last.keys() - now.keys():
                 del new_last[rid]
-            items = [(rid, requests[rid]) for rid in todo]
-            looks = [(rid, now[rid]) for rid in todo]
+            items = list(compress(zip(rids, reqs), moved))
+            looks = list(compress(zip(rids, cur), moved))
             self._seen = seen = now
         seen.update(looks)
         for rid, _ in looks:
