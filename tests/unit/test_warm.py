@@ -205,6 +205,47 @@ def test_a_parent_whose_imports_start_a_thread_refuses_and_says_why(cache, tree,
         _spawn(tree, tmp_path / "log", parent_env, worker_env)
 
 
+def test_an_abort_ends_the_wait_for_a_starting_parent_at_once_and_kills_it(cache, tree, tmp_path,
+                                                                          monkeypatch):
+    """Ctrl-C while a parent imports (a matrix's threads wait for it): the wait ends within a
+    second with WarmAborted, and the parent, which no run will use, is killed (not left to
+    finish its imports and idle)."""
+    import threading
+
+    from vllm_repro import procs
+
+    extra = tmp_path / "mods"
+    extra.mkdir()
+    (extra / "slowimport.py").write_text("import time\ntime.sleep(60)\n")
+    parent_env, worker_env = _envs(tree, str(extra))
+    warm_client.modules_file(PYTHON, ROOT_ENV).write_text(json.dumps(["slowimport"]))
+    raised: list[BaseException] = []
+
+    def client():
+        try:
+            _spawn(tree, tmp_path / "log", parent_env, worker_env)
+        except BaseException as exc:  # noqa: BLE001 - what the test looks at
+            raised.append(exc)
+
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not warm_client._parents and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert warm_client._parents, "no parent was started"
+    pid = warm_client._parents[-1].pid
+    time.sleep(0.3)  # importing: it says nothing for 60 s
+    monkeypatch.setattr(procs, "_aborting", True)
+    t0 = time.monotonic()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 2
+    assert raised and isinstance(raised[0], warm_client.WarmAborted), raised
+    assert not _alive(pid)
+    # and no client starts a parent once the abort began
+    with pytest.raises(warm_client.WarmAborted):
+        _spawn(tree, tmp_path / "log", parent_env, worker_env)
+
+
 def test_the_parent_key_follows_the_environment_and_its_variables(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path / "c"))
     root = tmp_path / "env"

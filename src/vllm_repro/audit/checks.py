@@ -381,8 +381,13 @@ class PrefixMapCheck:
         sec = books.secondary_hashes()
         null = books.null_id
         out = []
+        # blocks found in the map under their own hash object: the map maps that hash to them
+        # (a dict holds one key per value), so the walk over the blocks below need not look
+        # their hash up again (hashing a nested tuple hash, 0.9-0.10, costs more than the rest)
+        mapped = set()
         for key, val in inner.items():
-            blocks = list(val.values()) if isinstance(val, dict) else [val]
+            isdict = isinstance(val, dict)
+            blocks = list(val.values()) if isdict else [val]
             if not blocks:
                 out.append(make_violation(KV_PREFIX_MAP, "a hash map entry with no block", blocks=[]))
             for b in blocks:
@@ -393,7 +398,10 @@ class PrefixMapCheck:
                         blocks=[bid]))
                     continue
                 h = hashes[bid] if 0 <= bid < len(hashes) else None
-                if h is not key and h != key and key not in sec.get(bid, ()):
+                if h is key and (bid in val if isdict else val.block_id == bid):  # _maps_to
+                    mapped.add(bid)
+                    continue
+                if h != key and key not in sec.get(bid, ()):
                     out.append(make_violation(KV_PREFIX_MAP, (
                         f"block {bid} is in the hash map under a hash it does not carry (the block "
                         f"has {'no hash' if h is None else 'another hash'}; expected the map key)"),
@@ -401,7 +409,7 @@ class PrefixMapCheck:
             if len(out) >= MAX_PER_CHECK:
                 return out
         for bid, h in enumerate(hashes):
-            if h is not None and not _maps_to(inner.get(h), bid):
+            if h is not None and bid not in mapped and not _maps_to(inner.get(h), bid):
                 out.append(self._unmapped(bid))
                 if len(out) >= MAX_PER_CHECK:
                     break
@@ -491,26 +499,27 @@ class RequestChecks:
         #: num_output_placeholders, its queue) at its last look (:meth:`_looks`)
         self._seen: dict[str, tuple] = {}
         self._flagged: set[str] = set()  # rids a check of its own found wrong at the last look
+        self._absent: set[str] = set()  # fields a request lacked (read with a default since)
 
     _status = attrgetter("status")
     _nct = attrgetter("num_computed_tokens")
     _npre = attrgetter("num_preemptions")
     _nop = attrgetter("num_output_placeholders")
 
-    @staticmethod
-    def _look(req, q) -> tuple:
-        """What a request's own checks read (see :meth:`_looks`), for one request."""
-        return (id(req.status), req.num_computed_tokens, getattr(req, "num_preemptions", 0),
-                getattr(req, "num_output_placeholders", 0), q)
-
     def _looks(self, reqs: list, rids: list[str], where: dict) -> list[tuple]:
-        """:meth:`_look` of every request, read at C speed where every request has the field."""
+        """What each request's own checks read: (id of its status, ``num_computed_tokens``,
+        ``num_preemptions``, ``num_output_placeholders``, its queue in ``where``), the two
+        counts 0 where the release has no such field; read at C speed."""
         cols = []
+        absent = self._absent
         for get, name in ((self._npre, "num_preemptions"), (self._nop, "num_output_placeholders")):
-            try:
-                cols.append(list(map(get, reqs)))
-            except AttributeError:
-                cols.append([getattr(r, name, 0) for r in reqs])
+            if name not in absent:
+                try:
+                    cols.append(list(map(get, reqs)))
+                    continue
+                except AttributeError:  # (a release without it: getattr from now on)
+                    absent.add(name)
+            cols.append(list(map(getattr, reqs, repeat(name), repeat(0))))
         return list(zip(map(id, map(self._status, reqs)), map(self._nct, reqs), cols[0], cols[1],
                         map(where.get, rids)))
 
@@ -573,34 +582,44 @@ class RequestChecks:
                 del last[rid]
                 seen.pop(rid, None)
             new_last = last
-            items = [(rid, requests[rid]) for rid in nst if rid in requests]
-            looks = [(rid, self._look(req, where.get(rid))) for rid, req in items]
+            # as after schedule(): a scheduled request whose look is as at its last look (after
+            # this step's schedule(), as a rule: update_from_output appends tokens but moves
+            # no count, status or queue of a request it does not finish), which found nothing
+            # wrong with it then, has nothing to find now; only the others are looked at
+            rids = [rid for rid in nst if rid in requests]
+            reqs = list(map(requests.__getitem__, rids))
+            cur = self._looks(reqs, rids, where)
+            moved = list(map(ne, map(seen.get, rids), cur))
+            if flagged:
+                moved = [m or rid in flagged for rid, m in zip(rids, moved)]
+            items = list(compress(zip(rids, reqs), moved))
+            looks = list(compress(zip(rids, cur), moved))
         else:
             # a request whose status, count, preemptions, placeholders and queue are as at its
             # last look, which found nothing wrong with it then, has nothing to find now: its
             # bounds and continuity are only checked when its count moved (the loop below
             # skips it at "unchanged since the last look"); only the others are looked at
             rids = list(requests)
-            cur = self._looks(list(requests.values()), rids, where)
+            reqs = list(requests.values())
+            cur = self._looks(reqs, rids, where)
             now = dict(zip(rids, cur))
-            todo = list(compress(rids, map(ne, map(seen.get, rids), cur)))  # in request order
+            moved = list(map(ne, map(seen.get, rids), cur))  # in request order
             flagged.intersection_update(now.keys())
-            if flagged - set(todo):
-                todo = set(todo) | flagged
-                todo = [rid for rid in rids if rid in todo]
+            if flagged:
+                moved = [m or rid in flagged for rid, m in zip(rids, moved)]
             new_last = dict(last)  # the requests not looked at keep theirs
             for rid in last.keys() - now.keys():
                 del new_last[rid]
-            items = [(rid, requests[rid]) for rid in todo]
-            looks = [(rid, now[rid]) for rid in todo]
+            items = list(compress(zip(rids, reqs), moved))
+            looks = list(compress(zip(rids, cur), moved))
             self._seen = seen = now
         seen.update(looks)
         for rid, _ in looks:
             flagged.discard(rid)
-        for rid, req in items:
+        # (the look's count, preemptions, placeholders and queue: read just now, the same values)
+        for (rid, req), (_, (_, nct, npre, nop, q)) in zip(items, looks):
             status = req.status
             st = names_of.get(status) or name(status)
-            q = where.get(rid)
             if q == "running":
                 if st != "RUNNING":
                     flagged.add(rid)
@@ -610,16 +629,15 @@ class RequestChecks:
                 flagged.add(rid)
                 by_rid.setdefault(rid, []).append(
                     f"{rid} is in {q} with status {st} (expected a waiting status or PREEMPTED)")
-            nct = req.num_computed_tokens
             prev = last.get(rid)
             # vLLM's own count (Request.num_preemptions, 0.13+; absent before): a preemption
             # between two looks (reset_prefix_cache(reset_running_requests=True) preempts and
             # the next schedule() resumes) leaves the status RUNNING at both
-            npre = getattr(req, "num_preemptions", 0) or 0
+            npre = npre or 0
             new_last[rid] = (nct, st, npre)  # (when new_last is last, prev was read first)
             if st == "PREEMPTED" and (prev is None or prev[1] != "PREEMPTED"):
                 self.preempted_now.add(rid)
-            nop = getattr(req, "num_output_placeholders", 0) or 0
+            nop = nop or 0
             if nop < 0:
                 flagged.add(rid)
                 # AsyncScheduler asserts it only on the frames it does not discard

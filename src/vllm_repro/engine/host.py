@@ -196,6 +196,12 @@ class Worker:
         except (warm_client.WarmUnavailable, OSError) as exc:  # OSError: its folder or socket
             os.close(stdin_r)
             os.close(stdin_w)
+            if isinstance(exc, warm_client.WarmAborted):  # SIGINT/SIGTERM: no cold start either
+                os.close(r)
+                os.close(w)
+                self._log.close()
+                raise EnvError(f"not starting the vLLM {self.env.version} worker: the run is "
+                               "being aborted") from None
             warm_client.note(f"{python}:{exc}",
                              f"vLLM {self.env.version}: no warm start ({exc}); starting cold")
             return False

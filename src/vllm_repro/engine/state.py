@@ -177,15 +177,12 @@ def free_list(pool, num_blocks: int) -> tuple[list, bool]:
     cur, tail = free_queue_ends(pool)
     out = []
     append = out.append
-    limit = num_blocks + 1
-    n = 0
-    while cur is not None and cur is not tail:
+    for _ in range(num_blocks + 2):  # (a counted loop: the audit walks the queue often)
+        if cur is None or cur is tail:
+            return out, True
         append(cur)
-        n += 1
-        if n > limit:
-            return out, False
         cur = cur.next_free_block
-    return out, True
+    return out, False  # num_blocks + 2 linked: more than the pool has
 
 
 def free_count(pool) -> int:

@@ -33,6 +33,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from .. import procs
 from ..errors import InputError
 from ..settings import cache_dir
 
@@ -53,6 +54,9 @@ _VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHO
 _VOLATILE_PREFIXES = ("PYTEST_", "SSH_", "TERM", "COLORTERM", "WINDOW", "TMUX", "STY", "RAY_")
 #: how long a starting parent may take to import (a loaded two-core machine: tens of seconds)
 START_TIMEOUT_S = 300.0
+#: how often a client waiting for a parent (its start, the lock) looks whether the run is being
+#: aborted (:func:`vllm_repro.procs.aborting`): a thread's wait is not ended by the signal
+POLL_S = 0.05
 _SOCK_MAX = 100  # sun_path is 104-108 bytes
 
 _parents: list[subprocess.Popen] = []  # started here: kept (and reaped) so none is a zombie long
@@ -62,6 +66,15 @@ _note_lock = threading.Lock()
 
 class WarmUnavailable(Exception):
     """No warm parent for this run (the reason is the message); the run starts cold."""
+
+
+class WarmAborted(WarmUnavailable):
+    """The run is being aborted (SIGINT / SIGTERM): no parent was waited for, none started."""
+
+
+def _check_abort() -> None:
+    if procs.aborting():
+        raise WarmAborted("the run is being aborted")
 
 
 def enabled() -> bool:
@@ -210,8 +223,16 @@ def unsafe_file(python: Path, root: Path) -> Path:
 
 @contextmanager
 def _locked(path: Path):
+    """``flock`` on ``path``, waited for in steps of :data:`POLL_S` (raises
+    :class:`WarmAborted` once the run is being aborted)."""
     with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        while True:
+            _check_abort()
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(POLL_S)
         try:
             yield
         finally:
@@ -415,6 +436,11 @@ def _make_room(root: Path, folder: Path) -> None:
 
 
 def _start_parent(python: Path, folder: Path, parent_env: dict[str, str], mods: Path) -> None:
+    """Start the parent of ``folder`` and wait until it says it is ready. A parent that has not
+    said so yet belongs to this client alone: when the wait ends any other way (the run is
+    being aborted, a signal's exception, its start time out) it is killed with its session,
+    so none is left importing and then idling with no client."""
+    _check_abort()
     for old in list(_parents):  # reap the ones that retired
         if old.poll() is not None:
             _parents.remove(old)
@@ -436,16 +462,22 @@ def _start_parent(python: Path, folder: Path, parent_env: dict[str, str], mods: 
     first = b""
     deadline = time.monotonic() + START_TIMEOUT_S
     fd = proc.stdout.fileno()
-    while not first.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(0.0, left))
-        if not ready:
-            proc.kill()
-            raise WarmUnavailable(f"the warm parent did not start in {START_TIMEOUT_S:.0f}s")
-        data = os.read(fd, 1 << 16)
-        if not data:
-            break
-        first += data
+    try:
+        while not first.endswith(b"\n"):
+            _check_abort()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WarmUnavailable(f"the warm parent did not start in {START_TIMEOUT_S:.0f}s")
+            ready, _, _ = select.select([fd], [], [], min(left, POLL_S))
+            if not ready:
+                continue
+            data = os.read(fd, 1 << 16)
+            if not data:
+                break
+            first += data
+    except BaseException:
+        _kill_starting(proc)
+        raise
     proc.stdout.close()
     try:
         msg = json.loads(first)
@@ -455,6 +487,22 @@ def _start_parent(python: Path, folder: Path, parent_env: dict[str, str], mods: 
                               f"{folder / 'parent.log'})") from None
     if not msg.get("ready"):
         raise WarmUnavailable(str(msg.get("unsafe") or msg.get("error")))
+
+
+def _kill_starting(proc: subprocess.Popen) -> None:
+    """SIGKILL a parent that has not said it is ready (the leader of its own session, so its
+    process group: whatever its imports started too) and reap it."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+    if proc in _parents:
+        _parents.remove(proc)
 
 
 def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
@@ -490,6 +538,7 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
     request = (json.dumps(msg) + "\n").encode()
     why = "the warm parent did not answer"
     for _attempt in range(3):
+        _check_abort()
         conn = _connect(sock)
         if conn is None:
             with _locked(folder / "lock"):
@@ -525,6 +574,6 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
     raise WarmUnavailable(why)
 
 
-__all__ = ["WarmUnavailable", "WarmProc", "enabled", "idle_seconds", "max_parents", "spawn",
+__all__ = ["WarmUnavailable", "WarmAborted", "WarmProc", "enabled", "idle_seconds", "max_parents", "spawn",
            "note", "parent_key", "env_identity", "lab_identity", "env_vars_identity",
            "modules_file", "SETTING", "IDLE_SETTING", "MAX_SETTING", "MODULES_OUT"]
