@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ..conftest import FLAGSHIP
+from ..conftest import FLAGSHIP, SCENARIOS
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +36,26 @@ def test_flagship_first_fixed_release_is_0_10_2(cli, tmp_path):
         verdict = json.loads((reports / NAME / v / "result.json").read_text())["verdict"]
         assert (verdict["expected"], verdict["ok"]) == (expected, True)
     assert (reports / "index.html").is_file()
+
+
+def test_a_v0_engine_entry_bisects_over_v0_releases_to_its_first_fixed_one(cli, tmp_path):
+    """The catalog's V0 entry for vLLM #8881 (``level: v0-engine``): 0.8.3 dies on the issue's
+    assertion in the V0 scheduler, 0.8.4's front door refuses the long prompt (its ``fixed:``
+    outcome), so the first fixed release is 0.8.4: both run their V0 engine (a release with both
+    engines runs its V0 one at this level). Two adjacent releases keep it short; the search
+    between endpoints is the flagship's test above."""
+    entry = SCENARIOS / "vllm-8881-v0-async-stopped-long-prompt.yaml"
+    proc = cli("bisect", str(entry), "--bad", "0.8.3", "--good", "0.8.4", "--reports",
+               str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "first fixed release: 0.8.4 (last bad: 0.8.3); 2 of 2 releases run"
+    rows = {line.split()[0]: line for line in lines[1:-1]}
+    assert list(rows) == ["0.8.3", "0.8.4"]
+    assert "crash AssertionError vllm/core/scheduler.py:_schedule_running @5" in rows["0.8.3"]
+    assert rows["0.8.3"].rstrip().endswith(" bad")
+    assert "crash ValueError vllm/engine/llm_engine.py:_validate_model_input @3" in rows["0.8.4"]
+    assert rows["0.8.4"].rstrip().endswith(" good")
 
 
 def test_an_endpoint_that_does_not_reproduce_is_exit_2_and_nothing_else_runs(cli, tmp_path):

@@ -167,3 +167,26 @@ def test_11168_sliding_window_prompt_passes_can_allocate_then_runs_out_of_blocks
     assert res.returncode == 2, res.stdout + res.stderr
     assert "config.model: 'nope' is not one of the lab's packaged model configs (mistral-swa, " \
            "opt)" in res.stdout + res.stderr
+
+
+def test_an_abort_while_the_last_output_is_queued_ends_the_request(cli, tmp_path):
+    """Found by ``fuzz --level v0-engine`` on 0.8.5: R0 (1 token) is scheduled at step 1 and,
+    with async output processing, its output waits in the engine's output queue; aborting it
+    at step 2 leaves the engine with no unfinished request, so it never steps again. R0 is over
+    for its caller (the abort ended its stream): aborted, clean, not a stall."""
+    d = {"name": "v0-abort-queued-output", "level": "v0-engine",
+         "config": {"block_size": 16, "num_gpu_blocks": 3, "max_num_seqs": 1,
+                    "max_num_batched_tokens": 2048, "max_model_len": 32,
+                    "enable_chunked_prefill": True},
+         "requests": [{"id": "R0", "prompt_len": 1, "max_tokens": 1}],
+         "events": [{"at_step": 2, "abort": ["R0"]}],
+         "limits": {"max_steps": 60, "stall_steps": 10},
+         "vllm": {"clean_on": ["0.8.5"]}}
+    p = tmp_path / "v0-abort-queued-output.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    reports = tmp_path / "r"
+    res = cli("run", str(p), "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads((reports / d["name"] / "0.8.5" / "result.json").read_text())
+    assert "use_async_output_proc=True" in (reports / d["name"] / "0.8.5" / "engine.log").read_text()
+    assert (result["outcome"], result["finished"], result["steps"]) == ("clean", {"R0": "aborted"}, 2)

@@ -27,7 +27,7 @@ FULL = Capabilities(
 BARE = Capabilities("0.0.1", engine_core=True, events=("abort",))
 
 
-def _draw(caps, level, n=120) -> list[dict]:
+def _draw(caps, level, n=120, profile=None) -> list[dict]:
     """The scenarios the machine builds over ``n`` examples (each validated as a user's file)."""
     seen: list[dict] = []
     # the draws a function of the seed alone, not of which lab modules this pytest process
@@ -38,7 +38,7 @@ def _draw(caps, level, n=120) -> list[dict]:
         parse_scenario(sc, "<machine>")  # raises on an invalid scenario
         seen.append(sc)
 
-    machine = seed(7)(machine_class(LADDER[-1], level, caps, check, caps.version))
+    machine = seed(7)(machine_class(profile or LADDER[-1], level, caps, check, caps.version))
     run_state_machine_as_test(machine, settings=settings(
         max_examples=n, database=None, deadline=None, stateful_step_count=STATEFUL_STEPS,
         phases=(Phase.generate,)))
@@ -95,6 +95,31 @@ def test_nothing_the_release_lacks_is_drawn():
     assert f["group:sliding_window"] and f["connector:external_hit_tokens"], f
     assert not {"group:chunked_local_attention", "group:mamba", "connector:load_fails"} & set(f), f
     assert f["abort"] and f["eos_at"]
+
+
+def test_v0_engine_draws_only_what_the_v0_level_runs():
+    """``fuzz --level v0-engine``: the profile fitted for the level, on a release whose V1
+    record has everything, draws no V1-only field and no EngineCore call; every scenario
+    validates at level v0-engine (num_gpu_blocks set, fcfs, no threshold V0 lacks before 0.8)."""
+    from vllm_repro.errors import InputError
+    from vllm_repro.fuzz.search import fit_profile
+
+    profile = fit_profile(LADDER[-1], {}, level="v0-engine")
+    scs = _draw(FULL, "v0-engine", profile=profile)
+    assert scs and all(sc["level"] == "v0-engine" for sc in scs)
+    f = _features(scs)
+    assert not {"async_scheduling", "kv_cache_groups", "num_speculative_tokens", "grammar",
+                "reset_prefix_cache", "pause", "in_flight", "empty_at", "spec_decode",
+                "max_concurrent_batches", "num_gpu_blocks_override",
+                "connector:external_hit_tokens"} & set(f), f
+    assert f["abort"] and f["eos_at"], f
+    assert all(sc["config"]["policy"] == "fcfs" and not sc["config"]["long_prefill_token_threshold"]
+               and "priority" not in r for sc in scs for r in sc["requests"])
+    assert any(sc["config"]["enable_prefix_caching"] for sc in scs)
+    with pytest.raises(InputError, match="--spec: fuzz at --level v0-engine"):
+        fit_profile(LADDER[-1], {}, spec_forced=True, level="v0-engine")
+    with pytest.raises(InputError, match="--policy priority: fuzz at --level v0-engine"):
+        fit_profile(LADDER[-1].with_policy("priority"), {}, level="v0-engine")
 
 
 def test_hybrid_pool_fits_vllms_start_up_estimate():

@@ -1,4 +1,4 @@
-"""``vllm-repro fuzz --vllm VERSION [--level scheduler|engine-core] [--time 60s] [--seed N]
+"""``vllm-repro fuzz --vllm VERSION [--level scheduler|engine-core|v0-engine] [--time 60s] [--seed N]
 [--workers 2] [--ladder] [--db DIR|none]``; the search is :mod:`vllm_repro.fuzz`."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def fuzz(
     out_dir: Path = typer.Option(Path("scenarios/found"), "--out", help="Where found scenarios and regression tests go."),
     reports: Path = typer.Option(Path("reports"), help="Worker logs go to reports/_fuzz/."),
     audit: bool = typer.Option(True, "--audit/--no-audit"),
-    level: str = typer.Option("scheduler", "--level", help="scheduler | engine-core: the level the scenarios run at."),
+    level: str = typer.Option("scheduler", "--level", help="scheduler | engine-core | v0-engine: the level the scenarios run at (v0-engine: the release's V0 LLMEngine, a subset of the draws)."),
     db: Optional[str] = typer.Option(None, "--db", help="The example database folder (default: <cache>/fuzz/examples); 'none' runs without one."),
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
@@ -42,8 +42,8 @@ def fuzz(
 
     if policy not in (None, "fcfs", "priority"):
         raise InputError(f"--policy {policy!r}: use fcfs or priority")
-    if level not in ("scheduler", "engine-core"):
-        raise InputError(f"--level {level!r}: use scheduler or engine-core")
+    if level not in ("scheduler", "engine-core", "v0-engine"):
+        raise InputError(f"--level {level!r}: use scheduler, engine-core or v0-engine")
     use_db = db is None or db.lower() != "none"
     if use_db and db is not None:
         db = str(folder(Path(db), "--db folder", "give --db a folder you can write, or none",

@@ -543,6 +543,9 @@ class V0EngineLoop(StepLoop):
         (which V0 drops without an output)."""
         newly, self._newly = self._newly, []
         live = self._live_ids()
+        # an aborted request whose last output is still in the async output queue is over for
+        # its caller (the abort ended its stream); only a scheduler queue keeps it alive
+        live -= self.aborted_ids - self._live_ids(output_queue=False)
         for rid in self.created:
             if rid not in self.finished and rid not in live and rid not in newly:
                 self.finished[rid] = "aborted"
@@ -556,7 +559,9 @@ class V0EngineLoop(StepLoop):
         group = (getattr(self.engine, "seq_id_to_seq_group", None) or {}).get(group_request_id)
         return getattr(group, "group_id", None) or group_request_id
 
-    def _live_ids(self) -> set[str]:
+    def _live_ids(self, output_queue: bool = True) -> set[str]:
+        """The scenario requests in V0's scheduler queues and, with ``output_queue``, those
+        with an output still queued for async output processing."""
         ids = set()
         for sched in (self.engine.scheduler if isinstance(self.engine.scheduler, list)
                       else [self.engine.scheduler]):
@@ -564,7 +569,7 @@ class V0EngineLoop(StepLoop):
                       getattr(sched, "_async_stopped", ())):  # past max_model_len (async)
                 ids.update(self.request_of(sg.request_id) for sg in q)
         # V0 with async output processing: a request's last output may still be queued
-        for ctx in getattr(self.engine, "scheduler_contexts", ()) or ():
+        for ctx in (getattr(self.engine, "scheduler_contexts", ()) or ()) if output_queue else ():
             for item in getattr(ctx, "output_queue", ()) or ():
                 for sg in _groups_in(item):
                     ids.add(self.request_of(sg))

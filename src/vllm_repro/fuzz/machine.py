@@ -121,6 +121,8 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
         # as `vllm serve` runs (stats on): the front end's stat loggers record every step
         if draw(st.booleans()):
             cfg["disable_log_stats"] = False
+    if level == "v0-engine":  # V0's EngineArgs take the threshold from 0.8 only
+        cfg["long_prefill_token_threshold"] = 0
     if level == "engine-core":
         if not caps.batch_queue_from_config and draw(st.booleans()):
             cfg["max_concurrent_batches"] = 2  # the executor's pipeline depth (batch queue)

@@ -124,7 +124,8 @@ class SearchConfig:
     target: str | None = None  # only count failures whose signature contains this
     audit: bool = True
     spec_forced: bool = False  # --spec: refused spec decode is an input error, not dropped
-    #: the scenarios' level (``scheduler`` or ``engine-core``); added after 0.1, default kept
+    #: the scenarios' level (``scheduler``, ``engine-core`` or ``v0-engine``); added after 0.1,
+    #: default kept
     level: str = "scheduler"
     #: where the example database lives: None for ``<cache>/fuzz/examples``
     #: (:mod:`vllm_repro.fuzz.database`); ``use_database=False`` runs without memory
@@ -157,6 +158,18 @@ class SearchConfig:
 FUZZ_FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups")
 
 
+#: what a campaign at ``--level v0-engine`` does not draw: the V1-only lab fields the V0 level
+#: refuses (spec decode, async scheduling, KV cache groups, empty outputs), EngineCore's own
+#: calls (grammars, connectors, engine events) and priorities; it draws pools, batch limits,
+#: chunked prefill, prefix caching, requests with shared prefixes, EOS and aborts between steps
+V0_PROFILE = dict(policies=("fcfs",), spec_decode=False, empty_outputs=False,
+                  async_scheduling=False, kv_cache_groups=False, structured_outputs=False,
+                  engine_events=False, pool_override=False, kv_connectors=False)
+V0_NOTE = ("fuzz at --level v0-engine draws pools, batch limits, prefix caching, shared "
+           "prefixes, EOS and aborts between steps (fcfs); not priorities, spec decode, empty "
+           "outputs, async scheduling, KV cache groups or EngineCore's own calls")
+
+
 def refused_features(worker) -> dict[str, str]:
     """``{feature: the release's refusal}`` for the :data:`FUZZ_FEATURES` the release lacks,
     from the capabilities record the worker probed at start-up
@@ -177,6 +190,14 @@ def fit_profile(profile: Profile, refused: dict[str, str], spec_forced: bool = F
     without draft tokens, ``--level engine-core`` on a release whose EngineCore cannot run)."""
     if level == "engine-core" and "engine-core" in refused:
         raise InputError(f"--level engine-core: {refused['engine-core']}")
+    if level == "v0-engine":
+        if spec_forced:
+            raise InputError("--spec: fuzz at --level v0-engine draws no speculative decoding "
+                             "(the level does not drive it); drop --spec")
+        if "priority" in profile.policies and len(profile.policies) == 1:
+            raise InputError("--policy priority: fuzz at --level v0-engine draws fcfs only; "
+                             "use --policy fcfs or leave it out")
+        return replace(profile, **V0_PROFILE)
     if spec_forced and "spec decode" in refused:
         raise InputError(f"--spec: {refused['spec decode']}")
     if "priority" in refused:
@@ -296,6 +317,10 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
             profile = fit_profile(cfg.profile, refused, spec_forced=cfg.spec_forced,
                                   level=cfg.level)
             lacks = [f for f in refused if f != "engine-core"]
+            if cfg.level == "v0-engine":
+                lacks = []
+                if index == 0:
+                    emit("note", V0_NOTE)
             if lacks and index == 0:
                 emit("note", "vLLM {} refuses {}: fuzz draws without {}".format(
                     cfg.version, ", ".join(lacks), "them" if len(lacks) > 1 else "it"))

@@ -353,6 +353,9 @@ class LogScanner:
         self.preemption_warnings = 0
         self.first_preemption_line: int | None = None
         self.args: tuple[int, str] | None = None
+        #: the engine's start-up banner config (``Initializing an LLM engine (vX) with config:
+        #: ...``, V0's ``LLMEngine.__init__`` and V1's ``EngineCore``): (lineno, the config text)
+        self.engine_config: tuple[int, str] | None = None
         self.dump: Dump | None = None
         self.lifecycle: str | None = None
         self.lifecycle_line: int | None = None
@@ -658,6 +661,8 @@ class LogScanner:
             self.preemption_warnings += 1
             if self.first_preemption_line is None:
                 self.first_preemption_line = lineno
+        if self.engine_config is None and "LLM engine (v" in st and "with config:" in st:
+            self.engine_config = (lineno, st.split("with config:", 1)[1].strip()[:MAX_DUMP_CHARS])
         if "args: Namespace(" in st or "non-default args:" in st:
             i = st.find("Namespace(") if "Namespace(" in st else st.find("{")
             if i >= 0:

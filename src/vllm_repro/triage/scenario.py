@@ -12,6 +12,11 @@ step 1 in dump order (the arrival order is not in the dump). A new request's pro
 ``max_tokens`` are in the dump; for a running one only its tokens in the KV cache are, so its
 whole context is taken as prompt. The waiting requests the stats count are added with guessed
 lengths. Requests never get a priority (0.8/0.9's V1 front door refuses them).
+
+A crash whose frames run through vLLM's V0 engine (:func:`v0_crash`) is drafted at
+``level: v0-engine``: the engine's start-up banner stands in for the dumped config, the
+``# GPU blocks / # CPU blocks`` line gives both pools, chunked prefill comes from the crash path
+where the log does not state it, and a log with no stats gets one guessed request.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ..errors import InputError
 from ..scenario import parse_scenario
 from ..scenario.schema import Scenario
 from .analyze import TriageReport
-from .dump import DumpedRequest, read_config, read_scheduler_output
+from .dump import DumpedRequest, parse_pairs, read_config, read_scheduler_output
 from .scan import LogScanner
 
 MAX_WAITING = 256  # waiting requests synthesised from the stats, at most
@@ -132,14 +137,53 @@ _ENGINE_CORE_ONLY = ("vllm/v1/engine/core.py:_initialize_kv_caches",
                      "vllm/v1/core/kv_cache_utils.py:_check_enough_kv_cache_memory")
 
 
+#: modules of vLLM's V0 engine (``vllm/engine/llm_engine.py`` and what it drives); a crash path
+#: through one of them, and through no ``vllm/v1/`` module, is a V0 crash (``level: v0-engine``)
+V0_ENGINE_PREFIXES = ("vllm/core/", "vllm/engine/llm_engine.py", "vllm/engine/async_llm_engine.py",
+                      "vllm/engine/multiprocessing/", "vllm/engine/output_processor/",
+                      "vllm/worker/worker.py", "vllm/executor/gpu_executor.py",
+                      "vllm/executor/uniproc_executor.py")
+#: V0 code that ``level: v0-engine`` runs as the release ships it (where an innermost frame in
+#: it is a crash the replay can show): the scheduler and block managers, the engine, its output
+#: processors, and the worker's start-up check of the pool (``raise_if_cache_size_invalid``)
+_V0_IN_REACH = ("vllm/core/", "vllm/engine/llm_engine.py", "vllm/engine/output_processor/")
+_V0_START_UP = ("vllm/engine/llm_engine.py:_initialize_kv_caches",
+                "vllm/worker/worker.py:raise_if_cache_size_invalid",
+                "vllm/worker/worker.py:initialize_cache",
+                "vllm/worker/worker.py:_assert_memory_footprint_increased_during_profiling")
+
+
+def v0_crash(report: TriageReport) -> str | None:
+    """The first V0 engine frame of the crash path (``module:function``) when the crash went
+    through vLLM's V0 engine and through no ``vllm/v1/`` code, else ``None``: read from the
+    log's frames, never from its version number."""
+    path = report.crash_path or []
+    if any(p.startswith("vllm/v1/") for p in path):
+        return None
+    return next((p for p in path if p.startswith(V0_ENGINE_PREFIXES)), None)
+
+
+def _packaged_positions() -> int:
+    """``max_position_embeddings`` of the lab's default packaged model (``models/opt``), the
+    model ``level: v0-engine`` builds vLLM's ``ModelConfig`` from."""
+    cfg = Path(__file__).resolve().parent.parent / "models" / "opt" / "config.json"
+    return int(json.loads(cfg.read_text())["max_position_embeddings"])
+
+
 def _choose_level(report: TriageReport, version: str, notes: list[str]) -> tuple[str, str, str | None]:
-    """``(level, why, expected phase or None)`` for the replay: ``engine-core`` when the crash
-    path goes through EngineCore code the scheduler level never runs (start-up's KV sizing, the
-    batch queue, ...) and the release's capabilities record (cached when it last ran here,
+    """``(level, why, expected phase or None)`` for the replay: ``v0-engine`` when the crash
+    path runs through the V0 engine (:func:`v0_crash`); ``engine-core`` when it goes through
+    EngineCore code the scheduler level never runs (start-up's KV sizing, the batch queue, ...)
+    and the release's capabilities record (cached when it last ran here,
     :mod:`vllm_repro.engine.capabilities`) does not rule it out."""
     from ..engine.capabilities import load
     from ..settings import cache_dir
 
+    v0 = v0_crash(report)
+    if v0 is not None:
+        _v0_tree_note(version, notes)
+        phase = "engine-build" if any(p in _V0_START_UP for p in report.crash_path) else None
+        return "v0-engine", f"the crash went through vLLM's V0 engine ({v0})", phase
     hits = [p for p in report.crash_path if p in _ENGINE_CORE_ONLY]
     if not hits:
         return "scheduler", "the crash path runs through the scheduler, not EngineCore's own code", None
@@ -153,6 +197,18 @@ def _choose_level(report: TriageReport, version: str, notes: list[str]) -> tuple
     phase = "engine-build" if any(":_initialize_kv_caches" in p or "kv_cache_utils" in p
                                   for p in hits) else None
     return "engine-core", f"the crash went through {hits[0]}", phase
+
+
+def _v0_tree_note(version: str, notes: list[str]) -> None:
+    """A note when ``version``'s tree is cached and has no V0 engine (the draft would be
+    refused there): probed by file, as the V0 level does."""
+    from ..engine.v0 import has_v0_engine
+    from ..sources.sdist import tree_dir
+
+    vllm_dir = tree_dir(version) / "vllm"
+    if vllm_dir.is_dir() and not has_v0_engine(vllm_dir):
+        notes.append(f"vLLM {version}'s tree has no V0 engine (vllm/engine/llm_engine.py with "
+                     "vllm/core/scheduler.py): run the draft with --vllm on a release that has one")
 
 
 _V1_DEFAULT = re.compile(r'os\.getenv\(\s*"VLLM_USE_V1"\s*,\s*"([01])"\s*\)')
@@ -211,8 +267,14 @@ class _Draft:
         self.state = report.scheduler_state or {}
         self.notes: list[str] = []
         self.level, self.level_why, self.phase = _choose_level(report, self.version, self.notes)
-        self.at_start_up = self.level == "engine-core" and self.phase == "engine-build"
+        self.v0 = self.level == "v0-engine"
+        self.at_start_up = self.level in ("engine-core", "v0-engine") and self.phase == "engine-build"
         self.dumped_cfg = read_config(dump.config) if dump and dump.config else {}
+        # V0 logs have no dump_input.py: the start-up banner's config is the engine's config
+        banner = sc.engine_config if self.v0 and not self.dumped_cfg else None
+        self.banner_raw = parse_pairs(banner[1]) if banner else {}
+        self.banner_cfg = read_config(banner[1]) if banner else {}
+        self.banner_line = f"engine config, line {banner[0]}" if banner else ""
         self.args_cfg = read_config(sc.args[1]) if sc.args else {}
         self.cfg_line = f"dump_input.py config, line {dump.config_line}" if self.dumped_cfg else ""
         self.args_line = f"server arguments, line {sc.args[0]}" if sc.args else ""
@@ -250,7 +312,7 @@ class _Draft:
     def _require_requests(self) -> None:
         so, state = self.so, self.state
         if (so is None or not so.requests) and not state.get("running") and not state.get("waiting") \
-                and not state.get("pending") and not self.at_start_up:
+                and not state.get("pending") and not self.at_start_up and not self.v0:
             raise InputError(f"{self.src}: no dump_input.py SchedulerOutput and no scheduler stats "
                              "with requests in the log: nothing to build the scenario's requests from")
 
@@ -261,6 +323,9 @@ class _Draft:
             return _Val(conv(self.args_cfg[key]), "log", self.args_line)
         if key in self.dumped_cfg and conv(self.dumped_cfg[key]) is not None:
             return _Val(conv(self.dumped_cfg[key]), "log", self.cfg_line)
+        for cfg in (self.banner_cfg, self.banner_raw):
+            if key in cfg and conv(cfg[key]) is not None:
+                return _Val(conv(cfg[key]), "log", self.banner_line)
         return None
 
     # --- config -----------------------------------------------------------------------------------
@@ -274,6 +339,8 @@ class _Draft:
         self.B = bs.value
 
     def _switches(self) -> None:
+        if self.v0:
+            return self._v0_switches()
         c, version = self.c, self.version
         v1_default, why = _v1_default(version)
         if v1_default is False:
@@ -291,6 +358,34 @@ class _Draft:
         c["policy"] = _Val(pol, "log", self.args_line) if pol in ("fcfs", "priority") else \
             _Val("fcfs", "guess", "vLLM's default scheduling policy")
 
+    def _v0_switches(self) -> None:
+        """V0's switches: chunked prefill as the log states it, else as the crash path shows it
+        (``Scheduler._schedule_chunked_prefill`` or ``_schedule_default``); the V0
+        ``EngineArgs`` fields the engine banner shows (``use_v2_block_manager``,
+        ``num_scheduler_steps``)."""
+        c, path = self.c, " ".join(self.report.crash_path)
+        chunked = self.known("enable_chunked_prefill", _bool)
+        if chunked is None and "scheduler.py:_schedule_chunked_prefill" in path:
+            chunked = _Val(True, "derived", "the crash went through Scheduler._schedule_chunked_prefill")
+        elif chunked is None and "scheduler.py:_schedule_default" in path:
+            chunked = _Val(False, "derived", "the crash went through Scheduler._schedule_default")
+        c["enable_chunked_prefill"] = chunked or _Val(False, "guess", "V0 EngineArgs' default")
+        c["enable_prefix_caching"] = self.known("enable_prefix_caching", _bool) or _Val(
+            False, "guess", "V0 EngineArgs' default")
+        pol = self.args_cfg.get("scheduling_policy")
+        c["policy"] = _Val(pol, "log", self.args_line) if pol in ("fcfs", "priority") else \
+            _Val("fcfs", "guess", "vLLM's default scheduling policy")
+        v2 = self.known("use_v2_block_manager", _bool)
+        if v2 is not None:
+            c["use_v2_block_manager"] = v2
+        steps = self.known("num_scheduler_steps", _posint)
+        if steps is not None and steps.value > 1:
+            self.notes.append(f"the log ran num_scheduler_steps={steps.value} (multi-step); "
+                              "level v0-engine does not drive multi-step yet, so the draft "
+                              "leaves it out (one step per schedule)")
+        elif steps is not None:
+            c["num_scheduler_steps"] = steps
+
     # --- requests ---------------------------------------------------------------------------------
     def _requests(self) -> None:
         for r in self.reqs:
@@ -302,6 +397,11 @@ class _Draft:
                           "max_tokens": GUESSED_MAX_TOKENS},
                          "guess: the engine died at start-up, before any request; one request "
                          "stands for the first"))
+        if not rows and self.v0 and not state.get("running") and not n_wait:
+            rows.append(({"id": "guessed-1", "at_step": 1, "prompt_len": 1024,
+                          "max_tokens": GUESSED_MAX_TOKENS},
+                         "guess: the log shows no requests (V0 dumps none, and no stats line); "
+                         "one request stands for the load"))
         if not rows:
             for i in range(int(state.get("running") or 0)):
                 rows.append(({"id": f"running-{i + 1}", "at_step": 1, "prompt_len": 1024,
@@ -355,6 +455,11 @@ class _Draft:
         if mml is None:
             mml = _Val(max(2048, 1 << (need - 1).bit_length()), "guess",
                        "not in the log; the smallest power of two that fits every request")
+        if self.v0 and mml.value > (limit := _packaged_positions()):
+            self.notes.append(f"the log's max_model_len {mml.value} is over the lab's packaged "
+                              f"model's {limit} positions, which vLLM's ModelConfig holds it to")
+            mml = _Val(limit, "derived", f"the log's {mml.value} capped at the packaged model's "
+                                         "max_position_embeddings")
         c["max_model_len"] = mml
         for row, _ in rows:
             if row["prompt_len"] + row["max_tokens"] > mml.value:
@@ -382,6 +487,8 @@ class _Draft:
                     1024 * math.ceil(total / 1024)
                 mnbt = _Val(pick, "guess", f"the smallest vLLM default >= the {total} tokens the "
                                            "crashing step scheduled")
+            elif self.v0 and c["enable_chunked_prefill"].value:
+                mnbt = _Val(512, "guess", "V0's default with chunked prefill (0.6's EngineArgs)")
             else:
                 mnbt = _Val(8192, "guess", "vLLM's default for the OpenAI server on large GPUs")
         if not c["enable_chunked_prefill"].value and mnbt.value < c["max_model_len"].value:
@@ -397,6 +504,9 @@ class _Draft:
         floor_blocks = max(blocks_per_req) + 1
         if sc.gpu_blocks:
             nb = _Val(sc.gpu_blocks[0], "log", f"'# GPU blocks' line {sc.gpu_blocks[2]}")
+            if self.v0 and sc.gpu_blocks[1] is not None:
+                c["num_cpu_blocks"] = _Val(sc.gpu_blocks[1], "log",
+                                           f"'# CPU blocks' line {sc.gpu_blocks[2]}")
         elif sc.kv_cache_tokens:
             kind = "derived" if c["block_size"].kind != "guess" else "guess"
             nb = _Val(max(2, sc.kv_cache_tokens[0] // B), kind,
@@ -409,6 +519,12 @@ class _Draft:
         if nb.value < floor_blocks:
             nb = _Val(floor_blocks, "derived", "raised so that the longest request fits")
         c["num_gpu_blocks"] = nb
+        if self.v0:
+            if self.at_start_up and "no available memory for the cache blocks" in (
+                    self.report.exception_message or "").lower():
+                c["num_gpu_blocks"] = _Val(0, "derived", "the log: no memory was left for the "
+                                           "KV cache blocks (the fake worker reports 0)")
+            return
         if self.at_start_up and "no available memory for the cache blocks" in (
                 self.report.exception_message or "").lower():
             c["kv_cache_memory_bytes"] = _Val(0, "derived", "the log: no memory was left for the "
@@ -429,6 +545,12 @@ class _Draft:
     # --- speculative decoding / async scheduling --------------------------------------------------
     def _spec_and_async(self) -> None:
         c = self.c
+        if self.v0:  # V0's speculative decoding and async output processing are not lab fields
+            nspec = self.known("num_speculative_tokens", _posint)
+            if nspec:
+                self.notes.append(f"the log ran speculative decoding ({nspec.value} tokens); "
+                                  "level v0-engine does not drive it, so the draft leaves it out")
+            return
         nspec = self.known("num_speculative_tokens", _posint)
         if nspec is None and self.so is not None and self.so.num_spec_tokens > 0:
             # no config in the log, but the dumped step scheduled draft tokens
@@ -461,7 +583,9 @@ class _Draft:
         frame = report.last_vllm_frame
         module = (frame or {}).get("module", "")
         in_reach = module.startswith("vllm/v1/core/") or (
-            level == "engine-core" and module in ENGINE_CORE_MODULES)
+            level == "engine-core" and module in ENGINE_CORE_MODULES) or (
+            level == "v0-engine" and (module.startswith(_V0_IN_REACH) or (
+                self.phase == "engine-build" and module == "vllm/worker/worker.py")))
         if report.exception_type and frame and in_reach:
             exc = report.exception_type.split("(")[0].rsplit(".", 1)[-1]
             lines = [f"expect:  # the log's crash is in the vLLM code the lab drives at level {level}",
@@ -541,6 +665,8 @@ class _Draft:
 
 
 #: the order of the draft's config keys
-_CONFIG_ORDER = ("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "max_num_seqs",
-                 "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill",
-                 "enable_prefix_caching", "policy", "num_speculative_tokens", "async_scheduling")
+_CONFIG_ORDER = ("block_size", "num_gpu_blocks", "num_cpu_blocks", "kv_cache_memory_bytes",
+                 "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                 "enable_chunked_prefill", "enable_prefix_caching", "policy",
+                 "use_v2_block_manager", "num_scheduler_steps", "num_speculative_tokens",
+                 "async_scheduling")
