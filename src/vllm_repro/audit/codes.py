@@ -44,7 +44,8 @@ CODES: dict[str, str] = {
     REQ_RESIDUE: "at the end of a run, a request that left the scheduler is still a key of a "
                  "per-request dict or set of the scheduler, the KV cache manager (and its "
                  "coordinator and single-type managers), the structured-output manager or the "
-                 "KV connector",
+                 "KV connector; at level v0-engine, a finished child group of an n > 1 request "
+                 "still a key of LLMEngine.seq_id_to_seq_group after the engine collected it",
     REQ_STARVED: "a running request with tokens pending gets nothing in a step that left token "
                  "budget and free blocks enough for it",
     PREEMPT_UNREPORTED: "a request preempted inside schedule() is missing from that step's "

@@ -20,7 +20,10 @@ request holding GPU blocks, a block table of a sequence no queue holds (the asyn
 a GPU block not back), ``REQ_STATE`` (a request in two queues, a sequence whose status is
 not its queue's, or a group of an aborted request still queued), ``KV_DOUBLE_FREE`` (a hook
 on each allocator's ``RefCounter.decr``: a block
-given back at ref count 0, caught inside the call). Older block managers (the "v1"
+given back at ref count 0, caught inside the call), ``REQ_RESIDUE`` (at the end of a clean run, a
+child group of an ``n > 1`` request still a key of ``LLMEngine.seq_id_to_seq_group`` after it
+left every queue and the engine collected its finish: nothing takes it out any more). Older block
+managers (the "v1"
 ``BlockSpaceManagerV1`` of releases before 0.6.3, used where ``use_v2_block_manager`` is false)
 are not read: the audit says so in its summary's hooks (``unread: ...``) and checks queues only.
 
@@ -34,8 +37,8 @@ from collections import Counter
 
 from ..records import AuditSummary, TraceLine, Violation
 from .auditor import AuditStop
-from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_REFCOUNT, REQ_STATE,
-                    make_violation, names)
+from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_REFCOUNT, REQ_RESIDUE,
+                    REQ_STATE, make_violation, names)
 
 #: the queue each unfinished sequence status belongs to (``vllm/sequence.py:SequenceStatus``)
 QUEUE_OF_STATUS = {"WAITING": "waiting", "RUNNING": "running", "SWAPPED": "swapped"}
@@ -212,6 +215,8 @@ class V0Auditor:
         self.hook_names: list[str] = []
         self.hook_calls: Counter = Counter()
         self._undo: list = []
+        #: child group id -> the step it was first seen left behind in seq_id_to_seq_group
+        self._residue_since: dict[str, int] = {}
 
     # ---- observer protocol ----------------------------------------------------------------
     def attach(self, loop) -> None:
@@ -240,6 +245,10 @@ class V0Auditor:
             undo()
         self._undo = []
         b = self.books
+        if outcome == "clean":
+            self._check_residue(loop.step)
+            for v in self.residue(loop, loop.step):
+                self._record(v, loop.step, "end of run")
         if outcome == "clean" and b is not None and b.readable:
             try:
                 free = b.bm.get_num_free_gpu_blocks()
@@ -265,12 +274,56 @@ class V0Auditor:
         b = self.books
         if b is None:
             return []
+        self._check_residue(getattr(self.loop, "step", 0))
         if not b.readable:
             return check_queues(b, None, set())[0] + self._check_aborted(b)
         tables = b.tables()
         gpu = b.pools().get("GPU", {}).get("all", set())
         found, req_of_seq = check_queues(b, tables, gpu)
         return found + self._check_aborted(b) + check_books(b, req_of_seq)
+
+    def _check_residue(self, step: int) -> None:
+        """Note the step each key of ``seq_id_to_seq_group`` is first seen left behind (see
+        :meth:`residue`); reported only at the end of a clean run."""
+        for key in self.residue_keys(self.loop):
+            self._residue_since.setdefault(key, step)
+
+    @staticmethod
+    def residue_keys(loop) -> list[str]:
+        """Keys of the engine's ``seq_id_to_seq_group`` (``vllm/engine/llm_engine.py``; filled by
+        ``vllm/sequence.py:ParallelSampleSequenceGroup.add_request``, one per child group of an
+        ``n > 1`` request) whose group is in no queue of any scheduler (``waiting``, ``running``,
+        ``swapped``, ``_async_stopped``) and whose id no longer waits in the scheduler's
+        ``_finished_requests_ids``: the engine already collected the finish
+        (``Scheduler.get_and_reset_finished_requests_ids`` in ``LLMEngine.step``, where 0.8.0
+        deletes the key), so nothing takes the entry out any more. ``[]`` where the release has
+        no such map."""
+        engine = getattr(loop, "engine", None)
+        mapping = getattr(engine, "seq_id_to_seq_group", None)
+        if not mapping:
+            return []
+        scheds = engine.scheduler if isinstance(engine.scheduler, list) else [engine.scheduler]
+        held: set[str] = set()
+        for s in scheds:
+            for q in (s.waiting, s.running, s.swapped, getattr(s, "_async_stopped", ()) or ()):
+                held.update(sg.request_id for sg in q)
+            held.update(getattr(s, "_finished_requests_ids", ()) or ())
+        return [k for k in list(mapping) if k not in held]
+
+    def residue(self, loop, end_step: int) -> list[Violation]:
+        """``REQ_RESIDUE`` records for the keys :meth:`residue_keys` finds now; the record's step
+        is the step the key was first seen left behind."""
+        out = []
+        mapping = getattr(getattr(loop, "engine", None), "seq_id_to_seq_group", None) or {}
+        for key in self.residue_keys(loop):
+            at = self._residue_since.get(key, end_step)
+            parent = getattr(mapping.get(key), "group_id", None) or key
+            out.append(make_violation(REQ_RESIDUE, (
+                f"{parent} (its group {key}) left the scheduler by step {at} but is still a key "
+                f"of LLMEngine.seq_id_to_seq_group at the end of the run (step {end_step}); "
+                "expected the entry dropped when the engine collects the finished request"),
+                requests=[parent], step=at))
+        return out
 
     def _check_aborted(self, b: V0Books) -> list[Violation]:
         """``REQ_STATE``: a sequence group of a request the caller aborted still in a queue
