@@ -131,6 +131,70 @@ def test_14326_abort_of_an_n2_request_leaves_its_children_running_until_0_8_0(cl
     assert steps[39]["scheduled"] == {"A_parallel_sample_0": 1, "A_parallel_sample_1": 1}
 
 
+def test_14353_finished_n2_children_stay_in_seq_id_to_seq_group_until_0_8_0(cli, tmp_path):
+    """The catalog's V0 entry for issue #14353 (fixed by PR #14326): A (n=2) finishes while B
+    keeps the engine stepping; on 0.7.3 both child groups stay keys of the engine's
+    seq_id_to_seq_group after the engine collected their finish (REQ_RESIDUE at the end of the
+    run, both requests finished normally); 0.8.0 deletes them and runs clean. The same requests
+    with A at n=1 run clean on 0.7.3 (no child groups, nothing left behind)."""
+    entry = ROOT / "scenarios" / "vllm-14353-v0-n-children-stay-in-seq-id-map.yaml"
+    d = yaml.safe_load(entry.read_text())
+    name = d["name"]
+    ctl = {**d, "name": "v0-n1-control", "vllm": {"clean_on": ["0.7.3"]},
+           "requests": [{**d["requests"][0], "n": 1}, d["requests"][1]]}
+    ctl.pop("expect")
+    ctl_file = tmp_path / "v0-n1-control.yaml"
+    ctl_file.write_text(yaml.safe_dump(ctl, sort_keys=False))
+    reports = tmp_path / "r"
+    res = cli("run", str(entry), "--vllm", "0.7.3", "--vllm", "0.8.0", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.7.3" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    assert bad["finished"] == {"A": "length", "B": "length"}
+    assert {(v["code"], v["step"], v["message"]) for v in bad["violations"]} == {
+        ("REQ_RESIDUE", 6, f"A (its group A_parallel_sample_{i}) left the scheduler by step 6 "
+         "but is still a key of LLMEngine.seq_id_to_seq_group at the end of the run (step 13); "
+         "expected the entry dropped when the engine collects the finished request")
+        for i in (0, 1)}
+    fixed = json.loads((reports / name / "0.8.0" / "result.json").read_text())
+    assert fixed["outcome"] == "clean" and fixed["finished"] == {"A": "length", "B": "length"}
+    assert fixed["audit"]["checks"] > 20 and not fixed["audit"]["by_code"]
+    res = cli("run", str(ctl_file), "--vllm", "0.7.3", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    plain = json.loads((reports / "v0-n1-control" / "0.7.3" / "result.json").read_text())
+    assert plain["outcome"] == "clean" and plain["finished"] == {"A": "length", "B": "length"}
+
+
+def test_18957_stale_cached_count_makes_the_worker_skip_fresh_blocks_until_0_9_2(cli, tmp_path):
+    """The catalog's V0 entry for PR #18957: W is counted with 32 cached prompt tokens while
+    P's blocks are cached, waits behind max_num_seqs while R1 and R2 evict them, and on 0.8.4
+    is handed two fresh blocks as computed_block_nums when it is scheduled at step 47 (the
+    audit's KV_PREFIX_MAP, inside Worker.execute_model); 0.10.1.1 counts again and runs clean.
+    Without P (nothing cached, nothing stale) 0.8.4 runs clean too."""
+    entry = ROOT / "scenarios" / "vllm-18957-v0-stale-prefix-cache-count.yaml"
+    d = yaml.safe_load(entry.read_text())
+    name = d["name"]
+    ctl = {**d, "name": "v0-no-cached-prefix", "vllm": {"clean_on": ["0.8.4", "0.10.1.1"]},
+           "requests": d["requests"][1:]}
+    ctl.pop("expect")
+    ctl_file = tmp_path / "v0-no-cached-prefix.yaml"
+    ctl_file.write_text(yaml.safe_dump(ctl, sort_keys=False))
+    reports = tmp_path / "r"
+    res = cli("run", str(entry), str(ctl_file), "--vllm", "0.8.4", "--vllm", "0.10.1.1",
+              "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.8.4" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    (v,) = bad["violations"]
+    assert (v["code"], v["step"], v["phase"], v["requests"]) == (
+        "KV_PREFIX_MAP", 47, "in Worker.execute_model", ["W"])
+    assert v["message"].startswith("W (sequence 3): the worker is told to skip GPU block ")
+    fixed = json.loads((reports / name / "0.10.1.1" / "result.json").read_text())
+    assert fixed["outcome"] == "clean" and sorted(fixed["finished"]) == ["P", "R1", "R2", "W"]
+    plain = json.loads((reports / "v0-no-cached-prefix" / "0.8.4" / "result.json").read_text())
+    assert plain["outcome"] == "clean" and sorted(plain["finished"]) == ["R1", "R2", "W"]
+
+
 def test_11168_sliding_window_prompt_passes_can_allocate_then_runs_out_of_blocks(cli, tmp_path):
     """Crash log 012 (vLLM #11168, open: never fixed while V0 shipped): with the packaged
     sliding-window Mistral config, 0.8.5's can_allocate caps B's need at the window's 6 blocks,

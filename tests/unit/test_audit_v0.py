@@ -173,3 +173,88 @@ def test_a_group_of_an_aborted_request_still_queued_is_req_state_naming_the_pare
     b.bm.block_allocator._allocators[Device.GPU]._refcounter._refcounts[0] = 0
     b.bm.block_allocator._allocators[Device.GPU]._free_block_indices.append(0)
     assert auditor._check() == []
+
+
+def test_an_n_child_left_in_seq_id_to_seq_group_after_its_finish_is_collected_is_req_residue():
+    """A child group of an ``n > 1`` request stays a key of ``LLMEngine.seq_id_to_seq_group``
+    after it left the queues and the engine collected its finish (0.7.3, #14353): REQ_RESIDUE
+    at the end of a clean run, at the step it was first seen left behind; while its id still
+    waits in ``_finished_requests_ids`` it is not judged; deleted (0.8.0) it is clean."""
+    b, gpu, _ = books(running=[("A_parallel_sample_0", 1, [0]), ("B", 2, [1])])
+    sched = b.scheduler
+    sched._finished_requests_ids = []
+    engine = NS(scheduler=sched, seq_id_to_seq_group={"A_parallel_sample_0": NS(group_id="A")})
+    loop = NS(scheduler=sched, step=4, engine=engine, aborted_ids=set())
+    auditor = V0Auditor(NS(), keep_going=True)
+    auditor.attach(loop)
+    assert auditor._check() == []
+    sched.running.popleft()  # free_finished_seq_groups: the child leaves running...
+    b.bm.block_tables.pop(1)
+    gpu._refcounter._refcounts[0] = 0
+    gpu._free_block_indices.append(0)
+    sched._finished_requests_ids.append("A_parallel_sample_0")  # ...its id waits
+    loop.step = 5
+    assert auditor._check() == [] and auditor.residue_keys(loop) == []
+    sched._finished_requests_ids = []  # LLMEngine.step collected it (0.7.3 keeps the key)
+    loop.step = 6
+    assert auditor._check() == []  # reported at the end of a clean run only
+    sched.running.popleft()  # B finishes
+    b.bm.block_tables.pop(2)
+    gpu._refcounter._refcounts[1] = 0
+    gpu._free_block_indices.append(1)
+    loop.step = 9
+    auditor.finish(loop, "clean")
+    assert [(v.code, v.requests, v.step) for v in auditor.violations] == [
+        ("REQ_RESIDUE", ["A"], 6)]
+    assert "A (its group A_parallel_sample_0) left the scheduler by step 6" in \
+        auditor.violations[0].message
+    del engine.seq_id_to_seq_group["A_parallel_sample_0"]  # what 0.8.0's LLMEngine.step does
+    fixed = V0Auditor(NS(), keep_going=True)
+    fixed.attach(loop)
+    fixed.finish(loop, "clean")
+    assert fixed.violations == []
+
+
+class SeqData:
+    def __init__(self, tokens, computed=0):
+        self.tokens, self.computed = list(tokens), computed
+
+    def get_token_ids(self):
+        return self.tokens
+
+    def get_num_computed_tokens(self):
+        return self.computed
+
+
+def prefill(rid, seq_id, tokens, table, cached=(), chunk=None):
+    return NS(request_id=rid, is_prompt=True, token_chunk_size=chunk or len(tokens),
+              computed_block_nums=list(cached), block_tables={seq_id: list(table)},
+              seq_data={seq_id: SeqData(tokens)})
+
+
+def test_kv_content_a_skipped_block_must_hold_the_sequences_kv():
+    """The model runner skips the blocks in ``computed_block_nums``: a block written by an
+    earlier prefill of the same tokens passes; a block whose KV is another prompt's (or was
+    never written) is KV_PREFIX_MAP naming the request and the block; swaps carry content."""
+    from vllm_repro.audit.v0 import KVContent
+
+    kv = KVContent(4)
+    p = list(range(12))
+    assert kv.execute(NS(seq_group_metadata_list=[prefill("P", 1, p, [5, 6, 7])]),
+                      str) == []
+    w = p[:8] + [90, 91, 92, 93]  # W shares P's first two blocks
+    assert kv.execute(NS(seq_group_metadata_list=[prefill("W", 2, w, [5, 6, 3], cached=[5, 6])]),
+                      str) == []
+    other = [50 + i for i in range(8)]  # R overwrites blocks 5 and 6 with its own prompt
+    kv.execute(NS(seq_group_metadata_list=[prefill("R", 3, other, [5, 6])]), str)
+    found = kv.execute(NS(seq_group_metadata_list=[prefill("W", 4, w, [5, 6, 3],
+                                                           cached=[5, 6])]), str)
+    assert [(v.code, v.requests, v.blocks) for v in found] == [
+        ("KV_PREFIX_MAP", ["W"], [5]), ("KV_PREFIX_MAP", ["W"], [6])]
+    kv2 = KVContent(4)
+    kv2.execute(NS(seq_group_metadata_list=[prefill("P", 1, p, [5, 6, 7])]), str)
+    kv2.execute(NS(blocks_to_swap_out=[(5, 0), (6, 1)], seq_group_metadata_list=[]), str)
+    kv2.execute(NS(seq_group_metadata_list=[prefill("R", 3, other, [5, 6])]), str)
+    kv2.execute(NS(blocks_to_swap_in=[(0, 2), (1, 4)], seq_group_metadata_list=[]), str)
+    assert kv2.execute(NS(seq_group_metadata_list=[prefill("W", 2, w, [2, 4, 3],
+                                                            cached=[2, 4])]), str) == []

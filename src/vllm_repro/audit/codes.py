@@ -33,7 +33,9 @@ CODES: dict[str, str] = {
                    "ref-0 block outside it, a broken link, or free + used != num_gpu_blocks",
     KV_LEAK: "blocks held by a finished, aborted or preempted request; at the end of a run, "
              "a block not back in the free queue",
-    KV_PREFIX_MAP: "the prefix-cache hash map and the blocks' hashes disagree",
+    KV_PREFIX_MAP: "the prefix-cache hash map and the blocks' hashes disagree; at level "
+                   "v0-engine also a block the worker is told to skip as a cached prefix "
+                   "(computed_block_nums) that holds no KV of the sequence's tokens",
     REQ_STATE: "a request in two queues, status and queue disagree, a scheduled request that "
                "is not running or is scheduled twice, num_computed_tokens out of bounds or "
                "moving backwards without a preemption",
@@ -44,7 +46,8 @@ CODES: dict[str, str] = {
     REQ_RESIDUE: "at the end of a run, a request that left the scheduler is still a key of a "
                  "per-request dict or set of the scheduler, the KV cache manager (and its "
                  "coordinator and single-type managers), the structured-output manager or the "
-                 "KV connector",
+                 "KV connector; at level v0-engine, a finished child group of an n > 1 request "
+                 "still a key of LLMEngine.seq_id_to_seq_group after the engine collected it",
     REQ_STARVED: "a running request with tokens pending gets nothing in a step that left token "
                  "budget and free blocks enough for it",
     PREEMPT_UNREPORTED: "a request preempted inside schedule() is missing from that step's "

@@ -20,7 +20,10 @@ request holding GPU blocks, a block table of a sequence no queue holds (the asyn
 a GPU block not back), ``REQ_STATE`` (a request in two queues, a sequence whose status is
 not its queue's, or a group of an aborted request still queued), ``KV_DOUBLE_FREE`` (a hook
 on each allocator's ``RefCounter.decr``: a block
-given back at ref count 0, caught inside the call). Older block managers (the "v1"
+given back at ref count 0, caught inside the call), ``REQ_RESIDUE`` (at the end of a clean run, a
+child group of an ``n > 1`` request still a key of ``LLMEngine.seq_id_to_seq_group`` after it
+left every queue and the engine collected its finish: nothing takes it out any more). Older block
+managers (the "v1"
 ``BlockSpaceManagerV1`` of releases before 0.6.3, used where ``use_v2_block_manager`` is false)
 are not read: the audit says so in its summary's hooks (``unread: ...``) and checks queues only.
 
@@ -34,8 +37,8 @@ from collections import Counter
 
 from ..records import AuditSummary, TraceLine, Violation
 from .auditor import AuditStop
-from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_REFCOUNT, REQ_STATE,
-                    make_violation, names)
+from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT,
+                    REQ_RESIDUE, REQ_STATE, make_violation, names)
 
 #: the queue each unfinished sequence status belongs to (``vllm/sequence.py:SequenceStatus``)
 QUEUE_OF_STATUS = {"WAITING": "waiting", "RUNNING": "running", "SWAPPED": "swapped"}
@@ -190,6 +193,77 @@ def check_queues(books: V0Books, tables: dict[int, list[int]] | None,
     return found, req_of_seq
 
 
+class KVContent:
+    """What a GPU's KV cache would hold, block by block, given the ``ExecuteModelRequest``s the
+    worker got: the model runner writes KV for the positions it computes into the sequence's
+    block table and reads the rest; with prefix caching it skips the blocks the scheduler lists
+    in ``computed_block_nums`` (``vllm/worker/model_runner.py:_compute_lens`` and
+    ``_compute_for_prefix_cache_hit``), so those must hold KV of exactly the sequence's tokens.
+
+    ``content[block id]`` is the identity of the tokens a full block's KV was computed from (a
+    hash of the whole token prefix up to the block's end, as KV depends on every earlier token),
+    ``None`` for a block being written; swaps and copies move it between pools.
+    :meth:`execute` returns ``KV_PREFIX_MAP`` findings for blocks skipped as cached whose
+    content is not the sequence's."""
+
+    def __init__(self, block_size: int):
+        self.bs = block_size
+        self.gpu: dict[int, int | None] = {}
+        self.cpu: dict[int, int | None] = {}
+
+    def execute(self, req, request_of) -> list[Violation]:
+        bs = self.bs
+        for src, dst in getattr(req, "blocks_to_swap_out", ()) or ():
+            self.cpu[dst] = self.gpu.get(src)
+        for src, dst in getattr(req, "blocks_to_swap_in", ()) or ():
+            self.gpu[dst] = self.cpu.get(src)
+        for src, dst in getattr(req, "blocks_to_copy", ()) or ():
+            self.gpu[dst] = self.gpu.get(src)
+        found = []
+        for meta in getattr(req, "seq_group_metadata_list", ()) or ():
+            tables = getattr(meta, "block_tables", None) or {}
+            prompt = bool(getattr(meta, "is_prompt", False))
+            cached = list(getattr(meta, "computed_block_nums", None) or ())
+            for seq_id, data in (getattr(meta, "seq_data", None) or {}).items():
+                table = tables.get(seq_id, ()) or ()
+                tokens = None  # read only when a block is checked or completed (cost per step)
+                seq_len = data.get_len() if hasattr(data, "get_len") else len(
+                    tokens := list(data.get_token_ids()))
+                if prompt:
+                    context = data.get_num_computed_tokens()
+                    seq_len = min(seq_len, context + int(meta.token_chunk_size))
+                else:
+                    context = seq_len - 1
+                start = context
+                hit = len(cached) * bs if prompt else 0
+                if hit > context:
+                    start = hit if hit < seq_len else seq_len - 1
+                    # the blocks wholly skipped as cached: they must hold these tokens' KV
+                    for i in range(-(-context // bs), start // bs):
+                        if i >= len(table):
+                            break
+                        tokens = tokens if tokens is not None else data.get_token_ids()
+                        want = hash(tuple(tokens[:(i + 1) * bs]))
+                        if self.gpu.get(table[i]) != want:
+                            rid = request_of(meta.request_id)
+                            found.append(make_violation(
+                                KV_PREFIX_MAP, f"{rid} (sequence {seq_id}): the worker is told "
+                                f"to skip GPU block {table[i]} (prompt tokens {i * bs} to "
+                                f"{(i + 1) * bs - 1}) as a cached prefix (computed_block_nums "
+                                f"{cached[:8]}), but that block holds no KV of those tokens",
+                                requests=[rid], blocks=[table[i]]))
+                for p in range(start, seq_len):  # the positions computed this step
+                    i = p // bs
+                    if i >= len(table):
+                        break
+                    if p % bs == bs - 1:
+                        tokens = tokens if tokens is not None else data.get_token_ids()
+                        self.gpu[table[i]] = hash(tuple(tokens[:p + 1]))
+                    elif p % bs == 0 or p == start:
+                        self.gpu[table[i]] = None
+        return found
+
+
 class V0Auditor:
     """The observer (``StepLoop``'s protocol) for ``level: v0-engine``: every check above after
     each ``schedule()`` and after each engine step, the double-free hook inside every
@@ -212,6 +286,9 @@ class V0Auditor:
         self.hook_names: list[str] = []
         self.hook_calls: Counter = Counter()
         self._undo: list = []
+        #: child group id -> the step it was first seen left behind in seq_id_to_seq_group
+        self._residue_since: dict[str, int] = {}
+        self.kv: KVContent | None = None
 
     # ---- observer protocol ----------------------------------------------------------------
     def attach(self, loop) -> None:
@@ -222,6 +299,23 @@ class V0Auditor:
             return
         for device, allocator in self.books.allocators.items():
             self._hook_decr(getattr(device, "name", str(device)), allocator)
+
+    def before_execute(self, step: int, req) -> None:
+        """The worker got ``req`` (an ``ExecuteModelRequest``): :class:`KVContent`'s check of
+        the blocks it is told to skip as cached; a finding stops the run inside the call (as the
+        double-free hook does), unless ``keep_going``."""
+        loop = self.loop
+        if self.kv is None:
+            cc = getattr(getattr(loop, "engine_config", None), "cache_config", None)
+            mc = getattr(getattr(loop, "engine_config", None), "model_config", None)
+            if cc is None or getattr(mc, "get_sliding_window", lambda: None)() is not None:
+                return  # V0 prefix caching does not skip blocks with a sliding window
+            self.kv = KVContent(int(cc.block_size))
+        for v in self.kv.execute(req, loop.request_of):
+            v.phase = "in Worker.execute_model"
+            if self._record(v, step, v.phase) and not self.keep_going:
+                self.stopped = {"step": step, "code": v.code, "phase": v.phase}
+                raise AuditStop(v)
 
     def after_schedule(self, step: int, so, scheduled) -> bool:
         return self._record_all(self._check(), step, "after schedule")
@@ -240,6 +334,10 @@ class V0Auditor:
             undo()
         self._undo = []
         b = self.books
+        if outcome == "clean":
+            self._check_residue(loop.step)
+            for v in self.residue(loop, loop.step):
+                self._record(v, loop.step, "end of run")
         if outcome == "clean" and b is not None and b.readable:
             try:
                 free = b.bm.get_num_free_gpu_blocks()
@@ -265,12 +363,56 @@ class V0Auditor:
         b = self.books
         if b is None:
             return []
+        self._check_residue(getattr(self.loop, "step", 0))
         if not b.readable:
             return check_queues(b, None, set())[0] + self._check_aborted(b)
         tables = b.tables()
         gpu = b.pools().get("GPU", {}).get("all", set())
         found, req_of_seq = check_queues(b, tables, gpu)
         return found + self._check_aborted(b) + check_books(b, req_of_seq)
+
+    def _check_residue(self, step: int) -> None:
+        """Note the step each key of ``seq_id_to_seq_group`` is first seen left behind (see
+        :meth:`residue`); reported only at the end of a clean run."""
+        for key in self.residue_keys(self.loop):
+            self._residue_since.setdefault(key, step)
+
+    @staticmethod
+    def residue_keys(loop) -> list[str]:
+        """Keys of the engine's ``seq_id_to_seq_group`` (``vllm/engine/llm_engine.py``; filled by
+        ``vllm/sequence.py:ParallelSampleSequenceGroup.add_request``, one per child group of an
+        ``n > 1`` request) whose group is in no queue of any scheduler (``waiting``, ``running``,
+        ``swapped``, ``_async_stopped``) and whose id no longer waits in the scheduler's
+        ``_finished_requests_ids``: the engine already collected the finish
+        (``Scheduler.get_and_reset_finished_requests_ids`` in ``LLMEngine.step``, where 0.8.0
+        deletes the key), so nothing takes the entry out any more. ``[]`` where the release has
+        no such map."""
+        engine = getattr(loop, "engine", None)
+        mapping = getattr(engine, "seq_id_to_seq_group", None)
+        if not mapping:
+            return []
+        scheds = engine.scheduler if isinstance(engine.scheduler, list) else [engine.scheduler]
+        held: set[str] = set()
+        for s in scheds:
+            for q in (s.waiting, s.running, s.swapped, getattr(s, "_async_stopped", ()) or ()):
+                held.update(sg.request_id for sg in q)
+            held.update(getattr(s, "_finished_requests_ids", ()) or ())
+        return [k for k in list(mapping) if k not in held]
+
+    def residue(self, loop, end_step: int) -> list[Violation]:
+        """``REQ_RESIDUE`` records for the keys :meth:`residue_keys` finds now; the record's step
+        is the step the key was first seen left behind."""
+        out = []
+        mapping = getattr(getattr(loop, "engine", None), "seq_id_to_seq_group", None) or {}
+        for key in self.residue_keys(loop):
+            at = self._residue_since.get(key, end_step)
+            parent = getattr(mapping.get(key), "group_id", None) or key
+            out.append(make_violation(REQ_RESIDUE, (
+                f"{parent} (its group {key}) left the scheduler by step {at} but is still a key "
+                f"of LLMEngine.seq_id_to_seq_group at the end of the run (step {end_step}); "
+                "expected the entry dropped when the engine collects the finished request"),
+                requests=[parent], step=at))
+        return out
 
     def _check_aborted(self, b: V0Books) -> list[Violation]:
         """``REQ_STATE``: a sequence group of a request the caller aborted still in a queue

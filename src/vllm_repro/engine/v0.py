@@ -354,6 +354,9 @@ class V0EngineLoop(StepLoop):
         callback = getattr(req, "async_callback", None)
         if callback is not None:
             callback()  # GPUModelRunner.execute_model: the previous step's output processing
+        before = getattr(self.observer, "before_execute", None)
+        if before is not None:
+            before(self.step, req)  # the audit's look at what the worker is asked to do
         if getattr(req, "num_steps", 1) > 1:
             raise AdapterError("multi-step scheduling (num_scheduler_steps > 1) is not driven by "
                                "the lab's V0 worker yet")
