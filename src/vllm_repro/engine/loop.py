@@ -428,7 +428,11 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         if level == "v0-engine":
             from .v0 import V0EngineLoop
 
-            loop: StepLoop = V0EngineLoop(v0_adapter(adapter), scenario, write, observer)
+            v0 = v0_adapter(adapter)
+            with v0.platform_scope():
+                loop: StepLoop = V0EngineLoop(v0, scenario, write, observer)
+                loop.lab_limits = limits
+                result = loop.run()
         elif getattr(adapter, "generation", "v1") == "v0":
             raise RefusedByRelease(f"level: {level}: {adapter.caps.refusal('v1-engine')}")
         elif level == "engine-core":
@@ -437,8 +441,9 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
             loop = EngineCoreLoop(adapter, scenario, write, observer)
         else:
             loop = StepLoop(adapter, scenario, write, observer)
-        loop.lab_limits = limits
-        result = loop.run()
+        if level != "v0-engine":
+            loop.lab_limits = limits
+            result = loop.run()
     except RefusedByRelease as exc:
         result = RunResult.failed("input", str(exc))
     except MemoryError:

@@ -41,6 +41,7 @@ import os
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..records import EngineInfo, RunResult, Timing, TraceLine
@@ -76,6 +77,26 @@ class V0Adapter:
     (:func:`vllm_repro.engine.adapter.platform.install_eager`)."""
 
     generation = "v0"
+    #: (vLLM's eager platform instance, the emulated CUDA class) on releases with both engines
+    #: whose ``current_platform`` is bound at import (:func:`platform_scope`), else None
+    _swap = None
+
+    @contextmanager
+    def platform_scope(self):
+        """The emulated CUDA platform for the length of one V0 run, on a release whose eager
+        ``current_platform`` the V1 adapter left a ``CpuPlatform`` (0.6.5 to 0.6.6.post1: device
+        ``cpu`` and no async output processing, which a GPU deployment has); V1 runs in the
+        same worker keep what they had, so their verdicts do not change."""
+        if self._swap is None:
+            yield
+            return
+        instance, cls = self._swap
+        before = instance.__class__
+        instance.__class__ = cls
+        try:
+            yield
+        finally:
+            instance.__class__ = before
 
     def __init__(self, model_dir: Path, base=None):
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -85,6 +106,11 @@ class V0Adapter:
         if base is not None:
             self.vllm_file, self.version = base.vllm_file, base.version
             self.platform, self.platform_notes = base.platform, base.platform_notes
+            from .adapter.platform import eager_cuda_swap
+
+            self._swap = eager_cuda_swap(self.platform_notes)
+            if self._swap is not None:
+                self.platform = f"cuda (emulated {self._swap[1].__mro__[1].__name__}, V0 runs)"
         else:
             os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
             import vllm  # noqa: F401  (the release under test)

@@ -386,6 +386,26 @@ def install_eager(notes: list[str]) -> str:
     return f"cuda {spec.get('capability')} (emulated {type(platform).__mro__[1].__name__})"
 
 
+def eager_cuda_swap(notes: list[str]):
+    """For a release that resolves ``current_platform`` at import (``vllm/platforms/__init__.py``
+    binds an instance, e.g. a ``CpuPlatform`` from the tree's ``+cpu`` dist-info: 0.6.5 to
+    0.6.6.post1, which also have a V1 engine) when the V1 adapter's :func:`install` set the lazy
+    ``_current_platform`` instead: ``(instance, emulated CUDA class)``, to assign to the
+    instance's ``__class__`` while a V0 run lasts (``engine/v0.py``'s
+    ``V0Adapter.platform_scope``); None where there is nothing to swap (a lazy release, an
+    already-CUDA instance, ``platform.name: cpu``)."""
+    platforms = _import("vllm.platforms")
+    current = vars(platforms).get("current_platform")
+    spec = requested()
+    if current is None or str(spec.get("name", "cuda")) != "cuda" or "Cuda" in type(current).__name__:
+        return None
+    emulate_nvml(spec)
+    platform = emulated_cuda(spec)
+    notes.append(f"vllm.platforms resolved {type(current).__name__} at import; the lab gives that "
+                 f"instance the class {type(platform).__name__} while a V0 run lasts")
+    return current, type(platform)
+
+
 def _answer_is_cpu_false() -> bool:
     """0.6.1.x and earlier decide the device type (``DeviceConfig(device="auto")``,
     ``vllm/config.py``) with ``vllm.utils.is_cpu``, which reads the installed dist's version
