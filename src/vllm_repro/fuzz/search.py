@@ -14,7 +14,7 @@ scenarios the release refuses (counted as ``refused``).
 Entry points (kept for ``commands/fuzz.py`` and later callers): :class:`SearchConfig`
 (``level``, ``database`` and ``use_database`` were added with defaults, so older callers get
 the scheduler level with the cache's database), :func:`run_campaign`, :func:`write_finding`,
-:func:`signature`, :func:`slug`, :func:`parse_duration`, :func:`refused_features`,
+:func:`signature`, :func:`failure_message`, :func:`slug`, :func:`parse_duration`, :func:`refused_features`,
 :func:`fit_profile` (``level`` added, keyword with a default).
 """
 
@@ -74,6 +74,16 @@ def signature(result: RunResult) -> str | None:
     if outcome == "stall":
         return "stall"
     return None
+
+
+def failure_message(result: RunResult) -> str:
+    """The text ``--target-message`` is matched against: a crash's message, or every
+    violation's message (one a line); empty for other outcomes."""
+    if result.outcome == "crash" and result.crash is not None:
+        return result.crash.message or ""
+    if result.outcome == "violation":
+        return "\n".join(v.message or "" for v in result.all_violations())
+    return ""
 
 
 def slug(sig: str) -> str:
@@ -137,6 +147,19 @@ class SearchConfig:
     #: shrink each failure (hypothesis's ``shrink`` phase); a campaign may skip it
     #: (``campaign --no-shrink``: the failing example as drawn, at a fraction of the cost)
     shrink: bool = True
+    #: a regular expression (``re.search``) a failure's message must match to count, as a
+    #: scenario's ``expect.message`` is matched (:func:`failure_message`); None: any message.
+    #: Two bugs may share ``exception@frame`` (#23215's empty grammar and #43920's tuple-style
+    #: ``items`` both raise RuntimeError in ``backend_xgrammar.py:compile_grammar``); the
+    #: message tells them apart, for the search and for the shrinker alike
+    target_message: str | None = None
+    #: the most scenario runs the shrinker makes for one finding (its candidates, each a whole
+    #: scenario run in the worker), counted from the first failing example; after that the
+    #: smallest failing scenario seen is the finding and the shrinker's remaining candidates
+    #: are not run. None: hypothesis's own limits (a campaign's default, so its findings do
+    #: not change). A count, not seconds, so the same seed shrinks to the same scenario
+    #: however loaded the machine is
+    shrink_runs: int | None = None
 
     def example_database(self):
         """The :class:`~vllm_repro.fuzz.database.FindingsDatabase` of this campaign's level,
@@ -316,6 +339,12 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                 state: dict = {"target": None, "last": None}
 
                 def check(sc: dict) -> None:
+                    if (cfg.shrink_runs is not None and state["target"] is not None  # noqa: B023
+                            and stats["examples"] - state["first_example"]  # noqa: B023
+                            >= cfg.shrink_runs):
+                        # past the shrink bound: the candidate is not run (it passes), so the
+                        # shrinker ends at once; the smallest failing scenario so far is kept
+                        return
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
                     result = worker.run(payload, None, audit=cfg.audit)
                     stats["examples"] += 1
@@ -332,6 +361,9 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                         return
                     if cfg.target and cfg.target not in sig:
                         return
+                    if cfg.target_message and not re.search(cfg.target_message,
+                                                            failure_message(result)):
+                        return
                     # check is called within this iteration (by the machine's teardown), never
                     # later: the loop's `state` is the one it means
                     if state["target"] is None:  # noqa: B023
@@ -339,7 +371,9 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                         state["first_s"] = round(time.perf_counter() - t0, 2)  # noqa: B023
                         state["first_example"] = stats["examples"]  # noqa: B023
                     if sig == state["target"]:  # noqa: B023
-                        state["last"] = (sc, result)  # noqa: B023
+                        last = state["last"]  # noqa: B023
+                        if last is None or size(sc) <= size(last[0]):
+                            state["last"] = (sc, result)  # noqa: B023
                         raise _Found(sig)
 
                 machine = seed(_chunk_seed(cfg.seed, index, chunk))(
@@ -353,10 +387,12 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                     run_state_machine_as_test(machine, settings=_settings(cfg, first, database, budget))
                 except Exception:
                     # _Found, or hypothesis's FlakyFailure around it when the shrunk example
-                    # failed once and not on its final replay (engine-core threads): the last
-                    # failing scenario is kept either way
+                    # failed once and not on its final replay (engine-core threads; or past
+                    # ``shrink_runs``, where the replay is not run): the smallest failing
+                    # scenario seen is kept either way
                     if state["last"] is None:
                         raise
+                if state["last"] is not None:
                     sc, result = state["last"]
                     seen.add(state["target"])
                     emit("finding", Finding(state["target"], sc, result,
