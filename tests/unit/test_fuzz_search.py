@@ -42,9 +42,10 @@ class GrammarWorker:
 
 def _search(**kw):
     found = []
+    kw.setdefault("use_database", False)
     cfg = SearchConfig(version="9.9", profile=replace(DEFAULT, kv_connectors=False), seed=3,
                        time_s=60, stop_on_first=True, target="crash:RuntimeError@", audit=False,
-                       level="engine-core", use_database=False, **kw)
+                       level="engine-core", **kw)
     worker = GrammarWorker()
     stats = search(0, cfg, None, None,
                    lambda kind, p: found.append(p) if kind == "finding" else None, worker=worker)
@@ -60,9 +61,14 @@ def test_the_target_message_picks_one_of_two_bugs_with_the_same_frame():
         assert grammar_text.split(":")[0].strip('"') in str(f.scenario["requests"])
 
 
-def test_the_shrinker_stops_after_shrink_runs_and_keeps_the_smallest_failure():
-    found, stats, worker = _search(target_message="root rule", shrink_runs=3)
+def test_the_shrinker_stops_after_shrink_runs_and_keeps_the_smallest_failure(tmp_path):
+    from vllm_repro.fuzz.database import FindingsDatabase
+
+    found, stats, worker = _search(target_message="root rule", shrink_runs=3,
+                                   database=str(tmp_path), use_database=True)
     f = found[0]
+    # hypothesis's final replay of the kept example fails as it did: the database keeps it
+    assert FindingsDatabase(tmp_path, "engine-core").stored() >= 1
     assert f.examples - f.first_failure_example <= 3
     assert stats["examples"] == worker.runs == f.examples  # candidates past the bound never ran
     assert 'The root rule' in f.result.crash.message

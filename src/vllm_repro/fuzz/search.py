@@ -342,8 +342,13 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                     if (cfg.shrink_runs is not None and state["target"] is not None  # noqa: B023
                             and stats["examples"] - state["first_example"]  # noqa: B023
                             >= cfg.shrink_runs):
-                        # past the shrink bound: the candidate is not run (it passes), so the
-                        # shrinker ends at once; the smallest failing scenario so far is kept
+                        # past the shrink bound: a candidate is not run (it passes), so the
+                        # shrinker ends at once; the smallest failing scenario so far is kept,
+                        # and hypothesis's final replay of it fails as it did (no flaky
+                        # report, and the example database keeps it)
+                        last = state["last"]  # noqa: B023
+                        if last is not None and sc == last[0]:
+                            raise _Found(state["target"])  # noqa: B023
                         return
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
                     result = worker.run(payload, None, audit=cfg.audit)
