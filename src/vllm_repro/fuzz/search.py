@@ -155,7 +155,7 @@ class SearchConfig:
     target_message: str | None = None
     #: the most scenario runs the shrinker makes for one finding (its candidates, each a whole
     #: scenario run in the worker), counted from the first failing example; after that the
-    #: smallest failing scenario seen is the finding and the shrinker's remaining candidates
+    #: shrinker's best failing scenario so far is the finding and its remaining candidates
     #: are not run. None: hypothesis's own limits (a campaign's default, so its findings do
     #: not change). A count, not seconds, so the same seed shrinks to the same scenario
     #: however loaded the machine is
@@ -343,7 +343,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                             and stats["examples"] - state["first_example"]  # noqa: B023
                             >= cfg.shrink_runs):
                         # past the shrink bound: a candidate is not run (it passes), so the
-                        # shrinker ends at once; the smallest failing scenario so far is kept,
+                        # shrinker ends at once; the last failing scenario (its best) is kept,
                         # and hypothesis's final replay of it fails as it did (no flaky
                         # report, and the example database keeps it)
                         last = state["last"]  # noqa: B023
@@ -376,9 +376,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                         state["first_s"] = round(time.perf_counter() - t0, 2)  # noqa: B023
                         state["first_example"] = stats["examples"]  # noqa: B023
                     if sig == state["target"]:  # noqa: B023
-                        last = state["last"]  # noqa: B023
-                        if last is None or size(sc) <= size(last[0]):
-                            state["last"] = (sc, result)  # noqa: B023
+                        state["last"] = (sc, result)  # noqa: B023
                         raise _Found(sig)
 
                 machine = seed(_chunk_seed(cfg.seed, index, chunk))(
@@ -392,12 +390,10 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                     run_state_machine_as_test(machine, settings=_settings(cfg, first, database, budget))
                 except Exception:
                     # _Found, or hypothesis's FlakyFailure around it when the shrunk example
-                    # failed once and not on its final replay (engine-core threads; or past
-                    # ``shrink_runs``, where the replay is not run): the smallest failing
-                    # scenario seen is kept either way
+                    # failed once and not on its final replay (engine-core threads): the last
+                    # failing scenario (the shrinker's best) is kept either way
                     if state["last"] is None:
                         raise
-                if state["last"] is not None:
                     sc, result = state["last"]
                     seen.add(state["target"])
                     emit("finding", Finding(state["target"], sc, result,
