@@ -118,10 +118,12 @@ def _lacks_level(item) -> str | None:
 
 
 def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | None = None,
-                say: Callable[[str], None] = lambda _msg: None, ray: str | None = None) -> list:
+                say: Callable[[str], None] = lambda _msg: None, ray: str | None = None,
+                ray_remote: bool = False) -> list:
     """Run the items (:func:`vllm_repro.lab.run_matrix`; with ``ray``, one task per release on
-    that Ray back end, :func:`vllm_repro.lab.run_matrix_on`) and rewrite the reports' index;
-    returns the items, each with its verdict."""
+    that Ray back end, :func:`vllm_repro.lab.run_matrix_on`; ``ray_remote``: ``--ray-remote``,
+    see :func:`vllm_repro.executor.check_ray`) and rewrite the reports' index; returns the
+    items, each with its verdict."""
     from .lab import run_matrix, run_matrix_on
     from .report.index import write_index
 
@@ -130,7 +132,7 @@ def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | N
     else:
         from .executor import open_executor
 
-        with open_executor(ray, jobs) as executor:
+        with open_executor(ray, jobs, ray_remote) as executor:
             say(f"catalog: releases run on {executor.name}")
             run_matrix_on(executor, items, reports, audit=audit, say=say)
     for item in [i for i in items if _lacks_level(i)]:

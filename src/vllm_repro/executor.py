@@ -11,6 +11,9 @@ dispatch lives here once:
   dashboard, no usage statistics: nothing listens on or talks to another address), ``--ray
   ADDRESS`` joins an existing one (``ray start --head`` on one machine, ``ray start --address``
   on the others; each node needs the lab installed, and prepares releases in its own cache).
+  An address on another host than this one's loopback (``127.0.0.0/8``, ``::1``,
+  ``localhost``) is joined only with ``--ray-remote``: without it the lab refuses before it
+  contacts anything (a mistyped or copied address would otherwise be dialled).
   A task asks for one CPU (``num_cpus=1``): it runs one engine worker at a time.
 
 A task is a module-level function of one picklable argument returning a picklable value (the
@@ -20,12 +23,14 @@ process or node died, is an outcome with ``error`` set, never an exception of ``
 caller decides: a campaign records it and re-runs it on resume).
 
 Errors: :class:`~vllm_repro.errors.InputError` for a ``--ray`` value that is not ``auto`` or
-an address; :class:`~vllm_repro.errors.EnvError` when Ray is not installed or the cluster cannot
-be started or joined.
+an address, or a non-loopback address without ``--ray-remote``;
+:class:`~vllm_repro.errors.EnvError` when Ray is not installed or the cluster cannot be started
+or joined.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import traceback
@@ -38,7 +43,11 @@ from .errors import EnvError, InputError
 
 #: ``--ray``'s help text, shared by the commands that take it
 RAY_HELP = ("Run the tasks on Ray: 'auto' starts a local cluster on 127.0.0.1, an address "
-            "(host:port, ray://host:port) joins an existing one. Default: local worker processes.")
+            "(host:port, ray://host:port) joins an existing one; one not on 127.0.0.1/localhost "
+            "needs --ray-remote. Default: local worker processes.")
+#: ``--ray-remote``'s help text
+RAY_REMOTE_HELP = ("Allow --ray ADDRESS on another host (the lab connects to it); without it only "
+                   "loopback addresses are joined.")
 
 #: environment of a Ray cluster the lab starts or joins: no usage statistics sent anywhere
 _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
@@ -201,26 +210,48 @@ class RayExecutor(Executor):
             pass
 
 
-def check_ray(value: str | None) -> str | None:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address's host part, ``[::1]`` brackets allowed) is this machine's
+    loopback: ``localhost`` or a literal address in ``127.0.0.0/8`` or ``::1``. Any other name is
+    not resolved (that would ask a DNS server) and counts as remote."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_ray(value: str | None, remote: bool = False) -> str | None:
     """``--ray``: None (local processes), ``auto`` or an address (``host:port``,
-    ``ray://host:port``). Raises InputError for anything else."""
+    ``ray://host:port``); a host that is not loopback (:func:`is_loopback`) only with
+    ``remote`` (``--ray-remote``). Raises InputError otherwise, before anything is contacted."""
     if value is None:
         return None
     value = value.strip()
-    if value == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+", value):
+    if value == "auto":
         return value
-    raise InputError(f"--ray {value!r}: give auto (a local cluster on 127.0.0.1) or a cluster's "
-                     "address such as 127.0.0.1:6379 or ray://head:10001")
+    m = re.fullmatch(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):\d+", value)
+    if not m:
+        raise InputError(f"--ray {value!r}: give auto (a local cluster on 127.0.0.1) or a "
+                         "cluster's address such as 127.0.0.1:6379 or ray://head:10001")
+    if not remote and not is_loopback(m.group(1)):
+        raise InputError(f"--ray {value!r}: {m.group(1)} is not this machine's loopback address; "
+                         "to join a Ray cluster on another host add --ray-remote (the lab will "
+                         "connect to it), or use --ray auto for a local cluster")
+    return value
 
 
-def open_executor(ray: str | None, jobs: int | None = None) -> Executor:
-    """The back end ``--ray`` names (:func:`check_ray`), ``jobs`` slots locally (default: the
-    CPUs, at most 4) or CPUs of a cluster started here."""
-    ray = check_ray(ray)
+def open_executor(ray: str | None, jobs: int | None = None, remote: bool = False) -> Executor:
+    """The back end ``--ray`` names (:func:`check_ray`; ``remote``: ``--ray-remote``), ``jobs``
+    slots locally (default: the CPUs, at most 4) or CPUs of a cluster started here."""
+    ray = check_ray(ray, remote)
     if ray is None:
         return LocalExecutor(jobs or max(1, min(4, os.cpu_count() or 1)))
     return RayExecutor(None if ray == "auto" else ray, jobs)
 
 
-__all__ = ["Executor", "LocalExecutor", "RayExecutor", "TaskOutcome", "check_ray", "open_executor",
+__all__ = ["Executor", "LocalExecutor", "RayExecutor", "TaskOutcome", "check_ray", "is_loopback",
+           "open_executor",
            "RAY_HELP"]

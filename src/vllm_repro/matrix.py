@@ -1,4 +1,4 @@
-"""The release matrix (``vllm-repro matrix``): one scenario on every final release in a range, in
+"""The release matrix (``vllm-repro matrix``): one scenario on every release in a range, in
 each mode the release's :class:`~vllm_repro.engine.capabilities.Capabilities` allow.
 
 Modes are overlays of the scenario (:func:`mode_scenario`): ``plain`` (as written), ``async``
@@ -72,21 +72,18 @@ def parse_range(text: str | None):
 
 
 def final_releases(versions: Iterable[str], specs) -> list[str]:
-    """The final releases (no pre-, post- or dev- part: ``0.8.5``, not ``0.8.5.post1`` or
-    ``0.11.0rc1``) among ``versions`` that one of ``specs`` (a specifier set, or a list of them:
-    their union) holds, oldest first; names that are not PEP 440 versions are skipped."""
-    from packaging.version import InvalidVersion, Version
+    """The releases among ``versions`` (:func:`~vllm_repro.sources.index.release_version`: no
+    pre-, dev- or local part, ``0.11.0rc1`` left out; post releases such as ``0.6.6.post1``
+    kept, as ``campaign`` and ``bisect`` keep them) that one of ``specs`` (a specifier set, or a
+    list of them: their union) holds, oldest first; names that are not PEP 440 versions are
+    skipped."""
+    from .sources.index import release_version
 
     specs = specs if isinstance(specs, (list, tuple)) else [specs]
     chosen = []
     for v in versions:
-        try:
-            pv = Version(v)
-        except InvalidVersion:
-            continue
-        if pv.is_prerelease or pv.is_postrelease or pv.is_devrelease or pv.local:
-            continue
-        if any(spec.contains(pv) for spec in specs):
+        pv = release_version(v)
+        if pv is not None and any(spec.contains(pv) for spec in specs):
             chosen.append((pv, v))
     return [v for _, v in sorted(chosen)]
 

@@ -633,8 +633,8 @@ class MatrixCell(Record):
 class MatrixReport(Record):
     """A whole matrix: ``reports/_matrix/<scenario>/matrix.json``. ``scenario`` its name,
     ``source`` its file; ``releases_range`` the PEP 440 specifier set the releases were chosen
-    by (``--releases``), ``releases`` the final releases on the index it held, oldest first;
-    ``modes`` the modes asked for (``plain``, ``async``, ``spec``, ``prefix-caching``);
+    by (``--releases``), ``releases`` the releases on the index it held (post releases kept),
+    oldest first; ``modes`` the modes asked for (``plain``, ``async``, ``spec``, ``prefix-caching``);
     ``cells`` one per release and mode; ``started`` when (ISO 8601, UTC) and ``seconds`` how
     long the whole matrix took (wall clock, preparing the releases included)."""
 

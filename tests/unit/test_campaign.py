@@ -11,12 +11,12 @@ from vllm_repro.campaign.report import merge, span_lines
 from vllm_repro.campaign.run import load_done, open_folder, save_task, task_order
 from vllm_repro.campaign.spec import CampaignSpec, parse_features, select_releases
 from vllm_repro.errors import InputError
-from vllm_repro.executor import LocalExecutor, check_ray
+from vllm_repro.executor import LocalExecutor, check_ray, is_loopback
 from vllm_repro.records import CampaignFinding, CampaignTaskResult, RunResult
 
 INDEX = {v: {"filename": f"vllm-{v}.tar.gz"} for v in (
     "0.5.4", "0.6.4", "0.6.5", "0.9.2", "0.10.0", "0.10.1", "0.10.1.1", "0.10.2", "0.11.0rc1",
-    "0.11.0", "0.12.0.dev1", "0.33.0", "0.34.0")}
+    "0.11.0", "0.12.0.dev1", "0.33.0", "0.34.0", "0.6.6.post1", "0.8.5+cpu")}
 INDEX["0.10.1"] = {"filename": "vllm-0.10.1.tar.gz", "yanked": True}
 
 
@@ -45,9 +45,45 @@ def test_features_and_ray_values():
         parse_features("everything")
     assert check_ray(None) is None and check_ray("auto") == "auto"
     assert check_ray("127.0.0.1:6379") == "127.0.0.1:6379"
-    assert check_ray("ray://head:10001") == "ray://head:10001"
+    assert check_ray("ray://head:10001", remote=True) == "ray://head:10001"
     with pytest.raises(InputError, match="--ray"):
         check_ray("yes please")
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:6379", "127.0.0.2:6379", "localhost:6379",
+                                     "ray://127.0.0.1:10001", "[::1]:6379"])
+def test_loopback_ray_addresses_are_joined_without_ray_remote(address):
+    assert check_ray(address) == address
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8:6379", "ray://10.0.0.5:10001", "head:6379",
+                                     "[2001:db8::1]:6379", "127.0.0.1.example.com:6379"])
+def test_a_remote_ray_address_is_refused_before_anything_is_contacted(address):
+    # a newcomer's --ray 8.8.8.8:6379 was dialled; now it is exit 2 naming the flag that allows
+    # it (names are not resolved: that would ask a DNS server)
+    with pytest.raises(InputError, match="not this machine's loopback.*--ray-remote"):
+        check_ray(address)
+    assert check_ray(address, remote=True) == address
+    assert not is_loopback(address.rsplit(":", 1)[0].removeprefix("ray://"))
+
+
+@pytest.mark.parametrize("command", [["campaign", "--releases", "==0.10.2"],
+                                     ["catalog", "run", "--only", "nothing"]])
+def test_a_remote_ray_address_is_exit_2_in_one_line_before_ray(command, tmp_path, monkeypatch,
+                                                              capsys):
+    from vllm_repro import executor
+    from vllm_repro.cli import main
+
+    def must_not_run(*a, **k):  # pragma: no cover - the point is that it is never reached
+        raise AssertionError("the lab tried to open a Ray back end")
+
+    monkeypatch.setattr(executor, "RayExecutor", must_not_run)
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--ray", "8.8.8.8:6379", "--reports", str(tmp_path)], signals=False)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2, out + err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "8.8.8.8" in lines[0] and "--ray-remote" in lines[0], err
 
 
 def _finding(sig, release, seed, n_requests=1):
@@ -143,3 +179,18 @@ def test_bad_campaign_and_ray_input_is_exit_2_in_one_line(cli, args, says):
     proc = cli(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_matrix_campaign_and_bisect_hold_the_same_releases_of_a_range():
+    """One rule (sources.index.release_version): post releases kept, rc / dev / local / yanked
+    left out, in matrix, campaign and bisect's span alike."""
+    from packaging.specifiers import SpecifierSet
+
+    from vllm_repro.bisect.search import release_span
+    from vllm_repro.matrix import final_releases
+
+    unyanked = [v for v, f in INDEX.items() if not f.get("yanked")]  # matrix reads them so
+    want = ["0.6.5", "0.6.6.post1", "0.9.2", "0.10.0", "0.10.1.1", "0.10.2", "0.11.0", "0.33.0"]
+    assert final_releases(unyanked, SpecifierSet(">=0.6.5,<0.34")) == want
+    assert select_releases(INDEX, ">=0.6.5,<0.34", "0.6.5") == want
+    assert release_span(INDEX, "0.6.5", "0.33.0")[2] == want

@@ -97,3 +97,20 @@ def test_engine_generations_refuse_naming_the_level_to_use():
     assert "use level: v0-engine" in v0_only.refusal("v1-engine")
     assert "vLLM 0.33.0 has no V0 engine" in NEW.refusal("v0-engine")
     assert Capabilities.from_dict(v0_only.to_dict()) == v0_only
+
+
+def test_mamba_cache_modes_are_read_from_cache_configs_annotation():
+    import types
+    from typing import Literal
+
+    from vllm_repro.engine.capabilities import _mamba_cache_modes
+
+    def adapter_with(annotations):
+        cls = type("CacheConfig", (), {"__annotations__": annotations, "__module__": __name__})
+        return types.SimpleNamespace(config_mod=types.SimpleNamespace(CacheConfig=cls))
+
+    assert _mamba_cache_modes(adapter_with({"mamba_cache_mode": Literal["all", "align", "none"]})) \
+        == ("all", "align")  # vllm/config/cache.py of 0.28.0
+    assert _mamba_cache_modes(adapter_with({"block_size": int})) == ()  # releases before it
+    assert _mamba_cache_modes(adapter_with({"mamba_cache_mode": 'Literal["align", "none"]'})) \
+        == ("align",)  # a postponed annotation, read from its text

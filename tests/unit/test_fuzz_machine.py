@@ -150,3 +150,15 @@ def test_the_database_keys_by_level_and_keeps_failures(tmp_path):
     assert list(db.inner.fetch(campaign_key("scheduler") + b".secondary")) == [b"choices"]
     db.delete(digest + b".secondary", b"choices")
     assert list(db.fetch(digest + b".secondary")) == []
+
+
+def test_a_mamba_group_with_prefix_caching_only_with_a_mamba_cache_mode_the_release_has():
+    from dataclasses import replace
+
+    scs = _draw(replace(FULL, mamba_cache_modes=("align", "all")), "engine-core", n=200)
+    mamba_pc = [sc["config"] for sc in scs if sc["config"]["enable_prefix_caching"] and any(
+        g["type"] == "mamba" for g in sc["config"].get("kv_cache_groups", []))]
+    assert mamba_pc, "#53514's family (Mamba + prefix caching) is drawn where the release can"
+    assert all(cfg.get("mamba_cache_mode") in ("align", "all") for cfg in mamba_pc)
+    assert not [sc for sc in scs if "mamba_cache_mode" in sc["config"] and not any(
+        g["type"] == "mamba" for g in sc["config"].get("kv_cache_groups", []))]

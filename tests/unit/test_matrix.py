@@ -31,9 +31,12 @@ def test_the_range_is_a_pep440_specifier_set_and_a_bad_one_names_the_option():
             mx.parse_range(bad)
 
 
-def test_only_final_releases_in_the_range_oldest_first():
+def test_only_releases_in_the_range_oldest_first_post_releases_kept():
+    # a post release is a release users install and bisect over (0.6.6.post1 is #11562's
+    # buggy release in the catalog); rc, dev and non-versions are not
     assert mx.final_releases(INDEX, SpecifierSet(">=0.6.5")) == [
-        "0.6.5", "0.6.6", "0.8.5", "0.10.1.1", "0.10.2", "0.15.1", "0.33.0"]
+        "0.6.5", "0.6.6", "0.6.6.post1", "0.8.5", "0.8.5.post1", "0.10.1.1", "0.10.2", "0.15.1",
+        "0.33.0"]
     assert mx.final_releases(INDEX, SpecifierSet(">=0.10,<0.34")) == [
         "0.10.1.1", "0.10.2", "0.15.1", "0.33.0"]
     assert mx.final_releases(INDEX, SpecifierSet("==0.15.1")) == ["0.15.1"]

@@ -19,6 +19,7 @@ from typing import Callable, Literal
 from packaging.version import InvalidVersion, Version
 
 from ..errors import EnvError, InputError
+from ..sources.index import release_version
 
 BAD, GOOD, SKIP = "bad", "good", "skip"
 State = Literal["bad", "good", "skip"]
@@ -114,8 +115,9 @@ def release_span(index: dict[str, dict], bad: str, good: str) -> tuple[str, str,
     older endpoint to the newer one, oldest first (``packaging.version`` order).
 
     ``index`` is :func:`vllm_repro.sources.index.list_releases`'s ``{version: file dict}``.
-    Between the endpoints only final releases count (no pre-releases or dev releases;
-    post-releases are kept) and yanked ones are left out; the endpoints themselves are taken as
+    Between the endpoints only releases count as
+    :func:`~vllm_repro.sources.index.release_version` says, the rule ``matrix`` and ``campaign``
+    share (no pre-, dev- or local part, not yanked; post releases kept); the endpoints themselves are taken as
     given. Raises :class:`InputError` for an endpoint the index does not have or two endpoints
     that are the same release.
     """
@@ -126,8 +128,8 @@ def release_span(index: dict[str, dict], bad: str, good: str) -> tuple[str, str,
     lo, hi = sorted((Version(bad), Version(good)))
     between = []
     for name, f in index.items():
-        v = _version(name)
-        if v is None or not lo < v < hi or v.is_prerelease or f.get("yanked"):
+        v = release_version(name, bool(f.get("yanked")))
+        if v is None or not lo < v < hi:
             continue
         between.append(name)
     older, newer = (bad, good) if Version(bad) < Version(good) else (good, bad)

@@ -2,9 +2,10 @@
 the fuzzer's options and each task's bound; the campaign's id and folder.
 
 Releases come from the package index (:func:`vllm_repro.sources.index.list_releases`, the list
-``bisect`` also reads), never from a list in the lab: the final (no pre- or dev-release),
-not yanked releases inside the ``--releases`` range (a ``packaging`` specifier set such as
-``>=0.10,<0.34``; empty: every one), from the first release with the V1 engine on
+``bisect`` also reads), never from a list in the lab: the releases
+(:func:`vllm_repro.sources.index.release_version`, the rule ``matrix`` and ``bisect`` share: no
+pre-, dev- or local part, not yanked, post releases kept) inside the ``--releases`` range (a
+``packaging`` specifier set such as ``>=0.10,<0.34``; empty: every one), from the first release with the V1 engine on
 (:data:`vllm_repro.sources.prepare.FIRST_V1`: older releases have nothing the lab can drive;
 a release in range whose tree turns out to lack the V1 scheduler is a ``refused`` task).
 """
@@ -16,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..errors import InputError
 from ..records import Record
@@ -65,16 +66,16 @@ def parse_range(text: str | None) -> SpecifierSet:
 
 def select_releases(index: dict[str, dict], text: str | None, first_v1: str) -> list[str]:
     """The releases of ``index`` (:func:`~vllm_repro.sources.index.list_releases`'s
-    ``{version: file dict}``) in the range ``text``, oldest first: final (post-releases kept),
-    not yanked, ``first_v1`` or newer. Raises InputError when none is left."""
+    ``{version: file dict}``) in the range ``text``, oldest first: releases as
+    :func:`~vllm_repro.sources.index.release_version` says (post releases kept, yanked ones
+    not), ``first_v1`` or newer. Raises InputError when none is left."""
+    from ..sources.index import release_version
+
     spec = parse_range(text)
     out = []
     for name, f in index.items():
-        try:
-            v = Version(name)
-        except InvalidVersion:
-            continue
-        if v.is_prerelease or v.is_devrelease or f.get("yanked") or v < Version(first_v1):
+        v = release_version(name, bool(f.get("yanked")))
+        if v is None or v < Version(first_v1):
             continue
         if spec.contains(v, prereleases=False):
             out.append(name)

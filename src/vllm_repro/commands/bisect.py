@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from . import COLD_HELP, warm_setting
-from ..executor import RAY_HELP  # standard library only at import: --help stays light
+from ..executor import RAY_HELP, RAY_REMOTE_HELP  # standard library only at import: --help stays light
 
 
 def bisect(
@@ -23,6 +23,7 @@ def bisect(
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP + " With --ray, each round classifies as many releases at once as the back end has slots."),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="With --ray auto: the local cluster's CPUs (releases classified at once)."),
+    ray_remote: bool = typer.Option(False, "--ray-remote", help=RAY_REMOTE_HELP),
 ) -> None:
     """Find the first bad (or first fixed) release between --bad and --good by binary search.
 
@@ -45,7 +46,7 @@ def bisect(
     from ..sources.installed import installed
 
     t0 = time.perf_counter()
-    check_ray(ray)
+    check_ray(ray, ray_remote)
     good = release_name(good, "--good") if good is not None else None
     bad = release_name(bad, "--bad") if bad is not None else None
     reports = reports_dir(reports, create=False)
@@ -63,7 +64,7 @@ def bisect(
         if ray is None:
             result = bisect_releases(span, bad_v, good_v, classify, say=say)
         else:
-            with open_executor(ray, jobs) as executor:
+            with open_executor(ray, jobs, ray_remote) as executor:
                 say(f"bisect: releases classified on {executor.name}")
                 result = bisect_releases(span, bad_v, good_v, classify, say=say,
                                          classify_many=classify_on(executor, sc, reports),

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from . import COLD_HELP, warm_setting
-from ..executor import RAY_HELP  # standard library only at import: --help stays light
+from ..executor import RAY_HELP, RAY_REMOTE_HELP  # standard library only at import: --help stays light
 
 
 def campaign(
@@ -23,6 +23,7 @@ def campaign(
     examples: int = typer.Option(200, "--examples", min=1, help="Examples per task and feature set: the bound that makes a campaign repeatable."),
     time_: str = typer.Option("10m", "--time", help="Safety cap per task and feature set (a search it ends is marked bound: time)."),
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
+    ray_remote: bool = typer.Option(False, "--ray-remote", help=RAY_REMOTE_HELP),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="Tasks at once: local processes (default: CPUs, at most 4), or the CPUs of a cluster --ray auto starts."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="The campaign's folder (default: <reports>/_campaign/<campaign id>); run again to resume."),
     reports: Path = typer.Option(Path("reports"), help="Reports folder (the default --out is under it)."),
@@ -64,7 +65,7 @@ def campaign(
         raise InputError(f"--policy {policy!r}: use fcfs or priority")
     if level not in ("scheduler", "engine-core"):
         raise InputError(f"--level {level!r}: use scheduler or engine-core")
-    check_ray(ray)
+    check_ray(ray, ray_remote)
     parse_range(releases)
     names = parse_features(features)
     seconds = parse_duration(time_)
@@ -83,7 +84,7 @@ def campaign(
     where = (out_dir or reports / "_campaign" / cspec.campaign_id()).resolve()
     say(f"campaign {cspec.campaign_id()}: {len(versions)} releases ({versions[0]} .. "
         f"{versions[-1]}) x {seeds} seed(s) x {', '.join(names)}; {where}")
-    with open_executor(ray, jobs) as executor:
+    with open_executor(ray, jobs, ray_remote) as executor:
         say(f"tasks run on {executor.name}")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[note]}"), console=err,

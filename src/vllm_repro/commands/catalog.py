@@ -12,7 +12,7 @@ import typer
 from . import COLD_HELP, warm_setting
 
 from ..catalog import DEFAULT_DIR  # standard library only at import: --help stays light
-from ..executor import RAY_HELP
+from ..executor import RAY_HELP, RAY_REMOTE_HELP
 
 app = typer.Typer(help="The catalog of real vLLM bugs.", invoke_without_command=True)
 
@@ -51,6 +51,7 @@ def catalog_run(
     as_json: bool = typer.Option(False, "--json"),
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
+    ray_remote: bool = typer.Option(False, "--ray-remote", help=RAY_REMOTE_HELP),
 ) -> None:
     """Run every catalog entry on its own releases (and --also-on ones); print the table."""
     warm_setting(cold)
@@ -62,12 +63,13 @@ def catalog_run(
     t0 = time.perf_counter()
     folder(directory, "catalog folder (--directory)", "give --directory a folder of scenario "
            "files such as scenarios/")
-    check_ray(ray)
+    check_ray(ray, ray_remote)
     extra = [release_name(v, "--also-on") for v in extra]
     reports = reports_dir(reports, create=False)
     items = catalog_items(directory, only, extra, say=say)
     reports = reports_dir(reports)
-    run_catalog(items, reports, audit=audit, jobs=jobs, say=say, ray=ray)
+    run_catalog(items, reports, audit=audit, jobs=jobs, say=say, ray=ray,
+                ray_remote=ray_remote)
     code = print_results(items, as_json, False)
     say(f"catalog done in {time.perf_counter() - t0:.1f}s")
     raise typer.Exit(code)

@@ -11,6 +11,7 @@ by comparing version numbers: vLLM's API drift lives here and in the adapter onl
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -57,6 +58,10 @@ class Capabilities:
     async_scheduling: bool = False
     kv_cache_groups: bool = False
     kv_group_kinds: tuple[str, ...] = ()
+    #: ``CacheConfig.mamba_cache_mode``'s values other than ``none`` (``align``, ``all``):
+    #: prefix caching with a Mamba group needs one; empty where the release lacks the field
+    #: (and turns prefix caching off for Mamba models)
+    mamba_cache_modes: tuple[str, ...] = ()
     engine_core: bool = False
     split_sampling: bool = False
     batch_queue_from_config: bool = False
@@ -216,6 +221,7 @@ def probe(adapter) -> Capabilities:
         async_scheduling=_try_import("vllm.v1.core.sched.async_scheduler:AsyncScheduler") is not None,
         kv_cache_groups="kv_cache_config" in init_params(adapter.Scheduler)[0],
         kv_group_kinds=tuple(kinds),
+        mamba_cache_modes=_mamba_cache_modes(adapter),
         # EngineCore._initialize_kv_caches asks the executor for KV cache specs (0.7+, where
         # 0.6.x asks it for a number of blocks), and the engine process steps it through
         # EngineCoreProc._process_engine_step (0.8+; 0.7.x inlines it in run_busy_loop)
@@ -235,6 +241,24 @@ def probe(adapter) -> Capabilities:
         v0_engine=_module_exists("vllm.engine.llm_engine") and _module_exists("vllm.core.scheduler"),
         notes=tuple(adapter.platform_notes),
     )
+
+
+def _mamba_cache_modes(adapter) -> tuple[str, ...]:
+    """The values of ``CacheConfig.mamba_cache_mode`` but ``none`` (``vllm/config/cache.py``:
+    ``mamba_cache_mode: MambaCacheMode``, a ``Literal``), () where the field is absent."""
+    import sys
+    import typing
+
+    cc = getattr(adapter.config_mod, "CacheConfig", None)
+    ann = getattr(cc, "__annotations__", {}).get("mamba_cache_mode") if cc is not None else None
+    if ann is None:
+        return ()
+    if isinstance(ann, str):  # postponed annotations: the alias by name in its module
+        ann = getattr(sys.modules.get(cc.__module__), ann, ann)
+    values = [a for a in typing.get_args(ann) if isinstance(a, str)]
+    if not values and isinstance(ann, str):
+        values = re.findall(r"[\"']([a-z_]+)[\"']", ann)
+    return tuple(v for v in values if v != "none") or ("align",)
 
 
 def probe_v0(adapter) -> Capabilities:

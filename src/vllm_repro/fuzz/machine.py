@@ -45,7 +45,7 @@ from .strategies import MAX_MODEL_LEN, Profile
 
 #: bump when a rule's meaning changes: the database's stored examples (keyed by it) would
 #: replay as other scenarios
-MACHINE_VERSION = 2
+MACHINE_VERSION = 3
 #: the last step a call may land at (the machine's cursor); runs stop at ``limits.max_steps``
 MAX_CALL_STEP = 40
 #: constraints a grammar request draws from (the ``structured_outputs`` kinds of the scenario
@@ -67,8 +67,8 @@ GRAMMARS: tuple[dict, ...] = (
 
 #: the second group of a hybrid ``kv_cache_groups`` the machine draws (beside full attention),
 #: where the release's capabilities list the kind (``Capabilities.kv_group_kinds``): the
-#: scheduler-side kinds with their own managers; ``mamba`` only without prefix caching (with it
-#: vLLM wants a ``mamba_cache_mode`` that only some releases know)
+#: scheduler-side kinds with their own managers; ``mamba`` with prefix caching only where the
+#: release has ``CacheConfig.mamba_cache_mode`` (``Capabilities.mamba_cache_modes``: one is drawn)
 HYBRID_KINDS = ("sliding_window", "chunked_local_attention", "mamba")
 #: the group field a kind's span goes to (tokens)
 HYBRID_SPAN = {"sliding_window": "sliding_window", "chunked_local_attention": "attention_chunk_size"}
@@ -99,8 +99,11 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
     }
     if profile.async_scheduling and caps.async_scheduling and draw(st.booleans()):
         cfg["async_scheduling"] = True
+    # a Mamba group with prefix caching needs CacheConfig.mamba_cache_mode (align or all, as
+    # the hybrid model's config picks), only where the release has the field
+    modes = tuple(getattr(caps, "mamba_cache_modes", ()) or ())
     kinds = [k for k in HYBRID_KINDS if k in caps.kv_group_kinds
-             and (k != "mamba" or not cfg["enable_prefix_caching"])]
+             and (k != "mamba" or not cfg["enable_prefix_caching"] or modes)]
     if profile.kv_cache_groups and caps.kv_cache_groups and kinds and draw(st.booleans()):
         # shrinks towards a sliding window, the kind drawn before the others were
         kind = draw(st.sampled_from(kinds))
@@ -112,6 +115,8 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
             if kind in HYBRID_SPAN:
                 group[HYBRID_SPAN[kind]] = span
             cfg["kv_cache_groups"] = [{"type": "full"}, group]
+            if kind == "mamba" and cfg["enable_prefix_caching"]:
+                cfg["mamba_cache_mode"] = draw(st.sampled_from(modes))
             cfg["max_model_len"] = max_model_len = fits
             cfg["long_prefill_token_threshold"] = min(cfg["long_prefill_token_threshold"], fits)
     if profile.spec_decode and caps.spec_decode and draw(st.booleans()):

@@ -14,7 +14,7 @@ scenarios the release refuses (counted as ``refused``).
 Entry points (kept for ``commands/fuzz.py`` and later callers): :class:`SearchConfig`
 (``level``, ``database`` and ``use_database`` were added with defaults, so older callers get
 the scheduler level with the cache's database), :func:`run_campaign`, :func:`write_finding`,
-:func:`signature`, :func:`slug`, :func:`parse_duration`, :func:`refused_features`,
+:func:`signature`, :func:`failure_message`, :func:`slug`, :func:`parse_duration`, :func:`refused_features`,
 :func:`fit_profile` (``level`` added, keyword with a default).
 """
 
@@ -74,6 +74,16 @@ def signature(result: RunResult) -> str | None:
     if outcome == "stall":
         return "stall"
     return None
+
+
+def failure_message(result: RunResult) -> str:
+    """The text ``--target-message`` is matched against: a crash's message, or every
+    violation's message (one a line); empty for other outcomes."""
+    if result.outcome == "crash" and result.crash is not None:
+        return result.crash.message or ""
+    if result.outcome == "violation":
+        return "\n".join(v.message or "" for v in result.all_violations())
+    return ""
 
 
 def slug(sig: str) -> str:
@@ -138,6 +148,19 @@ class SearchConfig:
     #: shrink each failure (hypothesis's ``shrink`` phase); a campaign may skip it
     #: (``campaign --no-shrink``: the failing example as drawn, at a fraction of the cost)
     shrink: bool = True
+    #: a regular expression (``re.search``) a failure's message must match to count, as a
+    #: scenario's ``expect.message`` is matched (:func:`failure_message`); None: any message.
+    #: Two bugs may share ``exception@frame`` (#23215's empty grammar and #43920's tuple-style
+    #: ``items`` both raise RuntimeError in ``backend_xgrammar.py:compile_grammar``); the
+    #: message tells them apart, for the search and for the shrinker alike
+    target_message: str | None = None
+    #: the most scenario runs the shrinker makes for one finding (its candidates, each a whole
+    #: scenario run in the worker), counted from the first failing example; after that the
+    #: shrinker's best failing scenario so far is the finding and its remaining candidates
+    #: are not run. None: hypothesis's own limits (a campaign's default, so its findings do
+    #: not change). A count, not seconds, so the same seed shrinks to the same scenario
+    #: however loaded the machine is
+    shrink_runs: int | None = None
 
     def example_database(self):
         """The :class:`~vllm_repro.fuzz.database.FindingsDatabase` of this campaign's level,
@@ -341,6 +364,17 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                 state: dict = {"target": None, "last": None}
 
                 def check(sc: dict) -> None:
+                    if (cfg.shrink_runs is not None and state["target"] is not None  # noqa: B023
+                            and stats["examples"] - state["first_example"]  # noqa: B023
+                            >= cfg.shrink_runs):
+                        # past the shrink bound: a candidate is not run (it passes), so the
+                        # shrinker ends at once; the last failing scenario (its best) is kept,
+                        # and hypothesis's final replay of it fails as it did (no flaky
+                        # report, and the example database keeps it)
+                        last = state["last"]  # noqa: B023
+                        if last is not None and sc == last[0]:
+                            raise _Found(state["target"])  # noqa: B023
+                        return
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
                     result = worker.run(payload, None, audit=cfg.audit)
                     stats["examples"] += 1
@@ -356,6 +390,9 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                     if sig is None or sig in seen:
                         return
                     if cfg.target and cfg.target not in sig:
+                        return
+                    if cfg.target_message and not re.search(cfg.target_message,
+                                                            failure_message(result)):
                         return
                     # check is called within this iteration (by the machine's teardown), never
                     # later: the loop's `state` is the one it means
@@ -379,7 +416,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                 except Exception:
                     # _Found, or hypothesis's FlakyFailure around it when the shrunk example
                     # failed once and not on its final replay (engine-core threads): the last
-                    # failing scenario is kept either way
+                    # failing scenario (the shrinker's best) is kept either way
                     if state["last"] is None:
                         raise
                     sc, result = state["last"]

@@ -153,6 +153,24 @@ def sdist_name_version(filename: str, project: str = "vllm") -> str | None:
     return m.group(1) if m else None
 
 
+def release_version(name: str, yanked: bool = False):
+    """The :class:`packaging.version.Version` of ``name`` when it is a release the lab's range
+    commands (``matrix``, ``campaign``, ``bisect``'s span) go over, else None: a PEP 440 version
+    with no pre-release, dev-release or local part, not yanked. Post releases are kept
+    (``0.6.6.post1`` is a real release users install and bisect over; so is a four-part one
+    like ``0.10.1.1``, which is not a post release to PEP 440). The one rule of the three
+    commands, so they never disagree on which releases a range holds."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(name)
+    except InvalidVersion:
+        return None
+    if yanked or v.is_prerelease or v.is_devrelease or v.local:
+        return None
+    return v
+
+
 def list_releases(project: str = "vllm", settings: IndexSettings | None = None) -> dict[str, dict]:
     """``{version: file dict}`` for every sdist of ``project`` on the index (yanked ones included)."""
     out = {}

@@ -1,0 +1,76 @@
+"""The search's stop conditions without a release: a worker that fails like vLLM's grammar
+compiler does, two bugs behind one ``exception@frame`` (#23215's empty grammar, #43920's
+tuple-style ``items``), told apart by ``--target-message``; the shrinker bounded by runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vllm_repro.engine.capabilities import Capabilities
+from vllm_repro.fuzz.search import SearchConfig, search
+from vllm_repro.fuzz.strategies import DEFAULT
+from vllm_repro.records import Crash, Frame, RunResult
+
+CAPS = Capabilities("9.9", engine_core=True, events=("abort",), structured_outputs=True,
+                    structured_backends=("xgrammar",))
+WHERE = Frame(file="vllm/v1/structured_output/backend_xgrammar.py", function="compile_grammar")
+
+
+class GrammarWorker:
+    """Crashes as 0.12.0's xgrammar backend does: an empty EBNF grammar and a JSON schema with a
+    list as ``items`` raise RuntimeError in compile_grammar, with their own messages."""
+
+    capabilities = CAPS
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def run(self, payload, _trace, audit=True):
+        self.runs += 1
+        for r in payload["requests"]:
+            so = r.get("structured_outputs") or {}
+            if so.get("grammar") == "":
+                msg = 'The root rule with name "root" is not found'
+            elif isinstance((so.get("json") or {}).get("items"), list):
+                msg = "items must be a boolean or an object"
+            else:
+                continue
+            return RunResult(outcome="crash", crash=Crash(type="RuntimeError", message=msg,
+                                                          where=WHERE, phase="schedule"))
+        return RunResult(outcome="clean")
+
+
+def _search(**kw):
+    found = []
+    kw.setdefault("use_database", False)
+    cfg = SearchConfig(version="9.9", profile=replace(DEFAULT, kv_connectors=False), seed=3,
+                       time_s=60, stop_on_first=True, target="crash:RuntimeError@", audit=False,
+                       level="engine-core", **kw)
+    worker = GrammarWorker()
+    stats = search(0, cfg, None, None,
+                   lambda kind, p: found.append(p) if kind == "finding" else None, worker=worker)
+    return found, stats, worker
+
+
+def test_the_target_message_picks_one_of_two_bugs_with_the_same_frame():
+    for pattern, grammar_text in (("root rule", '"grammar": ""'), ("items must", "items")):
+        found, _, _ = _search(target_message=pattern)
+        assert len(found) == 1, pattern
+        f = found[0]
+        assert pattern.split()[0] in f.result.crash.message
+        assert grammar_text.split(":")[0].strip('"') in str(f.scenario["requests"])
+
+
+def test_the_shrinker_stops_after_shrink_runs_and_keeps_the_smallest_failure(tmp_path):
+    from vllm_repro.fuzz.database import FindingsDatabase
+
+    found, stats, worker = _search(target_message="root rule", shrink_runs=3,
+                                   database=str(tmp_path), use_database=True)
+    f = found[0]
+    # hypothesis's final replay of the kept example fails as it did: the database keeps it
+    assert FindingsDatabase(tmp_path, "engine-core").stored() >= 1
+    assert f.examples - f.first_failure_example <= 3
+    assert stats["examples"] == worker.runs == f.examples  # candidates past the bound never ran
+    assert 'The root rule' in f.result.crash.message
+    unbounded, _, _ = _search(target_message="root rule")
+    assert unbounded[0].examples - unbounded[0].first_failure_example > 3
