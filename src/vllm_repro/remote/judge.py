@@ -61,8 +61,11 @@ def check_manifest(bundle: Path) -> dict:
 def find_installed(release: str) -> InstalledVllm:
     """The installed vLLM to judge on: ``VLLM_REPRO_VLLM`` if set; else this interpreter's vLLM
     (the CUDA image); else, in the CPU image standing in for the CUDA one, the baked
-    environment of ``release`` (its interpreter imports the release's tree). Raises
-    :class:`EnvError` when there is none or it is another release."""
+    environment of ``release`` (its interpreter imports the release's tree): its full tree where
+    the image has one (``baked.json`` key ``VERSION:full``), as the CUDA image has all of vLLM,
+    else its slice. A slice holds only what the scheduler-level runs traced, so a bundle carrying
+    an engine-core or V0 entry of that release fails on it. Raises :class:`EnvError` when there
+    is none or it is another release."""
     candidates: list[Path] = []
     named = installed_python()
     if named is not None:
@@ -71,7 +74,7 @@ def find_installed(release: str) -> InstalledVllm:
         candidates.append(Path(sys.executable))
         try:  # the CPU image: images/cpu/bake.py lists each baked release's environment
             baked = json.loads((cache_dir() / "baked.json").read_text())
-            candidates.append(Path(baked[release]["python"]))
+            candidates.append(Path(baked.get(f"{release}:full", baked[release])["python"]))
         except (OSError, ValueError, KeyError):
             candidates.append(cache_dir() / "envs" / release / "bin" / "python")
     errors = []
