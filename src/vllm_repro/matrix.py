@@ -165,16 +165,18 @@ def level_refusal(scenario: Scenario, mode: str) -> str | None:
             "engine-core")
 
 
-def _level_missing(level: str, caps) -> str | None:
-    """The Capabilities' reason a release lacks what ``level`` needs (:data:`LEVEL_NEEDS`), or
-    None when it has it (or its record is unknown)."""
-    if caps is None:
+def _level_missing(level: str, caps, err) -> str | None:
+    """Why the run's release lacks the engine ``level`` drives, or None: only a run the worker
+    refused as such (``err``, its :class:`~vllm_repro.records.RunError`, has ``lacks_level``),
+    said with the Capabilities' reason (:data:`LEVEL_NEEDS`; ``caps`` None when unknown), else
+    the refusal's own message."""
+    if err is None or not err.lacks_level:
         return None
-    for need in LEVEL_NEEDS.get(level, ()):
+    for need in (LEVEL_NEEDS.get(level, ()) if caps is not None else ()):
         reason = caps.refusal(need)
         if reason:
             return reason
-    return None
+    return err.message
 
 
 def cell_report(reports: Path, cell: MatrixCell) -> Path | None:
@@ -197,8 +199,8 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
     """The cell of one run: its result (:class:`~vllm_repro.records.RunResult`) and verdict
     as outcome, exit code and one-line cause; a run the release refused in a mode its
     Capabilities (``caps``, None when unknown) lack, or at a ``level`` whose engine it lacks
-    (:data:`LEVEL_NEEDS`), is ``n/a`` with their reason. ``report``: the run's folder, kept
-    relative to ``reports`` when it is under it."""
+    (the worker's ``RunError.lacks_level``; :data:`LEVEL_NEEDS`), is ``n/a`` with their reason.
+    ``report``: the run's folder, kept relative to ``reports`` when it is under it."""
     subs = result.substitutions or None
     where = None
     if report is not None:
@@ -211,7 +213,7 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
     observed = verdict.observed if verdict is not None else None
     err = result.error
     if result.outcome == "error" and err is not None and err.kind == "input":
-        missing = _level_missing(level, caps)
+        missing = _level_missing(level, caps, err)
         if missing:
             return MatrixCell(release, mode, "n/a", None, _one_line(missing), None, where, subs)
         feature = MODE_FEATURE.get(mode)

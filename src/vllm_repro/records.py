@@ -228,11 +228,15 @@ class RunError(Record):
     """The run did not happen as a run of vLLM: ``kind`` ``input`` (the scenario, or the release
     refusing its configuration: exit 2), ``lab`` (a bug or failure of the lab: exit 3) or ``env``
     (the release's environment could not be made or started: exit 3); ``message`` one line;
-    ``traceback`` the lab's own, for ``lab``."""
+    ``traceback`` the lab's own, for ``lab``; ``lacks_level``, for ``input``: the scenario's
+    ``level`` when the release has no engine of that level at all (``v0-engine`` on 0.33.0:
+    the engine's ``LevelMissing``), which ``catalog run --also-on`` and ``matrix`` read as a
+    release the scenario says nothing about, not as a refused run."""
 
     kind: str
     message: str
     traceback: str | None = None
+    lacks_level: str | None = None
 
 
 @dataclass
@@ -338,10 +342,12 @@ class RunResult(Record):
 
     @classmethod
     def failed(cls, kind: str, message: str, *, traceback: str | None = None,
-               scenario: str | None = None, vllm: str | None = None) -> "RunResult":
-        """An ``error`` result (:class:`RunError` ``kind``: input, lab or env)."""
+               scenario: str | None = None, vllm: str | None = None,
+               lacks_level: str | None = None) -> "RunResult":
+        """An ``error`` result (:class:`RunError` ``kind``: input, lab or env; ``lacks_level``:
+        the level whose engine the release lacks, for ``input``)."""
         return cls("error", scenario=scenario, vllm=vllm,
-                   error=RunError(kind, message, traceback))
+                   error=RunError(kind, message, traceback, lacks_level))
 
     @property
     def stopped(self) -> dict | None:

@@ -170,10 +170,13 @@ def test_an_also_on_release_without_the_entrys_engine_is_left_out_not_an_error(t
     own = v0.vllm.reproduces_on[0]
     refusal = "level: v0-engine: vLLM {} has no V0 engine (vllm/engine/llm_engine.py ...)"
     items = [RunItem(v0, "0.33.0", also_on=True), RunItem(v0, own),
-             RunItem(v0, "0.33.1", also_on=True)]
-    items[0].result = RunResult.failed("input", refusal.format("0.33.0"))
-    items[1].result = RunResult.failed("input", refusal.format(own))
+             RunItem(v0, "0.33.1", also_on=True), RunItem(v0, "0.34.0", also_on=True)]
+    # the worker records the refusal as typed (RunError.lacks_level, engine/loop.py's LevelMissing)
+    items[0].result = RunResult.failed("input", refusal.format("0.33.0"), lacks_level="v0-engine")
+    items[1].result = RunResult.failed("input", refusal.format(own), lacks_level="v0-engine")
     items[2].result = RunResult.failed("input", "config.foo: not a field of vLLM 0.33.1")
+    # the same words without the typed record are some other refusal: kept, never guessed at
+    items[3].result = RunResult.failed("input", refusal.format("0.34.0"))
     said = []
     import vllm_repro.lab as lab
 
@@ -183,5 +186,6 @@ def test_an_also_on_release_without_the_entrys_engine_is_left_out_not_an_error(t
         kept = run_catalog(items, tmp_path, say=said.append)
     finally:
         lab.run_matrix = orig
-    assert [(i.version, i.also_on) for i in kept] == [(own, False), ("0.33.1", True)]
+    assert [(i.version, i.also_on) for i in kept] == [(own, False), ("0.33.1", True),
+                                                       ("0.34.0", True)]
     assert said == [f"{v0.name}: not on 0.33.0 ({refusal.format('0.33.0')})"]

@@ -102,6 +102,19 @@ def test_a_cell_says_its_outcome_exit_and_cause():
     # a refusal with unknown capabilities (the worker never started) is not n/a
     cell = mx.cell_for("0.9.2", "async", refused, None, None, None)
     assert (cell.outcome, cell.exit) == ("refused", 2)
+    # a release without the level's engine, as the worker recorded it (RunError.lacks_level):
+    # n/a with the Capabilities' reason, or the refusal's own words where they are unknown
+    no_v0 = Capabilities("0.11.0")
+    lacks = RunResult.failed("input", f"level: v0-engine: {no_v0.refusal('v0-engine')}",
+                             lacks_level="v0-engine")
+    cell = mx.cell_for("0.11.0", "plain", lacks, None, no_v0, None, "v0-engine")
+    assert (cell.outcome, cell.exit, cell.cause) == ("n/a", None, no_v0.refusal("v0-engine"))
+    cell = mx.cell_for("0.11.0", "plain", lacks, None, None, None, "v0-engine")
+    assert (cell.outcome, cell.exit, cell.cause) == ("n/a", None, lacks.error.message)
+    # any other refusal on that release is the release refusing the run, not n/a
+    other = RunResult.failed("input", "config.policy: vLLM 0.11.0's EngineArgs has no policy")
+    cell = mx.cell_for("0.11.0", "plain", other, None, no_v0, None, "v0-engine")
+    assert (cell.outcome, cell.exit) == ("refused", 2)
     env = RunResult.failed("env", "vLLM 0.17.1 failed to import: AttributeError: ...")
     cell = mx.cell_for("0.17.1", "plain", env, None, None, None)
     assert (cell.outcome, cell.exit, cell.cause) == ("error", 3, env.error.message)
@@ -221,7 +234,8 @@ def test_a_v0_engine_scenario_shows_the_modes_it_has_no_meaning_for_as_n_a(
 
     def results(version, mode):
         if version == "0.11.0":
-            return RunResult.failed("input", f"level: v0-engine: {caps[version].refusal('v0-engine')}")
+            return RunResult.failed("input", f"level: v0-engine: {caps[version].refusal('v0-engine')}",
+                                    lacks_level="v0-engine")
         return RunResult("clean", steps=6, finished={"A": "FINISHED_LENGTH_CAPPED"})
 
     ran = _fake_matrix(monkeypatch, results, caps)
