@@ -618,7 +618,10 @@ class MatrixCell(Record):
     ``cause`` one line: why it was not clean (the error, the refusal, the crash), or why the
     mode does not apply (the Capabilities' refusal); ``observed`` the verdict table's text;
     ``report`` the run's report folder, relative to the reports folder (``<scenario>[.<mode>]/
-    <release>``); ``substitutions`` as in :class:`RunResult`."""
+    <release>``); ``substitutions`` as in :class:`RunResult`; ``audit_findings``: on a release
+    the scenario expects clean, a run judged clean (as ``vllm-repro run`` judges it: to its end,
+    none of the scenario's own bug) whose audit found this many violations outside that bug:
+    ``clean``, exit 0, ``cause`` naming them."""
 
     release: str
     mode: str
@@ -628,6 +631,15 @@ class MatrixCell(Record):
     observed: str | None = None
     report: str | None = None
     substitutions: list[str] | None = None
+    audit_findings: int | None = None
+
+    def label(self) -> str:
+        """The cell as the table shows it: its outcome, ``clean (+N audit finding(s))`` for a
+        clean run with findings outside the scenario's bug."""
+        if self.outcome == "clean" and self.audit_findings:
+            n = self.audit_findings
+            return f"clean (+{n} audit finding{'s' if n > 1 else ''})"
+        return self.outcome
 
     def __post_init__(self) -> None:
         if self.outcome not in MATRIX_OUTCOMES:

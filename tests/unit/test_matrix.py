@@ -276,3 +276,38 @@ def test_matrix_json_names_each_run_relative_to_the_reports_folder(tmp_path, mon
         assert mx.cell_report(tmp_path / "copy", cell).is_dir()
     old = MatrixCell("0.33.0", "plain", "clean", 0, report="/elsewhere/x/0.33.0")
     assert mx.cell_report(tmp_path / "copy", old) == Path("/elsewhere/x/0.33.0")
+
+
+def test_a_fixed_release_run_clean_with_an_audit_finding_is_clean_as_run_says(root, tmp_path):
+    """The flagship on 0.10.2 (clean_on): the run goes to its end without the bug, the audit
+    finds REQ_STATE @3 outside it. `vllm-repro run` says ok (exit 0, the finding as `also`);
+    the matrix's cell says the same: clean, exit 0, the finding named, not `violation` / exit 1.
+    On 0.10.1.1 (reproduces_on, expect a crash) the same result is not the bug: violation."""
+    from vllm_repro.verdict import exit_code, judge
+
+    from .builders import make_result, make_violation
+
+    sc = load_scenario(root / "scenarios/vllm-23347-priority-preempt-scheduled.yaml")
+    result = make_result("violation", steps=34, finished={"L": "FINISHED_LENGTH_CAPPED",
+                                                         "H": "FINISHED_LENGTH_CAPPED"},
+                         violations=[make_violation().to_dict()])
+    verdict = judge(sc, "0.10.2", result)
+    assert verdict.ok is True and exit_code([verdict]) == 0  # what `run` says
+    cell = mx.cell_for("0.10.2", "plain", result, verdict, None, None)
+    assert (cell.outcome, cell.exit, cell.audit_findings) == ("clean", 0, 1)
+    assert cell.label() == "clean (+1 audit finding)"
+    assert cell.cause.startswith("1 audit finding outside the scenario's own bug: REQ_STATE @3; ")
+    buggy = mx.cell_for("0.10.1.1", "plain", result, judge(sc, "0.10.1.1", result), None, None)
+    assert (buggy.outcome, buggy.exit) == ("violation", 1)
+
+    report = _report([cell, MatrixCell("0.33.0", "plain", "clean", 0)])
+    assert report.exit_code() == 0
+    assert report.counts() == {"plain": {"clean": 2}}
+    assert mx.cause_lines(report)[0].startswith(
+        "0.10.2 plain: clean (+1 audit finding) (exit 0): 1 audit finding outside")
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(mx.table(report))
+    assert "clean (+1 audit finding)" in console.export_text()
+    assert MatrixReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
