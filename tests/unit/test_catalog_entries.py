@@ -127,6 +127,27 @@ def test_catalog_run_refuses_a_mistyped_selection_before_running(cli, tmp_path):
     assert "Traceback" not in bad.stderr and not reports.exists()
 
 
+def test_a_release_the_index_lacks_is_refused_before_anything_runs(cli, tmp_path):
+    """`catalog run --also-on 9.9.9` and `run S.yaml --vllm 9.9.9`: exit 2 in one line naming
+    the flag, the nearest releases and how to list them (the check triage --vllm makes), before
+    any run: never a column of errors, nor a table row expecting 9.9.9 'clean'."""
+    from .fake_index import FakeIndex, make_sdist
+
+    flagship = "vllm-23347-priority-preempt-scheduled"
+    with FakeIndex({"vllm-0.10.1.1.tar.gz": make_sdist("0.10.1.1"),
+                    "vllm-0.10.2.tar.gz": make_sdist("0.10.2")}) as idx:
+        env = {"PIP_INDEX_URL": idx.url, "VLLM_REPRO_CACHE": str(tmp_path / "cache")}
+        for args, flag in ((["catalog", "run", "--also-on", "9.9.9", "--only", flagship], "--also-on"),
+                           (["run", str(SCENARIOS / f"{flagship}.yaml"), "--vllm", "9.9.9"], "--vllm")):
+            proc = cli(*args, "--reports", str(tmp_path / "r"), env=env)
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+            assert lines[0].startswith(f"error: {flag} 9.9.9: vLLM 9.9.9 is not a release on the "
+                                       "index; nearest releases: 0.10.1.1, 0.10.2"), lines[0]
+            assert "pip index versions vllm" in lines[0]
+            assert not proc.stdout.strip() and not (tmp_path / "r").exists(), "nothing ran"
+
+
 def test_catalog_list_refuses_a_missing_folder(cli, tmp_path):
     proc = cli("catalog", "--directory", str(tmp_path / "nodir"))
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -136,25 +136,6 @@ def _replay(report, sc, vllm, reports: Path, scenario: Optional[Path], force: bo
     raise typer.Exit(rep.exit_code)
 
 
-def _checked_release(vllm: str, needed: bool) -> str:
-    """``--vllm`` checked as ``run`` checks a release (:func:`~vllm_repro.sources.sdist.
-    known_release`: the cache, else the index): exit 2 for one that is not a release. When the
-    index cannot be read and the release is not cached, a replay (``needed``) stops there (exit
-    3: it could not run it anyway); a draft, which triage writes offline, goes on with the
-    release unchecked and says so."""
-    from ..console import say
-    from ..errors import IndexUnreachable
-    from ..sources.sdist import known_release, validate_version
-
-    try:
-        return known_release(vllm, "--vllm")
-    except IndexUnreachable as exc:
-        if needed:
-            raise
-        say(f"--vllm {vllm}: not checked against the index ({exc}); the draft names it as given")
-        return validate_version(vllm)
-
-
 def triage(
     log: str = typer.Argument(..., help="The crash log (a file, or - to read stdin)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -183,7 +164,10 @@ def triage(
         input_file(log, "crash log", "give the path of a vLLM crash log (or - for stdin)",
                    fifo_ok=True)
     if vllm is not None:
-        vllm = _checked_release(release_name(vllm), needed=do_replay)
+        from ..console import say
+        from ..sources.sdist import checked_release
+
+        vllm = checked_release(release_name(vllm), "--vllm", needed=do_replay, say=say)
     if scenario is not None:  # refused before the log is read: nothing is overwritten
         output_file(scenario, "scenario file", "--scenario", force=force)
     report, sc = triage_log(log)
