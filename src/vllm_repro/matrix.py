@@ -197,7 +197,9 @@ def _one_line(text: str, limit: int = 300) -> str:
 def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None,
              level: str = "scheduler", reports: Path | None = None) -> MatrixCell:
     """The cell of one run: its result (:class:`~vllm_repro.records.RunResult`) and verdict
-    as outcome, exit code and one-line cause; a run that ``vllm-repro run`` judges clean with
+    as outcome, exit code (``vllm-repro run``'s for that run alone: a crash, violation or stall
+    the scenario expects on ``release`` is exit 0, ``expected``) and one-line cause; a run that
+    ``vllm-repro run`` judges clean with
     audit findings outside the scenario's bug (a ``clean_on`` release) is ``clean``, exit 0,
     ``audit_findings`` and ``cause`` saying them; a run the release refused in a mode its
     Capabilities (``caps``, None when unknown) lack, or at a ``level`` whose engine it lacks
@@ -243,6 +245,12 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
     cause = observed or result.outcome
     if result.outcome == "crash" and result.crash is not None and result.crash.message:
         cause = f"{cause}: {result.crash.message}"
+    if getattr(verdict, "ok", None) is True:
+        # what the scenario expects on this release (its bug on a reproduces_on release, or
+        # its fix's own outcome): `vllm-repro run` says ok, exit 0
+        return MatrixCell(release, mode, result.outcome, EXIT_OK, _one_line(
+            f"as the scenario expects on {release}: {cause}"), observed, where, subs,
+            expected=True)
     return MatrixCell(release, mode, result.outcome, EXIT_MISMATCH, _one_line(cause), observed,
                       where, subs)
 

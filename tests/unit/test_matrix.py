@@ -298,7 +298,18 @@ def test_a_fixed_release_run_clean_with_an_audit_finding_is_clean_as_run_says(ro
     assert cell.label() == "clean (+1 audit finding)"
     assert cell.cause.startswith("1 audit finding outside the scenario's own bug: REQ_STATE @3; ")
     buggy = mx.cell_for("0.10.1.1", "plain", result, judge(sc, "0.10.1.1", result), None, None)
-    assert (buggy.outcome, buggy.exit) == ("violation", 1)
+    assert (buggy.outcome, buggy.exit, buggy.label()) == ("violation", 1, "violation")
+    # the bug itself on 0.10.1.1 (reproduces_on): `run` says ok, exit 0; so does its cell
+    crash = make_result("crash", steps=3, crash={
+        "type": "AssertionError", "step": 3, "message": "",
+        "where": {"file": "vllm/v1/core/sched/scheduler.py", "function": "schedule"}})
+    verdict = judge(sc, "0.10.1.1", crash)
+    assert verdict.ok is True and exit_code([verdict]) == 0
+    bug = mx.cell_for("0.10.1.1", "plain", crash, verdict, None, None)
+    assert (bug.outcome, bug.exit, bug.expected, bug.label()) == ("crash", 0, True,
+                                                                  "crash (expected)")
+    assert bug.cause.startswith("as the scenario expects on 0.10.1.1: crash AssertionError")
+    assert _report([bug, cell]).exit_code() == 0
 
     report = _report([cell, MatrixCell("0.33.0", "plain", "clean", 0)])
     assert report.exit_code() == 0
