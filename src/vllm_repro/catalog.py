@@ -107,14 +107,14 @@ def catalog_items(directory: Path, only: Iterable[str] = (), extra: Iterable[str
 def _lacks_level(item) -> str | None:
     """Why ``item``, an ``--also-on`` release the entry expects nothing on, could not run: the
     release has no engine of the entry's ``level`` (e.g. a V0 entry on a release without the V0
-    engine: the adapter's refusal, ``engine/v0.py``'s ``V0Adapter``); else None."""
+    engine), as the worker recorded it (:class:`~vllm_repro.records.RunError` ``lacks_level``,
+    from the engine's ``LevelMissing``); its message, else None."""
     r = item.result
     if not item.also_on or r is None or r.outcome != "error" or r.error is None:
         return None
-    if item.scenario.vllm.expectation_for(item.version) is not None or r.error.kind != "input":
+    if item.scenario.vllm.expectation_for(item.version) is not None:
         return None
-    msg = r.error.message
-    return msg if msg.startswith(f"level: {item.scenario.level}: ") and " has no " in msg else None
+    return r.error.message if r.error.lacks_level == item.scenario.level else None
 
 
 def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | None = None,
@@ -135,9 +135,10 @@ def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | N
         with open_executor(ray, jobs, ray_remote) as executor:
             say(f"catalog: releases run on {executor.name}")
             run_matrix_on(executor, items, reports, audit=audit, say=say)
-    for item in [i for i in items if _lacks_level(i)]:
+    left_out = [(i, why) for i in items if (why := _lacks_level(i))]
+    for item, why in left_out:
         # an --also-on release without the entry's engine says nothing about the entry
-        say(f"{item.scenario.name}: not on {item.version} ({_lacks_level(item)})")
+        say(f"{item.scenario.name}: not on {item.version} ({why})")
         items.remove(item)
         if item.report_dir is not None:
             shutil.rmtree(item.report_dir, ignore_errors=True)

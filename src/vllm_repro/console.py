@@ -83,7 +83,14 @@ def print_results(items, as_json: bool, sched_log: bool) -> int:
         out.print(verdict_table(verdicts))
         for line in findings_lines(verdicts):
             out.print(line, highlight=False, markup=False)
-        for v in verdicts:
-            if v.reason and v.ok is False:
+        for i, v in zip(items, verdicts):
+            error = i.result.error if i.result is not None else None
+            if v.error_kind == "input" and error is not None:
+                # the release refused the scenario (a config field it lacks, ...): one line
+                # naming the file, as a schema error at load does (FILE: FIELD: problem; fix)
+                where = i.scenario.source_path or f"{v.scenario} on {v.vllm}"
+                err.print(f"{where}: {error.message}", style="red", highlight=False,
+                          markup=False)
+            elif v.reason and v.ok is False:
                 err.print(f"[red]{v.scenario} on {v.vllm}: {v.reason}[/red]", highlight=False)
     return exit_code(verdicts)

@@ -350,5 +350,20 @@ def releases_for(scenario: Scenario, requested: list[str], covering: bool = Fals
     return versions
 
 
+def checked_releases(requested: list[str], flag: str = "--vllm") -> list[str]:
+    """The releases named with ``flag`` (``--vllm``, ``--also-on``), each checked before anything
+    runs as triage checks its ``--vllm`` (:func:`~vllm_repro.sources.sdist.checked_release`: the
+    cache, else the index): a name that is no release of vLLM is
+    :class:`~vllm_repro.errors.InputError` (exit 2, one line with the nearest releases), an
+    index that cannot be read for one not cached :class:`~vllm_repro.errors.IndexUnreachable`
+    (exit 3). In installed mode they are left to :func:`releases_for` (the installed release is
+    the only one that runs)."""
+    from .sources.sdist import checked_release
+
+    if installed() is not None:
+        return list(requested)
+    return [checked_release(v, flag) for v in dict.fromkeys(requested)]
+
+
 __all__ = ["RunItem", "prepare_release", "run_matrix", "run_matrix_on", "run_release_task",
-           "releases_for", "resolve_tree", "TREES", "EnvError"]
+           "releases_for", "checked_releases", "resolve_tree", "TREES", "EnvError"]

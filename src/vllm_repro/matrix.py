@@ -165,16 +165,18 @@ def level_refusal(scenario: Scenario, mode: str) -> str | None:
             "engine-core")
 
 
-def _level_missing(level: str, caps) -> str | None:
-    """The Capabilities' reason a release lacks what ``level`` needs (:data:`LEVEL_NEEDS`), or
-    None when it has it (or its record is unknown)."""
-    if caps is None:
+def _level_missing(level: str, caps, err) -> str | None:
+    """Why the run's release lacks the engine ``level`` drives, or None: only a run the worker
+    refused as such (``err``, its :class:`~vllm_repro.records.RunError`, has ``lacks_level``),
+    said with the Capabilities' reason (:data:`LEVEL_NEEDS`; ``caps`` None when unknown), else
+    the refusal's own message."""
+    if err is None or not err.lacks_level:
         return None
-    for need in LEVEL_NEEDS.get(level, ()):
+    for need in (LEVEL_NEEDS.get(level, ()) if caps is not None else ()):
         reason = caps.refusal(need)
         if reason:
             return reason
-    return None
+    return err.message
 
 
 def cell_report(reports: Path, cell: MatrixCell) -> Path | None:
@@ -195,10 +197,14 @@ def _one_line(text: str, limit: int = 300) -> str:
 def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None,
              level: str = "scheduler", reports: Path | None = None) -> MatrixCell:
     """The cell of one run: its result (:class:`~vllm_repro.records.RunResult`) and verdict
-    as outcome, exit code and one-line cause; a run the release refused in a mode its
+    as outcome, exit code (``vllm-repro run``'s for that run alone: a crash, violation or stall
+    the scenario expects on ``release`` is exit 0, ``expected``) and one-line cause; a run that
+    ``vllm-repro run`` judges clean with
+    audit findings outside the scenario's bug (a ``clean_on`` release) is ``clean``, exit 0,
+    ``audit_findings`` and ``cause`` saying them; a run the release refused in a mode its
     Capabilities (``caps``, None when unknown) lack, or at a ``level`` whose engine it lacks
-    (:data:`LEVEL_NEEDS`), is ``n/a`` with their reason. ``report``: the run's folder, kept
-    relative to ``reports`` when it is under it."""
+    (the worker's ``RunError.lacks_level``; :data:`LEVEL_NEEDS`), is ``n/a`` with their reason.
+    ``report``: the run's folder, kept relative to ``reports`` when it is under it."""
     subs = result.substitutions or None
     where = None
     if report is not None:
@@ -211,7 +217,7 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
     observed = verdict.observed if verdict is not None else None
     err = result.error
     if result.outcome == "error" and err is not None and err.kind == "input":
-        missing = _level_missing(level, caps)
+        missing = _level_missing(level, caps, err)
         if missing:
             return MatrixCell(release, mode, "n/a", None, _one_line(missing), None, where, subs)
         feature = MODE_FEATURE.get(mode)
@@ -226,9 +232,25 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
                           subs)
     if result.outcome == "clean":
         return MatrixCell(release, mode, "clean", EXIT_OK, None, observed, where, subs)
+    also = getattr(verdict, "also", None)
+    if result.outcome == "violation" and also and getattr(verdict, "ok", None) is True:
+        # a clean_on release whose run went to its end without the scenario's own bug: clean,
+        # as `vllm-repro run` judges it, with the audit's other findings said (verdict.py)
+        n = len(also)
+        shown = ", ".join(v.at() for v in also[:3]) + (f" (+{n - 3})" if n > 3 else "")
+        cause = (f"{n} audit finding{'s' if n > 1 else ''} outside the scenario's own bug: "
+                 f"{shown}; {also[0].code}: {also[0].message}")
+        return MatrixCell(release, mode, "clean", EXIT_OK, _one_line(cause), observed, where,
+                          subs, audit_findings=n)
     cause = observed or result.outcome
     if result.outcome == "crash" and result.crash is not None and result.crash.message:
         cause = f"{cause}: {result.crash.message}"
+    if getattr(verdict, "ok", None) is True:
+        # what the scenario expects on this release (its bug on a reproduces_on release, or
+        # its fix's own outcome): `vllm-repro run` says ok, exit 0
+        return MatrixCell(release, mode, result.outcome, EXIT_OK, _one_line(
+            f"as the scenario expects on {release}: {cause}"), observed, where, subs,
+            expected=True)
     return MatrixCell(release, mode, result.outcome, EXIT_MISMATCH, _one_line(cause), observed,
                       where, subs)
 
@@ -326,7 +348,9 @@ def draw(report: MatrixReport, path: Path) -> Path:
             cell = report.cell(release, mode)
             outcome = cell.outcome if cell is not None else "n/a"
             ax.add_patch(Rectangle((j, i), 0.96, 0.92, color=COLOURS.get(outcome, "#8e24aa")))
-            ax.text(j + 0.48, i + 0.46, outcome, ha="center", va="center", fontsize=7)
+            label = outcome + (f" +{cell.audit_findings}" if cell is not None
+                               and outcome == "clean" and cell.audit_findings else "")
+            ax.text(j + 0.48, i + 0.46, label, ha="center", va="center", fontsize=7)
     ax.set_xlim(0, len(cols))
     ax.set_ylim(len(rows), 0)
     ax.set_xticks([j + 0.48 for j in range(len(cols))], cols, fontsize=8)
@@ -360,16 +384,18 @@ def table(report: MatrixReport):
         for mode in report.modes:
             cell = report.cell(release, mode)
             outcome = cell.outcome if cell is not None else "-"
-            row.append(Text(outcome, style=STYLES.get(outcome, "magenta")))
+            label = cell.label() if cell is not None else "-"
+            row.append(Text(label, style=STYLES.get(outcome, "magenta")))
         t.add_row(Text(release), *row)
     return t
 
 
 def cause_lines(report: MatrixReport) -> list[str]:
-    """One line per cell that was not clean: ``<release> <mode>: <outcome> (exit N): cause``
-    (``n/a`` cells left out), then one per mode with its counts."""
-    lines = [f"{c.release} {c.mode}: {c.outcome} (exit {c.exit}): {c.cause}"
-             for c in report.cells if c.outcome not in ("clean", "n/a")]
+    """One line per cell that was not clean, or clean with audit findings outside the scenario's
+    bug: ``<release> <mode>: <label> (exit N): cause`` (``n/a`` cells left out), then one per
+    mode with its counts."""
+    lines = [f"{c.release} {c.mode}: {c.label()} (exit {c.exit}): {c.cause}"
+             for c in report.cells if c.outcome != "n/a" and (c.outcome != "clean" or c.cause)]
     for mode, counts in report.counts().items():
         ran = sum(n for o, n in counts.items() if o != "n/a")
         text = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))

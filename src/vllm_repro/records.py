@@ -228,11 +228,15 @@ class RunError(Record):
     """The run did not happen as a run of vLLM: ``kind`` ``input`` (the scenario, or the release
     refusing its configuration: exit 2), ``lab`` (a bug or failure of the lab: exit 3) or ``env``
     (the release's environment could not be made or started: exit 3); ``message`` one line;
-    ``traceback`` the lab's own, for ``lab``."""
+    ``traceback`` the lab's own, for ``lab``; ``lacks_level``, for ``input``: the scenario's
+    ``level`` when the release has no engine of that level at all (``v0-engine`` on 0.33.0:
+    the engine's ``LevelMissing``), which ``catalog run --also-on`` and ``matrix`` read as a
+    release the scenario says nothing about, not as a refused run."""
 
     kind: str
     message: str
     traceback: str | None = None
+    lacks_level: str | None = None
 
 
 @dataclass
@@ -338,10 +342,12 @@ class RunResult(Record):
 
     @classmethod
     def failed(cls, kind: str, message: str, *, traceback: str | None = None,
-               scenario: str | None = None, vllm: str | None = None) -> "RunResult":
-        """An ``error`` result (:class:`RunError` ``kind``: input, lab or env)."""
+               scenario: str | None = None, vllm: str | None = None,
+               lacks_level: str | None = None) -> "RunResult":
+        """An ``error`` result (:class:`RunError` ``kind``: input, lab or env; ``lacks_level``:
+        the level whose engine the release lacks, for ``input``)."""
         return cls("error", scenario=scenario, vllm=vllm,
-                   error=RunError(kind, message, traceback))
+                   error=RunError(kind, message, traceback, lacks_level))
 
     @property
     def stopped(self) -> dict | None:
@@ -607,12 +613,19 @@ MATRIX_OUTCOMES = (*OUTCOMES, "refused", "n/a")
 @dataclass
 class MatrixCell(Record):
     """One (release, mode) of a matrix: ``outcome`` (:data:`MATRIX_OUTCOMES`; a lab or
-    environment failure is ``error``), ``exit`` the exit code that run alone would give (0
-    clean, 1 crash, violation, stall or incomplete, 2 refused, 3 error; absent for ``n/a``),
+    environment failure is ``error``), ``exit`` the exit code ``vllm-repro run`` of that run
+    alone gives, by its verdict (0 clean, or what the scenario expects on that release:
+    ``expected``; 1 a crash, violation, stall or incomplete it does not expect; 2 refused; 3
+    error; absent for ``n/a``),
     ``cause`` one line: why it was not clean (the error, the refusal, the crash), or why the
     mode does not apply (the Capabilities' refusal); ``observed`` the verdict table's text;
     ``report`` the run's report folder, relative to the reports folder (``<scenario>[.<mode>]/
-    <release>``); ``substitutions`` as in :class:`RunResult`."""
+    <release>``); ``substitutions`` as in :class:`RunResult`; ``expected``: the run is what
+    the scenario expects there (its ``expect`` on a ``reproduces_on`` release, its ``fixed`` on a
+    ``clean_on`` one), exit 0; ``audit_findings``: on a release
+    the scenario expects clean, a run judged clean (as ``vllm-repro run`` judges it: to its end,
+    none of the scenario's own bug) whose audit found this many violations outside that bug:
+    ``clean``, exit 0, ``cause`` naming them."""
 
     release: str
     mode: str
@@ -622,6 +635,19 @@ class MatrixCell(Record):
     observed: str | None = None
     report: str | None = None
     substitutions: list[str] | None = None
+    audit_findings: int | None = None
+    expected: bool | None = None
+
+    def label(self) -> str:
+        """The cell as the table shows it: its outcome, ``clean (+N audit finding(s))`` for a
+        clean run with findings outside the scenario's bug, ``crash (expected)`` for what the
+        scenario expects on that release."""
+        if self.outcome == "clean" and self.audit_findings:
+            n = self.audit_findings
+            return f"clean (+{n} audit finding{'s' if n > 1 else ''})"
+        if self.expected and self.outcome != "clean":
+            return f"{self.outcome} (expected)"
+        return self.outcome
 
     def __post_init__(self) -> None:
         if self.outcome not in MATRIX_OUTCOMES:
@@ -659,8 +685,10 @@ class MatrixReport(Record):
         return out
 
     def exit_code(self) -> int:
-        """The matrix's exit code: 3 if any cell is a lab or environment error, else 2 if any is
-        refused, else 1 if any ran and was not clean, else 0 (``n/a`` cells count as clean)."""
+        """The matrix's exit code, the worst of its cells' (each ``vllm-repro run``'s for that
+        run): 3 if any cell is a lab or environment error, else 2 if any is refused, else 1 if any
+        ran and was neither clean nor what the scenario expects there, else 0 (``n/a`` cells
+        count as clean)."""
         codes = {c.exit for c in self.cells if c.exit is not None}
         for code in (3, 2, 1):
             if code in codes:

@@ -127,6 +127,27 @@ def test_catalog_run_refuses_a_mistyped_selection_before_running(cli, tmp_path):
     assert "Traceback" not in bad.stderr and not reports.exists()
 
 
+def test_a_release_the_index_lacks_is_refused_before_anything_runs(cli, tmp_path):
+    """`catalog run --also-on 9.9.9` and `run S.yaml --vllm 9.9.9`: exit 2 in one line naming
+    the flag, the nearest releases and how to list them (the check triage --vllm makes), before
+    any run: never a column of errors, nor a table row expecting 9.9.9 'clean'."""
+    from .fake_index import FakeIndex, make_sdist
+
+    flagship = "vllm-23347-priority-preempt-scheduled"
+    with FakeIndex({"vllm-0.10.1.1.tar.gz": make_sdist("0.10.1.1"),
+                    "vllm-0.10.2.tar.gz": make_sdist("0.10.2")}) as idx:
+        env = {"PIP_INDEX_URL": idx.url, "VLLM_REPRO_CACHE": str(tmp_path / "cache")}
+        for args, flag in ((["catalog", "run", "--also-on", "9.9.9", "--only", flagship], "--also-on"),
+                           (["run", str(SCENARIOS / f"{flagship}.yaml"), "--vllm", "9.9.9"], "--vllm")):
+            proc = cli(*args, "--reports", str(tmp_path / "r"), env=env)
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+            assert lines[0].startswith(f"error: {flag} 9.9.9: vLLM 9.9.9 is not a release on the "
+                                       "index; nearest releases: 0.10.1.1, 0.10.2"), lines[0]
+            assert "pip index versions vllm" in lines[0]
+            assert not proc.stdout.strip() and not (tmp_path / "r").exists(), "nothing ran"
+
+
 def test_catalog_list_refuses_a_missing_folder(cli, tmp_path):
     proc = cli("catalog", "--directory", str(tmp_path / "nodir"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -170,10 +191,13 @@ def test_an_also_on_release_without_the_entrys_engine_is_left_out_not_an_error(t
     own = v0.vllm.reproduces_on[0]
     refusal = "level: v0-engine: vLLM {} has no V0 engine (vllm/engine/llm_engine.py ...)"
     items = [RunItem(v0, "0.33.0", also_on=True), RunItem(v0, own),
-             RunItem(v0, "0.33.1", also_on=True)]
-    items[0].result = RunResult.failed("input", refusal.format("0.33.0"))
-    items[1].result = RunResult.failed("input", refusal.format(own))
+             RunItem(v0, "0.33.1", also_on=True), RunItem(v0, "0.34.0", also_on=True)]
+    # the worker records the refusal as typed (RunError.lacks_level, engine/loop.py's LevelMissing)
+    items[0].result = RunResult.failed("input", refusal.format("0.33.0"), lacks_level="v0-engine")
+    items[1].result = RunResult.failed("input", refusal.format(own), lacks_level="v0-engine")
     items[2].result = RunResult.failed("input", "config.foo: not a field of vLLM 0.33.1")
+    # the same words without the typed record are some other refusal: kept, never guessed at
+    items[3].result = RunResult.failed("input", refusal.format("0.34.0"))
     said = []
     import vllm_repro.lab as lab
 
@@ -183,5 +207,6 @@ def test_an_also_on_release_without_the_entrys_engine_is_left_out_not_an_error(t
         kept = run_catalog(items, tmp_path, say=said.append)
     finally:
         lab.run_matrix = orig
-    assert [(i.version, i.also_on) for i in kept] == [(own, False), ("0.33.1", True)]
+    assert [(i.version, i.also_on) for i in kept] == [(own, False), ("0.33.1", True),
+                                                       ("0.34.0", True)]
     assert said == [f"{v0.name}: not on 0.33.0 ({refusal.format('0.33.0')})"]

@@ -102,6 +102,19 @@ def test_a_cell_says_its_outcome_exit_and_cause():
     # a refusal with unknown capabilities (the worker never started) is not n/a
     cell = mx.cell_for("0.9.2", "async", refused, None, None, None)
     assert (cell.outcome, cell.exit) == ("refused", 2)
+    # a release without the level's engine, as the worker recorded it (RunError.lacks_level):
+    # n/a with the Capabilities' reason, or the refusal's own words where they are unknown
+    no_v0 = Capabilities("0.11.0")
+    lacks = RunResult.failed("input", f"level: v0-engine: {no_v0.refusal('v0-engine')}",
+                             lacks_level="v0-engine")
+    cell = mx.cell_for("0.11.0", "plain", lacks, None, no_v0, None, "v0-engine")
+    assert (cell.outcome, cell.exit, cell.cause) == ("n/a", None, no_v0.refusal("v0-engine"))
+    cell = mx.cell_for("0.11.0", "plain", lacks, None, None, None, "v0-engine")
+    assert (cell.outcome, cell.exit, cell.cause) == ("n/a", None, lacks.error.message)
+    # any other refusal on that release is the release refusing the run, not n/a
+    other = RunResult.failed("input", "config.policy: vLLM 0.11.0's EngineArgs has no policy")
+    cell = mx.cell_for("0.11.0", "plain", other, None, no_v0, None, "v0-engine")
+    assert (cell.outcome, cell.exit) == ("refused", 2)
     env = RunResult.failed("env", "vLLM 0.17.1 failed to import: AttributeError: ...")
     cell = mx.cell_for("0.17.1", "plain", env, None, None, None)
     assert (cell.outcome, cell.exit, cell.cause) == ("error", 3, env.error.message)
@@ -221,7 +234,8 @@ def test_a_v0_engine_scenario_shows_the_modes_it_has_no_meaning_for_as_n_a(
 
     def results(version, mode):
         if version == "0.11.0":
-            return RunResult.failed("input", f"level: v0-engine: {caps[version].refusal('v0-engine')}")
+            return RunResult.failed("input", f"level: v0-engine: {caps[version].refusal('v0-engine')}",
+                                    lacks_level="v0-engine")
         return RunResult("clean", steps=6, finished={"A": "FINISHED_LENGTH_CAPPED"})
 
     ran = _fake_matrix(monkeypatch, results, caps)
@@ -262,3 +276,49 @@ def test_matrix_json_names_each_run_relative_to_the_reports_folder(tmp_path, mon
         assert mx.cell_report(tmp_path / "copy", cell).is_dir()
     old = MatrixCell("0.33.0", "plain", "clean", 0, report="/elsewhere/x/0.33.0")
     assert mx.cell_report(tmp_path / "copy", old) == Path("/elsewhere/x/0.33.0")
+
+
+def test_a_fixed_release_run_clean_with_an_audit_finding_is_clean_as_run_says(root, tmp_path):
+    """The flagship on 0.10.2 (clean_on): the run goes to its end without the bug, the audit
+    finds REQ_STATE @3 outside it. `vllm-repro run` says ok (exit 0, the finding as `also`);
+    the matrix's cell says the same: clean, exit 0, the finding named, not `violation` / exit 1.
+    On 0.10.1.1 (reproduces_on, expect a crash) the same result is not the bug: violation."""
+    from vllm_repro.verdict import exit_code, judge
+
+    from .builders import make_result, make_violation
+
+    sc = load_scenario(root / "scenarios/vllm-23347-priority-preempt-scheduled.yaml")
+    result = make_result("violation", steps=34, finished={"L": "FINISHED_LENGTH_CAPPED",
+                                                         "H": "FINISHED_LENGTH_CAPPED"},
+                         violations=[make_violation().to_dict()])
+    verdict = judge(sc, "0.10.2", result)
+    assert verdict.ok is True and exit_code([verdict]) == 0  # what `run` says
+    cell = mx.cell_for("0.10.2", "plain", result, verdict, None, None)
+    assert (cell.outcome, cell.exit, cell.audit_findings) == ("clean", 0, 1)
+    assert cell.label() == "clean (+1 audit finding)"
+    assert cell.cause.startswith("1 audit finding outside the scenario's own bug: REQ_STATE @3; ")
+    buggy = mx.cell_for("0.10.1.1", "plain", result, judge(sc, "0.10.1.1", result), None, None)
+    assert (buggy.outcome, buggy.exit, buggy.label()) == ("violation", 1, "violation")
+    # the bug itself on 0.10.1.1 (reproduces_on): `run` says ok, exit 0; so does its cell
+    crash = make_result("crash", steps=3, crash={
+        "type": "AssertionError", "step": 3, "message": "",
+        "where": {"file": "vllm/v1/core/sched/scheduler.py", "function": "schedule"}})
+    verdict = judge(sc, "0.10.1.1", crash)
+    assert verdict.ok is True and exit_code([verdict]) == 0
+    bug = mx.cell_for("0.10.1.1", "plain", crash, verdict, None, None)
+    assert (bug.outcome, bug.exit, bug.expected, bug.label()) == ("crash", 0, True,
+                                                                  "crash (expected)")
+    assert bug.cause.startswith("as the scenario expects on 0.10.1.1: crash AssertionError")
+    assert _report([bug, cell]).exit_code() == 0
+
+    report = _report([cell, MatrixCell("0.33.0", "plain", "clean", 0)])
+    assert report.exit_code() == 0
+    assert report.counts() == {"plain": {"clean": 2}}
+    assert mx.cause_lines(report)[0].startswith(
+        "0.10.2 plain: clean (+1 audit finding) (exit 0): 1 audit finding outside")
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(mx.table(report))
+    assert "clean (+1 audit finding)" in console.export_text()
+    assert MatrixReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report

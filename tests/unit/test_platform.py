@@ -155,3 +155,81 @@ def test_a_real_extension_without_the_gpu_driver_is_a_stand_in_and_with_it_loads
     with pytest.raises(ImportError, match="libfoo.so.1"):
         importlib.util.module_from_spec(spec)
     assert finder.find_spec("vllm._nope_C", [str(pkg)]) is None  # absent: left to the last finder
+
+
+def _eager_vllm(monkeypatch, tmp_path, current: str = "CpuPlatform"):
+    """A stand-in for a release whose vllm/platforms/__init__.py binds ``current_platform`` at
+    import (0.6.x), with its CUDA platform class and NVML absent (the lab's pynvml stand-in)."""
+    import collections
+    import types
+
+    cuda = types.ModuleType("vllm.platforms.cuda")
+
+    class CudaPlatform:
+        @classmethod
+        def get_device_capability(cls, device_id=0):
+            raise RuntimeError("no GPU here")
+
+        @classmethod
+        def get_device_name(cls, device_id=0):
+            raise RuntimeError("no GPU here")
+
+    class CpuPlatform:
+        pass
+
+    cuda.CudaPlatform = CudaPlatform
+    iface = types.ModuleType("vllm.platforms.interface")
+    iface.DeviceCapability = collections.namedtuple("DeviceCapability", "major minor")
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.__file__ = str(tmp_path / "vllm" / "platforms" / "__init__.py")
+    platforms.current_platform = {"CpuPlatform": CpuPlatform, "CudaPlatform": CudaPlatform}[current]()
+    pynvml = types.ModuleType("pynvml")
+    pynvml.__file__ = "<vllm-repro stand-in for pynvml>"
+    for name, mod in {"vllm": types.ModuleType("vllm"), "vllm.platforms": platforms,
+                      "vllm.platforms.cuda": cuda, "vllm.platforms.interface": iface,
+                      "pynvml": pynvml}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.delitem(sys.modules, "vllm.utils", raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    answered = []
+    monkeypatch.setattr(plat, "answer_kernel_queries", lambda d: answered.append(d) or [])
+    monkeypatch.delenv(plat.ENV_VAR, raising=False)
+    return platforms, pynvml, answered
+
+
+def test_an_eagerly_bound_platform_gets_the_emulated_cuda_class_for_a_v0_run_or_for_good(
+        monkeypatch, tmp_path):
+    """0.6.x binds current_platform at import: a V0 run of 0.6.5-0.6.6.post1 swaps its class for
+    the run (eager_cuda_swap), a V0-only release for good (install_eager: the same swap, kept).
+    Either way the instance answers as the emulated GPU and NVML answers for one device."""
+    platforms, pynvml, answered = _eager_vllm(monkeypatch, tmp_path)
+    cpu = platforms.current_platform
+    notes: list[str] = []
+    instance, cls = plat.eager_cuda_swap(notes)
+    assert instance is cpu and type(cpu).__name__ == "CpuPlatform", "a swap is the caller's to make"
+    assert cls.__name__ == "EmulatedCudaPlatform" and cls.get_device_capability() == (9, 0)
+    assert notes == ["vllm.platforms resolved CpuPlatform at import; the lab gives that instance "
+                     "the class EmulatedCudaPlatform while a V0 run lasts"]
+    assert pynvml.nvmlDeviceGetCount() == 1 and answered, "NVML and the kernel queries answered"
+
+    notes = []
+    label = plat.install_eager(notes)
+    assert label == "cuda 9.0 (emulated CudaPlatform)"
+    assert type(cpu).__name__ == "EmulatedCudaPlatform"  # for good: every module holds cpu
+    assert cpu.get_device_name() == "NVIDIA H100 80GB HBM3"
+    assert notes == ["vllm.platforms resolved CpuPlatform at import; the lab gives that instance "
+                     "the class EmulatedCudaPlatform"]
+    # once emulated, nothing more to swap and nothing more to say
+    assert plat.eager_cuda_swap(notes) is None
+    assert plat.install_eager(notes) == label and len(notes) == 1
+
+
+def test_a_cuda_instance_is_emulated_for_good_but_left_alone_for_a_v0_run(monkeypatch, tmp_path):
+    """An installed full vLLM (the CUDA image) resolved its own CudaPlatform: a V0 run of a
+    release with a V1 engine keeps it (eager_cuda_swap: nothing to swap); install_eager still
+    gives it the emulated class (the scenario's capability, not the machine's)."""
+    platforms, _, _ = _eager_vllm(monkeypatch, tmp_path, current="CudaPlatform")
+    monkeypatch.setenv(plat.ENV_VAR, json.dumps({"name": "cuda", "capability": "8.0"}))
+    assert plat.eager_cuda_swap([]) is None
+    assert plat.install_eager([]) == "cuda 8.0 (emulated CudaPlatform)"
+    assert platforms.current_platform.get_device_capability() == (8, 0)

@@ -131,3 +131,25 @@ def test_a_report_is_staged_and_replaces_the_previous_one_only_when_whole(tmp_pa
     (rd.staging / "trace.jsonl").write_text("half\n")
     assert rd.read_result() == new
     assert not any((rd.begin()).iterdir())
+
+
+def test_a_release_without_the_scenarios_engine_is_recorded_as_such():
+    """The engine loop records the release refusing a whole level (engine/loop.py's
+    LevelMissing) as RunError.lacks_level, which catalog run --also-on and matrix read; other
+    refusals carry none. No vLLM is needed: the refusal comes before any vLLM object."""
+    from vllm_repro.engine.capabilities import Capabilities
+    from vllm_repro.engine.loop import run_scenario
+
+    class NoV0:  # 0.33.0's V1 adapter, as far as the refusal reads it
+        version = "0.33.0"
+        caps = Capabilities("0.33.0")
+
+    result = run_scenario(NoV0(), {"name": "v0", "level": "v0-engine"}, None)
+    assert (result.outcome, result.error.kind, result.error.lacks_level) == (
+        "error", "input", "v0-engine")
+    assert result.error.message.startswith("level: v0-engine: vLLM 0.33.0 has no V0 engine")
+    back = RunResult.from_json(result.to_json())
+    assert back.error.lacks_level == "v0-engine"
+    # a plain refusal is not one
+    assert RunResult.failed("input", "config.x: no such field").to_dict()["error"] == {
+        "kind": "input", "message": "config.x: no such field"}

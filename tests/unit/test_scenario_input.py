@@ -255,3 +255,30 @@ def test_a_choice_far_from_every_value_lists_them_without_a_guess(tmp_path):
         load_scenario(p)
     msg = str(info.value)
     assert "'scheduler', 'engine-core' or 'v0-engine'" in msg and "did you mean" not in msg
+
+
+def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, capsys):
+    """`config: {max_num_seq: 4}` passes the schema (config passes vLLM's own fields through)
+    and is refused per release at run time: the line under the table names the file, the field
+    and the fix, as a schema error at load does, instead of 'the lab or the input failed'."""
+    from vllm_repro.console import print_results
+    from vllm_repro.lab import RunItem
+    from vllm_repro.records import RunResult
+    from vllm_repro.scenario.release_fields import unknown_passthrough
+    from vllm_repro.verdict import judge
+
+    from .test_release_fields import tree
+
+    p = write(tmp_path, GOOD.replace("config: {num_gpu_blocks: 8}",
+                                     "config: {num_gpu_blocks: 8, max_num_partial_prefils: 4}"))
+    sc = load_scenario(p)
+    refusal = unknown_passthrough(sc.config, "9.9.9", tree(tmp_path / "tree"))
+    item = RunItem(sc, "9.9.9")
+    item.result = RunResult.failed("input", refusal, scenario=sc.name, vllm="9.9.9")
+    item.verdict = judge(sc, "9.9.9", item.result)
+    assert print_results([item], as_json=False, sched_log=False) == 2
+    said = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert said == [f"{p}: config.max_num_partial_prefils: vLLM 9.9.9 has no such field in "
+                    "SchedulerConfig, CacheConfig, ParallelConfig, SpeculativeConfig; did you mean "
+                    "max_num_partial_prefills? check the name against that release's vllm/config, "
+                    "or drop it for this release"], said

@@ -306,3 +306,99 @@ def test_the_description_names_only_what_triage_knows(tmp_path):
     report.stage, report.exit_kind = "runtime", "python_exception"
     _, scenario = draft_scenario(report, sc)
     assert scenario.description.endswith("AssertionError (stage runtime, python_exception)")
+
+
+# a 0.9.0 log cut off right after vLLM's crash dump (no traceback): three running requests
+CUT_DUMP_09 = (
+    "SchedulerOutput(scheduled_new_reqs=[], scheduled_cached_reqs=[CachedRequestData("
+    "req_id='r1', resumed_from_preemption=false, new_token_ids=[5], new_block_ids=[[]], "
+    "num_computed_tokens=100), CachedRequestData(req_id='r2', resumed_from_preemption=false, "
+    "new_token_ids=[6], new_block_ids=[[]], num_computed_tokens=200), CachedRequestData("
+    "req_id='r3', resumed_from_preemption=false, new_token_ids=[7], new_block_ids=[[]], "
+    "num_computed_tokens=300)], num_scheduled_tokens={r1: 1, r2: 1, r3: 1}, "
+    "total_num_scheduled_tokens=3, scheduled_spec_decode_tokens={}, num_common_prefix_blocks=[0],"
+    " finished_req_ids=[], kv_connector_metadata=null)")
+CUT_LOG = (
+    "ERROR 06-05 16:27:39 [dump_input.py:68] Dumping input data\n"
+    "ERROR 06-05 16:27:39 [dump_input.py:70] V1 LLM engine (v0.9.0) with config: model='m', "
+    "max_seq_len=4096, enable_prefix_caching=False, chunked_prefill_enabled=True\n"
+    "ERROR 06-05 16:27:39 [dump_input.py:78] Dumping scheduler output for model execution:\n"
+    "ERROR 06-05 16:27:39 [dump_input.py:79] {dump}\n")
+
+
+def test_a_log_cut_off_after_the_dump_says_so_first_in_the_report_and_the_draft(tmp_path, cli):
+    """A log that ends with vLLM's crash dump (no traceback after it): the report and the draft
+    say first that the log is cut off and the crash is not in it, never a confident 'no Python
+    exception' / 'outside the code the lab drives'; the command's summary says it too."""
+    log = _write_log(tmp_path, CUT_LOG.format(dump=CUT_DUMP_09))
+    report, sc = triage_log(log)
+    assert report.truncated and report.cut_off.startswith(
+        "the log ends after vLLM's crash dump (line 1), before the exception")
+    text, scenario = draft_scenario(report, sc)
+    assert scenario.expect is None and len(scenario.requests) == 3
+    lines = text.splitlines()
+    assert lines[1].startswith("# CUT OFF: the log ends after vLLM's crash dump")
+    assert "outside" not in text and "no Python exception" not in text
+    assert "# no expect: the log is cut off before its crash" in text
+    assert "the log is cut off before its crash" in scenario.description
+    out = tmp_path / "d.yaml"
+    p = cli("triage", str(log), "--scenario", str(out))
+    assert p.returncode == 0, p.stderr
+    said = p.stdout.splitlines()
+    assert said[1].startswith("cut off: the log ends after vLLM's crash dump"), said[:3]
+    summary = " ".join(p.stdout.split())
+    assert "scenario (drafted from a log cut off before its crash):" in summary
+    assert "outside the code the lab drives" not in summary
+    assert "no expect: the log is cut off before its crash" in summary
+
+
+@pytest.mark.parametrize("cut_after, read, left_out", [
+    # inside r3's req_id: r3 is left out, named by what of its id is there
+    ("req_id='r3", 2, "r3..."),
+    # inside r3's num_computed_tokens value (300 cut to 30): left out, never read as 30
+    ("num_computed_tokens=30", 2, "r3"),
+    # right after r3's opening bracket: no id at all
+    ("CachedRequestData(req_id='r2', resumed_from_preemption=false, new_token_ids=[6], "
+     "new_block_ids=[[]], num_computed_tokens=200), CachedRequestData(", 2, "(id cut off)"),
+])
+def test_a_dump_line_cut_mid_line_says_how_many_requests_it_read(tmp_path, cli, cut_after, read,
+                                                                  left_out):
+    """The dump's SchedulerOutput line is itself cut: the request the cut fell in is not
+    dropped silently (nor read with a cut-short number): a warning names the requests read,
+    how many were announced where the log says, and the one left out, in the report and the
+    draft."""
+    end = CUT_DUMP_09.rindex(cut_after) + len(cut_after)
+    log = _write_log(tmp_path, CUT_LOG.format(dump=CUT_DUMP_09[:end]))
+    report, sc = triage_log(log)
+    assert report.cut_off.startswith("the log ends inside vLLM's crash dump (line 1)")
+    warning = next(n for n in report.notes if n.startswith("warning: "))
+    assert warning == (f"warning: the dumped SchedulerOutput (line 4) is cut off mid-line: {read} "
+                       "request(s) read from it; how many it held is not in the log (its "
+                       f"num_scheduled_tokens is cut off); left out: {left_out} (the cut fell in "
+                       "it before its lengths)")
+    text, scenario = draft_scenario(report, sc)
+    assert [r.id for r in scenario.requests] == ["r1", "r2"]
+    head = " ".join(line.lstrip("# ") for line in text.splitlines()[1:8])
+    assert f"WARNING: the dumped SchedulerOutput (line 4) is cut off mid-line: {read} request(s)" \
+        in head and f"left out: {left_out}" in head
+    p = cli("triage", str(log))
+    assert p.returncode == 0 and "warning" in p.stdout and f"left out: {left_out}" in \
+        " ".join(p.stdout.split())
+
+
+def test_a_dump_cut_after_its_request_map_says_read_against_announced():
+    """Cut after num_scheduled_tokens: the count it announces is known and said."""
+    cut = CUT_DUMP_09[:CUT_DUMP_09.index("scheduled_spec_decode_tokens")]
+    so = read_scheduler_output(cut)
+    assert so.cut and so.announced == 3 and len(so.requests) == 3
+    assert so.cut_warning(4) == ("the dumped SchedulerOutput (line 4) is cut off mid-line: 3 "
+                                 "request(s) read from it of 3 its num_scheduled_tokens announces")
+    # cut between two requests, with no map: the scheduler stats' running count stands for it,
+    # and the request missing is said
+    cut = CUT_DUMP_09[:CUT_DUMP_09.index("CachedRequestData(req_id='r3'")]
+    so = read_scheduler_output(cut)
+    assert so.cut_warning(4, 3, "stats line at log line 2") == (
+        "the dumped SchedulerOutput (line 4) is cut off mid-line: 2 request(s) read from it of 3 "
+        "running by the scheduler stats (stats line at log line 2); its num_scheduled_tokens is "
+        "cut off; 1 request(s) missing from the draft")
+    assert read_scheduler_output(CUT_DUMP_09).cut_warning(4) is None

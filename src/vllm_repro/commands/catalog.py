@@ -58,6 +58,7 @@ def catalog_run(
     from ..catalog import catalog_items, run_catalog
     from ..console import print_results, say
     from ..executor import check_ray
+    from ..lab import checked_releases
     from ..inputs import folder, release_name, reports_dir
 
     t0 = time.perf_counter()
@@ -67,6 +68,7 @@ def catalog_run(
     extra = [release_name(v, "--also-on") for v in extra]
     reports = reports_dir(reports, create=False)
     items = catalog_items(directory, only, extra, say=say)
+    checked_releases(extra, "--also-on")  # before any run: a typo is one line, not a column
     reports = reports_dir(reports)
     run_catalog(items, reports, audit=audit, jobs=jobs, say=say, ray=ray,
                 ray_remote=ray_remote)

@@ -34,8 +34,9 @@ def matrix(
     """Run a scenario on every final vLLM release in a range, in each mode (plain, async, spec,
     prefix caching) the release's capabilities allow; print the table (release x mode ->
     outcome) and the one-line cause of every cell that is not clean; write matrix.json and
-    matrix.png under reports/_matrix/<scenario>/. Exit: 0 all clean (n/a aside), 1 a run not
-    clean, 2 a release or the index refuses a run, 3 the lab or an environment failed."""
+    matrix.png under reports/_matrix/<scenario>/. Exit, the worst cell's as `run` judges it: 0
+    all clean or as the scenario expects (n/a aside), 1 a run neither, 2 a release or the index
+    refuses a run, 3 the lab or an environment failed."""
     warm_setting(cold)
     from ..console import out, say
     from ..inputs import reports_dir

@@ -31,7 +31,7 @@ def run(
     warm_setting(cold)
     from ..console import print_results, say
     from ..inputs import release_name, reports_dir
-    from ..lab import RunItem, releases_for, run_matrix
+    from ..lab import RunItem, checked_releases, releases_for, run_matrix
     from ..report.index import write_index
     from ..scenario.load import unique_scenarios
     from ..sources.prepare import check_tree
@@ -40,6 +40,7 @@ def run(
     vllm = [release_name(v) for v in vllm]
     reports = reports_dir(reports, create=False)
     loaded = unique_scenarios(scenarios)
+    vllm = checked_releases(vllm, "--vllm")
     items = [RunItem(sc, v) for sc in loaded for v in releases_for(sc, vllm)]
     check_tree(tree)
     reports = reports_dir(reports)

@@ -48,10 +48,13 @@ def render(report: TriageReport, console: Console) -> None:
     from rich.text import Text
 
     console.print(Text(f"vLLM crash triage: {report.source} ({report.lines} line{'' if report.lines == 1 else 's'})", style="bold"))
+    if report.cut_off:  # first: everything below is what the lines before the cut show
+        console.print(Text(f"cut off: {report.cut_off}; what follows is read from the lines "
+                           "before the cut", style="bold yellow"))
     t = Table.grid(padding=(0, 2))
     t.add_column(style="cyan", no_wrap=True)
     t.add_column()
-    exc = report.exception_type or ("(not in the log: its traceback is cut off)" if report.truncated
+    exc = report.exception_type or ("(not in the log: the log is cut off)" if report.truncated
                                     else "(no Python exception)")
     if report.exception_message:
         exc += f": {report.exception_message}"
@@ -91,7 +94,10 @@ def render(report: TriageReport, console: Console) -> None:
         t.add_row("dump", Text(f"dump_input.py at log line {report.dump['log_line']}: "
                                "--scenario OUT.yaml drafts a replay from it"))
     for n in report.notes:
-        t.add_row("note", Text(n))
+        if n.startswith("warning: "):
+            t.add_row(Text("warning", style="bold yellow"), Text(n.removeprefix("warning: ")))
+        else:
+            t.add_row("note", Text(n))
     console.print(t)
 
 
@@ -136,25 +142,6 @@ def _replay(report, sc, vllm, reports: Path, scenario: Optional[Path], force: bo
     raise typer.Exit(rep.exit_code)
 
 
-def _checked_release(vllm: str, needed: bool) -> str:
-    """``--vllm`` checked as ``run`` checks a release (:func:`~vllm_repro.sources.sdist.
-    known_release`: the cache, else the index): exit 2 for one that is not a release. When the
-    index cannot be read and the release is not cached, a replay (``needed``) stops there (exit
-    3: it could not run it anyway); a draft, which triage writes offline, goes on with the
-    release unchecked and says so."""
-    from ..console import say
-    from ..errors import IndexUnreachable
-    from ..sources.sdist import known_release, validate_version
-
-    try:
-        return known_release(vllm, "--vllm")
-    except IndexUnreachable as exc:
-        if needed:
-            raise
-        say(f"--vllm {vllm}: not checked against the index ({exc}); the draft names it as given")
-        return validate_version(vllm)
-
-
 def triage(
     log: str = typer.Argument(..., help="The crash log (a file, or - to read stdin)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -183,7 +170,10 @@ def triage(
         input_file(log, "crash log", "give the path of a vLLM crash log (or - for stdin)",
                    fifo_ok=True)
     if vllm is not None:
-        vllm = _checked_release(release_name(vllm), needed=do_replay)
+        from ..console import say
+        from ..sources.sdist import checked_release
+
+        vllm = checked_release(release_name(vllm), "--vllm", needed=do_replay, say=say)
     if scenario is not None:  # refused before the log is read: nothing is overwritten
         output_file(scenario, "scenario file", "--scenario", force=force)
     report, sc = triage_log(log)
@@ -207,10 +197,16 @@ def triage(
         out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
         render(report, out)
         if written:
-            aim = (f"expects the log's {written['expects']}" if written["expects"] else
-                   "no expect: the log's crash is outside the code the lab drives; the replay "
-                   "shows whether the scheduler side stays sound")
-            out.print(Text(f"scenario: {written['path']} ({written['requests']} requests, "
+            if written["expects"]:
+                aim = f"expects the log's {written['expects']}"
+            elif report.cut_off:
+                aim = ("no expect: the log is cut off before its crash, so where it crashed is "
+                       "unknown; the replay shows whether the scheduler side stays sound")
+            else:
+                aim = ("no expect: the log's crash is outside the code the lab drives; the replay "
+                       "shows whether the scheduler side stays sound")
+            lead = " (drafted from a log cut off before its crash)" if report.cut_off else ""
+            out.print(Text(f"scenario{lead}: {written['path']} ({written['requests']} requests, "
                            f"{written['guesses']} guessed values marked; {aim}) -> vllm-repro run "
                            f"{written['path']} --vllm {written['vllm']}"))
     raise typer.Exit(0)

@@ -31,7 +31,7 @@ import queue
 import time
 import traceback
 
-from .adapter import (AdapterError, RefusedByRelease, _import, _try_import, call_supported,
+from .adapter import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import, call_supported,
                       fields_of, init_params, iter_queue)
 from .executor import FakeWorker, available_memory, kv_cache_spec, make_executor_class
 from ..records import EngineInfo, RunResult, Timing, TraceLine
@@ -52,7 +52,7 @@ class EngineCoreLoop(StepLoop):
         a = self.adapter
         cfg = self.cfg
         if not a.caps.engine_core:
-            raise RefusedByRelease(f"level: engine-core: {a.caps.refusal('engine-core')}")
+            raise LevelMissing("engine-core", a.caps.refusal("engine-core"))
         if cfg.get("max_concurrent_batches") is not None and a.caps.batch_queue_from_config:
             raise RefusedByRelease(
                 f"config.max_concurrent_batches: vLLM {a.version}'s EngineCore sizes its batch "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLine
-from .adapter import AdapterError, RefusedByRelease, V1Adapter, token_stream
+from .adapter import AdapterError, LevelMissing, RefusedByRelease, V1Adapter, token_stream
 from .fake_runner import FakeModelRunner, PersistentBatch
 from .state import worker_max_num_reqs
 
@@ -377,11 +377,11 @@ class OverLimit(RefusedByRelease):
 def v0_adapter(adapter):
     """The V0 adapter for ``level: v0-engine``: ``adapter`` itself on a release without the V1
     engine, else one built once on top of the worker's V1 adapter. Raises
-    :class:`RefusedByRelease` when the release has no V0 engine."""
+    :class:`LevelMissing` when the release has no V0 engine."""
     if getattr(adapter, "generation", "v1") == "v0":
         return adapter
     if not adapter.caps.v0_engine:
-        raise RefusedByRelease(f"level: v0-engine: {adapter.caps.refusal('v0-engine')}")
+        raise LevelMissing("v0-engine", adapter.caps.refusal("v0-engine"))
     v0 = getattr(adapter, "_v0_adapter", None)
     if v0 is None:
         from .v0 import V0Adapter
@@ -434,7 +434,7 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
                 loop.lab_limits = limits
                 result = loop.run()
         elif getattr(adapter, "generation", "v1") == "v0":
-            raise RefusedByRelease(f"level: {level}: {adapter.caps.refusal('v1-engine')}")
+            raise LevelMissing(level, adapter.caps.refusal("v1-engine"))
         elif level == "engine-core":
             from .core_loop import EngineCoreLoop
 
@@ -444,6 +444,8 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         if level != "v0-engine":
             loop.lab_limits = limits
             result = loop.run()
+    except LevelMissing as exc:
+        result = RunResult.failed("input", str(exc), lacks_level=exc.level)
     except RefusedByRelease as exc:
         result = RunResult.failed("input", str(exc))
     except MemoryError:

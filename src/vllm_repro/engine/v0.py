@@ -45,7 +45,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..records import EngineInfo, RunResult, Timing, TraceLine
-from .adapter.probes import AdapterError, RefusedByRelease, _import, _try_import, params_of
+from .adapter.probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import,
+                             params_of)
 from .adapter.requests import EOS_TOKEN_ID
 from .loop import StepLoop, describe_exception, vllm_frames
 
@@ -124,8 +125,8 @@ class V0Adapter:
 
             self.platform = install_eager(self.platform_notes)
         if not has_v0_engine(self.vllm_file):
-            raise RefusedByRelease(f"level: v0-engine: vLLM {self.version} has no V0 engine "
-                                   "(vllm/engine/llm_engine.py with vllm/core/scheduler.py)")
+            raise LevelMissing("v0-engine", f"vLLM {self.version} has no V0 engine "
+                               "(vllm/engine/llm_engine.py with vllm/core/scheduler.py)")
         self.LLMEngine = v0_engine_class()
         self.EngineArgs = _import("vllm.engine.arg_utils:EngineArgs")
         self.SamplingParams = _import("vllm.sampling_params:SamplingParams", "vllm:SamplingParams")

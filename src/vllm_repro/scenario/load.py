@@ -155,6 +155,7 @@ def load_scenario(path: str | Path) -> Scenario:
     data = load_yaml(text, p)
     scenario = parse_scenario(data, p)
     scenario._source_text = text
+    scenario._source_path = str(p)
     return scenario
 
 

@@ -600,6 +600,16 @@ class Scenario(Strict):
         """The scenario file's text as read, or ``None`` for a scenario not read from a file."""
         return self._source_text
 
+    #: the file it was read from, as given (set by ``load_scenario``)
+    _source_path: str | None = PrivateAttr(default=None)
+
+    @property
+    def source_path(self) -> str | None:
+        """The scenario file's path as given (``scenarios/x.yaml``), or ``None`` for a scenario
+        not read from a file (a matrix mode's overlay, a fuzzer's draw): where an input error
+        found at run time (a config field the release lacks) is said to be."""
+        return self._source_path
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:

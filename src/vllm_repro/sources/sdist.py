@@ -376,6 +376,26 @@ def known_release(version: str, flag: str = "--vllm", settings: IndexSettings | 
     return text
 
 
+def checked_release(version: str, flag: str = "--vllm", *, needed: bool = True,
+                    say=lambda _msg: None) -> str:
+    """A release named on the command line (``--vllm``, ``--also-on``: ``flag``), checked before
+    anything runs by :func:`known_release` (the cache, else the index): raises
+    :class:`InputError` (exit 2, one line: the flag, the nearest releases, how to list them) for
+    one that is not a release. When the index cannot be read and the release is not cached: a
+    command that must fetch it (``needed``: ``run``, ``catalog run``, a replay) stops there
+    (:class:`~vllm_repro.errors.IndexUnreachable`, exit 3: it could not run it anyway); one that
+    only names it (triage's draft) goes on with it unchecked, said through ``say``."""
+    from ..errors import IndexUnreachable
+
+    try:
+        return known_release(version, flag)
+    except IndexUnreachable as exc:
+        if needed:
+            raise
+        say(f"{flag} {version}: not checked against the index ({exc}); the draft names it as given")
+        return validate_version(version)
+
+
 def validate_version(version: str) -> str:
     """The release string as the index spells it, from what a user typed: surrounding spaces and
     a tag's leading ``v`` (``v0.10.2``) dropped. Raises :class:`InputError` for a string that

@@ -135,6 +135,9 @@ class TriageReport:
     #: end), or only vLLM's crash dump is there: ``exception_type`` is None and the frame and
     #: stage come from the frames it shows (from the dump: runtime)
     truncated: bool = False
+    #: how the log is cut off before its crash, one line (None when it is not): said first by
+    #: the report and by a drafted scenario, whose expectation it leaves open
+    cut_off: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain JSON-able data (keys in the order above)."""
@@ -504,6 +507,18 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
     last_printed = _exc_brief(last) if last is not None and last is not root else None
 
     notes += _notes(sc, root, sig, cut, reversed_tb)
+    state = scheduler_state(sc, crash_line)
+    dump_cut = _dump_cut_warning(d, state)
+    if dump_cut:
+        notes.insert(0, f"warning: {dump_cut}")
+    cut_off = None
+    if dump_only:
+        cut_off = (f"the log ends {'inside' if d.output_open else 'after'} vLLM's crash dump "
+                   f"(line {d.lineno}), before the exception that made EngineCore write it: the "
+                   "crash itself is not in the log")
+    elif cut is not None:
+        cut_off = (f"the crash's traceback (line {cut.lineno}) is cut off before its exception "
+                   "line: the exception is not in the log")
 
     dump_info = None
     if sc.dump is not None:
@@ -519,7 +534,7 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         stage=stage,
         exit_kind=exit_kind,
         vllm_version=version,
-        scheduler_state=scheduler_state(sc, crash_line),
+        scheduler_state=state,
         root_cause=_root_cause(root, cut),
         signal=None if sig is None else {"name": sig.name, "source": sig.source,
                                          "log_line": sig.lineno, "process": sig.proc or None,
@@ -535,4 +550,20 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
         dump=dump_info,
         lines=sc.lines,
         truncated=cut is not None or dump_only,
+        cut_off=cut_off,
     )
+
+
+def _dump_cut_warning(d, state: dict | None) -> str | None:
+    """The warning for a dumped SchedulerOutput the log cuts off mid-line (the requests read
+    from it against the count announced: :meth:`~vllm_repro.triage.dump.SchedulerOutputDump.
+    cut_warning`), else None. Parsed here only when the scanner saw the dump left open."""
+    if d is None or not d.output_open or not d.scheduler_output:
+        return None
+    from .dump import read_scheduler_output
+
+    so = read_scheduler_output(d.scheduler_output)
+    if so is None:
+        return None
+    state = state or {}
+    return so.cut_warning(d.output_line, state.get("running"), state.get("source"))

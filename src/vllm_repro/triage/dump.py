@@ -40,6 +40,8 @@ class Call(dict):
         super().__init__()
         self.name = name
         self.args: list[Any] = []
+        #: its closing bracket was read (False: the text ended inside it, cut off)
+        self.closed = False
 
 
 class _Parser:
@@ -47,6 +49,10 @@ class _Parser:
         self.s = text
         self.i = 0
         self.n = len(text)
+        #: the text ended inside a bracket or a string: it was cut off
+        self.open_at_end = False
+        #: the last separator looked for was the end of the text
+        self.sep_at_end = False
 
     def ws(self) -> None:
         s, i, n = self.s, self.i, self.n
@@ -95,12 +101,15 @@ class _Parser:
             out.append(c)
             i += 1
         self.i = self.n
+        self.open_at_end = True
         return "".join(out)
 
     def _sep(self, close: str) -> bool:
         """After an item: True to go on (a comma), False at the closing bracket or the end."""
         self.ws()
-        if self.i >= self.n:
+        self.sep_at_end = self.i >= self.n
+        if self.sep_at_end:
+            self.open_at_end = True
             return False
         c = self.s[self.i]
         if c == ",":
@@ -122,6 +131,7 @@ class _Parser:
         while True:
             self.ws()
             if self.i >= self.n:
+                self.open_at_end = True
                 return out
             if self.s[self.i] == close:
                 self.i += 1
@@ -135,6 +145,7 @@ class _Parser:
         while True:
             self.ws()
             if self.i >= self.n:
+                self.open_at_end = True
                 return out
             c = self.s[self.i]
             if c == "}":
@@ -160,9 +171,11 @@ class _Parser:
         while True:
             self.ws()
             if self.i >= self.n:
+                self.open_at_end = True
                 return out
             if self.s[self.i] == ")":
                 self.i += 1
+                out.closed = True
                 return out
             m = _KWARG.match(self.s, self.i)
             if m:
@@ -171,6 +184,7 @@ class _Parser:
             else:
                 out.args.append(self.value(depth + 1))
             if not self._sep(")"):
+                out.closed = not self.sep_at_end
                 return out
 
 
@@ -194,10 +208,17 @@ def scalar(token: str) -> Any:
 def parse_repr(text: str) -> Any:
     """Parse dump notation (see the module docstring) into dicts (:class:`Call` for objects),
     lists and scalars. Never raises: returns None for text it cannot read at all."""
+    return _parse(text)[0]
+
+
+def _parse(text: str) -> tuple[Any, bool]:
+    """:func:`parse_repr`'s value and whether the text ended inside a bracket or a string (cut
+    off: what is parsed is the part before the cut)."""
+    parser = _Parser(text)
     try:
-        return _Parser(text).value()
+        return parser.value(), parser.open_at_end
     except (ValueError, RecursionError, IndexError):
-        return None
+        return None, False
 
 
 def parse_pairs(text: str) -> dict[str, Any]:
@@ -245,6 +266,46 @@ class SchedulerOutputDump:
     #: the step held structured-output requests (``structured_output_request_ids`` non-empty
     #: up to 0.10, ``has_structured_output_requests`` later); None when the dump does not say
     structured_output: bool | None = None
+    #: the text ends before the SchedulerOutput closes (the log, or the line, was cut off
+    #: mid-dump): ``requests`` are those printed whole before the cut
+    cut: bool = False
+    #: requests the cut fell in before what the draft needs of them was printed: left out of
+    #: ``requests`` (their ids, ``...`` where the id itself is cut)
+    cut_requests: list[str] = field(default_factory=list)
+    #: requests the cut fell in after that: in ``requests``, their later fields unread
+    partial_requests: list[str] = field(default_factory=list)
+    #: how many requests the step scheduled, by its ``num_scheduled_tokens`` (one entry a
+    #: request), where the dump shows that map whole; else None
+    announced: int | None = None
+
+    def cut_warning(self, line: int | None, running: int | None = None,
+                    running_source: str | None = None) -> str | None:
+        """One line when the dump is cut off: the requests read from it against the count
+        announced (its ``num_scheduled_tokens``, else ``running`` from the scheduler stats at
+        ``running_source``), and any request the cut fell in; None when it is whole."""
+        if not self.cut:
+            return None
+        where = f" (line {line})" if line else ""
+        n = len(self.requests)
+        text = (f"the dumped SchedulerOutput{where} is cut off mid-line: {n} request(s) read "
+                "from it")
+        if self.announced is not None:
+            text += f" of {self.announced} its num_scheduled_tokens announces"
+        elif running is not None:
+            text += (f" of {running} running by the scheduler stats ({running_source}); its "
+                     "num_scheduled_tokens is cut off")
+        else:
+            text += "; how many it held is not in the log (its num_scheduled_tokens is cut off)"
+        if self.partial_requests:
+            text += (f" (the cut fell in {', '.join(self.partial_requests)}: its fields after "
+                     "the cut are unread)")
+        if self.cut_requests:
+            text += (f"; left out: {', '.join(self.cut_requests)} (the cut fell in it before its "
+                     "lengths)")
+        missing = (self.announced if self.announced is not None else running or 0) - n
+        if missing > 0:
+            text += f"; {missing} request(s) missing from the draft"
+        return text
 
 
 def _int(v: Any) -> int | None:
@@ -279,10 +340,10 @@ def read_scheduler_output(text: str) -> SchedulerOutputDump | None:
     """Interpret a dumped ``SchedulerOutput(...)`` (vLLM 0.8.x to 0.33 layouts; mirrors
     ``vllm/v1/core/sched/output.py``: ``NewRequestData``, ``CachedRequestData`` per request
     (0.9.x) or batched (0.10+)). None when the text is not one."""
-    v = parse_repr(text)
+    v, cut = _parse(text)
     if not isinstance(v, Call) or v.name != "SchedulerOutput":
         return None
-    out = SchedulerOutputDump()
+    out = SchedulerOutputDump(cut=cut)
     sched = v.get("num_scheduled_tokens")
     sched = dict(sched) if isinstance(sched, dict) else {}
     spec = v.get("scheduled_spec_decode_tokens")
@@ -295,8 +356,28 @@ def read_scheduler_output(text: str) -> SchedulerOutputDump | None:
         req.spec_tokens = len(toks) if isinstance(toks, list) else 0
         out.requests.append(req)
 
+    def readable(r: Any, fields: tuple[str, ...]) -> bool:
+        """Whether a request of the dump is read: printed whole, or cut after ``fields`` (what
+        the draft needs of it, of which one is enough) were printed whole (a value the cut fell
+        in is not). One the cut fell in before that is left out and named in ``cut_requests``
+        (``...`` marks an id the cut fell in; ``(id cut off)`` one with none)."""
+        if not isinstance(r, dict):
+            return False
+        rid = r.get("req_id")
+        last = list(r)[-1] if r else None
+        if not cut or getattr(r, "closed", True):
+            return rid is not None
+        if rid is not None and last != "req_id" and any(
+                k in r and k != last for k in fields):
+            out.partial_requests.append(str(rid))
+            return True
+        out.cut_requests.append("(id cut off)" if rid is None else
+                                f"{rid}..." if last == "req_id" else str(rid))
+        return False
+
     for r in _list(v.get("scheduled_new_reqs")):
-        if not isinstance(r, dict) or r.get("req_id") is None:
+        if not readable(r, ("prompt_token_ids_len", "prompt_token_ids", "prefill_token_ids_len",
+                            "prompt_embeds_shape")):
             continue
         plen = _int(r.get("prompt_token_ids_len"))
         if plen is None and isinstance(r.get("prompt_token_ids"), list):
@@ -311,7 +392,7 @@ def read_scheduler_output(text: str) -> SchedulerOutputDump | None:
     cached = v.get("scheduled_cached_reqs")
     if isinstance(cached, list):  # 0.8/0.9: one CachedRequestData per request
         for r in cached:
-            if not isinstance(r, dict) or r.get("req_id") is None:
+            if not readable(r, ("num_computed_tokens",)):
                 continue
             add(DumpedRequest(str(r["req_id"]), False, _int(r.get("num_computed_tokens")) or 0,
                               resumed=bool(r.get("resumed_from_preemption")),
@@ -323,13 +404,24 @@ def read_scheduler_output(text: str) -> SchedulerOutputDump | None:
         outputs = _list(cached.get("num_output_tokens"))
         resumed_flags = _list(cached.get("resumed_from_preemption"))
         resumed_ids = {str(x) for x in _list(cached.get("resumed_req_ids"))}
+        # cut inside it: a request whose num_computed_tokens is past the cut, or is the value the
+        # cut fell in (the last field read), was printed only in part
+        known = len(computed)
+        if cut and not getattr(cached, "closed", True) and list(cached)[-1:] == ["num_computed_tokens"]:
+            known -= 1
         for k, rid in enumerate(ids):
+            if cut and k >= known:
+                out.cut_requests.append(rid)
+                continue
             resumed = (bool(resumed_flags[k]) if k < len(resumed_flags) else False) \
                 or rid in resumed_ids
             add(DumpedRequest(rid, False, _int(computed[k]) or 0 if k < len(computed) else 0,
                               num_output_tokens=_int(outputs[k]) if k < len(outputs) else None,
                               resumed=resumed))
     out.total_num_scheduled_tokens = _int(v.get("total_num_scheduled_tokens"))
+    if isinstance(v.get("num_scheduled_tokens"), dict) and (
+            not cut or "total_num_scheduled_tokens" in v):  # the map whole: the field after it
+        out.announced = len(sched)
     out.finished_req_ids = [str(x) for x in _list(v.get("finished_req_ids"))]
     out.preempted_req_ids = [str(x) for x in _list(v.get("preempted_req_ids"))]
     out.num_common_prefix_blocks = [x for x in _list(v.get("num_common_prefix_blocks"))

@@ -119,6 +119,8 @@ class Dump:
     output_line: int | None = None
     stats: str | None = None
     stats_line: int | None = None
+    #: the log ended inside the SchedulerOutput (its brackets still open: cut off mid-dump)
+    output_open: bool = False
 
 
 _SIGNUMS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
@@ -774,7 +776,10 @@ class LogScanner:
         return st.startswith("Dumping")
 
     def finish(self) -> None:
-        """End of input: a traceback still open at the end was cut off."""
+        """End of input: a traceback still open at the end was cut off, as was a dumped
+        SchedulerOutput still open."""
         for s in self._streams.values():
             if s.mode == _Stream.TB:
                 self._finish_tb_truncated(s)
+            if s.dump_open is not None and self.dump is not None and self.dump.scheduler_output:
+                self.dump.output_open = True

@@ -596,6 +596,12 @@ class _Draft:
                 lines.append(f"  phase: {self.phase}")
             return lines
         where = f"{frame['module']}:{frame['function']}" if frame else "no vLLM frame"
+        if report.cut_off and not report.exception_type:
+            shows = f"its last vLLM frame: {where}" if frame else "no vLLM frame in it"
+            return ["# no expect: the log is cut off before its crash, so the crash is not in it",
+                    f"# ({shows}) and nothing says whether the lab's code could show it; the",
+                    "# replay shows whether vLLM's scheduler side stays sound under this load",
+                    "# (clean: exit 0; anything else: exit 1)"]
         what = report.exception_type or report.exit_kind or "the crash"
         return [f"# no expect: the log's crash ({what} in {where}) is outside the scheduler/KV",
                 "# code the lab drives, so the replay cannot show it; it shows whether vLLM's",
@@ -607,7 +613,9 @@ class _Draft:
         max_steps = min(100_000, max(500, 4 * (
             sum(r["prompt_len"] for r, _ in rows) // max(1, c["max_num_batched_tokens"].value)
             + max(r["max_tokens"] for r, _ in rows) + len(rows))))
-        what = report.exception_type or "no Python exception"
+        what = report.exception_type or (
+            "the log is cut off before its crash (not in the log)" if report.cut_off
+            else "no Python exception")
         if report.exception_message:
             what += f": {report.exception_message[:120]}"
         known = [x for x in (report.stage and f"stage {report.stage}", report.exit_kind) if x]
@@ -618,10 +626,17 @@ class _Draft:
             report.vllm_version else "given with --vllm"
         expects = any(line.startswith("expect:") for line in expect_lines)
         name = self.name or _scenario_name(src)
-        out = [f"# Drafted by `vllm-repro triage --scenario` from {src}.",
-               "# `# guess:` marks values the log does not state; `# derived:` values computed from it.",
-               f"name: {_q(name)}",
-               f"description: {_q(desc)}"]
+        out = [f"# Drafted by `vllm-repro triage --scenario` from {src}."]
+        if report.cut_off:  # first: the draft is only as good as the lines before the cut
+            out += _comment("CUT OFF: ", report.cut_off)
+        cut_dump = self.so.cut_warning(self.dump.output_line, self.state.get("running"),
+                                       self.state.get("source")) if self.so else None
+        if cut_dump:
+            out += _comment("WARNING: ", cut_dump)
+        out += ["# `# guess:` marks values the log does not state; `# derived:` values computed "
+                "from it.",
+                f"name: {_q(name)}",
+                f"description: {_q(desc)}"]
         if expects:
             out += ["vllm:", f"  reproduces_on: [{_q(version)}]  # {named}"]
         else:  # reproduces_on would demand a crash the lab cannot show: the replay would fail
@@ -662,6 +677,15 @@ class _Draft:
         except yaml.YAMLError as exc:  # a bug in the drafting, not in the log
             raise InputError(f"{self.src}: the drafted scenario is not valid YAML ({exc})") from None
         return text, parse_scenario(data, f"scenario drafted from {self.src}")
+
+
+def _comment(head: str, text: str, width: int = 96) -> list[str]:
+    """``head`` + ``text`` as YAML comment lines of at most ``width`` characters, the lines after
+    the first indented under the text."""
+    import textwrap
+
+    return ["# " + line for line in textwrap.wrap(
+        head + text, width - 2, subsequent_indent=" " * len(head))]
 
 
 #: the order of the draft's config keys

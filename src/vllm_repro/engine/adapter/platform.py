@@ -354,11 +354,10 @@ def install_eager(notes: list[str]) -> str:
     ``current_platform`` eagerly at import (an instance every module then binds by name, e.g.
     0.6.x, where the tree's ``+cpu`` dist-info makes it ``CpuPlatform``), and for releases with
     the lazy ``_current_platform`` (then as :func:`install`). For ``cuda`` the instance vLLM
-    already handed out is given the emulated CUDA class (``__class__`` assignment: every module
-    holding it sees the GPU's rules); NVML is emulated first (:func:`emulate_nvml`) since the
-    release's ``cuda.py`` queries it at import. Called after ``import vllm``, so that the
-    stand-in finder does not make ``vllm._core_C`` look importable to ``vllm/_core_ext.py``.
-    Raises :class:`PlatformError` as :func:`install` does."""
+    already handed out is given the emulated CUDA class of :func:`eager_cuda_swap` for good
+    (``__class__`` assignment: every module holding it sees the GPU's rules). Called after
+    ``import vllm``, so that the stand-in finder does not make ``vllm._core_C`` look importable
+    to ``vllm/_core_ext.py``. Raises :class:`PlatformError` as :func:`install` does."""
     platforms = _import("vllm.platforms")
     if "_current_platform" in vars(platforms) or "current_platform" not in vars(platforms):
         return install(notes)
@@ -373,36 +372,43 @@ def install_eager(notes: list[str]) -> str:
     if want != "cuda":
         raise PlatformError(f"platform.name {want!r}: the lab emulates cuda, or runs vLLM's cpu "
                             "platform; use one of them")
+    swap = eager_cuda_swap(notes, lasting="", over_cuda=True)
+    if swap is not None:  # None: the instance already has the emulated class
+        instance, cls = swap
+        instance.__class__ = cls
+    if _answer_is_cpu_false():
+        notes.append("vllm.utils.is_cpu read the tree's +cpu dist-info version; the lab answers "
+                     "False, as a CUDA build's version does (DeviceConfig picks cuda)")
+    return f"cuda {spec.get('capability')} (emulated {type(current).__mro__[1].__name__})"
+
+
+def eager_cuda_swap(notes: list[str], *, lasting: str = " while a V0 run lasts",
+                    over_cuda: bool = False):
+    """For a release that resolves ``current_platform`` at import (``vllm/platforms/__init__.py``
+    binds an instance, e.g. a ``CpuPlatform`` from the tree's ``+cpu`` dist-info):
+    ``(instance, emulated CUDA class)``, the class (:func:`emulated_cuda`) to assign to the
+    instance's ``__class__``. NVML is emulated first (:func:`emulate_nvml`: the release's
+    ``cuda.py`` queries it at import), with the stand-in finder and the kernel queries
+    (:func:`answer_kernel_queries`) in place. ``notes`` gets a line naming both classes and
+    ``lasting`` (how long the swap holds). Used for a V0 run of 0.6.5 to 0.6.6.post1 (which
+    also have a V1 engine, whose :func:`install` set the lazy ``_current_platform`` instead):
+    assigned while the run lasts (``engine/v0.py``'s ``V0Adapter.platform_scope``); and by
+    :func:`install_eager`, for good. None where there is nothing to swap: a lazy release,
+    ``platform.name`` other than ``cuda``, an instance already of the emulated class, or, unless
+    ``over_cuda``, a CUDA instance (an installed full vLLM's own)."""
+    platforms = _import("vllm.platforms")
+    current = vars(platforms).get("current_platform")
+    spec = requested()
+    if current is None or str(spec.get("name", "cuda")) != "cuda":
+        return None
+    if type(current).__module__ == __name__ or (not over_cuda and "Cuda" in type(current).__name__):
+        return None
     _install_finder()
     emulate_nvml(spec)
     answer_kernel_queries(os.path.dirname(os.path.dirname(platforms.__file__)))
     platform = emulated_cuda(spec)
-    notes.append(f"vllm.platforms resolved {type(current).__name__} at import; the lab gave that "
-                 f"instance the class {type(platform).__name__}")
-    current.__class__ = type(platform)
-    if _answer_is_cpu_false():
-        notes.append("vllm.utils.is_cpu read the tree's +cpu dist-info version; the lab answers "
-                     "False, as a CUDA build's version does (DeviceConfig picks cuda)")
-    return f"cuda {spec.get('capability')} (emulated {type(platform).__mro__[1].__name__})"
-
-
-def eager_cuda_swap(notes: list[str]):
-    """For a release that resolves ``current_platform`` at import (``vllm/platforms/__init__.py``
-    binds an instance, e.g. a ``CpuPlatform`` from the tree's ``+cpu`` dist-info: 0.6.5 to
-    0.6.6.post1, which also have a V1 engine) when the V1 adapter's :func:`install` set the lazy
-    ``_current_platform`` instead: ``(instance, emulated CUDA class)``, to assign to the
-    instance's ``__class__`` while a V0 run lasts (``engine/v0.py``'s
-    ``V0Adapter.platform_scope``); None where there is nothing to swap (a lazy release, an
-    already-CUDA instance, ``platform.name: cpu``)."""
-    platforms = _import("vllm.platforms")
-    current = vars(platforms).get("current_platform")
-    spec = requested()
-    if current is None or str(spec.get("name", "cuda")) != "cuda" or "Cuda" in type(current).__name__:
-        return None
-    emulate_nvml(spec)
-    platform = emulated_cuda(spec)
     notes.append(f"vllm.platforms resolved {type(current).__name__} at import; the lab gives that "
-                 f"instance the class {type(platform).__name__} while a V0 run lasts")
+                 f"instance the class {type(platform).__name__}{lasting}")
     return current, type(platform)
 
 

@@ -20,6 +20,19 @@ class RefusedByRelease(Exception):
     error naming the field and the release."""
 
 
+class LevelMissing(RefusedByRelease):
+    """The release has no engine of the scenario's ``level`` at all (``level: v0-engine`` on
+    0.33.0, which has no ``vllm/engine/llm_engine.py``; ``level: scheduler`` on a release with
+    only the V0 engine): the release refuses the scenario as a whole, not one of its fields.
+    ``level``: that level; the message is ``level: <level>: <reason>``. Recorded as
+    :class:`~vllm_repro.records.RunError` ``lacks_level``, which ``catalog run`` and ``matrix``
+    read (an ``--also-on`` release or a matrix cell it says nothing about)."""
+
+    def __init__(self, level: str, reason: str):
+        super().__init__(f"level: {level}: {reason}")
+        self.level = level
+
+
 def _import(*candidates: str):
     """The first importable ``module:attr`` of ``candidates`` (``module`` alone for a module)."""
     errors = []
