@@ -358,7 +358,12 @@ def install_eager(notes: list[str]) -> str:
     holding it sees the GPU's rules); NVML is emulated first (:func:`emulate_nvml`) since the
     release's ``cuda.py`` queries it at import. Called after ``import vllm``, so that the
     stand-in finder does not make ``vllm._core_C`` look importable to ``vllm/_core_ext.py``.
-    Raises :class:`PlatformError` as :func:`install` does."""
+    Raises :class:`PlatformError` as :func:`install` does. A release without
+    ``vllm/platforms`` (before 0.5.1) goes to :func:`install_platformless`."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.platforms") is None:
+        return install_platformless(notes)
     platforms = _import("vllm.platforms")
     if "_current_platform" in vars(platforms) or "current_platform" not in vars(platforms):
         return install(notes)
@@ -384,6 +389,39 @@ def install_eager(notes: list[str]) -> str:
         notes.append("vllm.utils.is_cpu read the tree's +cpu dist-info version; the lab answers "
                      "False, as a CUDA build's version does (DeviceConfig picks cuda)")
     return f"cuda {spec.get('capability')} (emulated {type(platform).__mro__[1].__name__})"
+
+
+def install_platformless(notes: list[str]) -> str:
+    """The platform for a release with no ``vllm/platforms`` package (0.4.x to 0.5.0.post1): its
+    device rules are ``vllm.utils`` functions (``is_cpu``, ``is_hip``, ``is_neuron``...) and
+    ``torch.cuda`` calls where they are made. For ``cuda``, as :func:`install_eager` does
+    without the platform class: the stand-in finder for the compiled extensions, the kernel
+    capability queries answered ``False``, and ``vllm.utils.is_cpu`` answering ``False`` as a
+    CUDA build's version does (so ``DeviceConfig(device="auto")`` is ``cuda``). For ``cpu``:
+    what ``is_cpu`` answers from the tree's ``+cpu`` dist-info (vLLM's CPU build). Raises
+    :class:`PlatformError` for another name, or ``cpu`` where the tree does not answer CPU."""
+    spec = requested()
+    want = str(spec.get("name", "cuda"))
+    vllm_dir = os.path.dirname(sys.modules["vllm"].__file__) if "vllm" in sys.modules else None
+    if want == "cpu":
+        utils = _import("vllm.utils")
+        if not getattr(utils, "is_cpu", lambda: False)():
+            raise PlatformError("platform.name cpu: this release has no vllm/platforms and its "
+                                "vllm.utils.is_cpu does not answer True; use cuda")
+        return "cpu (no vllm/platforms: vllm.utils.is_cpu from the tree's +cpu dist-info)"
+    if want != "cuda":
+        raise PlatformError(f"platform.name {want!r}: the lab emulates cuda, or runs vLLM's cpu "
+                            "platform; use one of them")
+    _install_finder()
+    if vllm_dir:
+        answer_kernel_queries(vllm_dir)
+    _import("vllm.utils")
+    notes.append("no vllm/platforms in this release: the device rules are vllm.utils' and "
+                 "torch.cuda's where vLLM calls them")
+    if _answer_is_cpu_false():
+        notes.append("vllm.utils.is_cpu read the tree's +cpu dist-info version; the lab answers "
+                     "False, as a CUDA build's version does (DeviceConfig picks cuda)")
+    return "cuda (no vllm/platforms; vllm.utils.is_cpu answers False)"
 
 
 def eager_cuda_swap(notes: list[str]):
