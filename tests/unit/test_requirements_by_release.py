@@ -113,7 +113,7 @@ def test_the_builder_installs_them_as_overrides_and_records_them(fake_uv, monkey
     ready = json.loads((env.root / ".ready.json").read_text())
     assert ready["extra_requirements"] == ["triton", "outlines==0.0.41"]
     assert env.substitutions() == [
-        "triton (REQUIREMENTS_BY_RELEASE '<0.5.4=triton', not a requirement of the release)",
+        "triton (REQUIREMENTS_BY_RELEASE '<0.5.4=triton', added to the environment)",
         "outlines==0.0.41 (REQUIREMENTS_BY_RELEASE '>=0.5.0,<0.6.0=outlines==0.0.41', in place "
         "of the release's 'outlines >= 0.0.43, < 0.1')"]
     # built: nothing runs again while the setting is the same ...

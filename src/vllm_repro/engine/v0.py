@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -113,6 +114,11 @@ class V0Adapter:
                 self.platform = f"cuda (emulated {self._swap[1].__mro__[1].__name__}, V0 runs)"
         else:
             os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+            from .adapter.platform import before_import_without_platforms
+
+            spec = importlib.util.find_spec("vllm")
+            before_import_without_platforms(list(getattr(spec, "submodule_search_locations", None)
+                                                 or ()))
             import vllm  # noqa: F401  (the release under test)
 
             self.vllm_file = Path(sys.modules["vllm"].__file__).parent
@@ -162,8 +168,10 @@ class V0Adapter:
             if cfg.get(key) not in (None, False):
                 raise RefusedByRelease(f"config.{key}: not supported at level: v0-engine (vLLM "
                                        f"{v}'s V0 LLMEngine); drop it for this level")
-        kw: dict = {"model": str(self.model_dir), "skip_tokenizer_init": False,
+        kw: dict = {"model": str(self.model_dir),
                     "disable_log_stats": bool(cfg.get("disable_log_stats", True))}
+        if "skip_tokenizer_init" in self.engine_args_fields:  # 0.4.1+; before, always loaded
+            kw["skip_tokenizer_init"] = False
         for lab, name in LAB_TO_ENGINE_ARGS.items():
             if lab in cfg and cfg[lab] is not None:
                 kw[name] = cfg[lab]
@@ -203,6 +211,16 @@ class V0Adapter:
                                    f"configs ({', '.join(known)}); use one of them")
         return root / str(name)
 
+    def engine_config(self, args):
+        """The release's engine config from its ``EngineArgs``: ``create_engine_config()`` (an
+        ``EngineConfig`` / ``VllmConfig``, 0.4.1 on) or, before, ``create_engine_configs()``'s
+        tuple, in ``LLMEngine.__init__``'s order, as an :class:`EngineConfigs` (found by
+        probing ``EngineArgs``). Raises what vLLM raises for a configuration it refuses."""
+        if hasattr(args, "create_engine_config"):
+            return args.create_engine_config()
+        names = [n for n in inspect.signature(self.LLMEngine.__init__).parameters if n != "self"]
+        return EngineConfigs(dict(zip(names, args.create_engine_configs())))
+
     # ---- requests ----------------------------------------------------------------------------
     def sampling_params(self, max_tokens: int, n: int = 1):
         """The request's ``SamplingParams``: ``max_tokens``, ``n``, EOS honoured, no
@@ -214,6 +232,21 @@ class V0Adapter:
         if "detokenize" in self.sampling_fields:
             kw["detokenize"] = False
         return self.SamplingParams(**kw)
+
+
+class EngineConfigs:
+    """``EngineArgs.create_engine_configs()``'s tuple (0.4.0, 0.4.0.post1: ``(model_config,
+    cache_config, parallel_config, scheduler_config, device_config, lora_config,
+    vision_language_config)``) by ``LLMEngine.__init__``'s parameter names: each an attribute
+    (``cache_config``...), and :meth:`to_dict` as 0.4.1's ``EngineConfig.to_dict``."""
+
+    def __init__(self, configs: dict):
+        self._configs = dict(configs)
+        for name, value in self._configs.items():
+            setattr(self, name, value)
+
+    def to_dict(self) -> dict:
+        return dict(self._configs)
 
 
 def _max_token_id(model_dir: Path) -> int:
@@ -429,7 +462,7 @@ class V0EngineLoop(StepLoop):
         self._use_v1_was = old
         try:
             args = a.EngineArgs(**kw)
-            engine_config = args.create_engine_config()
+            engine_config = a.engine_config(args)
         except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:

@@ -297,7 +297,7 @@ def extra_note(rule: ReleaseRule, tree: Path) -> str:
         own = [r for r in release_requirements(tree) if _canon(_NAME.match(r).group(1)) == name]
     except EnvError:
         own = []
-    where = f", in place of the release's {own[0]!r}" if own else ", not a requirement of the release"
+    where = f", in place of the release's {own[0]!r}" if own else ", added to the environment"
     return f"{rule.value} (REQUIREMENTS_BY_RELEASE {rule.entry!r}{where})"
 
 

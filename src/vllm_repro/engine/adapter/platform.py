@@ -95,12 +95,33 @@ def _gpu_only(module: str, name: str):
     return call
 
 
+class _GpuOnlyNames:
+    """A name imported from a stood-in extension (``from vllm._C import ops``, 0.4.0 to 0.4.2):
+    any attribute is a GPU-only callable (raises when called)."""
+
+    def __init__(self, module: str):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _gpu_only(self._module, name)
+
+
 class _StandIn(importlib.abc.Loader):
-    def __init__(self, package: bool = False):
+    def __init__(self, package: bool = False, names: bool = False):
         self.package = package
+        self.names = names
 
     def create_module(self, spec):
         mod = types.ModuleType(spec.name)
+        if self.names and not self.package:  # names imported from it: GPU-only namespaces
+            def __getattr__(name, _module=spec.name):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return _GpuOnlyNames(f"{_module}.{name}")
+
+            mod.__getattr__ = __getattr__
         if self.package:  # a build product's package: any name in it is a GPU-only callable
             mod.__path__ = []
 
@@ -128,11 +149,19 @@ class ExtensionStandIns(importlib.abc.MetaPathFinder):
     """A last finder on ``sys.meta_path``: a vLLM compiled extension (:data:`_EXTENSION`) or a GPU
     runtime module (:data:`_RUNTIME_MODULES`) no other finder found becomes an empty module, so
     that vLLM's CUDA import paths (``vllm/platforms/cuda.py``, the flash-attention wrapper's
-    availability checks) import as on a GPU build. Real modules always win: it is asked last."""
+    availability checks) import as on a GPU build. Real modules always win: it is asked last.
+    With ``names`` (releases without ``vllm/platforms``, whose layers import names from the
+    extension at module level: ``from vllm._C import ops``), any name of an extension is a
+    namespace of GPU-only callables (:class:`_GpuOnlyNames`)."""
+
+    def __init__(self, names: bool = False):
+        self.names = names
 
     def find_spec(self, fullname, path=None, target=None):
         last = fullname.rpartition(".")[2]
-        if (fullname.startswith("vllm.") and _EXTENSION.match(last)) or fullname in _RUNTIME_MODULES:
+        if fullname.startswith("vllm.") and _EXTENSION.match(last):
+            return importlib.machinery.ModuleSpec(fullname, _StandIn(names=self.names))
+        if fullname in _RUNTIME_MODULES:
             return importlib.machinery.ModuleSpec(fullname, _StandIn())
         return None
 
@@ -202,10 +231,29 @@ class BuildProductStandIns(importlib.abc.MetaPathFinder):
 STOOD_IN: list[str] = []
 
 
-def _install_finder() -> None:
-    if not any(isinstance(f, ExtensionStandIns) for f in sys.meta_path):
-        sys.meta_path.append(ExtensionStandIns())
+def _install_finder(names: bool = False) -> None:
+    found = [f for f in sys.meta_path if isinstance(f, ExtensionStandIns)]
+    if not found:
+        sys.meta_path.append(ExtensionStandIns(names=names))
         sys.meta_path.insert(0, BuildProductStandIns())
+    elif names:
+        found[0].names = True
+
+
+def before_import_without_platforms(vllm_roots) -> bool:
+    """Called before ``import vllm`` of a tree with no ``vllm/platforms`` folder (any of
+    ``vllm_roots``, the package's search locations; 0.4.x to 0.5.0.post1): under the requested
+    ``cuda`` platform the stand-in finder goes in first, names included, since those releases
+    import their compiled extension at module level (``vllm/model_executor/layers/
+    activation.py``: ``from vllm._C import ops`` up to 0.4.2; ``vllm/_custom_ops.py`` from
+    0.4.3, which tolerates its absence). Returns whether it did; a tree with ``vllm/platforms``
+    is left to :func:`install_eager` after the import."""
+    if any(os.path.isdir(os.path.join(r, "platforms")) for r in vllm_roots):
+        return False
+    if str(requested().get("name", "cuda")) != "cuda":
+        return False
+    _install_finder(names=True)
+    return True
 
 
 def _import(module: str) -> types.ModuleType:
@@ -412,7 +460,7 @@ def install_platformless(notes: list[str]) -> str:
     if want != "cuda":
         raise PlatformError(f"platform.name {want!r}: the lab emulates cuda, or runs vLLM's cpu "
                             "platform; use one of them")
-    _install_finder()
+    _install_finder(names=True)
     if vllm_dir:
         answer_kernel_queries(vllm_dir)
     _import("vllm.utils")
