@@ -10,6 +10,8 @@ same name through. Nothing here touches the network.
 - The torch source: ``TORCH_VERSION`` (default 2.13.0, CPU build), ``TORCH_WHEEL_DIR`` (a local
   wheelhouse; when unset, pip's configured find-links are searched for a matching CPU wheel) and
   ``TORCH_INDEX_URL`` (default PyTorch's CPU index, used when no local wheel is found).
+- Per range of releases (``SPECIFIER=VALUE`` entries, :func:`release_rules`): ``TORCH_BY_RELEASE``
+  (the torch version) and ``REQUIREMENTS_BY_RELEASE`` (extra requirements).
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ class IndexSettings:
 #: need: ``TORCH_BY_RELEASE='>=0.17.0,<0.18=2.10.0'``. The V0 engine (``level: v0-engine``) of
 #: 0.6.3.post1 (which pins torch 2.4.0) and 0.8.5 (2.6.0) imports and runs with torch 2.13 CPU too
 #: (their compiled extensions stood in for as on V1 releases), so no entry is needed for them;
-#: older V0 releases are untried.
+#: nor for 0.4.3 (pins 2.3.0), 0.5.5 and 0.6.0 (2.4.0), which import and run their V0 engine with
+#: 2.13 too (with ``REQUIREMENTS_BY_RELEASE``'s default); 0.4.0 (2.1.2) imports with it as well.
 DEFAULT_TORCH_BY_RELEASE = ""
 
 

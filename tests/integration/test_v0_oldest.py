@@ -1,6 +1,6 @@
-"""level: v0-engine on the oldest releases that run: vLLM 0.4.3 (no vllm/platforms, triton
-imported at module level) and 0.5.5 (outlines imported with vllm), each in an environment the
-default REQUIREMENTS_BY_RELEASE completes, through the CLI as a user runs them."""
+"""level: v0-engine on the oldest releases that run: vLLM 0.4.1 (no vllm/platforms, triton
+imported at module level, execute_model by keywords) and 0.5.5 (outlines imported with vllm),
+each in an environment the default REQUIREMENTS_BY_RELEASE completes, through the CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 
 pytestmark = pytest.mark.slow
 
-RELEASES = ("0.4.3", "0.5.5")
+RELEASES = ("0.4.1", "0.5.5")
 
 
 def scenario(tmp_path, name: str, **config) -> str:
@@ -55,7 +55,7 @@ def test_the_oldest_releases_run_a_preempting_pool_clean_under_the_audit(cli, tm
                 assert d["audit"]["hook_calls"].get("GPU.decr", 0) > 0
             else:
                 assert d["audit"]["hooks"] == ["unread: BlockSpaceManagerV1"]
-    old = json.loads((reports / "v0-old-bm2" / "0.4.3" / "result.json").read_text())
+    old = json.loads((reports / "v0-old-bm2" / "0.4.1" / "result.json").read_text())
     assert old["platform"] == "cuda (no vllm/platforms; vllm.utils.is_cpu answers False)"
     assert any(s.startswith("triton (REQUIREMENTS_BY_RELEASE '<0.5.4=triton'")
                for s in old["substitutions"])

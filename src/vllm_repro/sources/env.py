@@ -3,7 +3,10 @@
 What goes in: CPU torch from the configured torch source (:class:`vllm_repro.settings.TorchSource`)
 and the release's own third-party requirements (``requirements/common.txt`` + ``cpu.txt``, or the
 older ``requirements-common.txt`` + ``requirements-cpu.txt``), minus the GPU toolchain (torch
-variants, triton, IPEX) that scheduling never touches. Versions are resolved as the index stood
+variants, triton, IPEX) that scheduling never touches, plus the ``REQUIREMENTS_BY_RELEASE``
+entries whose range holds the release (:func:`vllm_repro.settings.requirements_for_release`:
+triton for releases that import it at module level, an outlines that imports on today's index),
+installed as uv overrides and listed with every run. Versions are resolved as the index stood
 when the release was uploaded (uv's ``--exclude-newer`` at the sdist's upload time), so 0.10.x
 gets the transformers 4.5x it was built against and 0.33 gets 5.x, without a table of versions.
 
