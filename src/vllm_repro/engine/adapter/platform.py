@@ -96,7 +96,7 @@ def _gpu_only(module: str, name: str):
 
 
 class _GpuOnlyNames:
-    """A name imported from a stood-in extension (``from vllm._C import ops``, 0.4.0 to 0.4.2):
+    """A name imported from a stood-in extension (``from vllm._C import ops``, 0.4.0 and 0.4.1):
     any attribute is a GPU-only callable (raises when called)."""
 
     def __init__(self, module: str):
@@ -244,9 +244,9 @@ def before_import_without_platforms(vllm_roots) -> bool:
     """Called before ``import vllm`` of a tree with no ``vllm/platforms`` folder (any of
     ``vllm_roots``, the package's search locations; 0.4.x to 0.5.0.post1): under the requested
     ``cuda`` platform the stand-in finder goes in first, names included, since those releases
-    import their compiled extension at module level (``vllm/model_executor/layers/
-    activation.py``: ``from vllm._C import ops`` up to 0.4.2; ``vllm/_custom_ops.py`` from
-    0.4.3, which tolerates its absence). Returns whether it did; a tree with ``vllm/platforms``
+    import their compiled extension at module level (``from vllm._C import ops``: 0.4.0's
+    ``vllm/model_executor/layers/activation.py``, 0.4.1's ``quantization/aqlm.py``; later ones
+    through ``vllm/_custom_ops.py``, which tolerates its absence). Returns whether it did; a tree with ``vllm/platforms``
     is left to :func:`install_eager` after the import."""
     if any(os.path.isdir(os.path.join(r, "platforms")) for r in vllm_roots):
         return False
