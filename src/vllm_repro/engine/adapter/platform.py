@@ -246,8 +246,8 @@ def before_import_without_platforms(vllm_roots) -> bool:
     ``cuda`` platform the stand-in finder goes in first, names included, since those releases
     import their compiled extension at module level (``from vllm._C import ops``: 0.4.0's
     ``vllm/model_executor/layers/activation.py``, 0.4.1's ``quantization/aqlm.py``; later ones
-    through ``vllm/_custom_ops.py``, which tolerates its absence). Returns whether it did; a tree with ``vllm/platforms``
-    is left to :func:`install_eager` after the import."""
+    through ``vllm/_custom_ops.py``, which tolerates its absence). Returns whether it did; a
+    tree with ``vllm/platforms`` is left to :func:`install_eager` after the import."""
     if any(os.path.isdir(os.path.join(r, "platforms")) for r in vllm_roots):
         return False
     if str(requested().get("name", "cuda")) != "cuda":
