@@ -10,12 +10,15 @@ same name through. Nothing here touches the network.
 - The torch source: ``TORCH_VERSION`` (default 2.13.0, CPU build), ``TORCH_WHEEL_DIR`` (a local
   wheelhouse; when unset, pip's configured find-links are searched for a matching CPU wheel) and
   ``TORCH_INDEX_URL`` (default PyTorch's CPU index, used when no local wheel is found).
+- Per range of releases (``SPECIFIER=VALUE`` entries, :func:`release_rules`): ``TORCH_BY_RELEASE``
+  (the torch version) and ``REQUIREMENTS_BY_RELEASE`` (extra requirements).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -113,8 +116,58 @@ class IndexSettings:
 #: need: ``TORCH_BY_RELEASE='>=0.17.0,<0.18=2.10.0'``. The V0 engine (``level: v0-engine``) of
 #: 0.6.3.post1 (which pins torch 2.4.0) and 0.8.5 (2.6.0) imports and runs with torch 2.13 CPU too
 #: (their compiled extensions stood in for as on V1 releases), so no entry is needed for them;
-#: older V0 releases are untried.
+#: nor for 0.4.3 (pins 2.3.0), 0.5.5 and 0.6.0 (2.4.0), which import and run their V0 engine with
+#: 2.13 too (with ``REQUIREMENTS_BY_RELEASE``'s default); 0.4.0 (2.1.2) imports with it as well.
 DEFAULT_TORCH_BY_RELEASE = ""
+
+
+#: one entry of a per-release-range setting: ``SPECIFIER=VALUE``, the specifier a PEP 440 set
+#: (``>=0.17.0,<0.18``; its versions hold no ``=``, so the first ``=`` after them splits)
+_RANGE_ENTRY = re.compile(r"^\s*((?:(?:===|~=|==|!=|<=|>=|<|>)\s*[^\s,=<>!~;]+\s*,?\s*)+)=\s*(\S.*?)\s*$")
+
+
+@dataclass(frozen=True)
+class ReleaseRule:
+    """One ``SPECIFIER=VALUE`` entry of a per-release-range setting (``TORCH_BY_RELEASE``,
+    ``REQUIREMENTS_BY_RELEASE``): ``spec`` the PEP 440 specifier set of releases, ``value``
+    what those releases get, ``entry`` the text as written (for messages)."""
+
+    spec: str
+    value: str
+    entry: str
+
+    def holds(self, release: str) -> bool:
+        """Whether ``release`` (a PEP 440 version; ``0.5.3.post1`` is in ``<0.5.4``) is in the
+        range."""
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        return Version(release) in SpecifierSet(self.spec)
+
+
+def release_rules(variable: str, raw: str, value_kind: str, example: str, check) -> list[ReleaseRule]:
+    """The entries of a per-release-range setting: ``SPECIFIER=VALUE`` entries separated by
+    ``;`` (blank entries skipped). ``check(value)`` raises ``ValueError`` for a value that is not
+    a ``value_kind``. Raises :class:`~vllm_repro.errors.InputError` naming ``variable`` and the
+    bad entry, e.g. ``TORCH_BY_RELEASE entry '>=0.17.0' is not SPECIFIER=VERSION (e.g. ...)``."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    from .errors import InputError
+
+    rules = []
+    for entry in filter(None, (e.strip() for e in raw.split(";"))):
+        m = _RANGE_ENTRY.match(entry)
+        try:
+            if not m:
+                raise ValueError(entry)
+            spec, value = m.group(1).strip().rstrip(",").strip(), m.group(2)
+            SpecifierSet(spec)
+            check(value)
+        except (InvalidSpecifier, ValueError):
+            raise InputError(f"{variable} entry {entry!r} is not SPECIFIER={value_kind} "
+                             f"(e.g. {example!r}); fix or unset {variable}") from None
+        rules.append(ReleaseRule(spec, value, entry))
+    return rules
 
 
 def torch_for_release(release: str) -> str | None:
@@ -123,24 +176,54 @@ def torch_for_release(release: str) -> str | None:
     Format: ``SPECIFIER=VERSION`` entries separated by ``;``, the first whose PEP 440 specifier
     set holds the release wins: ``>=0.17.0,<0.18=2.10.0;<0.7=2.5.1``. Raises
     :class:`~vllm_repro.errors.InputError` naming the bad entry."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    from .errors import InputError
+    from packaging.version import Version
 
     raw = os.environ.get("TORCH_BY_RELEASE", DEFAULT_TORCH_BY_RELEASE)
-    for entry in filter(None, (e.strip() for e in raw.split(";"))):
-        spec, sep, version = entry.rpartition("=")
+    rules = release_rules("TORCH_BY_RELEASE", raw, "VERSION", ">=0.17.0,<0.18=2.10.0", Version)
+    return next((r.value for r in rules if r.holds(release)), None)
+
+
+#: ``REQUIREMENTS_BY_RELEASE``'s default, what the oldest V0 releases need to import on today's
+#: index (each entry checked on the releases named):
+#:
+#: - ``<0.5.4=triton``: 0.4.0 to 0.5.3.post1 import ``triton`` at module level
+#:   (``vllm/model_executor/sampling_metadata.py`` -> ``layers/ops/sample.py``; 0.5.4 moved it
+#:   behind ``vllm/triton_utils``), and the builder leaves triton out (GPU tooling). Resolved as
+#:   of the release's date like the rest (triton 2.3.x for 0.4.3).
+#: - ``>=0.5.0,<0.6.0=outlines==0.0.41``: 0.5.x requires ``outlines >= 0.0.43`` and imports it
+#:   with ``import vllm`` (``vllm/entrypoints/llm.py`` -> ``guided_decoding``; 0.6.0 made it lazy).
+#:   outlines 0.0.43 to 0.0.46 import ``pyairports`` at import, and the index no longer has that
+#:   project's files: its only ``pyairports`` (0.0.1, uploaded in 2025) is an unrelated package
+#:   with no ``pyairports`` module. 0.0.41, the last before, has everything 0.5.x imports
+#:   (``outlines.fsm.guide``, ``grammars``, ``caching``, ``fsm.json_schema``); guided decoding
+#:   itself is never reached at ``level: v0-engine``.
+DEFAULT_REQUIREMENTS_BY_RELEASE = "<0.5.4=triton; >=0.5.0,<0.6.0=outlines==0.0.41"
+
+
+def requirements_for_release(release: str) -> list[ReleaseRule]:
+    """The ``REQUIREMENTS_BY_RELEASE`` entries whose range holds ``release``, in order: each
+    ``value`` a PEP 508 requirement (no marker: its ``;`` would end the entry) that the
+    release's environment gets besides its own requirements, and that wins over the release's
+    (or a dependency's) requirement of the same distribution (see ``sources/env.py``).
+
+    Format: ``SPECIFIER=REQUIREMENT`` entries separated by ``;``, every matching entry applies:
+    ``<0.5.4=triton; >=0.5.0,<0.6.0=outlines==0.0.41`` (the default,
+    :data:`DEFAULT_REQUIREMENTS_BY_RELEASE`; set the variable empty for none). Raises
+    :class:`~vllm_repro.errors.InputError` naming the bad entry."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    def check(value: str) -> None:
         try:
-            if not sep or not version or spec.endswith(("=", "<", ">", "!", "~")):
-                raise InvalidSpecifier(entry)
-            Version(version)
-            if Version(release) in SpecifierSet(spec):
-                return version
-        except (InvalidSpecifier, InvalidVersion):
-            raise InputError(f"TORCH_BY_RELEASE entry {entry!r} is not SPECIFIER=VERSION "
-                             "(e.g. '>=0.17.0,<0.18=2.10.0'); fix or unset TORCH_BY_RELEASE") from None
-    return None
+            req = Requirement(value)
+        except InvalidRequirement as exc:
+            raise ValueError(value) from exc
+        if req.url or req.marker:
+            raise ValueError(value)
+
+    raw = os.environ.get("REQUIREMENTS_BY_RELEASE", DEFAULT_REQUIREMENTS_BY_RELEASE)
+    rules = release_rules("REQUIREMENTS_BY_RELEASE", raw, "REQUIREMENT",
+                          ">=0.5.0,<0.6.0=outlines==0.0.41", check)
+    return [r for r in rules if r.holds(release)]
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,31 @@ def test_stand_ins_are_asked_last_and_only_for_vllm_extensions(monkeypatch):
         importlib.import_module("vllm_repro_nope._C")
 
 
+def test_before_vllm_platforms_the_extensions_names_are_gpu_only_callables(tmp_path, monkeypatch):
+    """0.4.0 / 0.4.1 run ``from vllm._C import ops`` at import: for a tree without
+    vllm/platforms the finder goes in before ``import vllm`` with names; a tree with it is left
+    alone, and without names a stood-in extension stays an empty module."""
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv(plat.ENV_VAR, raising=False)
+    (tmp_path / "new" / "platforms").mkdir(parents=True)
+    (tmp_path / "old").mkdir()
+    assert plat.before_import_without_platforms([str(tmp_path / "new")]) is False
+    assert not any(isinstance(f, plat.ExtensionStandIns) for f in sys.meta_path)
+    monkeypatch.setenv(plat.ENV_VAR, json.dumps({"name": "cpu"}))
+    assert plat.before_import_without_platforms([str(tmp_path / "old")]) is False
+    monkeypatch.delenv(plat.ENV_VAR)
+    assert plat.before_import_without_platforms([str(tmp_path / "old")]) is True
+    (finder,) = [f for f in sys.meta_path if isinstance(f, plat.ExtensionStandIns)]
+    mod = importlib.util.module_from_spec(finder.find_spec("vllm._C"))
+    with pytest.raises(RuntimeError, match="vllm._C.ops.silu_and_mul is a GPU kernel"):
+        mod.ops.silu_and_mul(None, None)
+    with pytest.raises(AttributeError):
+        mod.__wrapped__  # noqa: B018 - dunder names are not GPU names
+    plain = importlib.util.module_from_spec(plat.ExtensionStandIns().find_spec("vllm._C"))
+    with pytest.raises(AttributeError):
+        plain.ops  # noqa: B018 - without names: an empty module, as on releases with platforms
+
+
 def test_an_empty_build_product_folder_becomes_a_package_of_gpu_only_names(tmp_path):
     (tmp_path / "vllm_flash_attn").mkdir()
     (tmp_path / "real").mkdir()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -114,6 +115,11 @@ class V0Adapter:
                 self.platform = f"cuda (emulated {self._swap[1].__mro__[1].__name__}, V0 runs)"
         else:
             os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+            from .adapter.platform import before_import_without_platforms
+
+            spec = importlib.util.find_spec("vllm")
+            before_import_without_platforms(list(getattr(spec, "submodule_search_locations", None)
+                                                 or ()))
             import vllm  # noqa: F401  (the release under test)
 
             self.vllm_file = Path(sys.modules["vllm"].__file__).parent
@@ -144,6 +150,11 @@ class V0Adapter:
                                "(vllm/executor/uniproc_executor.py or gpu_executor.py)")
         self.engine_args_fields = {f.name for f in dataclasses.fields(self.EngineArgs)}
         self.cache_size_check = _try_import("vllm.worker.worker:raise_if_cache_size_invalid")
+        #: whether the GPU worker's ``execute_model`` returns a list of ``SamplerOutput`` (0.4.1
+        #: on) or one (0.4.0, 0.4.0.post1), by its return annotation
+        worker_cls = _try_import("vllm.worker.worker:Worker")
+        ret = inspect.signature(worker_cls.execute_model).return_annotation if worker_cls else None
+        self.worker_returns_list = ret is None or "list" in str(ret).lower()
         self.sampling_fields, _ = params_of(self.SamplingParams)
         #: the packaged tokenizer's highest token id (the engine loads it: EOS is its ``</s>``)
         self.max_token_id = _max_token_id(self.model_dir)
@@ -163,8 +174,10 @@ class V0Adapter:
             if cfg.get(key) not in (None, False):
                 raise RefusedByRelease(f"config.{key}: not supported at level: v0-engine (vLLM "
                                        f"{v}'s V0 LLMEngine); drop it for this level")
-        kw: dict = {"model": str(self.model_dir), "skip_tokenizer_init": False,
+        kw: dict = {"model": str(self.model_dir),
                     "disable_log_stats": bool(cfg.get("disable_log_stats", True))}
+        if "skip_tokenizer_init" in self.engine_args_fields:  # 0.4.1+; before, always loaded
+            kw["skip_tokenizer_init"] = False
         for lab, name in LAB_TO_ENGINE_ARGS.items():
             if lab in cfg and cfg[lab] is not None:
                 kw[name] = cfg[lab]
@@ -204,6 +217,16 @@ class V0Adapter:
                                    f"configs ({', '.join(known)}); use one of them")
         return root / str(name)
 
+    def engine_config(self, args):
+        """The release's engine config from its ``EngineArgs``: ``create_engine_config()`` (an
+        ``EngineConfig`` / ``VllmConfig``, 0.4.1 on) or, before, ``create_engine_configs()``'s
+        tuple, in ``LLMEngine.__init__``'s order, as an :class:`EngineConfigs` (found by
+        probing ``EngineArgs``). Raises what vLLM raises for a configuration it refuses."""
+        if hasattr(args, "create_engine_config"):
+            return args.create_engine_config()
+        names = [n for n in inspect.signature(self.LLMEngine.__init__).parameters if n != "self"]
+        return EngineConfigs(dict(zip(names, args.create_engine_configs())))
+
     # ---- requests ----------------------------------------------------------------------------
     def sampling_params(self, max_tokens: int, n: int = 1):
         """The request's ``SamplingParams``: ``max_tokens``, ``n``, EOS honoured, no
@@ -215,6 +238,21 @@ class V0Adapter:
         if "detokenize" in self.sampling_fields:
             kw["detokenize"] = False
         return self.SamplingParams(**kw)
+
+
+class EngineConfigs:
+    """``EngineArgs.create_engine_configs()``'s tuple (0.4.0, 0.4.0.post1: ``(model_config,
+    cache_config, parallel_config, scheduler_config, device_config, lora_config,
+    vision_language_config)``) by ``LLMEngine.__init__``'s parameter names: each an attribute
+    (``cache_config``...), and :meth:`to_dict` as 0.4.1's ``EngineConfig.to_dict``."""
+
+    def __init__(self, configs: dict):
+        self._configs = dict(configs)
+        for name, value in self._configs.items():
+            setattr(self, name, value)
+
+    def to_dict(self) -> dict:
+        return dict(self._configs)
 
 
 def _max_token_id(model_dir: Path) -> int:
@@ -284,8 +322,23 @@ class FakeV0Worker:
         ex.cache_config.num_cpu_blocks = num_cpu_blocks
         self.cache = (num_gpu_blocks, num_cpu_blocks)
 
-    def execute_model(self, execute_model_req=None):
+    def execute_model(self, execute_model_req=None, **kwargs):
+        """``Worker.execute_model``: an ``ExecuteModelRequest`` (0.4.2 on) or, before, its
+        fields as keywords (:class:`_KeywordRequest`)."""
+        if execute_model_req is None and kwargs:
+            execute_model_req = _KeywordRequest(**kwargs)
         return self.loop.execute(execute_model_req)
+
+    # 0.4.0 / 0.4.0.post1: GPUExecutor._init_cache's calls (its own forced_num_gpu_blocks and
+    # check_block_size_valid run between them)
+    def profile_num_available_blocks(self, *args, **kwargs) -> tuple[int, int]:
+        return self.loop.lab_blocks()
+
+    def init_cache_engine(self, cache_config) -> None:
+        self.cache = (cache_config.num_gpu_blocks, cache_config.num_cpu_blocks)
+
+    def warm_up_model(self) -> None:
+        return None
 
     # what the executor's other calls would find on a GPU worker
     def init_device(self):
@@ -327,9 +380,10 @@ def make_v0_executor_class(base, worker: FakeV0Worker):
     def check_health(self):
         return None
 
+    # 0.4.0 / 0.4.0.post1: GPUExecutor.__init__ itself calls _init_worker, then _init_cache
     return type(f"FakeV0{base.__name__}", (base,), {
-        "__module__": __name__, "_init_executor": _init_executor, "check_health": check_health,
-        "uses_ray": False})
+        "__module__": __name__, "_init_executor": _init_executor, "_init_worker": _init_executor,
+        "check_health": check_health, "uses_ray": False})
 
 
 class V0EngineLoop(StepLoop):
@@ -369,14 +423,19 @@ class V0EngineLoop(StepLoop):
             return gpu, int(cfg["num_cpu_blocks"])
         ex = self.worker.executor
         engine_mod = _import("vllm.worker.cache_engine:CacheEngine")
-        size = engine_mod.get_cache_block_size(ex.cache_config, ex.model_config, ex.parallel_config)
+        values = {"cache_config": ex.cache_config, "model_config": ex.model_config,
+                  "parallel_config": ex.parallel_config,
+                  "block_size": ex.cache_config.block_size,  # 0.4.0: fields, not the config
+                  "cache_dtype": ex.cache_config.cache_dtype}
+        params = list(inspect.signature(engine_mod.get_cache_block_size).parameters)
+        size = engine_mod.get_cache_block_size(*[values[p] for p in params])
         swap = getattr(ex.cache_config, "swap_space_bytes", 0) or 0
         return gpu, int(swap // size) if size else 0
 
     def execute(self, req):
         """``Worker.execute_model`` for ``req`` (an ``ExecuteModelRequest``)."""
         if req is None:
-            return []
+            return [] if self.adapter.worker_returns_list else None
         a = self.adapter
         callback = getattr(req, "async_callback", None)
         if callback is not None:
@@ -396,7 +455,8 @@ class V0EngineLoop(StepLoop):
                                            len(data.output_token_ids))
                     samples.append(a.SequenceOutput(seq_id, tok, {tok: a.Logprob(0.0)}))
             outputs.append(a.CompletionSequenceGroupOutput(samples, None))
-        return [a.SamplerOutput(outputs=outputs)]
+        out = a.SamplerOutput(outputs=outputs)
+        return [out] if a.worker_returns_list else out
 
     def _next_token(self, rid: str, outputs: int) -> int:
         """The token a request samples after ``outputs`` output tokens: its script's, else the
@@ -424,13 +484,18 @@ class V0EngineLoop(StepLoop):
             if r.get("priority") and "priority" not in a.add_request_params:
                 raise RefusedByRelease(f"requests[].priority: vLLM {a.version}'s "
                                        "LLMEngine.add_request takes no priority; use 0")
+        if "detokenize" not in a.sampling_fields:
+            raise AdapterError(f"level: v0-engine on vLLM {a.version}: its SamplingParams has no "
+                               "detokenize (0.4.1 on) and its engine detokenizes every output, "
+                               "which the lab's config-only tokenizer (no decoder) cannot; use "
+                               "0.4.1 or later")
         kw = a.engine_args(cfg)
         old = os.environ.get("VLLM_USE_V1")
         os.environ["VLLM_USE_V1"] = "0"  # 0.8+: EngineArgs picks V0 (envs read when asked)
         self._use_v1_was = old
         try:
             args = a.EngineArgs(**kw)
-            engine_config = args.create_engine_config()
+            engine_config = a.engine_config(args)
         except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:
@@ -529,8 +594,11 @@ class V0EngineLoop(StepLoop):
                     kw["priority"] = r["priority"]
                 self.order += 1
                 prompt = self.prompt_of(r)
-                engine.add_request(r["id"], {"prompt_token_ids": prompt},
-                                   a.sampling_params(r["max_tokens"], r.get("n") or 1), **kw)
+                params = a.sampling_params(r["max_tokens"], r.get("n") or 1)
+                if "prompt_token_ids" in a.add_request_params:  # before 0.4.2's inputs
+                    engine.add_request(r["id"], None, params, prompt_token_ids=prompt, **kw)
+                else:
+                    engine.add_request(r["id"], {"prompt_token_ids": prompt}, params, **kw)
                 self.created[r["id"]] = True
                 line.added.append(r["id"])
             phase = "abort"
@@ -641,6 +709,29 @@ def _groups_in(item) -> list[str]:
     if metas is None and isinstance(item, tuple) and len(item) > 1:
         metas = item[1]
     return [getattr(m, "request_id", None) for m in (metas or ()) if getattr(m, "request_id", None)]
+
+
+class _KeywordRequest:
+    """What ``Worker.execute_model`` got as keywords before ``ExecuteModelRequest`` (0.4.0,
+    0.4.1), in its shape: the swap maps (``{src: dst}``) and the copy map (``{src: [dst...]}``)
+    as lists of ``(src, dst)`` pairs, as ``ExecuteModelRequest`` carries them."""
+
+    num_steps = 1
+    async_callback = None
+
+    def __init__(self, seq_group_metadata_list=None, blocks_to_swap_in=None,
+                 blocks_to_swap_out=None, blocks_to_copy=None, **_):
+        self.seq_group_metadata_list = list(seq_group_metadata_list or ())
+        self.blocks_to_swap_in = _pairs(blocks_to_swap_in)
+        self.blocks_to_swap_out = _pairs(blocks_to_swap_out)
+        self.blocks_to_copy = _pairs(blocks_to_copy)
+
+
+def _pairs(blocks) -> list[tuple[int, int]]:
+    if not isinstance(blocks, dict):
+        return list(blocks or ())
+    return [(src, d) for src, dst in blocks.items()
+            for d in (dst if isinstance(dst, (list, tuple)) else [dst])]
 
 
 class _NoSchedule:

@@ -3,7 +3,10 @@
 What goes in: CPU torch from the configured torch source (:class:`vllm_repro.settings.TorchSource`)
 and the release's own third-party requirements (``requirements/common.txt`` + ``cpu.txt``, or the
 older ``requirements-common.txt`` + ``requirements-cpu.txt``), minus the GPU toolchain (torch
-variants, triton, IPEX) that scheduling never touches. Versions are resolved as the index stood
+variants, triton, IPEX) that scheduling never touches, plus the ``REQUIREMENTS_BY_RELEASE``
+entries whose range holds the release (:func:`vllm_repro.settings.requirements_for_release`:
+triton for releases that import it at module level, an outlines that imports on today's index),
+installed as uv overrides and listed with every run. Versions are resolved as the index stood
 when the release was uploaded (uv's ``--exclude-newer`` at the sdist's upload time), so 0.10.x
 gets the transformers 4.5x it was built against and 0.33 gets 5.x, without a table of versions.
 
@@ -26,7 +29,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from ..errors import EnvError
-from ..settings import IndexSettings, TorchSource, cache_dir, torch_for_release
+from ..settings import (IndexSettings, ReleaseRule, TorchSource, cache_dir,
+                        requirements_for_release, torch_for_release)
 from .sdist import Release
 
 #: Distributions never installed into a release environment: torch comes from the torch source,
@@ -222,13 +226,17 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
             # a torch chosen for this release (TORCH_BY_RELEASE) that the environment lacks: rebuild
             wanted = torch or (TorchSource.resolve(index, release.version)
                                if torch_for_release(release.version) else None)
+            # and the REQUIREMENTS_BY_RELEASE entries it was built with
+            extras = [r.value for r in requirements_for_release(release.version)]
             if (meta.get("format") == ENV_FORMAT and (root / "bin/python").exists()
-                    and (wanted is None or meta.get("torch") == wanted.describe())):
+                    and (wanted is None or meta.get("torch") == wanted.describe())
+                    and meta.get("extra_requirements", []) == extras):
                 return ReleaseEnv(release.version, tree, root)
         except ValueError:
             pass
     index = index or IndexSettings.from_pip()
     torch = torch or TorchSource.resolve(index, release.version)
+    rules = requirements_for_release(release.version)
     env = uv_env(index)
     log = root.parent / f"{release.version}.build.log"
     with fresh_env(root, log):
@@ -238,11 +246,11 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
         torch_args, torch_req = torch_install(index, torch, torch.requirement)
         run_uv(["pip", "install", "-q", "--python", py, *torch_args, torch_req], env,
                f"installing {torch.requirement} from {torch.describe()}", log)
-        reqs = release_requirements(tree)
+        reqs = release_requirements(tree) + [r.value for r in rules]
         req_file = root / "release-requirements.txt"
         req_file.write_text("\n".join(reqs) + "\n")
         overrides = root / "overrides.txt"
-        overrides.write_text("".join(f'{name} ; sys_platform == "never"\n' for name in OVERRIDDEN_AWAY))
+        overrides.write_text(overrides_text(rules))
         cutoff = exclude_newer(release.upload_time)
         substitutions: list[Substitution] = []
         for _ in range(MAX_SUBSTITUTIONS + 1):
@@ -265,9 +273,35 @@ def prepare_env(release: Release, tree: Path, index: IndexSettings | None = None
         freeze = run_uv(["pip", "freeze", "--python", py], env, "listing the environment", log)
         ready.write_text(json.dumps({
             "format": ENV_FORMAT, "version": release.version, "torch": torch.describe(),
-            "exclude_newer": cutoff, "substitutions": [sub.describe() for sub in substitutions],
+            "exclude_newer": cutoff, "extra_requirements": [r.value for r in rules],
+            "substitutions": [sub.describe() for sub in substitutions]
+            + [extra_note(r, tree) for r in rules],
             "freeze": freeze.split()}, indent=1))
     return ReleaseEnv(release.version, tree, root)
+
+
+def overrides_text(rules: list[ReleaseRule]) -> str:
+    """uv's override file: :data:`OVERRIDDEN_AWAY` (an impossible marker) and each
+    ``REQUIREMENTS_BY_RELEASE`` requirement (``rules``), which so wins over the release's own
+    requirement of that distribution and any dependency's; a distribution an entry names is not
+    overridden away (triton for 0.4.x)."""
+    named = {_canon(_NAME.match(r.value).group(1)) for r in rules}
+    lines = [f'{name} ; sys_platform == "never"' for name in OVERRIDDEN_AWAY if _canon(name) not in named]
+    return "".join(line + "\n" for line in lines + [r.value for r in rules])
+
+
+def extra_note(rule: ReleaseRule, tree: Path) -> str:
+    """The line every run shows for a ``REQUIREMENTS_BY_RELEASE`` requirement, with the
+    release's own requirement of that distribution where it has one, e.g. ``outlines==0.0.41
+    (REQUIREMENTS_BY_RELEASE '>=0.5.0,<0.6.0=outlines==0.0.41', in place of the release's
+    'outlines >= 0.0.43, < 0.1')``."""
+    name = _canon(_NAME.match(rule.value).group(1))
+    try:
+        own = [r for r in release_requirements(tree) if _canon(_NAME.match(r).group(1)) == name]
+    except EnvError:
+        own = []
+    where = f", in place of the release's {own[0]!r}" if own else ", added to the environment"
+    return f"{rule.value} (REQUIREMENTS_BY_RELEASE {rule.entry!r}{where})"
 
 
 #: at most this many pinned requirements replaced in one environment

@@ -95,12 +95,33 @@ def _gpu_only(module: str, name: str):
     return call
 
 
+class _GpuOnlyNames:
+    """A name imported from a stood-in extension (``from vllm._C import ops``, 0.4.0 and 0.4.1):
+    any attribute is a GPU-only callable (raises when called)."""
+
+    def __init__(self, module: str):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _gpu_only(self._module, name)
+
+
 class _StandIn(importlib.abc.Loader):
-    def __init__(self, package: bool = False):
+    def __init__(self, package: bool = False, names: bool = False):
         self.package = package
+        self.names = names
 
     def create_module(self, spec):
         mod = types.ModuleType(spec.name)
+        if self.names and not self.package:  # names imported from it: GPU-only namespaces
+            def __getattr__(name, _module=spec.name):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return _GpuOnlyNames(f"{_module}.{name}")
+
+            mod.__getattr__ = __getattr__
         if self.package:  # a build product's package: any name in it is a GPU-only callable
             mod.__path__ = []
 
@@ -128,11 +149,19 @@ class ExtensionStandIns(importlib.abc.MetaPathFinder):
     """A last finder on ``sys.meta_path``: a vLLM compiled extension (:data:`_EXTENSION`) or a GPU
     runtime module (:data:`_RUNTIME_MODULES`) no other finder found becomes an empty module, so
     that vLLM's CUDA import paths (``vllm/platforms/cuda.py``, the flash-attention wrapper's
-    availability checks) import as on a GPU build. Real modules always win: it is asked last."""
+    availability checks) import as on a GPU build. Real modules always win: it is asked last.
+    With ``names`` (releases without ``vllm/platforms``, whose layers import names from the
+    extension at module level: ``from vllm._C import ops``), any name of an extension is a
+    namespace of GPU-only callables (:class:`_GpuOnlyNames`)."""
+
+    def __init__(self, names: bool = False):
+        self.names = names
 
     def find_spec(self, fullname, path=None, target=None):
         last = fullname.rpartition(".")[2]
-        if (fullname.startswith("vllm.") and _EXTENSION.match(last)) or fullname in _RUNTIME_MODULES:
+        if fullname.startswith("vllm.") and _EXTENSION.match(last):
+            return importlib.machinery.ModuleSpec(fullname, _StandIn(names=self.names))
+        if fullname in _RUNTIME_MODULES:
             return importlib.machinery.ModuleSpec(fullname, _StandIn())
         return None
 
@@ -202,10 +231,29 @@ class BuildProductStandIns(importlib.abc.MetaPathFinder):
 STOOD_IN: list[str] = []
 
 
-def _install_finder() -> None:
-    if not any(isinstance(f, ExtensionStandIns) for f in sys.meta_path):
-        sys.meta_path.append(ExtensionStandIns())
+def _install_finder(names: bool = False) -> None:
+    found = [f for f in sys.meta_path if isinstance(f, ExtensionStandIns)]
+    if not found:
+        sys.meta_path.append(ExtensionStandIns(names=names))
         sys.meta_path.insert(0, BuildProductStandIns())
+    elif names:
+        found[0].names = True
+
+
+def before_import_without_platforms(vllm_roots) -> bool:
+    """Called before ``import vllm`` of a tree with no ``vllm/platforms`` folder (any of
+    ``vllm_roots``, the package's search locations; 0.4.x to 0.5.0.post1): under the requested
+    ``cuda`` platform the stand-in finder goes in first, names included, since those releases
+    import their compiled extension at module level (``from vllm._C import ops``: 0.4.0's
+    ``vllm/model_executor/layers/activation.py``, 0.4.1's ``quantization/aqlm.py``; later ones
+    through ``vllm/_custom_ops.py``, which tolerates its absence). Returns whether it did; a
+    tree with ``vllm/platforms`` is left to :func:`install_eager` after the import."""
+    if any(os.path.isdir(os.path.join(r, "platforms")) for r in vllm_roots):
+        return False
+    if str(requested().get("name", "cuda")) != "cuda":
+        return False
+    _install_finder(names=True)
+    return True
 
 
 def _import(module: str) -> types.ModuleType:
@@ -357,7 +405,12 @@ def install_eager(notes: list[str]) -> str:
     already handed out is given the emulated CUDA class of :func:`eager_cuda_swap` for good
     (``__class__`` assignment: every module holding it sees the GPU's rules). Called after
     ``import vllm``, so that the stand-in finder does not make ``vllm._core_C`` look importable
-    to ``vllm/_core_ext.py``. Raises :class:`PlatformError` as :func:`install` does."""
+    to ``vllm/_core_ext.py``. Raises :class:`PlatformError` as :func:`install` does. A release
+    without ``vllm/platforms`` (before 0.5.1) goes to :func:`install_platformless`."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.platforms") is None:
+        return install_platformless(notes)
     platforms = _import("vllm.platforms")
     if "_current_platform" in vars(platforms) or "current_platform" not in vars(platforms):
         return install(notes)
@@ -380,6 +433,39 @@ def install_eager(notes: list[str]) -> str:
         notes.append("vllm.utils.is_cpu read the tree's +cpu dist-info version; the lab answers "
                      "False, as a CUDA build's version does (DeviceConfig picks cuda)")
     return f"cuda {spec.get('capability')} (emulated {type(current).__mro__[1].__name__})"
+
+
+def install_platformless(notes: list[str]) -> str:
+    """The platform for a release with no ``vllm/platforms`` package (0.4.x to 0.5.0.post1): its
+    device rules are ``vllm.utils`` functions (``is_cpu``, ``is_hip``, ``is_neuron``...) and
+    ``torch.cuda`` calls where they are made. For ``cuda``, as :func:`install_eager` does
+    without the platform class: the stand-in finder for the compiled extensions, the kernel
+    capability queries answered ``False``, and ``vllm.utils.is_cpu`` answering ``False`` as a
+    CUDA build's version does (so ``DeviceConfig(device="auto")`` is ``cuda``). For ``cpu``:
+    what ``is_cpu`` answers from the tree's ``+cpu`` dist-info (vLLM's CPU build). Raises
+    :class:`PlatformError` for another name, or ``cpu`` where the tree does not answer CPU."""
+    spec = requested()
+    want = str(spec.get("name", "cuda"))
+    vllm_dir = os.path.dirname(sys.modules["vllm"].__file__) if "vllm" in sys.modules else None
+    if want == "cpu":
+        utils = _import("vllm.utils")
+        if not getattr(utils, "is_cpu", lambda: False)():
+            raise PlatformError("platform.name cpu: this release has no vllm/platforms and its "
+                                "vllm.utils.is_cpu does not answer True; use cuda")
+        return "cpu (no vllm/platforms: vllm.utils.is_cpu from the tree's +cpu dist-info)"
+    if want != "cuda":
+        raise PlatformError(f"platform.name {want!r}: the lab emulates cuda, or runs vLLM's cpu "
+                            "platform; use one of them")
+    _install_finder(names=True)
+    if vllm_dir:
+        answer_kernel_queries(vllm_dir)
+    _import("vllm.utils")
+    notes.append("no vllm/platforms in this release: the device rules are vllm.utils' and "
+                 "torch.cuda's where vLLM calls them")
+    if _answer_is_cpu_false():
+        notes.append("vllm.utils.is_cpu read the tree's +cpu dist-info version; the lab answers "
+                     "False, as a CUDA build's version does (DeviceConfig picks cuda)")
+    return "cuda (no vllm/platforms; vllm.utils.is_cpu answers False)"
 
 
 def eager_cuda_swap(notes: list[str], *, lasting: str = " while a V0 run lasts",

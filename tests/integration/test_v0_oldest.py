@@ -1,0 +1,64 @@
+"""level: v0-engine on the oldest releases that run: vLLM 0.4.1 (no vllm/platforms, triton
+imported at module level, execute_model by keywords) and 0.5.5 (outlines imported with vllm),
+each in an environment the default REQUIREMENTS_BY_RELEASE completes, through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+RELEASES = ("0.4.1", "0.5.5")
+
+
+def scenario(tmp_path, name: str, **config) -> str:
+    d = {"name": name, "level": "v0-engine",
+         "config": {"block_size": 16, "max_model_len": 160, "max_num_batched_tokens": 256,
+                    "enable_chunked_prefill": False, "max_num_seqs": 4, "num_gpu_blocks": 12,
+                    "num_cpu_blocks": 40, **config},
+         "requests": [{"id": "A", "prompt_len": 40, "max_tokens": 60},
+                      {"id": "B", "prompt_len": 40, "max_tokens": 60},
+                      {"id": "C", "prompt_len": 40, "max_tokens": 60},
+                      {"id": "D", "at_step": 3, "prompt_len": 30, "max_tokens": 40}],
+         "events": [{"at_step": 20, "abort": ["B"]}],
+         "vllm": {"clean_on": list(RELEASES)}}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return str(p)
+
+
+def test_the_oldest_releases_run_a_preempting_pool_clean_under_the_audit(cli, tmp_path):
+    """A 12-block pool that preempts (recompute) under both block managers: clean, every request
+    finished or aborted, every GPU block back; with use_v2_block_manager the audit reads the
+    allocators' books (its ref-count hooks called), with the default BlockSpaceManagerV1 it says
+    it cannot. The environment's additions are listed with the result."""
+    reports = tmp_path / "r"
+    v1 = scenario(tmp_path, "v0-old-bm1")
+    v2 = scenario(tmp_path, "v0-old-bm2", use_v2_block_manager=True)
+    res = cli("run", v1, v2, *(a for r in RELEASES for a in ("--vllm", r)),
+              "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    for release in RELEASES:
+        for name in ("v0-old-bm1", "v0-old-bm2"):
+            d = json.loads((reports / name / release / "result.json").read_text())
+            assert d["outcome"] == "clean" and d["level"] == "v0-engine", (name, release, d)
+            assert d["finished"] == {"A": "length", "B": "aborted", "C": "length", "D": "length"}
+            assert d["engine"]["num_gpu_blocks"] == 12
+            assert d["audit"]["checks"] > 100 and not d["audit"]["by_code"]
+            lines = [json.loads(x) for x in
+                     (reports / name / release / "trace.jsonl").read_text().splitlines()]
+            assert lines[-1]["free_blocks"] == 12
+            if name == "v0-old-bm2":
+                assert d["audit"]["hook_calls"].get("GPU.decr", 0) > 0
+            else:
+                assert d["audit"]["hooks"] == ["unread: BlockSpaceManagerV1"]
+    old = json.loads((reports / "v0-old-bm2" / "0.4.1" / "result.json").read_text())
+    assert old["platform"] == "cuda (no vllm/platforms; vllm.utils.is_cpu answers False)"
+    assert any(s.startswith("triton (REQUIREMENTS_BY_RELEASE '<0.5.4=triton'")
+               for s in old["substitutions"])
+    mid = json.loads((reports / "v0-old-bm2" / "0.5.5" / "result.json").read_text())
+    assert any(s.startswith("outlines==0.0.41 (REQUIREMENTS_BY_RELEASE") for s in mid["substitutions"])
+    assert not any("pyairports" in s for s in mid["substitutions"])
