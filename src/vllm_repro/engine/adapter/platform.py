@@ -409,7 +409,7 @@ def install_eager(notes: list[str]) -> str:
     without ``vllm/platforms`` (before 0.5.1) goes to :func:`install_platformless`."""
     import importlib.util
 
-    if importlib.util.find_spec("vllm.platforms") is None:
+    if "vllm.platforms" not in sys.modules and importlib.util.find_spec("vllm.platforms") is None:
         return install_platformless(notes)
     platforms = _import("vllm.platforms")
     if "_current_platform" in vars(platforms) or "current_platform" not in vars(platforms):
