@@ -224,7 +224,7 @@ class Auditor:
             # the pool, the tables and the hashes are as the last check left them
             self._fig_step = getattr(self.loop, "step", None)
             return found
-        found += check_refcounts(b, refs, ids, b.held_dense())
+        found += check_refcounts(b, refs, ids)
         if full or not self._queue_counts_agree(refs, nfree):
             found += check_free_queue(b, refs)[0]
         found += self.map_check.check(full=False, snap=snap)
