@@ -113,3 +113,54 @@ def test_the_books_counts_from_the_mirror_agree_with_a_full_read(layout):
     assert not books.refcounts_agree()
     assert books.refs() == [b.ref_cnt for b in blk]
     books.uninstall_mirror()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_held_ids_and_counts_follow_any_table_edit(seed):
+    """The incremental reads of the block tables (only changed lists read again, the flat list
+    of held ids built only when needed) give what reading every table gives, after any edit a
+    scheduler (or a bug) makes: blocks appended, a list replaced, edited in place, emptied,
+    re-inserted in another order, a table gone, a request added; in two KV cache groups, with
+    an extra holder and the null block held."""
+    import random
+
+    from vllm_repro.audit.books import HeldIds
+
+    rnd = random.Random(seed)
+    books, s = make_books(num_gpu_blocks=24, groups=[{"A": [1, 2], "B": [3]}, {"A": [4]}])
+    if books.install_mirror() is not None:
+        pytest.skip("mirror")
+    blk = books.blocks
+    tables = books.tables()
+    last_key = None
+    last_flat = None
+    for _ in range(200):
+        t = rnd.choice(tables)
+        op = rnd.randrange(8)
+        rid = rnd.choice("ABCDE")
+        if op == 0:
+            t.setdefault(rid, []).extend(rnd.sample(blk, rnd.randrange(1, 3)))
+        elif op == 1:
+            t[rid] = rnd.sample(blk, rnd.randrange(0, 4))
+        elif op == 2 and t.get(rid):
+            t[rid][rnd.randrange(len(t[rid]))] = rnd.choice(blk)
+        elif op == 3 and rid in t:
+            t.pop(rid)
+        elif op == 4 and rid in t:
+            t[rid] = t.pop(rid)  # the same list, now last in the dict
+        elif op == 5 and rid in t:
+            del t[rid][len(t[rid]) // 2:]
+        elif op == 6:
+            s.deferred_frees = [(7, [blk[0], rnd.choice(blk)])] if rnd.random() < 0.5 else []
+        # op 7: nothing moved
+        flat = [b.block_id for tb in books.tables() for bl in tb.values() for b in bl]
+        flat += [b.block_id for _, bl in books.extra_holders() for b in bl]
+        key = books.held_key()
+        assert key.flat() == flat and len(key) == len(flat)
+        assert key.refs_held == len(flat) - flat.count(books.null_id)
+        assert (key == last_key) == (flat == last_flat)
+        assert (key == flat) and HeldIds([], flat, books.null_id) == key
+        assert books.held_ids() == flat
+        want = {i: flat.count(i) for i in range(len(blk))}
+        assert books.held_counts_of(range(len(blk))) == want
+        last_key, last_flat = key, flat

@@ -92,3 +92,22 @@ def test_figures_of_a_step_whose_update_freed_blocks_are_read_after_the_frees():
     aud.annotate(line)
     assert line.audit["free"] == books.num_free() == 7
     assert line.audit["used"] == 0
+
+
+def test_without_the_mirror_a_planted_refcount_is_still_recorded():
+    """Where the block mirror turns off mid-run (a write to a block's ``block_id``), the checks
+    read every block again and find the same KV_REFCOUNT as with the mirror."""
+    aud, books, s, loop = attached(num_gpu_blocks=8, tables={"A": [1, 2]})
+    so = make_output({"A": 4}, cached={"A": 0})
+    s.requests["A"].num_computed_tokens = 4
+    aud.after_schedule(1, so, None)
+    mirror = aud.books.mirror
+    if mirror is None:
+        pytest.skip(f"no mirror on the fakes: {aud.mirror_off}")
+    books.blocks[5].block_id = 5  # the same id, written: the mirror is no longer trusted
+    assert not mirror.exact
+    books.blocks[2].ref_cnt = 2
+    aud.after_update(1, so, TraceLine(1, scheduled={"A": 4}))
+    aud.after_schedule(2, make_output({}), None)
+    v = [v for v in aud.violations if vf(v, "code") == KV_REFCOUNT]
+    assert v and vf(v[0], "step") == 2 and vf(v[0], "blocks") == [2]

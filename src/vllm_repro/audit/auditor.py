@@ -21,7 +21,7 @@ from itertools import compress
 from operator import attrgetter
 
 from ..records import AuditSummary, TraceLine, Violation
-from .books import Books
+from .books import Books, HeldIds
 from ..engine import state
 from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, StarvationCheck,
                      check_end_of_run, check_free_queue, check_leaks, check_transfer_blocks,
@@ -224,7 +224,7 @@ class Auditor:
             # the pool, the tables and the hashes are as the last check left them
             self._fig_step = getattr(self.loop, "step", None)
             return found
-        found += check_refcounts(b, refs, ids, b.held_dense())
+        found += check_refcounts(b, refs, ids)
         if full or not self._queue_counts_agree(refs, nfree):
             found += check_free_queue(b, refs)[0]
         found += self.map_check.check(full=False, snap=snap)
@@ -244,7 +244,7 @@ class Auditor:
         that would find nothing is answered from running counts (any disagreement is then
         worked out by the same code as without the mirror, on full lists)."""
         m = b.mirror
-        ids = b.held_ids()
+        ids = b.held_key()  # (compared with the last one without building the flat list)
         nfree = b.num_free()
         if b.caching:
             inner = self.map_check._inner()
@@ -264,7 +264,7 @@ class Auditor:
             self._fig_step = getattr(self.loop, "step", None)
             return found
         if not b.refcounts_agree():
-            found += check_refcounts(b, b.refs(), ids)
+            found += check_refcounts(b, b.refs(), ids.flat())
         null = b.null_id
         nzero = m.nzero - (1 if null is not None and m.refs[null] == 0 else 0)
         nb = b.null
@@ -283,7 +283,7 @@ class Auditor:
         self._fig_step = getattr(self.loop, "step", None)
         return found
 
-    def _figures_now(self, ids: list[int] | None = None, nfree: int | None = None,
+    def _figures_now(self, ids: HeldIds | None = None, nfree: int | None = None,
                      nkeys: int | None = None) -> dict:
         """The trace line's figures of the books as they are now (``ids``, ``nfree``,
         ``nkeys``: already read)."""
@@ -292,13 +292,13 @@ class Auditor:
         if m is None or not m.exact:
             return self._compute_figures(b.refs(), b.held_ids(), b.num_free(),
                                          self.map_check.snapshot(full=False))
-        ids = b.held_ids() if ids is None else ids
+        ids = b.held_key() if ids is None else ids
         null = b.null_id
         refs = m.refs
         fig = {"free": b.num_free() if nfree is None else nfree,
                "used": b.num_blocks - m.nzero - (1 if null is not None and refs[null] != 0 else 0),
                "total": b.num_blocks,
-               "refs_held": len(ids) - (ids.count(null) if null is not None else 0)}
+               "refs_held": ids.refs_held}
         if b.caching:
             if nkeys is None:
                 inner = self.map_check._inner()

@@ -11,7 +11,7 @@ import dataclasses
 import types
 from collections import Counter
 from itertools import chain, compress
-from operator import attrgetter
+from operator import and_, attrgetter, eq, is_, not_
 
 from ..engine import state
 from ..engine.state import WAITING_QUEUES, block_hash_of  # noqa: F401 - re-exported
@@ -49,8 +49,8 @@ class Books:
         self.max_model_len = lay.max_model_len
         #: the :class:`BlockMirror` while installed and exact (None: read the blocks)
         self.mirror: BlockMirror | None = None
-        #: per KV cache group: request id -> (its table list, a copy, the copy's block ids)
-        self._id_cache: list[dict[str, tuple[list, list, list[int]]]] = []
+        #: per KV cache group: (request id -> its table list, -> a copy, -> the copy's block ids)
+        self._id_cache: list[tuple[dict[str, list], dict[str, list], dict[str, list[int]]]] = []
         self._dense: list[int] = [0] * self.num_blocks
         self._foreign: Counter = Counter()
         self._extra_ids: list[int] | None = None
@@ -99,16 +99,35 @@ class Books:
         self._extra_ids = list(chain.from_iterable(extra))
         return list(chain.from_iterable(seqs + extra))
 
+    def held_key(self) -> "HeldIds":
+        """:meth:`held_ids` as a :class:`HeldIds` (the id lists, not flattened), with the mirror
+        exact; the list itself (in a :class:`HeldIds`) without."""
+        if self._exact_mirror() is None:
+            return HeldIds([], self.held_ids(), self.null_id)
+        tables = self._table_ids()
+        extra = list(chain.from_iterable(map(_bid, bl) for _, bl in self.extra_holders()))
+        self._extra_ids = extra
+        null = self.null_id
+        nnull = 0 if null is None else (
+            (self._dense[null] if 0 <= null < self.num_blocks else self._foreign.get(null, 0))
+            + extra.count(null))
+        return HeldIds(tables, extra, null, nnull)
+
     def _table_ids(self) -> list[list[int]]:
         """The block ids of each table list, in table order, keeping :attr:`_dense` (references
         held by the tables, by block id) and :attr:`_foreign` (ids outside the pool) up to
         date. A table list equal, element by element (identity first), to its copy at the last
         read holds the same block ids (block ids are never written while the mirror is exact):
-        only the lists that changed are read block by block, only their ids counted again."""
+        only the lists that changed are read block by block, only their ids counted again.
+
+        Per KV cache group the last read is kept as three dicts by request id (the table list
+        object, its copy, its block ids); which lists are the same object and equal to their
+        copy is worked out for all requests at once with C-level ``map``, and only the others
+        (and the requests gone) go through the Python loop."""
         old = self._id_cache
         if len(old) != len(self.managers):
-            old = [{} for _ in self.managers]
-        new = [{} for _ in self.managers]
+            old = [({}, {}, {}) for _ in self.managers]
+        new = []
         dense, foreign, n = self._dense, self._foreign, self.num_blocks
         touched = self._touched
 
@@ -123,32 +142,40 @@ class Books:
                         del foreign[i]
 
         seqs = []
-        append = seqs.append
-        for t, old_g, new_g in zip(self.tables(), old, new):
-            pop = old_g.pop
-            for rid, bl in t.items():
-                c = pop(rid, None)
-                if c is not None and c[0] is bl:
-                    if c[1] == bl:
-                        new_g[rid] = c
-                        append(c[2])
-                        continue
-                    m = len(c[1])
-                    if m < len(bl) and bl[:m] == c[1]:  # blocks appended
+        for t, (lst, cpy, idl) in zip(self.tables(), old):
+            rids = list(t)
+            bls = list(t.values())
+            same = list(map(and_, map(is_, map(lst.get, rids), bls),
+                            map(eq, map(cpy.get, rids), bls)))
+            if len(rids) == len(lst) and all(same):
+                # every list as at the last read, and no request gone (same count, all found)
+                new.append((lst, cpy, idl))
+                seqs += map(idl.__getitem__, rids)
+                continue
+            n_lst, n_cpy, n_idl = dict(zip(rids, bls)), {}, {}
+            kept = list(compress(rids, same))
+            n_cpy.update(zip(kept, map(cpy.__getitem__, kept)))
+            n_idl.update(zip(kept, map(idl.__getitem__, kept)))
+            for rid, bl in compress(zip(rids, bls), map(not_, same)):
+                c1 = cpy.get(rid)
+                if c1 is not None and lst[rid] is bl:
+                    m = len(c1)
+                    if m < len(bl) and bl[:m] == c1:  # blocks appended
                         more = list(map(_bid, bl[m:]))
                         count(more, 1)
-                        c = new_g[rid] = (bl, list(bl), c[2] + more)
-                        append(c[2])
+                        n_cpy[rid] = list(bl)
+                        n_idl[rid] = idl[rid] + more
                         continue
-                if c is not None:
-                    count(c[2], -1)
+                if c1 is not None:
+                    count(idl[rid], -1)
                 ids = list(map(_bid, bl))
                 count(ids, 1)
-                new_g[rid] = (bl, list(bl), ids)
-                append(ids)
-        for old_g in old:  # tables gone
-            for c in old_g.values():
-                count(c[2], -1)
+                n_cpy[rid] = list(bl)
+                n_idl[rid] = ids
+            for rid in idl.keys() - n_lst.keys():  # tables gone
+                count(idl[rid], -1)
+            new.append((n_lst, n_cpy, n_idl))
+            seqs += map(n_idl.__getitem__, rids)
         self._id_cache = new
         return seqs
 
@@ -257,6 +284,47 @@ class Books:
     def kv_holding_ids(self) -> set:
         """Waiting requests the release lets keep their KV (``kv_holding_waiting``)."""
         return state.kv_holding_ids(self.scheduler)
+
+
+class HeldIds:
+    """The block ids of every reference held, in table order (:meth:`Books.held_ids`), kept as
+    the table lists' id lists (``tables``; never mutated once made) and the extra holders' ids
+    (``extra``), so that the auditor's "did the tables move" comparison need not build the
+    flat list: equal to another :class:`HeldIds` (or a flat list) exactly when the flat lists
+    are equal. ``refs_held``: the references to blocks other than the null block."""
+
+    __slots__ = ("tables", "extra", "total", "refs_held", "_flat")
+
+    def __init__(self, tables: list[list[int]], extra: list[int], null: int | None,
+                 nnull: int | None = None):
+        self.tables = tables
+        self.extra = extra
+        self._flat: list[int] | None = None if tables else extra
+        self.total = sum(map(len, tables)) + len(extra)
+        if nnull is None:
+            nnull = 0 if null is None else self.flat().count(null)
+        self.refs_held = self.total - nnull
+
+    def flat(self) -> list[int]:
+        """The flat list (:meth:`Books.held_ids`)."""
+        if self._flat is None:
+            self._flat = list(chain.from_iterable(self.tables)) + self.extra
+        return self._flat
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, HeldIds):
+            a, b = self.tables, other.tables
+            if len(a) == len(b) and all(map(is_, a, b)):  # the same id lists: compare the rest
+                return self.extra == other.extra
+            return self.total == other.total and self.flat() == other.flat()
+        if isinstance(other, list):
+            return self.total == len(other) and self.flat() == other
+        return NotImplemented
+
+    __hash__ = None
 
 
 class BlockMirror:
