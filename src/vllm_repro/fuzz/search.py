@@ -77,10 +77,13 @@ def signature(result: RunResult) -> str | None:
 
 
 def failure_message(result: RunResult) -> str:
-    """The text ``--target-message`` is matched against: a crash's message, or every
-    violation's message (one a line); empty for other outcomes."""
+    """The text ``--target-message`` is matched against: a crash's message, every
+    violation's message (one a line), or a stall's (where each unfinished request is stuck:
+    :class:`~vllm_repro.records.Stall`); empty for other outcomes."""
     if result.outcome == "crash" and result.crash is not None:
         return result.crash.message or ""
+    if result.outcome == "stall" and result.stall is not None:
+        return result.stall.message or ""
     if result.outcome == "violation":
         return "\n".join(v.message or "" for v in result.all_violations())
     return ""
@@ -535,7 +538,9 @@ def write_finding(finding: Finding, version: str, out_dir: Path) -> tuple[Path, 
                          "shrunk by hypothesis "
                          f"(signature {finding.signature}). Observed: "
                          + (f"{res.crash.type}: {res.crash.message}" if res.outcome == "crash"
-                            else res.violations[0].message if res.violations else res.outcome))
+                            else res.violations[0].message if res.violations
+                            else f"stall: {res.stall.message}" if res.stall is not None
+                            and res.stall.message else res.outcome))
     parse_scenario(sc, "<found>")  # it must load
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.yaml"
