@@ -354,6 +354,12 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                 n = database.stored()
                 if n:
                     emit("note", f"replaying {n} stored failure(s) from {database.path} first")
+            # a crash or stall target (any but a violation) is judged on the run's end, as the catalog judges an
+            # expected crash or stall (verdict.audit_keeps_going): the audit collects its
+            # findings and lets the run go on. Stopped at its first violation, a run never
+            # reaches a crash the same bug causes later (#46066: REQ_STATE at the first
+            # reset_prefix_cache, vLLM's own assert two resets later)
+            keep_going = bool(cfg.target) and not cfg.target.startswith("violation")
             deadline = time.perf_counter() + cfg.time_s  # search time: from vLLM imported
             seen: set[str] = set()
             chunk = 0
@@ -379,7 +385,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                             raise _Found(state["target"])  # noqa: B023
                         return
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
-                    result = worker.run(payload, None, audit=cfg.audit)
+                    result = worker.run(payload, None, audit=cfg.audit, keep_going=keep_going)
                     stats["examples"] += 1
                     oc = _outcome_kind(result)
                     stats["by_outcome"][oc] = stats["by_outcome"].get(oc, 0) + 1
