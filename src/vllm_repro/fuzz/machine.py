@@ -102,14 +102,28 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
     # a Mamba group with prefix caching needs CacheConfig.mamba_cache_mode (align or all, as
     # the hybrid model's config picks), only where the release has the field
     modes = tuple(getattr(caps, "mamba_cache_modes", ()) or ())
+    # a P/D prefill instance under vLLM's own NixlConnector (engine-core, where the release's
+    # factory has it: Capabilities.own_kv_connectors), one example in three; the machine's
+    # build_engine reads the private key. Half of those serve a hybrid Mamba model with prefix
+    # caching where the release can: the connector's own Mamba paths (the prefill side's
+    # truncation of the last prompt token, #53514) run only there
+    nixl = (level == "engine-core" and profile.kv_connectors and caps.kv_connectors
+            and "NixlConnector" in (getattr(caps, "own_kv_connectors", ()) or ())
+            and draw(st.sampled_from([False, False, True])))
+    cfg["_nixl"] = nixl
+    mamba_pd = (nixl and profile.kv_cache_groups and caps.kv_cache_groups and bool(modes)
+                and "mamba" in caps.kv_group_kinds and profile.prefix_caching
+                and draw(st.booleans()))
+    if mamba_pd:
+        cfg["enable_prefix_caching"] = True
     kinds = [k for k in HYBRID_KINDS if k in caps.kv_group_kinds
              and (k != "mamba" or not cfg["enable_prefix_caching"] or modes)]
     # two in three examples where the release has groups: the hybrid layouts are where the
     # per-group managers and their shared pool are exercised at all
     if profile.kv_cache_groups and caps.kv_cache_groups and kinds \
-            and draw(st.sampled_from([False, True, True])):
+            and (mamba_pd or draw(st.sampled_from([False, True, True]))):
         # shrinks towards a sliding window, the kind drawn before the others were
-        kind = draw(st.sampled_from(kinds))
+        kind = "mamba" if mamba_pd else draw(st.sampled_from(kinds))
         span = draw(st.sampled_from([16, 32, 64, 128]))
         if kind in HYBRID_SPAN:
             # a window or chunk under a small step budget, mostly: vLLM's per-request cap for
@@ -243,18 +257,16 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         # -- calls --------------------------------------------------------------------------
         @initialize(target=requests, config=configs(profile, level, caps), long=st.booleans(),
                     prompt=st.integers(1, 900), max_tokens=st.integers(1, 64),
-                    priority=st.integers(0, 2), aligned=st.booleans(),
-                    connector=st.sampled_from(["scripted", "scripted", "nixl"]))
-        def build_engine(self, config, long, prompt, max_tokens, priority, aligned, connector):
+                    priority=st.integers(0, 2), aligned=st.sampled_from([False, True, True]))
+        def build_engine(self, config, long, prompt, max_tokens, priority, aligned):
             """The engine's configuration (EngineCore is built from it before step 1) and its
             first request (a scenario holds at least one: no example runs nothing). At
             engine-core level, where the release's KVConnectorFactory has vLLM's own
             NixlConnector (``Capabilities.own_kv_connectors``), one example in three is a P/D
-            prefill instance under it instead of the scripted connector."""
+            prefill instance under it instead of the scripted connector (:func:`configs`)."""
+            config = dict(config)
+            self.nixl = bool(config.pop("_nixl", False))
             self.config = config
-            self.nixl = (connector == "nixl" and self._engine_core() and profile.kv_connectors
-                         and caps.kv_connectors
-                         and "NixlConnector" in (getattr(caps, "own_kv_connectors", ()) or ()))
             return self._add(long, prompt, max_tokens, priority, None, None, 1, aligned=aligned)
 
         @precondition(_space)
@@ -262,7 +274,7 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
               max_tokens=st.integers(1, 64), priority=st.integers(0, 2),
               arrival=st.sampled_from([None, None, 0.0, 1.0]),
               prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900),
-              aligned=st.booleans())
+              aligned=st.sampled_from([False, True, True]))
         def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
                         aligned):
             """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step;
