@@ -220,6 +220,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             self.connector: dict[str, dict] = {}  # request id -> KVConnectorScript fields
             #: vLLM's own NixlConnector as the prefill instance of P/D (instead of the script)
             self.nixl = False
+            #: its requests sent for remote decode (``kv_transfer_params: {do_remote_decode: true}``)
+            self.remote: set[str] = set()
 
         # -- the scenario being built -----------------------------------------------------
         def scenario(self) -> dict:
@@ -233,14 +235,15 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             if version:
                 sc["vllm"] = {"reproduces_on": [version]}
             if self.nixl:
-                # the prefill instance of P/D: the proxy sends it every request with
-                # do_remote_decode (vLLM's NixlConnector decides hits, truncation and delayed frees
-                # from it; its worker half is the lab's). An emulated A100: NIXL's package imports
+                # the prefill instance of P/D: the proxy's requests come with do_remote_decode
+                # (vLLM's NixlConnector decides hits, truncation and delayed frees from it; its
+                # worker half is the lab's), others are served here. An emulated A100: NIXL's package imports
                 # Mamba's Triton ops on 9.0 (0.33.0), whose config filter the CPU environment's
                 # Triton stand-in cannot serve (as the catalog's #53514 runs)
                 sc["kv_transfer_config"] = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
                 for r in sc["requests"]:
-                    r["kv_transfer_params"] = {"do_remote_decode": True}
+                    if r["id"] in self.remote:
+                        r["kv_transfer_params"] = {"do_remote_decode": True}
                 sc["platform"] = {"name": "cuda", "capability": "8.0",
                                   "device_name": "NVIDIA A100-SXM4-80GB"}
             elif self.connector:
@@ -288,8 +291,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
 
         @precondition(lambda self: self._space() and profile.shared_prefixes)
         @rule(target=requests, rid=requests, extra=st.sampled_from([1, 1, 16, 33]),
-              max_tokens=st.integers(1, 64))
-        def add_continuation(self, rid, extra, max_tokens):
+              max_tokens=st.integers(1, 64), remote_decode=st.booleans())
+        def add_continuation(self, rid, extra, max_tokens, remote_decode):
             """A request whose prompt is ``rid``'s shared part (its whole prompt where it shares
             none: from now on a prefix of its own) and ``extra`` new tokens: a conversation's next
             turn, a prompt sent again with a token more (a prefix-cache hit on every full block but
@@ -305,6 +308,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                    "prefix": base["prefix"], "prefix_len": min(shared, prompt_len)}
             if self.config["policy"] == "priority":
                 req["priority"] = base.get("priority", 0)
+            if self.nixl and remote_decode:  # the next turn sent through P/D
+                self.remote.add(req["id"])
             self.reqs.append(req)
             return req["id"]
 
@@ -342,7 +347,7 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             return self._add(False, prompt, max_tokens, 0, None, None, 1, structured=grammar)
 
         @precondition(lambda self: profile.kv_connectors and self._engine_core()
-                      and caps.kv_connectors and not self.nixl)
+                      and caps.kv_connectors)
         @rule(rid=requests, hit=st.sampled_from([1.0, 0.5, 0.25]), load_async=st.booleans(),
               recv_after=st.integers(0, 4), load_fails=st.booleans(), delay_free=st.booleans(),
               send_after=st.integers(0, 4))
@@ -353,6 +358,9 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             (``finished_recving`` ``recv_after`` steps after now), a failed load where the
             release's ``KVConnectorOutput`` reports one, and a delayed free
             (``request_finished`` keeps the blocks until ``finished_sending``)."""
+            if self.nixl:  # vLLM's NixlConnector: rid is one of the proxy's, sent for remote decode
+                self.remote.add(rid)
+                return
             prompt = next(r["prompt_len"] for r in self.reqs if r["id"] == rid)
             ext = max(1, int(prompt * hit))
             if not load_async:
