@@ -183,7 +183,11 @@ class Crash(Record):
 class Stall(Record):
     """No progress for ``stall_steps`` steps: the ``step`` it was called at, ``since`` (the first
     step without progress), the ``unfinished`` request ids, the ``waiting`` / ``running`` queues
-    (request ids) and ``free_blocks`` (KV blocks) at that step."""
+    (request ids) and ``free_blocks`` (KV blocks) at that step; ``message``: where each
+    unfinished request is stuck, one clause per request separated by ``; ``
+    (:func:`vllm_repro.engine.state.stall_message`: its queue, the KV blocks it needs to finish
+    when that is more than the pool can give, its output placeholders); what a scenario's
+    ``expect.message`` is matched against for ``outcome: stall`` ("" from older labs)."""
 
     step: int
     since: int
@@ -191,6 +195,7 @@ class Stall(Record):
     waiting: list[str] | None = None
     running: list[str] | None = None
     free_blocks: int | None = None
+    message: str = ""
 
 
 @dataclass

@@ -277,8 +277,13 @@ def _compare(exp, result: RunResult) -> list[str]:
         if exp.step and not any(x.step == exp.step for x in found
                                 if not exp.code or x.code == exp.code):
             reasons.append(f"no violation at step {exp.step}")
-    elif outcome == "stall" and exp.step and result.stall.step != exp.step:
-        reasons.append(f"stall step {result.stall.step} != {exp.step}")
+    elif outcome == "stall":
+        if exp.step and result.stall.step != exp.step:
+            reasons.append(f"stall step {result.stall.step} != {exp.step}")
+        # where the requests are stuck (Stall.message): two stalls of different mechanisms
+        # are told apart by it, as two crashes by theirs
+        if exp.message and not re.search(exp.message, result.stall.message or ""):
+            reasons.append(f"stall {result.stall.message!r} does not match {exp.message!r}")
     return reasons
 
 

@@ -162,3 +162,41 @@ def test_a_mamba_group_with_prefix_caching_only_with_a_mamba_cache_mode_the_rele
     assert all(cfg.get("mamba_cache_mode") in ("align", "all") for cfg in mamba_pc)
     assert not [sc for sc in scs if "mamba_cache_mode" in sc["config"] and not any(
         g["type"] == "mamba" for g in sc["config"].get("kv_cache_groups", []))]
+
+
+def test_connector_hits_nixl_instances_and_continuations():
+    """A synchronous scripted hit leaves the last prompt token to compute (a whole-prompt one
+    trips vLLM's ``assert num_new_tokens > 0`` in every release: not a bug to find); vLLM's
+    own NixlConnector is drawn only where the release's factory has it, as a P/D prefill
+    instance (the proxy's requests ``do_remote_decode``); a continuation shares its base's
+    prompt."""
+    from dataclasses import replace
+
+    nixl = replace(FULL, own_kv_connectors=("NixlConnector",))
+    scs = _draw(nixl, "engine-core", n=80)
+    prompts = {}
+    for sc in scs:
+        kv = sc.get("kv_transfer_config") or {}
+        lens = {r["id"]: r["prompt_len"] for r in sc["requests"]}
+        prompts.update(lens)
+        for rid, script in kv.get("requests", {}).items():
+            if script.get("external_hit_tokens") and not script.get("load_async"):
+                assert script["external_hit_tokens"] < lens[rid], sc
+        if kv.get("kv_connector") == "NixlConnector":
+            assert "requests" not in kv and all(
+                r.get("kv_transfer_params", {"do_remote_decode": True}) == {"do_remote_decode": True}
+                for r in sc["requests"]), sc
+    kinds = Counter((sc.get("kv_transfer_config") or {}).get("kv_connector") for sc in scs)
+    assert kinds["NixlConnector"] and kinds["ScriptedConnector"], kinds
+    assert any("kv_transfer_params" in r for sc in scs for r in sc["requests"])
+    turns = [(sc, r) for sc in scs for r in sc["requests"]
+             if str(r.get("prefix", "")).startswith("turn-")]
+    assert turns
+    for sc, r in turns:
+        base = next(b for b in sc["requests"] if b.get("prefix") == r["prefix"])
+        assert base["prefix_len"] == base["prompt_len"] and r["prefix_len"] <= r["prompt_len"]
+    assert any(r["prompt_len"] == b["prompt_len"] + 1 and b["prompt_len"] % 16 == 0
+               for sc, r in turns for b in sc["requests"] if b.get("prefix") == r["prefix"] and b is not r)
+    # without the release's NixlConnector: never drawn
+    assert not [sc for sc in _draw(FULL, "engine-core", n=40)
+                if (sc.get("kv_transfer_config") or {}).get("kv_connector") == "NixlConnector"]

@@ -72,6 +72,10 @@ class Capabilities:
     preprocess_errors_per_request: bool = False
     kv_connectors: bool = False
     kv_load_failures: tuple[str, ...] = ()
+    #: vLLM's own connectors whose scheduler half the lab runs (``kv_connector: NixlConnector``):
+    #: the names the release's ``KVConnectorFactory`` registry has, of those the lab's worker
+    #: half can answer (``engine/kv_worker.py``)
+    own_kv_connectors: tuple[str, ...] = ()
     v1_engine: bool = True
     v0_engine: bool = False
     v0_priority: bool = False
@@ -238,6 +242,7 @@ def probe(adapter) -> Capabilities:
         and "_handle_request_preproc_error" in proc[0],
         kv_connectors=connector,
         kv_load_failures=load_failures,
+        own_kv_connectors=_own_kv_connectors(connector),
         v0_engine=_module_exists("vllm.engine.llm_engine") and _module_exists("vllm.core.scheduler"),
         notes=tuple(adapter.platform_notes),
     )
@@ -296,6 +301,23 @@ def _kv_connector_seam(adapter) -> tuple[bool, tuple[str, ...]]:
     failures = tuple(f for f in ("invalid_block_ids", "failed_recving")
                      if ok and kvo is not None and f in fields_of(kvo))
     return ok, failures
+
+
+#: vLLM's own connectors the lab's worker half answers (engine/kv_worker.py reads their metadata)
+LAB_RUNS_OWN_CONNECTORS = ("NixlConnector",)
+
+
+def _own_kv_connectors(seam: bool) -> tuple[str, ...]:
+    """The :data:`LAB_RUNS_OWN_CONNECTORS` the release's ``KVConnectorFactory._registry``
+    (``vllm/distributed/kv_transfer/kv_connector/factory.py``, names registered at import)
+    holds, where the lab can script its connector seam at all; () otherwise."""
+    from .adapter import _try_import
+
+    if not seam:
+        return ()
+    factory = _try_import("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory")
+    registry = getattr(factory, "_registry", None) or {}
+    return tuple(n for n in LAB_RUNS_OWN_CONNECTORS if n in registry)
 
 
 #: (backend name, its module in vllm/v1/structured_output, the library it needs)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLine
 from .adapter import AdapterError, LevelMissing, RefusedByRelease, V1Adapter, token_stream
 from .fake_runner import FakeModelRunner, PersistentBatch
-from .state import worker_max_num_reqs
+from .state import stall_message, worker_max_num_reqs
 
 
 def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
@@ -244,7 +244,14 @@ class StepLoop:
             return None, False
         self.stall_since = step - stall_steps + 1
         return RunResult("stall", stall=Stall(step, self.stall_since, unfinished, line.waiting,
-                                              line.running, line.free_blocks)), True
+                                              line.running, line.free_blocks,
+                                              self._stall_message(unfinished, line))), True
+
+    def _stall_message(self, unfinished: list[str], line: TraceLine) -> str:
+        """The stall's ``message``: where each unfinished request is stuck
+        (:func:`~vllm_repro.engine.state.stall_message` over the live scheduler)."""
+        return stall_message(self.scheduler, unfinished, line.waiting, line.running,
+                             int(self.cfg.get("block_size") or 16))
 
     def _progressed(self, line: TraceLine) -> bool:
         """Progress at the scheduler level: some request had tokens scheduled."""

@@ -493,3 +493,51 @@ def grammar_pending(req) -> bool:
     if ready is None:
         ready = getattr(sor, "grammar", None) is not None
     return not ready
+
+
+def stall_message(scheduler, unfinished: list[str], waiting: list[str] | None,
+                  running: list[str] | None, block_size: int) -> str:
+    """Where each unfinished request of a stalled run is stuck: one clause per request,
+    ``; ``-separated, e.g. ``huge in waiting, needs 64 KV blocks for its 1009 tokens, more
+    than the pool's 50`` or ``A in running, 1 output placeholder(s)``. A clause names the
+    request's queue (``in waiting``, ``in running``, ``in no queue``, ``not in the scheduler``),
+    then, with one KV cache group and a ``BlockPool`` whose size it reports
+    (``BlockPool.num_gpu_blocks``), the blocks of ``block_size`` tokens it needs for every token
+    it computes to finish (``num_prompt_tokens + max_tokens - 1``: the last sampled token is
+    not computed) when the pool cannot give them: ``more than the pool's P`` (the request can
+    never fit) or ``the pool's P with the null block, P - 1 without`` (it fits only by counting
+    the block ``BlockPool`` keeps as ``null_block``); then ``Request.num_output_placeholders``
+    when positive (async scheduling: tokens the scheduler believes in flight). Reads
+    ``Scheduler.requests``, the block pool (:func:`block_pool`) and the request's fields; never
+    raises (an unreadable part is left out)."""
+    waiting, running = set(waiting or ()), set(running or ())
+    try:
+        pool = block_pool(scheduler)
+        total = getattr(pool, "num_gpu_blocks", None) if num_kv_groups(scheduler) == 1 else None
+        null = getattr(pool, "null_block", None) is not None
+        requests = getattr(scheduler, "requests", {}) or {}
+    except Exception:  # noqa: BLE001 - a release without these reads gets queues only
+        total, null, requests = None, False, {}
+    clauses = []
+    for rid in unfinished:
+        req = requests.get(rid)
+        where = ("in running" if rid in running else "in waiting" if rid in waiting
+                 else "in no queue" if req is not None else "not in the scheduler")
+        parts = [f"{rid} {where}"]
+        prompt = getattr(req, "num_prompt_tokens", None)
+        max_tokens = request_max_tokens(req) if req is not None else None
+        if isinstance(total, int) and isinstance(prompt, int) and isinstance(max_tokens, int):
+            tokens = prompt + max(max_tokens, 1) - 1
+            need = -(-tokens // block_size)
+            usable = total - 1 if null else total
+            if need > total:
+                parts.append(f"needs {need} KV blocks for its {tokens} tokens, more than the "
+                             f"pool's {total}")
+            elif need > usable:
+                parts.append(f"needs {need} KV blocks for its {tokens} tokens, the pool's "
+                             f"{total} with the null block, {usable} without")
+        placeholders = getattr(req, "num_output_placeholders", 0)
+        if isinstance(placeholders, int) and placeholders > 0:
+            parts.append(f"{placeholders} output placeholder(s)")
+        clauses.append(", ".join(parts))
+    return "; ".join(clauses)

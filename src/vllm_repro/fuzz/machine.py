@@ -45,7 +45,7 @@ from .strategies import MAX_MODEL_LEN, Profile
 
 #: bump when a rule's meaning changes: the database's stored examples (keyed by it) would
 #: replay as other scenarios
-MACHINE_VERSION = 3
+MACHINE_VERSION = 4
 #: the last step a call may land at (the machine's cursor); runs stop at ``limits.max_steps``
 MAX_CALL_STEP = 40
 #: constraints a grammar request draws from (the ``structured_outputs`` kinds of the scenario
@@ -97,17 +97,44 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
         "long_prefill_token_threshold": draw(st.sampled_from(
             [t for t in (0, 0, 16, 64) if t <= max_model_len])),
     }
-    if profile.async_scheduling and caps.async_scheduling and draw(st.booleans()):
+    # two in three where the release has it: the async scheduler's own accounting (output
+    # placeholders, frames to discard) is where #42117 and #46066 live
+    if profile.async_scheduling and caps.async_scheduling \
+            and draw(st.sampled_from([False, True, True])):
         cfg["async_scheduling"] = True
     # a Mamba group with prefix caching needs CacheConfig.mamba_cache_mode (align or all, as
     # the hybrid model's config picks), only where the release has the field
     modes = tuple(getattr(caps, "mamba_cache_modes", ()) or ())
+    # a P/D prefill instance under vLLM's own NixlConnector (engine-core, where the release's
+    # factory has it: Capabilities.own_kv_connectors), one example in three; the machine's
+    # build_engine reads the private key. Half of those serve a hybrid Mamba model with prefix
+    # caching where the release can: the connector's own Mamba paths (the prefill side's
+    # truncation of the last prompt token, #53514) run only there
+    nixl = (level == "engine-core" and profile.kv_connectors and caps.kv_connectors
+            and "NixlConnector" in (getattr(caps, "own_kv_connectors", ()) or ())
+            and draw(st.sampled_from([False, False, True])))
+    cfg["_nixl"] = nixl
+    mamba_pd = (nixl and profile.kv_cache_groups and caps.kv_cache_groups and bool(modes)
+                and "mamba" in caps.kv_group_kinds and profile.prefix_caching
+                and draw(st.booleans()))
+    if mamba_pd:
+        cfg["enable_prefix_caching"] = True
     kinds = [k for k in HYBRID_KINDS if k in caps.kv_group_kinds
              and (k != "mamba" or not cfg["enable_prefix_caching"] or modes)]
-    if profile.kv_cache_groups and caps.kv_cache_groups and kinds and draw(st.booleans()):
+    # two in three examples where the release has groups: the hybrid layouts are where the
+    # per-group managers and their shared pool are exercised at all
+    if profile.kv_cache_groups and caps.kv_cache_groups and kinds \
+            and (mamba_pd or draw(st.sampled_from([False, True, True]))):
         # shrinks towards a sliding window, the kind drawn before the others were
-        kind = draw(st.sampled_from(kinds))
+        kind = "mamba" if mamba_pd else draw(st.sampled_from(kinds))
         span = draw(st.sampled_from([16, 32, 64, 128]))
+        if kind in HYBRID_SPAN:
+            # a window or chunk under a small step budget, mostly: vLLM's per-request cap for
+            # these groups (SlidingWindowSpec.max_admission_blocks_per_request, cdiv(window - 1
+            # + max_num_batched_tokens) + 1 blocks) falls below a long prompt's block table
+            # only when the budget is small against the prompt (#45856: 32 tokens, window 16)
+            cfg["max_num_batched_tokens"] = draw(st.sampled_from(
+                [32, 64, cfg["max_num_batched_tokens"]]))
         fits = _hybrid_max_model_len(num_blocks, block_size, span, cfg["max_num_batched_tokens"],
                                      kind)
         if fits >= block_size:
@@ -119,9 +146,15 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
                 cfg["mamba_cache_mode"] = draw(st.sampled_from(modes))
             cfg["max_model_len"] = max_model_len = fits
             cfg["long_prefill_token_threshold"] = min(cfg["long_prefill_token_threshold"], fits)
-    if profile.spec_decode and caps.spec_decode and draw(st.booleans()):
+    if profile.spec_decode and caps.spec_decode and (profile.spec_always or draw(st.booleans())):
         cfg["num_speculative_tokens"] = draw(st.integers(1, 4))
-        method = draw(st.sampled_from(["ngram", "ngram_gpu"]))
+        methods = ["ngram", "ngram_gpu"]
+        if cfg.get("async_scheduling") and "ngram_gpu" in caps.spec_methods:
+            # with async scheduling mostly the GPU n-gram drafter: releases that check the pair
+            # (0.24.0's VllmConfig: "async scheduling is only supported with EAGLE/MTP/Draft
+            # Model/NGram GPU") refuse async + ngram at start-up, an example spent on nothing
+            methods = ["ngram_gpu", "ngram_gpu", "ngram_gpu", "ngram"]
+        method = draw(st.sampled_from(methods))
         cfg["speculative_method"] = method if method in caps.spec_methods else "ngram"
         # as `vllm serve` runs (stats on): the front end's stat loggers record every step
         if draw(st.booleans()):
@@ -185,6 +218,10 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             self.events: list[dict] = []
             self.model: dict = {"token": 100}
             self.connector: dict[str, dict] = {}  # request id -> KVConnectorScript fields
+            #: vLLM's own NixlConnector as the prefill instance of P/D (instead of the script)
+            self.nixl = False
+            #: its requests sent for remote decode (``kv_transfer_params: {do_remote_decode: true}``)
+            self.remote: set[str] = set()
 
         # -- the scenario being built -----------------------------------------------------
         def scenario(self) -> dict:
@@ -197,7 +234,19 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                   "limits": {"max_steps": 400, "stall_steps": 40}}
             if version:
                 sc["vllm"] = {"reproduces_on": [version]}
-            if self.connector:
+            if self.nixl:
+                # the prefill instance of P/D: the proxy's requests come with do_remote_decode
+                # (vLLM's NixlConnector decides hits, truncation and delayed frees from it; its
+                # worker half is the lab's), others are served here. An emulated A100: NIXL's package imports
+                # Mamba's Triton ops on 9.0 (0.33.0), whose config filter the CPU environment's
+                # Triton stand-in cannot serve (as the catalog's #53514 runs)
+                sc["kv_transfer_config"] = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+                for r in sc["requests"]:
+                    if r["id"] in self.remote:
+                        r["kv_transfer_params"] = {"do_remote_decode": True}
+                sc["platform"] = {"name": "cuda", "capability": "8.0",
+                                  "device_name": "NVIDIA A100-SXM4-80GB"}
+            elif self.connector:
                 sc["kv_transfer_config"] = {"kv_connector": "ScriptedConnector", "kv_role": "kv_both",
                                             "requests": {k: dict(v) for k, v in self.connector.items()}}
             return sc
@@ -214,27 +263,64 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         # -- calls --------------------------------------------------------------------------
         @initialize(target=requests, config=configs(profile, level, caps), long=st.booleans(),
                     prompt=st.integers(1, 900), max_tokens=st.integers(1, 64),
-                    priority=st.integers(0, 2))
-        def build_engine(self, config, long, prompt, max_tokens, priority):
+                    priority=st.integers(0, 2), aligned=st.sampled_from([False, True, True]))
+        def build_engine(self, config, long, prompt, max_tokens, priority, aligned):
             """The engine's configuration (EngineCore is built from it before step 1) and its
-            first request (a scenario holds at least one: no example runs nothing)."""
+            first request (a scenario holds at least one: no example runs nothing). At
+            engine-core level, where the release's KVConnectorFactory has vLLM's own
+            NixlConnector (``Capabilities.own_kv_connectors``), one example in three is a P/D
+            prefill instance under it instead of the scripted connector (:func:`configs`)."""
+            config = dict(config)
+            self.nixl = bool(config.pop("_nixl", False))
             self.config = config
-            return self._add(long, prompt, max_tokens, priority, None, None, 1)
+            return self._add(long, prompt, max_tokens, priority, None, None, 1, aligned=aligned)
 
         @precondition(_space)
         @rule(target=requests, long=st.booleans(), prompt=st.integers(1, 900),
               max_tokens=st.integers(1, 64), priority=st.integers(0, 2),
               arrival=st.sampled_from([None, None, 0.0, 1.0]),
-              prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900))
-        def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len):
-            """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step."""
-            return self._add(long, prompt, max_tokens, priority, arrival, prefix, prefix_len)
+              prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900),
+              aligned=st.sampled_from([False, True, True]))
+        def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
+                        aligned):
+            """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step;
+            ``aligned``: the prompt a whole number of KV blocks (the boundaries prefix caching,
+            Mamba's aligned state and the connectors' hits fall on)."""
+            return self._add(long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
+                             aligned=aligned)
+
+        @precondition(lambda self: self._space() and profile.shared_prefixes)
+        @rule(target=requests, rid=requests, extra=st.sampled_from([1, 1, 16, 33]),
+              max_tokens=st.integers(1, 64), remote_decode=st.booleans())
+        def add_continuation(self, rid, extra, max_tokens, remote_decode):
+            """A request whose prompt is ``rid``'s shared part (its whole prompt where it shares
+            none: from now on a prefix of its own) and ``extra`` new tokens: a conversation's next
+            turn, a prompt sent again with a token more (a prefix-cache hit on every full block but
+            the tail; vLLM caps a hit at the prompt less one token)."""
+            base = next(r for r in self.reqs if r["id"] == rid)
+            if "prefix" not in base:
+                base["prefix"], base["prefix_len"] = f"turn-{rid}", base["prompt_len"]
+            shared = base["prefix_len"]
+            mml = self.config["max_model_len"]
+            prompt_len = max(1, min(shared + extra, mml - 1))
+            req = {"id": f"R{len(self.reqs)}", "at_step": self.cursor, "prompt_len": prompt_len,
+                   "max_tokens": max(1, min(max_tokens, mml - prompt_len)),
+                   "prefix": base["prefix"], "prefix_len": min(shared, prompt_len)}
+            if self.config["policy"] == "priority":
+                req["priority"] = base.get("priority", 0)
+            if self.nixl and remote_decode:  # the next turn sent through P/D
+                self.remote.add(req["id"])
+            self.reqs.append(req)
+            return req["id"]
 
         def _add(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                 structured=None) -> str:
+                 structured=None, aligned=False) -> str:
             mml = self.config["max_model_len"]
             lo, hi = (profile.long_prompt if long and profile.long_prompt else profile.short_prompt)
             prompt_len = max(1, min(lo + (prompt - 1) % (hi - lo + 1), mml - 1))
+            bs = self.config["block_size"]
+            if aligned and prompt_len >= bs:
+                prompt_len = prompt_len // bs * bs
             req = {"id": f"R{len(self.reqs)}", "at_step": self.cursor, "prompt_len": prompt_len,
                    "max_tokens": max(1, min(max_tokens, mml - prompt_len))}
             if self.config["policy"] == "priority":
@@ -272,14 +358,29 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             (``finished_recving`` ``recv_after`` steps after now), a failed load where the
             release's ``KVConnectorOutput`` reports one, and a delayed free
             (``request_finished`` keeps the blocks until ``finished_sending``)."""
+            if self.nixl:  # vLLM's NixlConnector: rid is one of the proxy's, sent for remote decode
+                self.remote.add(rid)
+                return
             prompt = next(r["prompt_len"] for r in self.reqs if r["id"] == rid)
-            script: dict = {"external_hit_tokens": max(1, int(prompt * hit))}
-            if load_async:
-                script["load_async"] = True
-                if recv_after:
-                    script["recv_done_at_step"] = self.cursor + recv_after
-            if load_fails and caps.kv_load_failures:
-                script["load_fails"] = True
+            ext = max(1, int(prompt * hit))
+            if not load_async:
+                # a synchronous hit leaves the last prompt token to compute, as vLLM's own
+                # connectors do (ExampleConnector rounds len(prompt) - 1 down to a block; LMCache
+                # recomputes the last token of a full-prompt hit): the scheduler must schedule at
+                # least one token (``assert num_new_tokens > 0`` in Scheduler.schedule fails on a
+                # whole-prompt hit, in every release). An asynchronous whole-prompt hit is vLLM's
+                # own case (the scheduler takes one token back once the load is done,
+                # Scheduler._update_waiting_for_remote_kv)
+                ext = min(ext, prompt - 1)
+            script: dict = {}
+            if ext > 0:
+                script["external_hit_tokens"] = ext
+                if load_async:
+                    script["load_async"] = True
+                    if recv_after:
+                        script["recv_done_at_step"] = self.cursor + recv_after
+                if load_fails and caps.kv_load_failures:
+                    script["load_fails"] = True
             if delay_free:
                 script["delay_free"] = True
                 if send_after:
@@ -307,14 +408,17 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
 
         @precondition(lambda self: profile.engine_events and self._engine_core()
                       and "reset_prefix_cache" in caps.events)
-        @rule(running=st.booleans())
-        def reset_prefix_cache(self, running):
+        @rule(running=st.booleans(), again=st.integers(0, 2))
+        def reset_prefix_cache(self, running, again):
             """``EngineCore.reset_prefix_cache`` (``reset_running_requests`` where the release
-            takes it)."""
-            ev = {"at_step": self.cursor, "reset_prefix_cache": True}
-            if running and "reset_running_requests" in caps.events:
-                ev["reset_running_requests"] = True
-            self.events.append(ev)
+            takes it), and the same call again on each of the ``again`` following steps (an
+            RLHF loop's weight syncs, or ``pause_generation(clear_cache=True)`` retried, come
+            in runs: #46066 needs two one step apart)."""
+            for k in range(again + 1):
+                ev = {"at_step": self.cursor + k, "reset_prefix_cache": True}
+                if running and "reset_running_requests" in caps.events:
+                    ev["reset_running_requests"] = True
+                self.events.append(ev)
 
         @precondition(lambda self: profile.engine_events and self._engine_core()
                       and "pause" in caps.events and "resume" in caps.events
@@ -353,7 +457,10 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             self.model.setdefault("tokens", {})[rid] = tokens
 
         @precondition(lambda self: bool(self.config.get("num_speculative_tokens")))
-        @rule(rid=requests, accept=st.integers(0, 4))
+        # none accepted twice as often as each other count: an n-gram drafter's drafts are
+        # mostly rejected, and a rejected frame is what vLLM's async accounting must undo
+        # (#46066: num_rejected of a frame pending discard)
+        @rule(rid=requests, accept=st.sampled_from([0, 0, 1, 2, 3, 4]))
         def accept_drafts(self, rid, accept):
             """How many of ``rid``'s scheduled drafts the model accepts each step."""
             self.model.setdefault("spec_decode", {}).setdefault("accept", {})[rid] = accept

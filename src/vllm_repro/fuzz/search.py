@@ -77,10 +77,13 @@ def signature(result: RunResult) -> str | None:
 
 
 def failure_message(result: RunResult) -> str:
-    """The text ``--target-message`` is matched against: a crash's message, or every
-    violation's message (one a line); empty for other outcomes."""
+    """The text ``--target-message`` is matched against: a crash's message, every
+    violation's message (one a line), or a stall's (where each unfinished request is stuck:
+    :class:`~vllm_repro.records.Stall`); empty for other outcomes."""
     if result.outcome == "crash" and result.crash is not None:
         return result.crash.message or ""
+    if result.outcome == "stall" and result.stall is not None:
+        return result.stall.message or ""
     if result.outcome == "violation":
         return "\n".join(v.message or "" for v in result.all_violations())
     return ""
@@ -351,6 +354,12 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                 n = database.stored()
                 if n:
                     emit("note", f"replaying {n} stored failure(s) from {database.path} first")
+            # a crash or stall target (any but a violation) is judged on the run's end, as the catalog judges an
+            # expected crash or stall (verdict.audit_keeps_going): the audit collects its
+            # findings and lets the run go on. Stopped at its first violation, a run never
+            # reaches a crash the same bug causes later (#46066: REQ_STATE at the first
+            # reset_prefix_cache, vLLM's own assert two resets later)
+            keep_going = bool(cfg.target) and not cfg.target.startswith("violation")
             deadline = time.perf_counter() + cfg.time_s  # search time: from vLLM imported
             seen: set[str] = set()
             chunk = 0
@@ -376,7 +385,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                             raise _Found(state["target"])  # noqa: B023
                         return
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
-                    result = worker.run(payload, None, audit=cfg.audit)
+                    result = worker.run(payload, None, audit=cfg.audit, keep_going=keep_going)
                     stats["examples"] += 1
                     oc = _outcome_kind(result)
                     stats["by_outcome"][oc] = stats["by_outcome"].get(oc, 0) + 1
@@ -535,7 +544,9 @@ def write_finding(finding: Finding, version: str, out_dir: Path) -> tuple[Path, 
                          "shrunk by hypothesis "
                          f"(signature {finding.signature}). Observed: "
                          + (f"{res.crash.type}: {res.crash.message}" if res.outcome == "crash"
-                            else res.violations[0].message if res.violations else res.outcome))
+                            else res.violations[0].message if res.violations
+                            else f"stall: {res.stall.message}" if res.stall is not None
+                            and res.stall.message else res.outcome))
     parse_scenario(sc, "<found>")  # it must load
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.yaml"

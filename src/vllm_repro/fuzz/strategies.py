@@ -50,12 +50,16 @@ class Profile:
     engine_events: bool = True  # reset_prefix_cache, pause/resume (level engine-core)
     pool_override: bool = True  # num_gpu_blocks_override below the memory found (engine-core)
     kv_connectors: bool = True  # a scripted KV connector's events per request (engine-core)
+    #: every example drafts (``--spec``: the dimension fixed), where ``spec_decode`` only lets
+    #: the machine draw it
+    spec_always: bool = False
 
     def with_policy(self, policy: str | None) -> "Profile":
         return self if policy is None else replace(self, policies=(policy,))
 
     def with_spec(self, spec: bool | None) -> "Profile":
-        return self if spec is None else replace(self, spec_decode=spec, empty_outputs=spec or self.empty_outputs)
+        return self if spec is None else replace(self, spec_decode=spec, spec_always=spec,
+                                                 empty_outputs=spec or self.empty_outputs)
 
 
 _PLAIN = dict(async_scheduling=False, kv_cache_groups=False, structured_outputs=False,
