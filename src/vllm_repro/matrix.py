@@ -204,7 +204,9 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
     ``audit_findings`` and ``cause`` saying them; a run the release refused in a mode its
     Capabilities (``caps``, None when unknown) lack, or at a ``level`` whose engine it lacks
     (the worker's ``RunError.lacks_level``; :data:`LEVEL_NEEDS`), is ``n/a`` with their reason.
-    ``report``: the run's folder, kept relative to ``reports`` when it is under it."""
+    A clean run where the scenario expects its bug (``verdict.ok`` False) is ``clean
+    (unexpected)``, exit 1, as ``run`` judges it. ``report``: the run's folder, kept relative to
+    ``reports`` when it is under it."""
     subs = result.substitutions or None
     where = None
     if report is not None:
@@ -231,6 +233,12 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
         return MatrixCell(release, mode, "error", EXIT_ENV, _one_line(message), observed, where,
                           subs)
     if result.outcome == "clean":
+        if getattr(verdict, "ok", None) is False:
+            # the scenario expects its bug here (a reproduces_on release) and the run went clean:
+            # `vllm-repro run` says NO, exit 1; so does the cell
+            why = verdict.reason or f"expected {verdict.expected}, observed {verdict.observed}"
+            return MatrixCell(release, mode, "clean", EXIT_MISMATCH, _one_line(
+                f"not what the scenario expects on {release}: {why}"), observed, where, subs)
         return MatrixCell(release, mode, "clean", EXIT_OK, None, observed, where, subs)
     also = getattr(verdict, "also", None)
     if result.outcome == "violation" and also and getattr(verdict, "ok", None) is True:

@@ -646,10 +646,13 @@ class MatrixCell(Record):
     def label(self) -> str:
         """The cell as the table shows it: its outcome, ``clean (+N audit finding(s))`` for a
         clean run with findings outside the scenario's bug, ``crash (expected)`` for what the
-        scenario expects on that release."""
+        scenario expects on that release, ``clean (unexpected)`` for a clean run where it expects
+        its bug (exit 1)."""
         if self.outcome == "clean" and self.audit_findings:
             n = self.audit_findings
             return f"clean (+{n} audit finding{'s' if n > 1 else ''})"
+        if self.outcome == "clean" and self.exit == 1:
+            return "clean (unexpected)"
         if self.expected and self.outcome != "clean":
             return f"{self.outcome} (expected)"
         return self.outcome

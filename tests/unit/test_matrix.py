@@ -322,3 +322,24 @@ def test_a_fixed_release_run_clean_with_an_audit_finding_is_clean_as_run_says(ro
     console.print(mx.table(report))
     assert "clean (+1 audit finding)" in console.export_text()
     assert MatrixReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+
+
+def test_a_clean_run_where_the_bug_is_expected_is_a_mismatch_as_run_says(root):
+    """The flagship's bug did not show on 0.10.1.1 (a reproduces_on release; e.g. its spec-mode
+    variant): `vllm-repro run` says NO, exit 1; the cell must not read as a plain clean, exit 0,
+    nor let the whole matrix exit 0."""
+    from vllm_repro.verdict import exit_code, judge
+
+    from .builders import make_result
+
+    sc = load_scenario(root / "scenarios/vllm-23347-priority-preempt-scheduled.yaml")
+    result = make_result("clean", steps=31, finished={"L": "FINISHED_LENGTH_CAPPED",
+                                                     "H": "FINISHED_LENGTH_CAPPED"})
+    verdict = judge(sc, "0.10.1.1", result)
+    assert verdict.ok is False and exit_code([verdict]) == 1  # what `run` says
+    cell = mx.cell_for("0.10.1.1", "spec", result, verdict, None, None)
+    assert (cell.outcome, cell.exit, cell.label()) == ("clean", 1, "clean (unexpected)")
+    assert cell.cause.startswith("not what the scenario expects on 0.10.1.1: ")
+    assert _report([cell, MatrixCell("0.10.2", "spec", "clean", 0)]).exit_code() == 1
+    fixed = mx.cell_for("0.10.2", "spec", result, judge(sc, "0.10.2", result), None, None)
+    assert (fixed.outcome, fixed.exit, fixed.label()) == ("clean", 0, "clean")
