@@ -255,3 +255,38 @@ def test_vllm_is_checked_against_the_index_as_run_checks_it(tmp_path):
     assert "--vllm 0.9.2: not checked against the index" in p.stderr
     p = triage("--vllm", "0.9.2", "--replay", "--reports", str(tmp_path / "r"), index=gone)
     assert p.returncode == 3 and "unreachable" in p.stderr, p.stderr
+
+
+CHAINED_CUT = """\
+ERROR 06-05 16:27:39 [core.py:502] EngineCore encountered a fatal error.
+ERROR 06-05 16:27:39 [core.py:502] Traceback (most recent call last):
+ERROR 06-05 16:27:39 [core.py:502]   File "/opt/venv/lib/python3.12/site-packages/vllm/distributed/device_communicators/shm_broadcast.py", line 427, in acquire_read
+ERROR 06-05 16:27:39 [core.py:502]     raise TimeoutError
+ERROR 06-05 16:27:39 [core.py:502] TimeoutError
+ERROR 06-05 16:27:39 [core.py:502]
+ERROR 06-05 16:27:39 [core.py:502] During handling of the above exception, another exception occurred:
+ERROR 06-05 16:27:39 [core.py:502]
+ERROR 06-05 16:27:39 [core.py:502] Traceback (most recent call last):
+ERROR 06-05 16:27:39 [core.py:502]   File "/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 493, in run_engine_core
+ERROR 06-05 16:27:39 [core.py:502]     engine_core.run_busy_loop()
+ERROR 06-05 16:27:39 [core.py:502]   File "/opt/venv/lib/python3.12/site-packages/vllm/v1/executor/multiproc_executor.py", line 158, in execute_model
+"""
+
+
+def test_a_log_cut_inside_the_outer_traceback_of_a_chained_exception_says_so_first(tmp_path):
+    """The inner exception finished, the log ends in the traceback leading to the outer one (a
+    newcomer's `head -c` of crash log 009): the report's first line says the log is cut off and
+    that the inner exception may be the cause rather than the crash."""
+    log = tmp_path / "cut.log"
+    log.write_text(CHAINED_CUT)
+    p = run(str(log), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["exception_type"] == "TimeoutError"
+    assert d["cut_off"] and "ends inside a traceback" in d["cut_off"]
+    first = run(str(log)).stdout.decode().splitlines()[1]
+    assert first.startswith("cut off: the log ends inside a traceback")
+    whole = tmp_path / "whole.log"  # the same log with its outer exception line is not cut
+    whole.write_text(CHAINED_CUT + "ERROR 06-05 16:27:39 [core.py:502] TimeoutError: RPC call to "
+                     "execute_model timed out.\n")
+    assert json.loads(run(str(whole), "--json").stdout)["cut_off"] is None

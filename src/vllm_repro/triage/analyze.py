@@ -430,6 +430,18 @@ def _notes(sc: LogScanner, root, sig, cut, reversed_tb) -> list[str]:
     return notes
 
 
+def _open_at_end(sc: LogScanner, root):
+    """The traceback of ``root``'s process that the log ends inside (cut before its exception
+    line, after ``root`` and after every finished exception), else ``None``."""
+    if not sc.truncated_frames:
+        return None
+    last = sc.truncated_frames[-1]
+    latest = max((e.lineno for e in sc.exceptions), default=0)
+    if last.lineno > max(root.lineno, latest) and last.proc == root.proc and not last.side_thread:
+        return last
+    return None
+
+
 def analyze(sc: LogScanner, source: str) -> TriageReport:
     """Turn a finished :class:`LogScanner` into a :class:`TriageReport` (no I/O)."""
     root, finals = choose_root(sc)
@@ -519,6 +531,12 @@ def analyze(sc: LogScanner, source: str) -> TriageReport:
     elif cut is not None:
         cut_off = (f"the crash's traceback (line {cut.lineno}) is cut off before its exception "
                    "line: the exception is not in the log")
+    elif root is not None and (tail := _open_at_end(sc, root)) is not None:
+        # a chained exception: the inner one finished, the log ends inside the traceback that
+        # was leading to the outer one (e.g. `head -c` through "During handling of ...")
+        cut_off = (f"the log ends inside a traceback (line {tail.lineno}) printed after "
+                   f"{root.type} (line {root.lineno}): the exception it led to is not in the "
+                   f"log, and {root.type} may be its cause rather than the crash")
 
     dump_info = None
     if sc.dump is not None:
