@@ -402,3 +402,15 @@ def test_a_dump_cut_after_its_request_map_says_read_against_announced():
         "running by the scheduler stats (stats line at log line 2); its num_scheduled_tokens is "
         "cut off; 1 request(s) missing from the draft")
     assert read_scheduler_output(CUT_DUMP_09).cut_warning(4) is None
+
+
+def test_a_dump_cut_before_any_request_is_refused_saying_the_log_is_cut(tmp_path, cli):
+    """`head -c` through the dump's first request (crash log 009 at 20000 bytes): --scenario has
+    nothing to build requests from and says why: the log is cut, not 'no SchedulerOutput'."""
+    first = CUT_DUMP_09.index("CachedRequestData(")
+    log = _write_log(tmp_path, CUT_LOG.format(dump=CUT_DUMP_09[:first]))
+    out = tmp_path / "d.yaml"
+    p = cli("triage", str(log), "--scenario", str(out))
+    assert p.returncode == 2 and not out.exists()
+    assert "cut off before any request of vLLM's crash dump" in p.stderr, p.stderr
+    assert "no dump_input.py SchedulerOutput" not in p.stderr

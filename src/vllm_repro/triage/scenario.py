@@ -313,6 +313,11 @@ class _Draft:
         so, state = self.so, self.state
         if (so is None or not so.requests) and not state.get("running") and not state.get("waiting") \
                 and not state.get("pending") and not self.at_start_up and not self.v0:
+            if self.report.dump is not None and self.report.cut_off:
+                raise InputError(f"{self.src}: the log is cut off before any request of vLLM's crash "
+                                 f"dump (log line {self.report.dump['log_line']}) could be read: "
+                                 "nothing to build the scenario's requests from; triage the whole "
+                                 "log")
             raise InputError(f"{self.src}: no dump_input.py SchedulerOutput and no scheduler stats "
                              "with requests in the log: nothing to build the scenario's requests from")
 
