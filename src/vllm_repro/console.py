@@ -62,6 +62,20 @@ def verdict_table(verdicts) -> Table:
     return t
 
 
+def stall_lines(items, most: int = 10) -> list[str]:
+    """Under the verdict table, where each stalled run's requests are stuck
+    (:attr:`vllm_repro.records.Stall.message`): ``stall: SCENARIO on VERSION @STEP: MESSAGE``,
+    at most ``most`` lines (the rest counted)."""
+    stalls = [(i, i.result.stall) for i in items
+              if i.result is not None and i.result.outcome == "stall" and i.result.stall is not None
+              and i.result.stall.message]
+    lines = [f"stall: {i.scenario.name} on {i.version} @{s.step}: {s.message}"
+             for i, s in stalls[:most]]
+    if len(stalls) > most:
+        lines.append(f"stall: ... {len(stalls) - most} more (see each result.json)")
+    return lines
+
+
 def print_results(items, as_json: bool, sched_log: bool) -> int:
     """Print the results of run items (:class:`vllm_repro.lab.RunItem`): with ``sched_log``
     each run's [SCHED] lines first; then the verdicts as JSON, or the verdict table, the
@@ -75,13 +89,16 @@ def print_results(items, as_json: bool, sched_log: bool) -> int:
         for i in items:
             if i.report is not None and i.report.trace_path.is_file():
                 out.print(f"[bold]{i.scenario.name} on vLLM {i.version}[/bold]")
-                for line in sched_log_lines(i.report.trace_path):
+                stall = i.result.stall if i.result is not None else None
+                for line in sched_log_lines(i.report.trace_path, stall):
                     out.print(line, highlight=False, markup=False)
     if as_json:
         print(json.dumps([v.as_dict() for v in verdicts], indent=1))
     else:
         out.print(verdict_table(verdicts))
         for line in findings_lines(verdicts):
+            out.print(line, highlight=False, markup=False)
+        for line in stall_lines(items):
             out.print(line, highlight=False, markup=False)
         for i, v in zip(items, verdicts):
             error = i.result.error if i.result is not None else None

@@ -127,3 +127,29 @@ def test_plant_patches_are_undone():
     assert Target().method() == "fault" and Target.added == 1
     ctx.restore()
     assert Target().method() == "real" and not hasattr(Target, "added")
+
+
+def test_a_stall_says_where_its_requests_are_stuck_under_the_table_and_in_the_sched_log(
+        tmp_path, capsys):
+    """A stalled run prints its Stall.message under the verdict table and ends its --sched-log
+    with a STALL line: before, the message was only in result.json."""
+    from vllm_repro.console import print_results
+    from vllm_repro.lab import RunItem
+    from vllm_repro.verdict import judge
+
+    from .builders import make_scenario
+
+    msg = "huge in waiting, needs 64 KV blocks for its 1009 tokens, more than the pool's 50"
+    result = make_result("stall", scenario="s", vllm="0.19.1", steps=28,
+                         stall={"step": 28, "since": 9, "unfinished": ["huge"],
+                                "waiting": ["huge"], "running": [], "free_blocks": 49,
+                                "message": msg})
+    sc = make_scenario(expect={"outcome": "stall"}, vllm={"reproduces_on": ["0.19.1"]})
+    item = RunItem(sc, "0.19.1", result=result)
+    item.verdict = judge(sc, "0.19.1", result)
+    print_results([item], as_json=False, sched_log=False)
+    out = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert f"stall: s on 0.19.1 @28: {msg}" in out, out
+    run = write_run(tmp_path, trace_lines()[:2], {})
+    lines = list(sched_log_lines(run / "trace.jsonl", result.stall))
+    assert lines[-1] == f"[SCHED] STALL at step 28, no progress since step 9: {msg}"
