@@ -401,13 +401,21 @@ def table(report: MatrixReport):
 def cause_lines(report: MatrixReport) -> list[str]:
     """One line per cell that was not clean, or clean with audit findings outside the scenario's
     bug: ``<release> <mode>: <label> (exit N): cause`` (``n/a`` cells left out), then one per
-    mode with its counts."""
+    mode with its counts, then one per mode with ``n/a`` cells: which releases and why (the last
+    one's reason, e.g. ``async: n/a on 16 releases (0.6.5 to 0.9.2): vLLM 0.9.2 has no
+    AsyncScheduler (...)``)."""
     lines = [f"{c.release} {c.mode}: {c.label()} (exit {c.exit}): {c.cause}"
              for c in report.cells if c.outcome != "n/a" and (c.outcome != "clean" or c.cause)]
     for mode, counts in report.counts().items():
         ran = sum(n for o, n in counts.items() if o != "n/a")
         text = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
         lines.append(f"{mode}: {counts.get('clean', 0)} of {ran} clean ({text})")
+    for mode in report.counts():
+        na = [c for c in report.cells if c.mode == mode and c.outcome == "n/a"]
+        if na:
+            span = na[0].release if len(na) == 1 else f"{na[0].release} to {na[-1].release}"
+            n = f"{len(na)} release{'s' if len(na) > 1 else ''}"
+            lines.append(f"{mode}: n/a on {n} ({span}): {na[-1].cause}")
     return lines
 
 

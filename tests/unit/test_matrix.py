@@ -168,6 +168,8 @@ def test_the_table_the_causes_and_the_picture(tmp_path):
     assert lines[0] == "0.17.1 plain: error (exit 3): failed to import"
     assert "plain: 1 of 2 clean (1 clean, 1 error)" in lines
     assert "async: 1 of 1 clean (1 clean, 1 n/a)" in lines
+    # why a mode is n/a is said on stdout too, not only in matrix.json (newcomer P5)
+    assert lines[-1] == "async: n/a on 1 release (0.9.2): no AsyncScheduler", lines
     png = mx.draw(report, tmp_path / "matrix.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     path = mx.write(report, tmp_path / "m")
