@@ -66,12 +66,18 @@ def test_v0_start_up_without_gpu_blocks_and_a_swapping_pool(cli, tmp_path):
 
 
 def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_path):
+    """A field the release's EngineArgs lacks, and multi-step scheduling, which the release has
+    but the lab's V0 worker does not serve (it ran before, losing every step's tokens but the
+    last: requests that never finished, then KV_LEAK), are exit 2 in one line each."""
     bad = scenario(tmp_path, "v0-newer-field", {"num_gpu_blocks": 12,
                                                 "max_num_partial_prefills": 2})
-    res = cli("run", bad, "--vllm", RELEASE, "--reports", str(tmp_path / "r"))
+    multi = scenario(tmp_path, "v0-multi-step", {"num_gpu_blocks": 12, "num_scheduler_steps": 8})
+    res = cli("run", bad, multi, "--vllm", RELEASE, "--reports", str(tmp_path / "r"))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "config.max_num_partial_prefills" in res.stdout + res.stderr
     assert f"vLLM {RELEASE}'s EngineArgs has no field" in res.stdout + res.stderr
+    assert (f"v0-multi-step.yaml: config.num_scheduler_steps: 8: vLLM {RELEASE}'s multi-step "
+            "scheduling runs its MultiStepWorker") in res.stderr
 
 
 def test_8881_async_stopped_assertion_on_0_6_1_and_refused_prompt_from_0_8_4(cli, tmp_path):

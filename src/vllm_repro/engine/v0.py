@@ -170,6 +170,9 @@ class V0Adapter:
         :class:`RefusedByRelease` naming a field this release's ``EngineArgs`` lacks, or a lab
         field this level has no meaning for."""
         v = self.version
+        spec = speculative_fields(cfg)
+        if spec:
+            raise RefusedByRelease(_spec_refusal(", ".join(f"config.{k}" for k in spec), v))
         for key in V1_ONLY:
             if cfg.get(key) not in (None, False):
                 raise RefusedByRelease(f"config.{key}: not supported at level: v0-engine (vLLM "
@@ -238,6 +241,57 @@ class V0Adapter:
         if "detokenize" in self.sampling_fields:
             kw["detokenize"] = False
         return self.SamplingParams(**kw)
+
+
+def refuse_unserved_workers(engine_config, cfg: dict, version: str) -> None:
+    """Refuse an engine config whose release would run a worker the lab's
+    :class:`FakeV0Worker` does not stand in for, read from the config vLLM built (probed, not
+    by version):
+
+    - multi-step scheduling (``scheduler_config.num_scheduler_steps > 1``, 0.5.5 to 0.10.0):
+      vLLM runs ``MultiStepWorker`` / ``MultiStepModelRunner`` (``vllm/worker/multi_step_*.py``),
+      which keep a batch's per-step outputs and return them all at its last step (with async
+      output processing, queueing the earlier steps' outputs on the engine's
+      ``SchedulerContext`` themselves); the engine keeps only the last step's answer, so the
+      fake worker's one ``SamplerOutput`` per call would lose the other steps' tokens (seen on
+      0.6.3.post1 and 0.8.5: requests that never finish, then ``KV_LEAK``, not a
+      reproduction);
+    - V0 speculative decoding (``speculative_config`` set, from ``speculative_model`` /
+      ``num_speculative_tokens`` up to 0.7.x or the ``speculative_config`` dict from 0.8):
+      vLLM runs ``SpecDecodeWorker`` (``vllm/spec_decode/``), whose proposals and acceptance
+      the fake worker does not make.
+
+    ``cfg``: the scenario's ``config`` (the field named is the one the scenario wrote). Raises
+    :class:`RefusedByRelease` (exit 2) naming the field, the release and what to do instead."""
+    sched = getattr(engine_config, "scheduler_config", None)
+    steps = getattr(sched, "num_scheduler_steps", 1) or 1
+    if steps > 1:
+        raise RefusedByRelease(
+            f"config.num_scheduler_steps: {steps}: vLLM {version}'s multi-step scheduling runs "
+            "its MultiStepWorker / MultiStepModelRunner (vllm/worker/multi_step_*.py), which the "
+            "lab's V0 worker does not serve; use 1 (the default) at level: v0-engine")
+    if getattr(engine_config, "speculative_config", None) is not None:
+        raise RefusedByRelease(_spec_refusal(
+            ", ".join(f"config.{k}" for k in speculative_fields(cfg)) or "config", version))
+
+
+def speculative_fields(cfg: dict) -> list[str]:
+    """The scenario's config fields (``config`` and its ``passthrough``) that ask for
+    speculative decoding, set to a value (``speculative_model``, ``speculative_config``,
+    ``num_speculative_tokens``, ``ngram_prompt_lookup_*`` ...); the lab's
+    ``speculative_method`` (which drafter, meaningful only with ``num_speculative_tokens``) is
+    not one."""
+    keys = {**(cfg.get("passthrough") or {}), **cfg}
+    found = [k for k, value in keys.items()
+             if k not in ("passthrough", "speculative_method") and value not in (None, False)
+             and ("specul" in k or k.startswith("ngram_prompt_lookup"))]
+    return sorted(found, key=lambda k: ("specul" not in k, k))
+
+
+def _spec_refusal(field: str, version: str) -> str:
+    return (f"{field}: vLLM {version}'s V0 speculative decoding runs its SpecDecodeWorker "
+            "(vllm/spec_decode/), which the lab's V0 worker does not serve; drop it at level: "
+            "v0-engine (levels scheduler and engine-core drive spec decode on the V1 engine)")
 
 
 class EngineConfigs:
@@ -500,6 +554,7 @@ class V0EngineLoop(StepLoop):
             raise
         except Exception as exc:
             raise self.refusal(exc) from exc
+        refuse_unserved_workers(engine_config, cfg, a.version)
         pp = engine_config.parallel_config.pipeline_parallel_size
         if pp != 1:
             raise RefusedByRelease("config.pipeline_parallel_size: the lab's V0 worker runs one "
