@@ -51,10 +51,14 @@ def test_the_oldest_releases_run_a_preempting_pool_clean_under_the_audit(cli, tm
             lines = [json.loads(x) for x in
                      (reports / name / release / "trace.jsonl").read_text().splitlines()]
             assert lines[-1]["free_blocks"] == 12
+            assert "unread" not in d["audit"]  # the KV books were read, not only the queues
+            assert "unread" not in d["verdict"]["observed"]
             if name == "v0-old-bm2":
                 assert d["audit"]["hook_calls"].get("GPU.decr", 0) > 0
-            else:
-                assert d["audit"]["hooks"] == ["unread: BlockSpaceManagerV1"]
+            else:  # BlockSpaceManagerV1: its allocators' free is hooked and called
+                assert d["audit"]["hooks"] == ["GPU.UncachedBlockAllocator.free",
+                                               "CPU.UncachedBlockAllocator.free"]
+                assert d["audit"]["hook_calls"].get("GPU.free", 0) > 0
     old = json.loads((reports / "v0-old-bm2" / "0.4.1" / "result.json").read_text())
     assert old["platform"] == "cuda (no vllm/platforms; vllm.utils.is_cpu answers False)"
     assert any(s.startswith("triton (REQUIREMENTS_BY_RELEASE '<0.5.4=triton'")
