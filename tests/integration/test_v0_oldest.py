@@ -66,3 +66,30 @@ def test_the_oldest_releases_run_a_preempting_pool_clean_under_the_audit(cli, tm
     mid = json.loads((reports / "v0-old-bm2" / "0.5.5" / "result.json").read_text())
     assert any(s.startswith("outlines==0.0.41 (REQUIREMENTS_BY_RELEASE") for s in mid["substitutions"])
     assert not any("pyairports" in s for s in mid["substitutions"])
+
+
+def test_a_planted_fault_in_block_space_manager_v1s_books_is_flagged(tmp_path):
+    """vLLM 0.5.5's default BlockSpaceManagerV1, one fault planted at a time into the release
+    (tests/integration/plant_faults.py): a reference no block table holds is KV_REFCOUNT at the
+    planted step naming the request and block; a block freed twice is KV_DOUBLE_FREE inside the
+    allocator's free, before the release's own ValueError("Double free!")."""
+    from pathlib import Path
+
+    from vllm_repro.engine.host import Worker
+    from vllm_repro.scenario.load import load_scenario
+    from vllm_repro.sources.prepare import prepare_release
+
+    plants = Path(__file__).resolve().parent / "plant_faults.py"
+    sc = load_scenario(Path(scenario(tmp_path, "v0-bm1-plant")))
+    with Worker(prepare_release("0.5.5"), tmp_path / "engine.log") as w:
+        ref = w.run(sc.child_payload(), tmp_path / "ref", plant=f"{plants}:v0_bm1_extra_ref")
+        dfree = w.run(sc.child_payload(), tmp_path / "df", plant=f"{plants}:v0_bm1_double_free")
+    for res, code in ((ref, "KV_REFCOUNT"), (dfree, "KV_DOUBLE_FREE")):
+        planted = res.planted["notes"]
+        assert res.outcome == "violation", (res.outcome, res.crash)
+        v = res.violations[0]
+        assert (v.code, v.step, v.requests, v.blocks) == (
+            code, planted["step"], ["A"] if code == "KV_REFCOUNT" else [], planted["blocks"])
+    assert "ref count 2 but held by A (expected 1)" in ref.violations[0].message
+    assert dfree.violations[0].phase == "in UncachedBlockAllocator.free"
+    assert "given back with ref count 0" in dfree.violations[0].message

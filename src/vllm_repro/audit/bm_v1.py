@@ -258,17 +258,18 @@ def check_books_v1(books: V1Books, req_of_seq: dict[int, str]) -> list[Violation
                         f"{hash_map[h].block_number}) and in the evictor (block "
                         f"{b.block_number})", blocks=[b.block_number, hash_map[h].block_number]))
         total = books.num_blocks(device)
+        if not cached:  # every block exists from the start: each must be free or held
+            missing = sorted(set(range(total)) - {b.block_number for b in every.values()})
+            if missing:
+                found.append(make_violation(
+                    KV_FREE_QUEUE, f"{device} block(s) {missing[:8]} neither free nor held "
+                    "(lost: not on the free list, in no block table)", blocks=missing[:8]))
         used = sum(1 for b in every.values() if (getattr(b, "ref_count", 0) or 0) > 0)
         n_free = books.num_free(device)
         if used + n_free != total:
-            missing = []
-            if not cached:
-                present = {b.block_number for b in every.values()}
-                missing = sorted(set(range(total)) - present)
-            gone = f"; block(s) {missing[:8]} neither free nor held" if missing else ""
             found.append(make_violation(
                 KV_FREE_QUEUE, f"{device}: free {n_free} + used {used} != {total} blocks in the "
-                f"pool{gone}", blocks=missing[:8]))
+                "pool"))
     return found
 
 
