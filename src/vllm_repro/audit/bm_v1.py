@@ -187,90 +187,116 @@ def _holders(books: V1Books, req_of_seq: dict[int, str]) -> tuple[dict[int, list
 def check_books_v1(books: V1Books, req_of_seq: dict[int, str]) -> list[Violation]:
     """The block-table / ref-count / free-list / prefix-cache checks of one moment over
     ``BlockSpaceManagerV1``'s books (module docstring). ``req_of_seq``: sequence id -> request
-    id of the live sequences."""
+    id of the live sequences.
+
+    Cost: per-block Python work only for held and cached blocks; the free pools (the CPU pool
+    alone is thousands of blocks with the default ``swap_space``) are read with C-level
+    ``map`` / ``set`` operations, and looked at block by block only where one of them disagrees.
+    """
     found: list[Violation] = []
     holders, held_objs = _holders(books, req_of_seq)
     for device in books.allocators:
-        allocator = books.allocators[device]
-        cached = books.kinds[device] == "cached"
-        free = books.free_objects(device)
-        free_ids = {id(b) for b in free}
-        # every block object of this pool the books show: free, held, or (cached) in the map
-        every: dict[int, object] = {id(b): b for b in free}
-        every.update((i, b) for i, b in held_objs.items() if device_name(b) == device)
-        hash_map = dict(allocator.cached_blocks) if cached else {}
-        every.update((id(b), b) for b in hash_map.values())
+        found += _check_pool(books, device, holders, held_objs)
+    return found
 
-        if len(free) != len(free_ids):
-            dup = sorted({b.block_number for b, n in Counter(free).items() if n > 1})
-            where = "the evictor" if cached else "the free list"
-            found.append(make_violation(KV_FREE_QUEUE, f"{device} {where} holds block(s) {dup} "
-                                        "twice", blocks=dup))
+
+def _check_pool(books: V1Books, device: str, holders: dict[int, list[str]],
+                held_objs: dict[int, object]) -> list[Violation]:
+    found: list[Violation] = []
+    allocator = books.allocators[device]
+    cached = books.kinds[device] == "cached"
+    where = "in the evictor" if cached else "on the free list"
+    free = books.free_objects(device)
+    free_ids = set(map(id, free))
+    held = {i: b for i, b in held_objs.items() if device_name(b) == device}
+    hash_map = dict(allocator.cached_blocks) if cached else {}
+    # the blocks looked at one by one: held, cached (ref > 0 by the books), and free ones that
+    # are held, have a ref count, or are on the list twice
+    look = dict(held)
+    look.update((id(b), b) for b in hash_map.values())
+    if len(free_ids) != len(free):
+        dup = sorted({b.block_number for b, n in Counter(free).items() if n > 1})
+        found.append(make_violation(KV_FREE_QUEUE, f"{device} {where} holds block(s) {dup} "
+                                    "twice", blocks=dup))
+    if any(map(_ref_count, free)) or not free_ids.isdisjoint(held):
+        look.update((id(b), b) for b in free if _ref_count(b) or id(b) in held)
+    for i, b in sorted(look.items(), key=lambda kv: kv[1].block_number):
+        n = b.block_number
+        who = holders.get(i, [])
+        rc = _ref_count(b)
+        if rc != len(who):
+            found.append(make_violation(
+                KV_REFCOUNT, f"{device} block {n} ref count {rc} but held by {names(who)} "
+                f"(expected {len(who)})", requests=_rids(who), blocks=[n]))
+        if i in free_ids and (rc or who):
+            found.append(make_violation(
+                KV_FREE_QUEUE, f"{device} block {n} is {where} with ref count {rc}, held by "
+                f"{names(who)}", requests=_rids(who), blocks=[n]))
+        if rc == 0 and not who and i not in free_ids:
+            found.append(make_violation(
+                KV_FREE_QUEUE, f"{device} block {n} has ref count 0 and no holder but is not "
+                f"{where} (lost)", blocks=[n]))
+        if cached and who:
+            mapped = hash_map.get(b.block_hash)
+            if mapped is not b:
+                other = "nothing" if mapped is None else f"block {mapped.block_number}"
+                found.append(make_violation(
+                    KV_PREFIX_MAP, f"{device} block {n} is held by {names(who)} but "
+                    f"cached_blocks maps its hash {b.block_hash} to {other} (expected the "
+                    "block itself)", requests=_rids(who), blocks=[n]))
+    # one object per block number, and (uncached: every block exists from the start) each
+    # number free or held
+    free_numbers = set(map(_block_number, free))
+    known = {id(b): b for b in look.values() if id(b) not in free_ids}
+    numbers = free_numbers | {b.block_number for b in known.values()}
+    if len(numbers) != len(free_ids) + len(known):
         by_number: dict[int, list] = {}
-        for b in every.values():
+        for b in [*{id(x): x for x in free}.values(), *known.values()]:
             by_number.setdefault(b.block_number, []).append(b)
         for number, objs in sorted(by_number.items()):
             if len(objs) > 1:
                 found.append(make_violation(
                     KV_FREE_QUEUE, f"{device} block {number} exists as {len(objs)} "
-                    "PhysicalTokenBlock objects (expected one per block number)", blocks=[number]))
-        for i, b in sorted(every.items(), key=lambda kv: kv[1].block_number):
-            n = b.block_number
-            held = holders.get(i, [])
-            rc = int(getattr(b, "ref_count", 0) or 0)
-            if rc != len(held):
-                found.append(make_violation(
-                    KV_REFCOUNT, f"{device} block {n} ref count {rc} but held by {names(held)} "
-                    f"(expected {len(held)})", requests=_rids(held), blocks=[n]))
-            if i in free_ids and (rc or held):
-                where = "in the evictor" if cached else "on the free list"
-                found.append(make_violation(
-                    KV_FREE_QUEUE, f"{device} block {n} is {where} with ref count {rc}, held by "
-                    f"{names(held)}", requests=_rids(held), blocks=[n]))
-            if rc == 0 and not held and i not in free_ids:
-                where = "in the evictor" if cached else "on the free list"
-                found.append(make_violation(
-                    KV_FREE_QUEUE, f"{device} block {n} has ref count 0 and no holder but is not "
-                    f"{where} (lost)", blocks=[n]))
-            if cached and held:
-                mapped = hash_map.get(b.block_hash)
-                if mapped is not b:
-                    other = ("nothing" if mapped is None else f"block {mapped.block_number}")
-                    found.append(make_violation(
-                        KV_PREFIX_MAP, f"{device} block {n} is held by {names(held)} but "
-                        f"cached_blocks maps its hash {b.block_hash} to {other} (expected the "
-                        "block itself)", requests=_rids(held), blocks=[n]))
-        if cached:
-            for h, b in hash_map.items():
-                if b.block_hash != h:
-                    found.append(make_violation(
-                        KV_PREFIX_MAP, f"{device} cached_blocks maps hash {h} to block "
-                        f"{b.block_number}, whose hash is {b.block_hash}",
-                        blocks=[b.block_number]))
-            for h, b in dict(allocator.evictor.free_table).items():
-                if b.block_hash != h:
-                    found.append(make_violation(
-                        KV_PREFIX_MAP, f"{device} evictor keys block {b.block_number} by hash "
-                        f"{h}, but its hash is {b.block_hash}", blocks=[b.block_number]))
-                if h in hash_map:
-                    found.append(make_violation(
-                        KV_PREFIX_MAP, f"{device} hash {h} is both cached (block "
-                        f"{hash_map[h].block_number}) and in the evictor (block "
-                        f"{b.block_number})", blocks=[b.block_number, hash_map[h].block_number]))
-        total = books.num_blocks(device)
-        if not cached:  # every block exists from the start: each must be free or held
-            missing = sorted(set(range(total)) - {b.block_number for b in every.values()})
-            if missing:
-                found.append(make_violation(
-                    KV_FREE_QUEUE, f"{device} block(s) {missing[:8]} neither free nor held "
-                    "(lost: not on the free list, in no block table)", blocks=missing[:8]))
-        used = sum(1 for b in every.values() if (getattr(b, "ref_count", 0) or 0) > 0)
-        n_free = books.num_free(device)
-        if used + n_free != total:
+                    "PhysicalTokenBlock objects (expected one per block number)",
+                    blocks=[number]))
+    total = books.num_blocks(device)
+    if not cached and len(numbers) != total:
+        missing = sorted(set(range(total)) - numbers)
+        if missing:
             found.append(make_violation(
-                KV_FREE_QUEUE, f"{device}: free {n_free} + used {used} != {total} blocks in the "
-                "pool"))
+                KV_FREE_QUEUE, f"{device} block(s) {missing[:8]} neither free nor held "
+                "(lost: not on the free list, in no block table)", blocks=missing[:8]))
+    if cached:
+        for h, b in hash_map.items():
+            if b.block_hash != h:
+                found.append(make_violation(
+                    KV_PREFIX_MAP, f"{device} cached_blocks maps hash {h} to block "
+                    f"{b.block_number}, whose hash is {b.block_hash}", blocks=[b.block_number]))
+        for h, b in dict(allocator.evictor.free_table).items():
+            if b.block_hash != h:
+                found.append(make_violation(
+                    KV_PREFIX_MAP, f"{device} evictor keys block {b.block_number} by hash "
+                    f"{h}, but its hash is {b.block_hash}", blocks=[b.block_number]))
+            if h in hash_map:
+                found.append(make_violation(
+                    KV_PREFIX_MAP, f"{device} hash {h} is both cached (block "
+                    f"{hash_map[h].block_number}) and in the evictor (block {b.block_number})",
+                    blocks=[b.block_number, hash_map[h].block_number]))
+    used = sum(1 for b in look.values() if _ref_count(b) > 0)  # every block with a ref count
+    n_free = books.num_free(device)
+    if used + n_free != total:
+        found.append(make_violation(
+            KV_FREE_QUEUE, f"{device}: free {n_free} + used {used} != {total} blocks in the "
+            "pool"))
     return found
+
+
+def _ref_count(b) -> int:
+    return int(getattr(b, "ref_count", 0) or 0)
+
+
+def _block_number(b) -> int:
+    return b.block_number
 
 
 def _rids(held: list[str]) -> list[str]:
