@@ -32,17 +32,19 @@ def scenario(tmp_path, name: str, **config) -> str:
 
 def test_the_oldest_releases_run_a_preempting_pool_clean_under_the_audit(cli, tmp_path):
     """A 12-block pool that preempts (recompute) under both block managers: clean, every request
-    finished or aborted, every GPU block back; with use_v2_block_manager the audit reads the
-    allocators' books (its ref-count hooks called), with the default BlockSpaceManagerV1 it says
-    it cannot. The environment's additions are listed with the result."""
+    finished or aborted, every GPU block back, and the audit reads the KV books of each: the
+    v2 allocators' (its ref-count hooks called) and the default BlockSpaceManagerV1's, with and
+    without prefix caching (its allocators' free hooked and called; nothing named unread). The
+    environment's additions are listed with the result."""
     reports = tmp_path / "r"
     v1 = scenario(tmp_path, "v0-old-bm1")
     v2 = scenario(tmp_path, "v0-old-bm2", use_v2_block_manager=True)
-    res = cli("run", v1, v2, *(a for r in RELEASES for a in ("--vllm", r)),
+    pc = scenario(tmp_path, "v0-old-bm1-pc", enable_prefix_caching=True)
+    res = cli("run", v1, v2, pc, *(a for r in RELEASES for a in ("--vllm", r)),
               "--reports", str(reports))
     assert res.returncode == 0, res.stdout + res.stderr
     for release in RELEASES:
-        for name in ("v0-old-bm1", "v0-old-bm2"):
+        for name in ("v0-old-bm1", "v0-old-bm2", "v0-old-bm1-pc"):
             d = json.loads((reports / name / release / "result.json").read_text())
             assert d["outcome"] == "clean" and d["level"] == "v0-engine", (name, release, d)
             assert d["finished"] == {"A": "length", "B": "aborted", "C": "length", "D": "length"}
@@ -56,8 +58,9 @@ def test_the_oldest_releases_run_a_preempting_pool_clean_under_the_audit(cli, tm
             if name == "v0-old-bm2":
                 assert d["audit"]["hook_calls"].get("GPU.decr", 0) > 0
             else:  # BlockSpaceManagerV1: its allocators' free is hooked and called
-                assert d["audit"]["hooks"] == ["GPU.UncachedBlockAllocator.free",
-                                               "CPU.UncachedBlockAllocator.free"]
+                kind = "Cached" if name.endswith("-pc") else "Uncached"  # prefix caching
+                assert d["audit"]["hooks"] == [f"GPU.{kind}BlockAllocator.free",
+                                               f"CPU.{kind}BlockAllocator.free"]
                 assert d["audit"]["hook_calls"].get("GPU.free", 0) > 0
     old = json.loads((reports / "v0-old-bm2" / "0.4.1" / "result.json").read_text())
     assert old["platform"] == "cuda (no vllm/platforms; vllm.utils.is_cpu answers False)"
