@@ -261,7 +261,9 @@ class AuditSummary(Record):
     code, phase}`` where the audit stopped the run, else ``None``: the one field written even
     when ``None``, to say so), ``checks`` (how many),
     ``by_code`` (code -> distinct violations), ``distinct``, ``dropped`` (over the record cap),
-    ``hooks`` (block-pool methods hooked) and ``hook_calls`` (method -> calls)."""
+    ``hooks`` (block-pool methods hooked), ``hook_calls`` (method -> calls) and ``unread`` (books
+    the audit could not read on this release, e.g. ``EmbeddingModelBlockSpaceManager`` at level
+    v0-engine: a clean run says so in its verdict)."""
 
     keep_going: bool = False
     stopped: dict | None = None
@@ -271,10 +273,13 @@ class AuditSummary(Record):
     dropped: int = 0
     hooks: list[str] = field(default_factory=list)
     hook_calls: dict[str, int] = field(default_factory=dict)
+    unread: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d.setdefault("stopped", None)  # "the audit did not stop the run", said explicitly
+        if not d.get("unread"):
+            d.pop("unread", None)  # nothing unread: left out, as absent reads the same
         return d
 
 

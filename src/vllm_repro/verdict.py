@@ -124,7 +124,10 @@ def describe_observed(result: RunResult) -> str:
         return f"stall @{s.step} ({len(s.unfinished)} unfinished)"
     if outcome == "clean":
         refused = f", {len(result.refused)} refused" if result.refused else ""
-        return f"clean ({len(result.finished or {})} finished{refused}, {result.steps} steps)"
+        unread = result.audit.unread if result.audit is not None else []
+        caveat = f"; audit: KV books unread: {', '.join(unread)}" if unread else ""
+        return (f"clean ({len(result.finished or {})} finished{refused}, {result.steps} "
+                f"steps{caveat})")
     if outcome == "incomplete":
         return (f"incomplete (max_steps {result.steps} reached, {len(result.unfinished or [])} "
                 f"unfinished, {len(result.finished or {})} finished)")

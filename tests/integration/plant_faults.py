@@ -296,3 +296,58 @@ def zero_count(ctx, at_step: int = 3, request: str = "A") -> None:
         return so
 
     _schedule_wrapper(ctx, around)
+
+
+# ---- level v0-engine, BlockSpaceManagerV1 (vllm/core/block_manager_v1.py, 0.4.0 to 0.6.2) ----
+def _v0_table_of(scheduler, request: str) -> list:
+    """The ``PhysicalTokenBlock`` objects of ``request``'s first sequence (V0 scheduler)."""
+    bm = scheduler.block_manager
+    for q in (scheduler.running, scheduler.swapped, scheduler.waiting):
+        for sg in q:
+            if sg.request_id == request:
+                table = bm.block_tables[sg.get_seqs()[0].seq_id]
+                return list(table.list() if hasattr(table, "list") else table)
+    return []
+
+
+def v0_bm1_extra_ref(ctx, at_step: int = 3, request: str = "A") -> None:
+    """KV_REFCOUNT at level v0-engine: after the V0 ``Scheduler.schedule()`` of ``at_step``, the
+    first block of ``request``'s table gets a reference no block table holds
+    (``PhysicalTokenBlock.ref_count`` raised behind the block manager's back)."""
+    Scheduler = ctx.find("vllm.core.scheduler:Scheduler")
+    orig = Scheduler.schedule
+
+    def schedule(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        if ctx.step == at_step and "step" not in ctx.notes:
+            b = _v0_table_of(self, request)[0]
+            b.ref_count += 1
+            ctx.note("step", at_step)
+            ctx.note("request", request)
+            ctx.note("blocks", [b.block_number])
+        return out
+
+    ctx.patch(Scheduler, "schedule", schedule)
+
+
+def v0_bm1_double_free(ctx, request: str = "A") -> None:
+    """KV_DOUBLE_FREE at level v0-engine: when ``BlockSpaceManagerV1.free`` frees ``request``'s
+    sequence, its first block is given back to the GPU allocator a second time."""
+    Manager = ctx.find("vllm.core.block_manager_v1:BlockSpaceManagerV1")
+    orig = Manager.free
+
+    def free(self, seq, *args, **kwargs):
+        table = self.block_tables.get(seq.seq_id)
+        blocks = list(table.list() if hasattr(table, "list") else table or ())
+        out = orig(self, seq, *args, **kwargs)
+        s = ctx.scheduler  # the output processor frees a finished sequence of a running group
+        mine = any(sg.request_id == request and any(x is seq for x in sg.get_seqs())
+                   for q in (s.running, s.swapped, s.waiting) for sg in q)
+        if blocks and mine and "blocks" not in ctx.notes:
+            ctx.note("step", ctx.step)
+            ctx.note("request", request)
+            ctx.note("blocks", [blocks[0].block_number])
+            self.gpu_allocator.free(blocks[0])  # the fault: freed again
+        return out
+
+    ctx.patch(Manager, "free", free)

@@ -100,3 +100,14 @@ def test_explain_a_clean_run():
     [sentence] = explain(result)
     n = len(json.loads((RESULTS / "clean-engine-core-42117-0.22.0.json").read_text())["finished"])
     assert sentence == f"Every request finished ({n}) in {result.steps} steps, with no crash and no broken invariant."
+
+
+def test_explain_a_clean_run_whose_kv_books_were_unread_says_so():
+    """A V0 run whose block manager the audit cannot read (audit.unread): the page does not
+    claim the KV cache's invariants held."""
+    result = RunResult.from_json((RESULTS / "clean-engine-core-42117-0.22.0.json").read_text())
+    result.audit.unread = ["PlaceholderBlockSpaceManager"]
+    sentences = explain(result)
+    assert sentences[1] == ("The audit could not read the KV books of PlaceholderBlockSpaceManager:"
+                            " only the queues were checked, so the KV cache's invariants are "
+                            "unknown.")

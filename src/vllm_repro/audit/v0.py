@@ -1,7 +1,7 @@
 """The audit over the V0 engine's books (``level: v0-engine``).
 
 What it reads (``vllm/core/block_manager.py:SelfAttnBlockSpaceManager``, the "v2" block
-manager, the only one from 0.6.3 and the default before):
+manager: the only one from 0.6.3; before, ``use_v2_block_manager: true``):
 
 - ``block_manager.block_tables``: sequence id -> ``BlockTable`` (``physical_block_ids``);
 - ``block_manager.block_allocator`` (``CpuGpuBlockAllocator``): ``_allocators`` by device
@@ -22,10 +22,13 @@ not its queue's, or a group of an aborted request still queued), ``KV_DOUBLE_FRE
 on each allocator's ``RefCounter.decr``: a block
 given back at ref count 0, caught inside the call), ``REQ_RESIDUE`` (at the end of a clean run, a
 child group of an ``n > 1`` request still a key of ``LLMEngine.seq_id_to_seq_group`` after it
-left every queue and the engine collected its finish: nothing takes it out any more). Older block
-managers (the "v1"
-``BlockSpaceManagerV1`` of releases before 0.6.3, used where ``use_v2_block_manager`` is false)
-are not read: the audit says so in its summary's hooks (``unread: ...``) and checks queues only.
+left every queue and the engine collected its finish: nothing takes it out any more). The older
+``BlockSpaceManagerV1`` (``vllm/core/block_manager_v1.py``, the default up to 0.6.2, gone in
+0.6.3) keeps its books as ``PhysicalTokenBlock`` objects: :mod:`vllm_repro.audit.bm_v1`
+reads them with the same codes, and its allocators' ``free`` carry the ``KV_DOUBLE_FREE`` hook.
+A block manager neither reader knows (the embedding models' and attention-free models'
+placeholders) or an allocator of an unknown shape is named in the summary's ``unread``; only
+queues are checked then, and a clean run says so (``clean (...; audit: KV books unread: ...)``).
 
 Runs inside release environments: standard library + the release's own objects.
 """
@@ -37,6 +40,7 @@ from collections import Counter
 
 from ..records import AuditSummary, TraceLine, Violation
 from .auditor import AuditStop
+from .bm_v1 import V1Books, check_books_v1, is_block_manager_v1
 from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT,
                     REQ_RESIDUE, REQ_STATE, make_violation, names)
 
@@ -44,9 +48,24 @@ from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_RE
 QUEUE_OF_STATUS = {"WAITING": "waiting", "RUNNING": "running", "SWAPPED": "swapped"}
 
 
+def read_books(scheduler):
+    """The reader of ``scheduler``'s block manager, by its attributes: :class:`V0Books` (the v2
+    ``SelfAttnBlockSpaceManager``), :class:`~vllm_repro.audit.bm_v1.V1Books`
+    (``BlockSpaceManagerV1``), else a :class:`V0Books` whose ``readable`` is False (queues
+    only; ``unread`` names the block manager)."""
+    bm = scheduler.block_manager
+    if getattr(getattr(bm, "block_allocator", None), "_allocators", None) is None \
+            and is_block_manager_v1(bm):
+        return V1Books(scheduler)
+    return V0Books(scheduler)
+
+
 class V0Books:
     """Reads the V0 books of one scheduler (see the module docstring). ``readable`` is False
-    where the block manager is not the one this module knows (then only queues are read)."""
+    where the block manager is not the one this module knows (then only queues are read, and
+    ``unread`` names it)."""
+
+    kind = "SelfAttnBlockSpaceManager"
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
@@ -56,6 +75,12 @@ class V0Books:
         self.allocators = dict(getattr(alloc, "_allocators", {}) or {})
         self.readable = bool(self.allocators) and hasattr(bm, "block_tables")
         self.cpu_gpu = alloc
+        self.unread: list[str] = [] if self.readable else [type(bm).__name__]
+
+    def gpu_total(self) -> int:
+        """GPU blocks in the pool (the null block left out)."""
+        return len(self.pools().get("GPU", {}).get("all", ()) or ()) - (
+            1 if self.null_block_id() is not None else 0)
 
     # ---- per allocator ---------------------------------------------------------------------
     @staticmethod
@@ -101,14 +126,29 @@ class V0Books:
         return out
 
     def queues(self) -> dict[str, list]:
-        s = self.scheduler
-        return {"waiting": list(s.waiting), "running": list(s.running), "swapped": list(s.swapped)}
+        return queues_of(self.scheduler)
 
     def async_stopped(self) -> list:
-        """Groups that left ``running`` at ``max_model_len`` with async output processing
-        (``Scheduler._async_stopped``, 0.6.1+): they keep their blocks until the engine's
-        ``free_finished_seq_groups``."""
-        return list(getattr(self.scheduler, "_async_stopped", ()) or ())
+        return async_stopped_of(self.scheduler)
+
+    def gpu_blocks_of(self, seq_id: int, tables: dict[int, list[int]] | None = None) -> list[int]:
+        """The GPU block ids in sequence ``seq_id``'s table (ids are unique across pools)."""
+        tables = self.tables() if tables is None else tables
+        gpu = self.pools().get("GPU", {}).get("all", set())
+        return [b for b in tables.get(seq_id, ()) if b in gpu]
+
+
+def queues_of(scheduler) -> dict[str, list]:
+    """The scheduler's ``waiting`` / ``running`` / ``swapped`` groups."""
+    s = scheduler
+    return {"waiting": list(s.waiting), "running": list(s.running), "swapped": list(s.swapped)}
+
+
+def async_stopped_of(scheduler) -> list:
+    """Groups that left ``running`` at ``max_model_len`` with async output processing
+    (``Scheduler._async_stopped``, 0.6.1+): they keep their blocks until the engine's
+    ``free_finished_seq_groups``."""
+    return list(getattr(scheduler, "_async_stopped", ()) or ())
 
 
 def check_books(books: V0Books, req_of_seq: dict[int, str]) -> list[Violation]:
@@ -157,8 +197,10 @@ def check_books(books: V0Books, req_of_seq: dict[int, str]) -> list[Violation]:
 def check_queues(books: V0Books, tables: dict[int, list[int]] | None,
                  gpu_ids: set[int]) -> tuple[list[Violation], dict[int, str]]:
     """``(violations, sequence id -> request id of live sequences)``: a request in two queues,
-    a sequence whose status is not its queue's, a swapped request holding GPU blocks, and
-    (``tables`` given) a block table whose sequence no queue holds."""
+    a sequence whose status is not its queue's, a swapped request holding GPU blocks (``gpu_ids``
+    at the v2 reader, whose ids are unique across pools; each block's ``device`` at
+    ``BlockSpaceManagerV1``'s), and (``tables`` given) a block table whose sequence no queue
+    holds, or a cross-attention table whose request none holds."""
     found: list[Violation] = []
     seen: dict[str, str] = {}
     req_of_seq: dict[int, str] = {}
@@ -178,18 +220,28 @@ def check_queues(books: V0Books, tables: dict[int, list[int]] | None,
                         REQ_STATE, f"{rid} (sequence {seq.seq_id}) is {status} but in {qname}",
                         requests=[rid]))
                 if qname == "swapped" and tables is not None:
-                    on_gpu = [b for b in tables.get(seq.seq_id, ()) if b in gpu_ids]
+                    on_gpu = (books.gpu_blocks_of(seq.seq_id) if isinstance(books, V1Books)
+                              else [b for b in tables.get(seq.seq_id, ()) if b in gpu_ids])
                     if on_gpu:
                         found.append(make_violation(
                             KV_LEAK, f"{rid} is swapped out but its block table holds GPU "
                             f"block(s) {on_gpu[:8]}", requests=[rid], blocks=on_gpu))
     if tables is not None:
-        parked = {seq.seq_id for sg in books.async_stopped() for seq in sg.get_seqs()}
+        stopped = books.async_stopped()
+        parked = {seq.seq_id for sg in stopped for seq in sg.get_seqs()}
         for seq_id, ids in tables.items():
             if seq_id not in req_of_seq and seq_id not in parked:
                 found.append(make_violation(
                     KV_LEAK, f"sequence {seq_id} has a block table ({len(ids)} blocks) but no "
                     "queue holds it (finished or aborted)", blocks=ids))
+        if isinstance(books, V1Books):
+            live = set(seen) | {sg.request_id for sg in stopped}
+            for rid, blocks in books.cross_objects().items():
+                if rid not in live:
+                    found.append(make_violation(
+                        KV_LEAK, f"{rid} has a cross-attention block table ({len(blocks)} "
+                        "blocks) but no queue holds it (finished or aborted)", requests=[rid],
+                        blocks=[b.block_number for b in blocks]))
     return found, req_of_seq
 
 
@@ -293,12 +345,14 @@ class V0Auditor:
     # ---- observer protocol ----------------------------------------------------------------
     def attach(self, loop) -> None:
         self.loop = loop
-        self.books = V0Books(loop.scheduler)
+        self.books = read_books(loop.scheduler)
         if not self.books.readable:
-            self.hook_names.append(f"unread: {type(self.books.bm).__name__}")
             return
         for device, allocator in self.books.allocators.items():
-            self._hook_decr(getattr(device, "name", str(device)), allocator)
+            if isinstance(self.books, V1Books):
+                self._hook_free(device, allocator)
+            else:
+                self._hook_decr(getattr(device, "name", str(device)), allocator)
 
     def before_execute(self, step: int, req) -> None:
         """The worker got ``req`` (an ``ExecuteModelRequest``): :class:`KVContent`'s check of
@@ -341,8 +395,7 @@ class V0Auditor:
         if outcome == "clean" and b is not None and b.readable:
             try:
                 free = b.bm.get_num_free_gpu_blocks()
-                total = len(b.pools().get("GPU", {}).get("all", ()) or ()) - (
-                    1 if b.null_block_id() is not None else 0)
+                total = b.gpu_total()
                 if free != total:
                     self._record(make_violation(
                         KV_LEAK, f"at the end of the run {total - free} GPU block(s) are not "
@@ -353,9 +406,10 @@ class V0Auditor:
 
     def summary(self) -> AuditSummary:
         by_code = Counter(v.code for v in self.violations)
+        unread = list(self.books.unread) if self.books is not None else []
         return AuditSummary(self.keep_going, self.stopped, self.checks, dict(by_code),
                             len(self.violations), self.dropped, list(self.hook_names),
-                            dict(self.hook_calls))
+                            dict(self.hook_calls), unread)
 
     # ---- checks ---------------------------------------------------------------------------
     def _check(self) -> list[Violation]:
@@ -367,6 +421,9 @@ class V0Auditor:
         if not b.readable:
             return check_queues(b, None, set())[0] + self._check_aborted(b)
         tables = b.tables()
+        if isinstance(b, V1Books):
+            found, req_of_seq = check_queues(b, tables, set())
+            return found + self._check_aborted(b) + check_books_v1(b, req_of_seq)
         gpu = b.pools().get("GPU", {}).get("all", set())
         found, req_of_seq = check_queues(b, tables, gpu)
         return found + self._check_aborted(b) + check_books(b, req_of_seq)
@@ -457,11 +514,35 @@ class V0Auditor:
         self._undo.append(lambda: vars(rc).pop("decr", None))
         self.hook_names.append(f"{device}.RefCounter.decr")
 
-    def _hook_report(self, v: Violation) -> None:
+    def _hook_free(self, device: str, allocator) -> None:
+        """Wrap ``free`` of a ``BlockSpaceManagerV1`` allocator (``UncachedBlockAllocator`` /
+        ``CachedBlockAllocator``, on the instance): a block given back at ref count 0 is
+        ``KV_DOUBLE_FREE``, recorded before the allocator's own ``ValueError("Double free!
+        ...")`` (which still follows with ``keep_going``)."""
+        if not callable(getattr(allocator, "free", None)) or "free" in vars(allocator):
+            return
+        free = allocator.free
+        auditor = self
+        where = f"{type(allocator).__name__}.free"
+
+        def hooked_free(block, *args, **kwargs):
+            auditor.hook_calls[f"{device}.free"] += 1
+            if getattr(block, "ref_count", None) == 0:
+                n = getattr(block, "block_number", None)
+                auditor._hook_report(make_violation(
+                    KV_DOUBLE_FREE, f"{device} block {n} given back with ref count 0",
+                    blocks=[n] if isinstance(n, int) else []), phase=f"in {where}")
+            return free(block, *args, **kwargs)
+
+        allocator.free = hooked_free
+        self._undo.append(lambda: vars(allocator).pop("free", None))
+        self.hook_names.append(f"{device}.{where}")
+
+    def _hook_report(self, v: Violation, phase: str = "in RefCounter.decr") -> None:
         step = getattr(self.loop, "step", 0)
         v.stack = [f"{fs.filename}:{fs.lineno} {fs.name}" for fs in traceback.extract_stack()[:-2]
                    if "/vllm/" in fs.filename][-8:]
-        v.phase = "in RefCounter.decr"
+        v.phase = phase
         if self._record(v, step, v.phase) and not self.keep_going:
             self.stopped = {"step": step, "code": v.code, "phase": v.phase}
             raise AuditStop(v)

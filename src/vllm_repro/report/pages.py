@@ -100,6 +100,10 @@ def explain(result: RunResult) -> list[str]:
     if result.outcome == "clean":
         out.append(f"Every request finished ({len(result.finished or {})}) in {result.steps} "
                    "steps, with no crash and no broken invariant.")
+        unread = result.audit.unread if result.audit is not None else []
+        if unread:
+            out.append(f"The audit could not read the KV books of {', '.join(unread)}: only "
+                       "the queues were checked, so the KV cache's invariants are unknown.")
     elif result.outcome in ("crash", "violation") and not result.unfinished and result.finished \
             and c is None:
         out.append(f"The run went on to its end: {len(result.finished)} request(s) finished in "
