@@ -27,7 +27,10 @@ builds and runs everything above the executor; the lab supplies only the executo
   model runner runs it before sampling, which is how V0's async output processing overlaps), then
   returns ``[SamplerOutput(outputs=[CompletionSequenceGroupOutput(...) per scheduled group])]``:
   one ``SequenceOutput`` per sequence of a group that samples (``do_sample``; none for a chunk
-  that does not finish its prompt), with the scenario's token, scripted tokens or EOS.
+  that does not finish its prompt), with the scenario's token, scripted tokens or EOS;
+  with multi-step scheduling (``num_scheduler_steps > 1``, where the release's runner is the one
+  served: :meth:`V0Adapter.serves_multi_step`), what ``MultiStepWorker.execute_model`` answers
+  at each step of a batch (:meth:`V0EngineLoop.execute_multi_step`).
 
 Runs inside the release environment (standard library + vLLM only).
 """
@@ -166,16 +169,27 @@ class V0Adapter:
     def serves_multi_step(self) -> bool:
         """Whether :meth:`V0EngineLoop.execute_multi_step` answers for this release's
         ``MultiStepWorker``: its ``MultiStepModelRunner`` pythonizes and queues each step's
-        output itself (``_async_process_outputs`` / ``_final_process_outputs``, 0.6.0 to
+        output itself (methods ``_async_process_outputs`` / ``_final_process_outputs``, 0.6.0 to
         0.10.0) and ``ExecuteModelRequest`` says a batch's first and last step
-        (``is_first_multi_step`` / ``is_last_step``). Probed by attribute (imports
-        ``vllm.worker.multi_step_model_runner``)."""
-        runner = _try_import("vllm.worker.multi_step_model_runner:MultiStepModelRunner")
+        (``is_first_multi_step`` / ``is_last_step``). The runner is read from its source
+        (``vllm/worker/multi_step_model_runner.py``, by ``ast``), not imported: from 0.10 its
+        import needs the GPU build's ``vllm_flash_attn``."""
+        import ast
+
         request = _try_import("vllm.sequence:ExecuteModelRequest")
-        return (runner is not None and request is not None
-                and all(hasattr(runner, m) for m in ("_async_process_outputs",
-                                                     "_final_process_outputs"))
-                and all(hasattr(request, p) for p in ("is_first_multi_step", "is_last_step")))
+        if request is None or not all(hasattr(request, p) for p in ("is_first_multi_step",
+                                                                     "is_last_step")):
+            return False
+        path = self.vllm_file / "worker" / "multi_step_model_runner.py"
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError, ValueError):
+            return False
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == "MultiStepModelRunner":
+                names = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                return {"_async_process_outputs", "_final_process_outputs"} <= names
+        return False
 
     # ---- configs -----------------------------------------------------------------------------
     def engine_args(self, cfg: dict) -> dict:
@@ -266,7 +280,8 @@ def refuse_unserved_workers(engine_config, cfg: dict, version: str,
     - multi-step scheduling (``scheduler_config.num_scheduler_steps > 1``, 0.5.5 to 0.10.0)
       where ``serves_multi_step`` is False (:meth:`V0Adapter.serves_multi_step`: the release's
       ``MultiStepModelRunner`` is not the one :meth:`V0EngineLoop.execute_multi_step` answers
-      for, e.g. 0.5.5's, which has no async output processing); run, one ``SamplerOutput`` per
+      for, e.g. 0.5.5's, whose sync ``LLMEngine`` has no multi-step path at all: only its
+      ``AsyncLLMEngine`` caches a batch's schedule); run, one ``SamplerOutput`` per
       call would lose every step's tokens but the last (requests that never finish, then
       ``KV_LEAK``, not a reproduction);
     - V0 speculative decoding (``speculative_config`` set, from ``speculative_model`` /
