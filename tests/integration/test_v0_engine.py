@@ -66,18 +66,30 @@ def test_v0_start_up_without_gpu_blocks_and_a_swapping_pool(cli, tmp_path):
 
 
 def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_path):
-    """A field the release's EngineArgs lacks, and multi-step scheduling, which the release has
-    but the lab's V0 worker does not serve (it ran before, losing every step's tokens but the
-    last: requests that never finished, then KV_LEAK), are exit 2 in one line each."""
+    """A field the release's EngineArgs lacks is exit 2 in one line; multi-step scheduling
+    (num_scheduler_steps 8, async output processing on: the release's MultiStepWorker answers,
+    per engine step, as the lab's V0 worker does) runs clean under the audit in the same run,
+    every request finishing (it used to lose every step's tokens but the last: requests that
+    never finished, then KV_LEAK), with the engine scheduling once per 8 steps."""
     bad = scenario(tmp_path, "v0-newer-field", {"num_gpu_blocks": 12,
                                                 "max_num_partial_prefills": 2})
     multi = scenario(tmp_path, "v0-multi-step", {"num_gpu_blocks": 12, "num_scheduler_steps": 8})
-    res = cli("run", bad, multi, "--vllm", RELEASE, "--reports", str(tmp_path / "r"))
+    reports = tmp_path / "r"
+    res = cli("run", bad, multi, "--vllm", RELEASE, "--reports", str(reports))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "config.max_num_partial_prefills" in res.stdout + res.stderr
     assert f"vLLM {RELEASE}'s EngineArgs has no field" in res.stdout + res.stderr
-    assert (f"v0-multi-step.yaml: config.num_scheduler_steps: 8: vLLM {RELEASE}'s multi-step "
-            "scheduling runs its MultiStepWorker") in res.stderr
+    clean = json.loads((reports / "v0-multi-step" / RELEASE / "result.json").read_text())
+    assert clean["outcome"] == "clean", clean
+    assert clean["finished"] == {"A": "length", "B": "length", "C": "length", "D": "length"}
+    assert clean["audit"]["checks"] > 50 and not clean["audit"]["by_code"]
+    log = (reports / "v0-multi-step" / RELEASE / "engine.log").read_text()
+    assert "num_scheduler_steps=8" in log and "use_async_output_proc=True" in log
+    lines = [json.loads(x) for x in
+             (reports / "v0-multi-step" / RELEASE / "trace.jsonl").read_text().splitlines()]
+    running = [line for line in lines if line["running"]]
+    # most engine steps run the batch's next step without scheduling
+    assert sum(1 for line in running if not line["scheduled"]) > len(running) // 2
 
 
 def test_8881_async_stopped_assertion_on_0_6_1_and_refused_prompt_from_0_8_4(cli, tmp_path):

@@ -102,3 +102,23 @@ def test_a_v1_crash_stays_v1_and_a_v0_start_up_failure_expects_engine_build(tmp_
     assert (sc_obj.expect.phase, sc_obj.expect.exception) == ("engine-build", "ValueError")
     assert sc_obj.config.enable_prefix_caching is True
     assert yaml.safe_load(text)["config"]["use_v2_block_manager"] is True
+
+
+def test_a_multi_step_log_drafts_its_num_scheduler_steps(tmp_path):
+    """level: v0-engine runs multi-step scheduling now: the banner's num_scheduler_steps=8 is
+    carried into the draft, not left out with a note."""
+    sp = "/usr/lib/python3.10/site-packages"
+    log = tmp_path / "ms.log"
+    log.write_text(textwrap.dedent(f"""\
+        INFO 01-01 00:00:00 llm_engine.py:1] Initializing an LLM engine (v0.6.3.post1) with config: model='m', max_seq_len=1024, use_v2_block_manager=True, num_scheduler_steps=8, enable_prefix_caching=False
+        Traceback (most recent call last):
+          File "{sp}/vllm/engine/llm_engine.py", line 10, in step
+            self.scheduler[0].schedule()
+          File "{sp}/vllm/core/scheduler.py", line 20, in _schedule_default
+            assert x
+        AssertionError
+        """))
+    text, sc, _ = _draft(tmp_path, log)
+    assert sc.level == "v0-engine"
+    assert yaml.safe_load(text)["config"]["num_scheduler_steps"] == 8
+    assert "multi-step" not in text

@@ -27,7 +27,10 @@ builds and runs everything above the executor; the lab supplies only the executo
   model runner runs it before sampling, which is how V0's async output processing overlaps), then
   returns ``[SamplerOutput(outputs=[CompletionSequenceGroupOutput(...) per scheduled group])]``:
   one ``SequenceOutput`` per sequence of a group that samples (``do_sample``; none for a chunk
-  that does not finish its prompt), with the scenario's token, scripted tokens or EOS.
+  that does not finish its prompt), with the scenario's token, scripted tokens or EOS;
+  with multi-step scheduling (``num_scheduler_steps > 1``, where the release's runner is the one
+  served: :meth:`V0Adapter.serves_multi_step`), what ``MultiStepWorker.execute_model`` answers
+  at each step of a batch (:meth:`V0EngineLoop.execute_multi_step`).
 
 Runs inside the release environment (standard library + vLLM only).
 """
@@ -163,6 +166,31 @@ class V0Adapter:
 
         self.caps = probe_v0(self)
 
+    def serves_multi_step(self) -> bool:
+        """Whether :meth:`V0EngineLoop.execute_multi_step` answers for this release's
+        ``MultiStepWorker``: its ``MultiStepModelRunner`` pythonizes and queues each step's
+        output itself (methods ``_async_process_outputs`` / ``_final_process_outputs``, 0.6.0 to
+        0.10.0) and ``ExecuteModelRequest`` says a batch's first and last step
+        (``is_first_multi_step`` / ``is_last_step``). The runner is read from its source
+        (``vllm/worker/multi_step_model_runner.py``, by ``ast``), not imported: from 0.10 its
+        import needs the GPU build's ``vllm_flash_attn``."""
+        import ast
+
+        request = _try_import("vllm.sequence:ExecuteModelRequest")
+        if request is None or not all(hasattr(request, p) for p in ("is_first_multi_step",
+                                                                     "is_last_step")):
+            return False
+        path = self.vllm_file / "worker" / "multi_step_model_runner.py"
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError, ValueError):
+            return False
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == "MultiStepModelRunner":
+                names = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                return {"_async_process_outputs", "_final_process_outputs"} <= names
+        return False
+
     # ---- configs -----------------------------------------------------------------------------
     def engine_args(self, cfg: dict) -> dict:
         """The ``EngineArgs`` keywords for a scenario's ``config``: the lab's fields under their
@@ -243,19 +271,19 @@ class V0Adapter:
         return self.SamplingParams(**kw)
 
 
-def refuse_unserved_workers(engine_config, cfg: dict, version: str) -> None:
+def refuse_unserved_workers(engine_config, cfg: dict, version: str,
+                            serves_multi_step: bool = False) -> None:
     """Refuse an engine config whose release would run a worker the lab's
     :class:`FakeV0Worker` does not stand in for, read from the config vLLM built (probed, not
     by version):
 
-    - multi-step scheduling (``scheduler_config.num_scheduler_steps > 1``, 0.5.5 to 0.10.0):
-      vLLM runs ``MultiStepWorker`` / ``MultiStepModelRunner`` (``vllm/worker/multi_step_*.py``),
-      which keep a batch's per-step outputs and return them all at its last step (with async
-      output processing, queueing the earlier steps' outputs on the engine's
-      ``SchedulerContext`` themselves); the engine keeps only the last step's answer, so the
-      fake worker's one ``SamplerOutput`` per call would lose the other steps' tokens (seen on
-      0.6.3.post1 and 0.8.5: requests that never finish, then ``KV_LEAK``, not a
-      reproduction);
+    - multi-step scheduling (``scheduler_config.num_scheduler_steps > 1``, 0.5.5 to 0.10.0)
+      where ``serves_multi_step`` is False (:meth:`V0Adapter.serves_multi_step`: the release's
+      ``MultiStepModelRunner`` is not the one :meth:`V0EngineLoop.execute_multi_step` answers
+      for, e.g. 0.5.5's, whose sync ``LLMEngine`` has no multi-step path at all: only its
+      ``AsyncLLMEngine`` caches a batch's schedule); run, one ``SamplerOutput`` per
+      call would lose every step's tokens but the last (requests that never finish, then
+      ``KV_LEAK``, not a reproduction);
     - V0 speculative decoding (``speculative_config`` set, from ``speculative_model`` /
       ``num_speculative_tokens`` up to 0.7.x or the ``speculative_config`` dict from 0.8):
       vLLM runs ``SpecDecodeWorker`` (``vllm/spec_decode/``), whose proposals and acceptance
@@ -263,16 +291,23 @@ def refuse_unserved_workers(engine_config, cfg: dict, version: str) -> None:
 
     ``cfg``: the scenario's ``config`` (the field named is the one the scenario wrote). Raises
     :class:`RefusedByRelease` (exit 2) naming the field, the release and what to do instead."""
-    sched = getattr(engine_config, "scheduler_config", None)
-    steps = getattr(sched, "num_scheduler_steps", 1) or 1
-    if steps > 1:
+    steps = multi_steps(engine_config)
+    if steps > 1 and not serves_multi_step:
         raise RefusedByRelease(
             f"config.num_scheduler_steps: {steps}: vLLM {version}'s multi-step scheduling runs "
             "its MultiStepWorker / MultiStepModelRunner (vllm/worker/multi_step_*.py), which the "
-            "lab's V0 worker does not serve; use 1 (the default) at level: v0-engine")
+            "lab's V0 worker does not serve on this release; use 1 (the default) at level: "
+            "v0-engine")
     if getattr(engine_config, "speculative_config", None) is not None:
         raise RefusedByRelease(_spec_refusal(
             ", ".join(f"config.{k}" for k in speculative_fields(cfg)) or "config", version))
+
+
+def multi_steps(engine_config) -> int:
+    """``scheduler_config.num_scheduler_steps`` of the engine config vLLM built (1 where the
+    release has no multi-step scheduling)."""
+    sched = getattr(engine_config, "scheduler_config", None)
+    return int(getattr(sched, "num_scheduler_steps", 1) or 1)
 
 
 def speculative_fields(cfg: dict) -> list[str]:
@@ -457,6 +492,9 @@ class V0EngineLoop(StepLoop):
         self.eos_at = m.get("eos_at") or {}
         #: the scenario's requests the caller aborted so far (``LLMEngine.abort_request``)
         self.aborted_ids: set[str] = set()
+        #: multi-step scheduling on (``num_scheduler_steps > 1``), and the batch in flight
+        self.multi_step = False
+        self._multi: _MultiStepBatch | None = None
 
     def prompt_of(self, spec: dict) -> list[int]:
         """The lab's prompt (:meth:`StepLoop.prompt_of`) folded into the packaged tokenizer's
@@ -487,9 +525,12 @@ class V0EngineLoop(StepLoop):
         return gpu, int(swap // size) if size else 0
 
     def execute(self, req):
-        """``Worker.execute_model`` for ``req`` (an ``ExecuteModelRequest``)."""
+        """``Worker.execute_model`` for ``req`` (an ``ExecuteModelRequest``); with multi-step
+        scheduling, ``MultiStepWorker.execute_model`` (:meth:`execute_multi_step`)."""
         if req is None:
             return [] if self.adapter.worker_returns_list else None
+        if self.multi_step and req.seq_group_metadata_list:
+            return self.execute_multi_step(req)
         a = self.adapter
         callback = getattr(req, "async_callback", None)
         if callback is not None:
@@ -498,19 +539,121 @@ class V0EngineLoop(StepLoop):
         if before is not None:
             before(self.step, req)  # the audit's look at what the worker is asked to do
         if getattr(req, "num_steps", 1) > 1:
-            raise AdapterError("multi-step scheduling (num_scheduler_steps > 1) is not driven by "
-                               "the lab's V0 worker yet")
-        outputs = []
-        for meta in req.seq_group_metadata_list:
-            samples = []
-            if getattr(meta, "do_sample", True):
-                for seq_id, data in meta.seq_data.items():
-                    tok = self._next_token(self.request_of(meta.request_id),
-                                           len(data.output_token_ids))
-                    samples.append(a.SequenceOutput(seq_id, tok, {tok: a.Logprob(0.0)}))
-            outputs.append(a.CompletionSequenceGroupOutput(samples, None))
+            raise AdapterError("ExecuteModelRequest.num_steps > 1 (a multi-step request for one "
+                               "call) is not driven by the lab's V0 worker")
+        outputs = self._sample(req.seq_group_metadata_list)
         out = a.SamplerOutput(outputs=outputs)
         return [out] if a.worker_returns_list else out
+
+    def _sample(self, metas, base: dict | None = None, step: int = 0) -> list:
+        """One ``CompletionSequenceGroupOutput`` per group of ``metas``, in order: one
+        ``SequenceOutput`` per sequence of a group that samples (``do_sample``; in a multi-step
+        batch every step after the first samples, as the GPU runner's ``advance_step`` turns the
+        batch's prefills into decodes), with the token for the sequence's output count
+        (``base[seq_id] + step`` in a multi-step batch, else its ``output_token_ids`` now)."""
+        a = self.adapter
+        outputs = []
+        for meta in metas:
+            samples = []
+            if step > 0 or getattr(meta, "do_sample", True):
+                for seq_id, data in meta.seq_data.items():
+                    n = (base[seq_id] + step) if base is not None else len(data.output_token_ids)
+                    tok = self._next_token(self.request_of(meta.request_id), n)
+                    samples.append(a.SequenceOutput(seq_id, tok, {tok: a.Logprob(0.0)}))
+            outputs.append(a.CompletionSequenceGroupOutput(samples, None))
+        return outputs
+
+    def execute_multi_step(self, req):
+        """``MultiStepWorker.execute_model`` (``vllm/worker/multi_step_worker.py`` with
+        ``MultiStepModelRunner.execute_model`` of ``multi_step_model_runner.py``, 0.6.0 to
+        0.10.0) for one step of a multi-step batch: the engine calls it once per
+        ``LLMEngine.step()`` with the batch's cached ``seq_group_metadata_list`` until the
+        batch's last step (``req.is_first_multi_step`` / ``req.is_last_step``, the release's
+        own properties). What the worker answers, and does to the engine's output queue:
+
+        - first step: the request is read (the audit's ``before_execute`` look; later steps
+          reuse the prepared input as the worker does) and the engine's async callback, if any,
+          kept (``base_output_proc_callback``);
+        - every step, async output processing on: ``_async_process_outputs`` (the base runner
+          calls it before sampling): the engine's callback, then each earlier step's output not
+          yet pythonized is pythonized (the lab's GPU is always done), queued on the callback's
+          ``ctx`` (``ctx.append_output(..., is_async=False, is_last_step=False,
+          is_first_step_output=step == 0)``, or the 5-tuple on ``ctx.output_queue`` where the
+          release's ``SchedulerContext`` has no ``append_output``) and processed by the callback;
+        - the step samples (:meth:`_sample`): a ``SamplerOutput`` whose ``outputs`` stay empty
+          until pythonized (``skip_sampler_cpu_output``); without async output processing every
+          output is pythonized at once (``maybe_pythonize``);
+        - not the last step: ``[this step's SamplerOutput]`` (the engine keeps it only for
+          pipeline parallelism);
+        - last step (``_final_process_outputs``): with async output processing, for each step's
+          output the callback, then pythonize and queue the ones not yet queued, returning
+          ``[last step's SamplerOutput]``; without, every step's ``SamplerOutput`` in order.
+        """
+        a = self.adapter
+        first, last = req.is_first_multi_step, req.is_last_step
+        if first or self._multi is None:
+            before = getattr(self.observer, "before_execute", None)
+            if before is not None:
+                before(self.step, req)  # MultiStepWorker prepares its input at the first step
+            self._multi = _MultiStepBatch(getattr(req, "async_callback", None))
+        batch = self._multi
+        callback = batch.callback
+        if callback is not None:  # MultiStepModelRunner._async_process_outputs
+            callback()
+            for i in range(len(batch.outputs)):
+                if not batch.pythonized[i]:
+                    self._pythonize(batch, i)
+                    self._queue(callback, batch.outputs[i], i)
+                    callback()
+        metas = req.seq_group_metadata_list
+        if not batch.outputs:
+            batch.base = {seq_id: len(data.output_token_ids) for meta in metas
+                          for seq_id, data in meta.seq_data.items()}
+        step = len(batch.outputs)
+        batch.outputs.append(a.SamplerOutput(outputs=[]))
+        batch.sampled.append(self._sample(metas, batch.base, step))
+        batch.pythonized.append(False)
+        if callback is None:
+            for i in range(len(batch.outputs)):
+                self._pythonize(batch, i)
+        if not last:
+            return [batch.outputs[-1]]
+        self._multi = None
+        if callback is None:
+            return list(batch.outputs)
+        final = []
+        for i, out in enumerate(batch.outputs):  # MultiStepModelRunner._final_process_outputs
+            callback()
+            if not batch.pythonized[i]:
+                self._pythonize(batch, i)
+                if i < len(batch.outputs) - 1:
+                    self._queue(callback, out, i)
+                else:
+                    final.append(out)
+        return final
+
+    @staticmethod
+    def _pythonize(batch: "_MultiStepBatch", i: int) -> None:
+        """``ModelOutput.pythonize``: step ``i``'s sampled groups into its ``SamplerOutput``."""
+        if not batch.pythonized[i]:
+            batch.outputs[i].outputs.extend(batch.sampled[i])
+            batch.pythonized[i] = True
+
+    @staticmethod
+    def _queue(callback, out, i: int) -> None:
+        """Queue step ``i``'s output on the engine's ``SchedulerContext`` (the callback's
+        ``ctx`` keyword), as ``MultiStepModelRunner`` does."""
+        ctx = callback.keywords["ctx"]
+        append = getattr(ctx, "append_output", None)
+        if append is None:  # 0.6.0, 0.6.1.x: the tuple straight onto the queue
+            ctx.output_queue.append(([out], ctx.seq_group_metadata_list, ctx.scheduler_outputs,
+                                     False, False))
+            return
+        kw = {"outputs": [out], "seq_group_metadata_list": ctx.seq_group_metadata_list,
+              "scheduler_outputs": ctx.scheduler_outputs, "is_async": False,
+              "is_last_step": False, "is_first_step_output": i == 0}
+        names, _ = params_of(append)
+        append(**{k: v for k, v in kw.items() if k in names})
 
     def _next_token(self, rid: str, outputs: int) -> int:
         """The token a request samples after ``outputs`` output tokens: its script's, else the
@@ -554,7 +697,10 @@ class V0EngineLoop(StepLoop):
             raise
         except Exception as exc:
             raise self.refusal(exc) from exc
-        refuse_unserved_workers(engine_config, cfg, a.version)
+        steps = multi_steps(engine_config)
+        refuse_unserved_workers(engine_config, cfg, a.version,
+                                serves_multi_step=steps > 1 and a.serves_multi_step())
+        self.multi_step = steps > 1
         pp = engine_config.parallel_config.pipeline_parallel_size
         if pp != 1:
             raise RefusedByRelease("config.pipeline_parallel_size: the lab's V0 worker runs one "
@@ -721,6 +867,11 @@ class V0EngineLoop(StepLoop):
             for q in (sched.waiting, sched.running, sched.swapped,
                       getattr(sched, "_async_stopped", ())):  # past max_model_len (async)
                 ids.update(self.request_of(sg.request_id) for sg in q)
+        # multi-step: a prompt the batch's schedule ignored gets its output at the batch's last
+        # step (LLMEngine.cached_scheduler_outputs holds the schedule until then)
+        for cached in getattr(self.engine, "cached_scheduler_outputs", ()) or ():
+            ids.update(self.request_of(rid) for rid in _ignored_in(
+                getattr(cached, "scheduler_outputs", None)))
         # V0 with async output processing: a request's last output may still be queued
         for ctx in (getattr(self.engine, "scheduler_contexts", ()) or ()) if output_queue else ():
             for item in getattr(ctx, "output_queue", ()) or ():
@@ -759,11 +910,19 @@ class V0EngineLoop(StepLoop):
 
 def _groups_in(item) -> list[str]:
     """Request ids of the sequence groups in one entry of ``SchedulerContext.output_queue``
-    (``OutputData`` or a tuple, by release)."""
+    (``OutputData`` or a tuple, by release): the scheduled ones and the prompts the schedule
+    ignored (their output is made when the entry is processed)."""
     metas = getattr(item, "seq_group_metadata_list", None)
-    if metas is None and isinstance(item, tuple) and len(item) > 1:
-        metas = item[1]
-    return [getattr(m, "request_id", None) for m in (metas or ()) if getattr(m, "request_id", None)]
+    so = getattr(item, "scheduler_outputs", None)
+    if metas is None and isinstance(item, tuple) and len(item) > 2:
+        metas, so = item[1], item[2]
+    return [getattr(m, "request_id", None) for m in (metas or ())
+            if getattr(m, "request_id", None)] + _ignored_in(so)
+
+
+def _ignored_in(so) -> list[str]:
+    """Request ids of ``SchedulerOutputs.ignored_seq_groups`` (none for ``so`` None)."""
+    return [sg.request_id for sg in getattr(so, "ignored_seq_groups", None) or ()]
 
 
 class _KeywordRequest:
@@ -787,6 +946,21 @@ def _pairs(blocks) -> list[tuple[int, int]]:
         return list(blocks or ())
     return [(src, d) for src, dst in blocks.items()
             for d in (dst if isinstance(dst, (list, tuple)) else [dst])]
+
+
+@dataclasses.dataclass
+class _MultiStepBatch:
+    """What ``MultiStepModelRunner`` keeps for the batch in flight (its ``StatefulModelInput``):
+    the engine's async output callback (``base_output_proc_callback``; None without async
+    output processing), each step's ``SamplerOutput`` (``cached_outputs``), the groups each
+    step sampled (filled in when pythonized) and whether it is, and each sequence's output
+    count at the batch's first step."""
+
+    callback: object = None
+    outputs: list = dataclasses.field(default_factory=list)
+    sampled: list = dataclasses.field(default_factory=list)
+    pythonized: list = dataclasses.field(default_factory=list)
+    base: dict = dataclasses.field(default_factory=dict)
 
 
 class _NoSchedule:

@@ -367,7 +367,7 @@ class _Draft:
         """V0's switches: chunked prefill as the log states it, else as the crash path shows it
         (``Scheduler._schedule_chunked_prefill`` or ``_schedule_default``); the V0
         ``EngineArgs`` fields the engine banner shows (``use_v2_block_manager``,
-        ``num_scheduler_steps``)."""
+        ``num_scheduler_steps``, multi-step included: ``level: v0-engine`` runs it)."""
         c, path = self.c, " ".join(self.report.crash_path)
         chunked = self.known("enable_chunked_prefill", _bool)
         if chunked is None and "scheduler.py:_schedule_chunked_prefill" in path:
@@ -384,11 +384,7 @@ class _Draft:
         if v2 is not None:
             c["use_v2_block_manager"] = v2
         steps = self.known("num_scheduler_steps", _posint)
-        if steps is not None and steps.value > 1:
-            self.notes.append(f"the log ran num_scheduler_steps={steps.value} (multi-step); "
-                              "level v0-engine does not drive multi-step yet, so the draft "
-                              "leaves it out (one step per schedule)")
-        elif steps is not None:
+        if steps is not None:  # multi-step runs at v0-engine (engine/v0.py: execute_multi_step)
             c["num_scheduler_steps"] = steps
 
     # --- requests ---------------------------------------------------------------------------------
