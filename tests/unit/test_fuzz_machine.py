@@ -152,7 +152,7 @@ def test_hybrid_pool_fits_vllms_start_up_estimate():
     # a pool override mostly holds one request of max_model_len (what 0.20+ check at
     # start-up: 0.24.0 refused half its examples when it was drawn from 2 up), one in three is
     # pinned below it (#35541's shape, which 0.19 accepts)
-    assert 0.55 < sum(holds) / len(holds) < 0.8, holds
+    assert 0.55 < sum(holds) / len(holds) < 0.9, holds
 
 
 def test_the_database_keys_by_level_and_keeps_failures(tmp_path):
