@@ -11,7 +11,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from vllm_repro.engine.capabilities import Capabilities
 from vllm_repro.fuzz.database import FindingsDatabase, campaign_key
-from vllm_repro.fuzz.machine import _hybrid_max_model_len, machine_class
+from vllm_repro.fuzz.machine import Hybrid, _hybrid_max_model_len, machine_class
 from vllm_repro.fuzz.search import STATEFUL_STEPS, _without_local_constants
 from vllm_repro.fuzz.strategies import LADDER
 from vllm_repro.scenario import parse_scenario
@@ -124,17 +124,35 @@ def test_v0_engine_draws_only_what_the_v0_level_runs():
 
 def test_hybrid_pool_fits_vllms_start_up_estimate():
     # the catalog's #45856 pool: 15 blocks, window 16, 32 batched tokens -> 160 tokens
-    assert _hybrid_max_model_len(15, 16, 16, 32) == 160
-    assert _hybrid_max_model_len(3, 16, 16, 2048) == 0
-    assert _hybrid_max_model_len(15, 16, 16, 32, "mamba") == 192  # 12 + 2 state blocks
-    for sc in _draw(FULL, "scheduler"):
+    assert _hybrid_max_model_len(15, 16, Hybrid("sliding_window", 16, 32)) == 160
+    assert _hybrid_max_model_len(3, 16, Hybrid("sliding_window", 16, 2048)) == 0
+    # a Mamba group's state (0.24.0's MambaSpec, measured: the pool its start-up refusal names
+    # is filled exactly): one block, two aligned, max_model_len's under `all`, one a draft;
+    # one block spare for the null block
+    assert _hybrid_max_model_len(15, 16, Hybrid("mamba", 16, 32)) == 208  # 13 + 1
+    assert _hybrid_max_model_len(10, 16, Hybrid("mamba", 16, 64, None, 3)) == 80  # 5 + 4
+    assert _hybrid_max_model_len(10, 16, Hybrid("mamba", 16, 64, "align", 1)) == 96  # 6 + 3
+    assert _hybrid_max_model_len(10, 16, Hybrid("mamba", 16, 64, "all", 1)) == 64  # 4 + 4 + 1
+    holds = []  # per override drawn: whether it holds one request of max_model_len
+    for sc in _draw(FULL, "engine-core", n=200):
         cfg = sc["config"]
-        if cfg.get("kv_cache_groups"):
-            group = cfg["kv_cache_groups"][1]
+        groups = cfg.get("kv_cache_groups")
+        need = -(-cfg["max_model_len"] // 16)
+        if groups:
+            group = groups[1]
             span = group.get("sliding_window") or group.get("attention_chunk_size")
-            extra = 2 if group["type"] == "mamba" else -(-min(
-                span - 1 + cfg["max_num_batched_tokens"], cfg["max_model_len"]) // 16) + 1
-            assert -(-cfg["max_model_len"] // 16) + extra <= cfg["num_gpu_blocks"] - 1
+            spec = cfg.get("num_speculative_tokens", 0)
+            extra = ({None: 1, "align": 2}.get(cfg.get("mamba_cache_mode"), need) + spec
+                     if group["type"] == "mamba" else -(-min(
+                         span - 1 + cfg["max_num_batched_tokens"], cfg["max_model_len"]) // 16) + 1)
+            assert need + extra <= cfg["num_gpu_blocks"] - 1
+            need += extra + 1
+        if "num_gpu_blocks_override" in cfg:
+            holds.append(cfg["num_gpu_blocks_override"] >= need)
+    # a pool override mostly holds one request of max_model_len (what 0.20+ check at
+    # start-up: 0.24.0 refused half its examples when it was drawn from 2 up), one in three is
+    # pinned below it (#35541's shape, which 0.19 accepts)
+    assert 0.55 < sum(holds) / len(holds) < 0.9, holds
 
 
 def test_the_database_keys_by_level_and_keeps_failures(tmp_path):
@@ -200,3 +218,29 @@ def test_connector_hits_nixl_instances_and_continuations():
     # without the release's NixlConnector: never drawn
     assert not [sc for sc in _draw(FULL, "engine-core", n=40)
                 if (sc.get("kv_transfer_config") or {}).get("kv_connector") == "NixlConnector"]
+
+
+def test_async_spec_and_resets_while_requests_decode_are_drawn_together():
+    """#46066's family: async scheduling with the GPU n-gram drafter (the only n-gram method
+    the releases that have it accept with async scheduling), a request whose drafts are
+    rejected, two ``reset_prefix_cache(reset_running_requests=True)`` landing a few steps
+    after the request came (while it decodes); and short examples (a few calls) beside the
+    long ones. Drawn by the machine's generic rules, never as a scenario of its own."""
+    from vllm_repro.fuzz.strategies import DEFAULT
+
+    scs = _draw(FULL, "engine-core", n=400, profile=DEFAULT.with_policy("fcfs").with_spec(True))
+    assert not [sc for sc in scs if sc["config"].get("async_scheduling")
+                and sc["config"]["speculative_method"] != "ngram_gpu"]
+    together = 0
+    for sc in scs:
+        if not sc["config"].get("async_scheduling"):
+            continue
+        accept = (sc["model"].get("spec_decode") or {}).get("accept", {})
+        resets = sorted(e["at_step"] for e in sc["events"] if e.get("reset_running_requests"))
+        together += any(accept.get(r["id"]) == 0 and len(
+            [t for t in resets if r["at_step"] + 2 <= t <= r["at_step"] + r["max_tokens"]]) >= 2
+            for r in sc["requests"])
+    # 1 % of examples before machine version 5 (resets at the cursor, acceptance a rule)
+    assert together / len(scs) > 0.05, together
+    sizes = Counter(len(sc["requests"]) + len(sc["events"]) for sc in scs)
+    assert sum(n for k, n in sizes.items() if k <= 3) / len(scs) > 0.15, sizes

@@ -36,16 +36,18 @@ precondition).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, multiple,
+                                 precondition, rule)
 
 from .strategies import MAX_MODEL_LEN, Profile
 
 #: bump when a rule's meaning changes: the database's stored examples (keyed by it) would
 #: replay as other scenarios
-MACHINE_VERSION = 4
+MACHINE_VERSION = 5
 #: the last step a call may land at (the machine's cursor); runs stop at ``limits.max_steps``
 MAX_CALL_STEP = 40
 #: constraints a grammar request draws from (the ``structured_outputs`` kinds of the scenario
@@ -65,6 +67,25 @@ GRAMMARS: tuple[dict, ...] = (
 )
 
 
+#: how many of a request's drafts the model accepts each step, drawn with the request where
+#: spec decode is on (None: all of them, the fake model's default). An n-gram drafter's drafts
+#: are mostly rejected, and a rejected frame is what vLLM's async accounting must undo (#46066:
+#: num_rejected of a frame pending discard). Drawn with the request (it was a rule of its
+#: own, ``accept_drafts``, until machine version 5: a request's drafts were rejected in one
+#: example of four on 0.24.0)
+ACCEPTS = st.sampled_from([None, 0, 0, 1])
+
+
+#: how many calls (rules) an example makes after ``build_engine``: None for as many as
+#: hypothesis draws (``STATEFUL_STEPS`` in the search), or a few. Every example otherwise runs
+#: the full count of calls, and each call can end the run's interesting part early (an abort,
+#: a pause that aborts, an EOS, a connector's load that a reset then refuses): a bug whose
+#: shape is a handful of calls (#46066: one request and two resets) was drawn among
+#: two dozen others in 10 of 215 examples on 0.24.0 and never survived them. Swarm testing
+#: (hypothesis turns rules off per example) thins the calls' kinds, not their number
+CALLS = st.sampled_from([None, None, 6, 2])
+
+
 #: the second group of a hybrid ``kv_cache_groups`` the machine draws (beside full attention),
 #: where the release's capabilities list the kind (``Capabilities.kv_group_kinds``): the
 #: scheduler-side kinds with their own managers; ``mamba`` with prefix caching only where the
@@ -72,9 +93,6 @@ GRAMMARS: tuple[dict, ...] = (
 HYBRID_KINDS = ("sliding_window", "chunked_local_attention", "mamba")
 #: the group field a kind's span goes to (tokens)
 HYBRID_SPAN = {"sliding_window": "sliding_window", "chunked_local_attention": "attention_chunk_size"}
-#: blocks counted for a Mamba group's state per request (MambaSpec: one block of state; one
-#: more kept free for the speculative or aligned copies some releases make)
-MAMBA_BLOCKS = 2
 
 
 @st.composite
@@ -102,6 +120,23 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
     if profile.async_scheduling and caps.async_scheduling \
             and draw(st.sampled_from([False, True, True])):
         cfg["async_scheduling"] = True
+    # spec decode (drawn before the KV cache groups: a Mamba group's state takes a block more per draft,
+    # MambaSpec.num_speculative_blocks, which the pool's size must count)
+    if profile.spec_decode and caps.spec_decode and (profile.spec_always or draw(st.booleans())):
+        cfg["num_speculative_tokens"] = draw(st.integers(1, 4))
+        if cfg.get("async_scheduling") and "ngram_gpu" in caps.spec_methods:
+            # with async scheduling the GPU n-gram drafter where the release has it: every
+            # release whose SpeculativeConfig knows ngram_gpu (0.19.1 to 0.33.0) refuses async +
+            # ngram at start-up (VllmConfig.__post_init__: "async scheduling is only supported
+            # with EAGLE/MTP/Draft Model/NGram GPU"), an example spent on nothing (15 % of
+            # 0.24.0's examples were)
+            method = "ngram_gpu"
+        else:
+            method = draw(st.sampled_from(["ngram", "ngram_gpu"]))
+        cfg["speculative_method"] = method if method in caps.spec_methods else "ngram"
+        # as `vllm serve` runs (stats on): the front end's stat loggers record every step
+        if draw(st.booleans()):
+            cfg["disable_log_stats"] = False
     # a Mamba group with prefix caching needs CacheConfig.mamba_cache_mode (align or all, as
     # the hybrid model's config picks), only where the release has the field
     modes = tuple(getattr(caps, "mamba_cache_modes", ()) or ())
@@ -119,6 +154,7 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
                 and draw(st.booleans()))
     if mamba_pd:
         cfg["enable_prefix_caching"] = True
+    hybrid = None  # the second KV cache group, where one is drawn
     kinds = [k for k in HYBRID_KINDS if k in caps.kv_group_kinds
              and (k != "mamba" or not cfg["enable_prefix_caching"] or modes)]
     # two in three examples where the release has groups: the hybrid layouts are where the
@@ -135,30 +171,22 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
             # only when the budget is small against the prompt (#45856: 32 tokens, window 16)
             cfg["max_num_batched_tokens"] = draw(st.sampled_from(
                 [32, 64, cfg["max_num_batched_tokens"]]))
-        fits = _hybrid_max_model_len(num_blocks, block_size, span, cfg["max_num_batched_tokens"],
-                                     kind)
-        if fits >= block_size:
+        mode = (draw(st.sampled_from(modes)) if kind == "mamba" and cfg["enable_prefix_caching"]
+                else None)
+        hybrid = Hybrid(kind, span, cfg["max_num_batched_tokens"], mode,
+                        cfg.get("num_speculative_tokens") or 0)
+        fits = _hybrid_max_model_len(num_blocks, block_size, hybrid)
+        if fits < block_size:
+            hybrid = None
+        else:
             group = {"type": kind}
             if kind in HYBRID_SPAN:
                 group[HYBRID_SPAN[kind]] = span
             cfg["kv_cache_groups"] = [{"type": "full"}, group]
-            if kind == "mamba" and cfg["enable_prefix_caching"]:
-                cfg["mamba_cache_mode"] = draw(st.sampled_from(modes))
+            if mode is not None:
+                cfg["mamba_cache_mode"] = mode
             cfg["max_model_len"] = max_model_len = fits
             cfg["long_prefill_token_threshold"] = min(cfg["long_prefill_token_threshold"], fits)
-    if profile.spec_decode and caps.spec_decode and (profile.spec_always or draw(st.booleans())):
-        cfg["num_speculative_tokens"] = draw(st.integers(1, 4))
-        methods = ["ngram", "ngram_gpu"]
-        if cfg.get("async_scheduling") and "ngram_gpu" in caps.spec_methods:
-            # with async scheduling mostly the GPU n-gram drafter: releases that check the pair
-            # (0.24.0's VllmConfig: "async scheduling is only supported with EAGLE/MTP/Draft
-            # Model/NGram GPU") refuse async + ngram at start-up, an example spent on nothing
-            methods = ["ngram_gpu", "ngram_gpu", "ngram_gpu", "ngram"]
-        method = draw(st.sampled_from(methods))
-        cfg["speculative_method"] = method if method in caps.spec_methods else "ngram"
-        # as `vllm serve` runs (stats on): the front end's stat loggers record every step
-        if draw(st.booleans()):
-            cfg["disable_log_stats"] = False
     if level == "v0-engine":  # V0's EngineArgs take the threshold from 0.8 only
         cfg["long_prefill_token_threshold"] = 0
     if level == "engine-core":
@@ -166,36 +194,75 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
             cfg["max_concurrent_batches"] = 2  # the executor's pipeline depth (batch queue)
         if profile.pool_override and draw(st.booleans()):
             # vLLM's CacheConfig.num_gpu_blocks_override: the pool used instead of the blocks
-            # start-up found memory for (num_gpu_blocks stands for that memory)
-            cfg["num_gpu_blocks_override"] = draw(st.integers(2, num_blocks))
+            # start-up found memory for (num_gpu_blocks stands for that memory). Mostly a pool
+            # that still holds one request of max_model_len (what start-up asks of it from
+            # 0.20 on: available memory = override x bytes per block, kv_cache_utils.
+            # get_kv_cache_configs; 0.24.0 refused 88 of 169 examples when the override was
+            # drawn from 2 up), one in three pinned below it: a pool smaller than the
+            # longest prompt the config admits, which releases up to 0.19 accept at start-up
+            # (they check the memory found) and then cannot serve (#35541's hang)
+            need = _blocks_needed(cfg["max_model_len"], block_size, hybrid)
+            if need > 2 and draw(st.sampled_from([False, False, True])):
+                cfg["num_gpu_blocks_override"] = draw(st.integers(2, need - 1))
+            else:
+                cfg["num_gpu_blocks_override"] = draw(st.integers(min(need, num_blocks),
+                                                                  num_blocks))
     return cfg
 
 
-def _hybrid_max_model_len(num_blocks: int, block_size: int, window: int, batched: int,
-                          kind: str = "sliding_window") -> int:
+@dataclass(frozen=True)
+class Hybrid:
+    """The second KV cache group of a hybrid pair (beside full attention), as vLLM's start-up
+    check sizes it: ``kind`` (:data:`HYBRID_KINDS`), ``span`` (a window's or chunk's tokens),
+    the step budget ``batched`` (``max_num_batched_tokens``), a Mamba group's
+    ``mamba_cache_mode`` (None: vLLM's ``none``) and the drafts per step (``num_spec``)."""
+
+    kind: str
+    span: int
+    batched: int
+    mamba_mode: str | None = None
+    num_spec: int = 0
+
+    def blocks(self, max_model_len: int, block_size: int) -> int:
+        """Blocks the group asks for one request of ``max_model_len`` tokens
+        (``max_memory_usage_bytes`` over a page): a window or chunk
+        ``cdiv(min(span - 1 + batched, max_model_len)) + 1`` (``SlidingWindowSpec``; vLLM's
+        ``ChunkedLocalAttentionSpec`` needs at most that); a Mamba group's state
+        (``MambaSpec``, 0.24.0 ``kv_cache_interface.py``) one block, two under ``align``,
+        ``cdiv(max_model_len)`` under ``all``, and one more per draft
+        (``num_speculative_blocks``) in every mode. Measured on 0.24.0 (the estimated
+        maximum model length its start-up refusal names, pools of 10 and 20 blocks, 0, 1 and 3
+        drafts): the group's blocks and full attention's ``cdiv(max_model_len)`` fill the
+        pool exactly."""
+        cdiv = lambda a: -(-a // block_size)  # noqa: E731
+        if self.kind == "mamba":
+            state = {None: 1, "none": 1, "align": 2}.get(self.mamba_mode)
+            return (cdiv(max_model_len) if state is None else state) + self.num_spec
+        return cdiv(min(self.span - 1 + self.batched, max_model_len)) + 1
+
+
+def _blocks_needed(max_model_len: int, block_size: int, hybrid: Hybrid | None = None) -> int:
+    """The pool (blocks) that vLLM's start-up check asks for one request of ``max_model_len``
+    tokens: ``cdiv(max_model_len)`` blocks for full attention alone
+    (``FullAttentionSpec.max_memory_usage_bytes``; the check does not count the null block,
+    so a pool of exactly that many keeps one request of max_model_len waiting: a stall the
+    machine may find), plus the second group's (:meth:`Hybrid.blocks`) and a null block for a
+    hybrid pair (:func:`_hybrid_max_model_len` keeps that one spare)."""
+    full = -(-max_model_len // block_size)
+    return full if hybrid is None else full + hybrid.blocks(max_model_len, block_size) + 1
+
+
+def _hybrid_max_model_len(num_blocks: int, block_size: int, hybrid: Hybrid) -> int:
     """The largest ``max_model_len`` (a multiple of ``block_size``, at most MAX_MODEL_LEN) whose
-    one request fits a pool of ``num_blocks`` (the null block included) shared by a
-    full-attention group and a group of ``kind`` (window or chunk ``window`` tokens; for
-    ``chunked_local_attention`` vLLM's ``ChunkedLocalAttentionSpec`` needs
-    ``cdiv(min(chunk + max_num_batched_tokens, max_model_len))``, at most what the window
-    formula below gives; a ``mamba`` group's state is a block or two a request, counted as
-    :data:`MAMBA_BLOCKS`): what vLLM's start-up check
+    one request fits a pool of ``num_blocks`` (a null block spare) shared by a full-attention
+    group and ``hybrid``: what vLLM's start-up check
     (``kv_cache_utils.check_enough_kv_cache_memory`` over each spec's
-    ``max_memory_usage_bytes``: ``cdiv(max_model_len)`` blocks for full attention,
-    ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len)) + 1`` for the window)
-    accepts, so the scheduler level is not handed a pool the engine would refuse at start-up.
-    0 when not even one block's worth fits."""
-    def cdiv(a: int) -> int:
-        return -(-a // block_size)
-
-    def extra(mml: int) -> int:
-        if kind == "mamba":
-            return MAMBA_BLOCKS
-        return cdiv(min(window - 1 + batched, mml)) + 1
-
+    ``max_memory_usage_bytes``: ``cdiv(max_model_len)`` blocks for full attention and
+    :meth:`Hybrid.blocks` for the other group) accepts, so the scheduler level is not handed
+    a pool the engine would refuse at start-up. 0 when not even one block's worth fits."""
     mml = min(MAX_MODEL_LEN, (num_blocks - 1) * block_size) // block_size * block_size
     while mml >= block_size:
-        if cdiv(mml) + extra(mml) <= num_blocks - 1:
+        if _blocks_needed(mml, block_size, hybrid) <= num_blocks:
             return mml
         mml -= block_size
     return 0
@@ -222,6 +289,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             self.nixl = False
             #: its requests sent for remote decode (``kv_transfer_params: {do_remote_decode: true}``)
             self.remote: set[str] = set()
+            #: the calls this example may still make (None: every one hypothesis draws)
+            self.calls_left: int | None = None
 
         # -- the scenario being built -----------------------------------------------------
         def scenario(self) -> dict:
@@ -260,11 +329,23 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         def _space(self) -> bool:
             return len(self.reqs) < profile.requests[1]
 
+        def _spent(self) -> bool:
+            """Whether this example's calls are used up (then a rule changes nothing: a
+            precondition would leave hypothesis no rule to run); else counts one call."""
+            if self.calls_left is None:
+                return False
+            if self.calls_left <= 0:
+                return True
+            self.calls_left -= 1
+            return False
+
         # -- calls --------------------------------------------------------------------------
         @initialize(target=requests, config=configs(profile, level, caps), long=st.booleans(),
                     prompt=st.integers(1, 900), max_tokens=st.integers(1, 64),
-                    priority=st.integers(0, 2), aligned=st.sampled_from([False, True, True]))
-        def build_engine(self, config, long, prompt, max_tokens, priority, aligned):
+                    priority=st.integers(0, 2), aligned=st.sampled_from([False, True, True]),
+                    accept=ACCEPTS, calls=CALLS)
+        def build_engine(self, config, long, prompt, max_tokens, priority, aligned, accept,
+                         calls):
             """The engine's configuration (EngineCore is built from it before step 1) and its
             first request (a scenario holds at least one: no example runs nothing). At
             engine-core level, where the release's KVConnectorFactory has vLLM's own
@@ -273,30 +354,37 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             config = dict(config)
             self.nixl = bool(config.pop("_nixl", False))
             self.config = config
-            return self._add(long, prompt, max_tokens, priority, None, None, 1, aligned=aligned)
+            self.calls_left = calls
+            return self._add(long, prompt, max_tokens, priority, None, None, 1, aligned=aligned,
+                             accept=accept)
 
         @precondition(_space)
         @rule(target=requests, long=st.booleans(), prompt=st.integers(1, 900),
               max_tokens=st.integers(1, 64), priority=st.integers(0, 2),
               arrival=st.sampled_from([None, None, 0.0, 1.0]),
               prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900),
-              aligned=st.sampled_from([False, True, True]))
+              aligned=st.sampled_from([False, True, True]), accept=ACCEPTS)
         def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                        aligned):
+                        aligned, accept):
             """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step;
             ``aligned``: the prompt a whole number of KV blocks (the boundaries prefix caching,
-            Mamba's aligned state and the connectors' hits fall on)."""
+            Mamba's aligned state and the connectors' hits fall on); ``accept``: how many of
+            its drafts the model accepts each step, where spec decode is on (None: all)."""
+            if self._spent():
+                return multiple()
             return self._add(long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                             aligned=aligned)
+                             aligned=aligned, accept=accept)
 
         @precondition(lambda self: self._space() and profile.shared_prefixes)
         @rule(target=requests, rid=requests, extra=st.sampled_from([1, 1, 16, 33]),
-              max_tokens=st.integers(1, 64), remote_decode=st.booleans())
-        def add_continuation(self, rid, extra, max_tokens, remote_decode):
+              max_tokens=st.integers(1, 64), remote_decode=st.booleans(), accept=ACCEPTS)
+        def add_continuation(self, rid, extra, max_tokens, remote_decode, accept):
             """A request whose prompt is ``rid``'s shared part (its whole prompt where it shares
             none: from now on a prefix of its own) and ``extra`` new tokens: a conversation's next
             turn, a prompt sent again with a token more (a prefix-cache hit on every full block but
             the tail; vLLM caps a hit at the prompt less one token)."""
+            if self._spent():
+                return multiple()
             base = next(r for r in self.reqs if r["id"] == rid)
             if "prefix" not in base:
                 base["prefix"], base["prefix_len"] = f"turn-{rid}", base["prompt_len"]
@@ -310,11 +398,12 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                 req["priority"] = base.get("priority", 0)
             if self.nixl and remote_decode:  # the next turn sent through P/D
                 self.remote.add(req["id"])
+            self._accept(req["id"], accept)
             self.reqs.append(req)
             return req["id"]
 
         def _add(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                 structured=None, aligned=False) -> str:
+                 structured=None, aligned=False, accept=None) -> str:
             mml = self.config["max_model_len"]
             lo, hi = (profile.long_prompt if long and profile.long_prompt else profile.short_prompt)
             prompt_len = max(1, min(lo + (prompt - 1) % (hi - lo + 1), mml - 1))
@@ -332,8 +421,15 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                 req["prefix_len"] = min(prefix_len, prompt_len)
             if structured is not None:
                 req["structured_outputs"] = structured
+            self._accept(req["id"], accept)
             self.reqs.append(req)
             return req["id"]
+
+        def _accept(self, rid: str, accept: int | None) -> None:
+            """``rid``'s drafts: ``accept`` of them accepted each step (None: all), where spec
+            decode is on (``model.spec_decode.accept``)."""
+            if accept is not None and self.config.get("num_speculative_tokens"):
+                self.model.setdefault("spec_decode", {}).setdefault("accept", {})[rid] = accept
 
         @precondition(lambda self: self._space() and self._engine_core()
                       and profile.structured_outputs and caps.structured_outputs
@@ -344,6 +440,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             """A structured-output request: the release's front door validates it, its
             ``StructuredOutputManager`` compiles the grammar, the fake model samples through
             the step's bitmask."""
+            if self._spent():
+                return multiple()
             return self._add(False, prompt, max_tokens, 0, None, None, 1, structured=grammar)
 
         @precondition(lambda self: profile.kv_connectors and self._engine_core()
@@ -358,6 +456,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             (``finished_recving`` ``recv_after`` steps after now), a failed load where the
             release's ``KVConnectorOutput`` reports one, and a delayed free
             (``request_finished`` keeps the blocks until ``finished_sending``)."""
+            if self._spent():
+                return
             if self.nixl:  # vLLM's NixlConnector: rid is one of the proxy's, sent for remote decode
                 self.remote.add(rid)
                 return
@@ -391,31 +491,46 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         @rule(steps=st.integers(1, 4))
         def step(self, steps):
             """Let the engine run ``steps`` steps before the next call."""
+            if self._spent():
+                return
             self.cursor = min(MAX_CALL_STEP, self.cursor + steps)
 
         @precondition(lambda self: profile.aborts)
-        @rule(rid=requests)
-        def abort(self, rid):
-            """``EngineCore.abort_requests([rid])`` before the next step."""
-            self.events.append({"at_step": self.cursor, "abort": [rid]})
-
-        @precondition(lambda self: profile.aborts and self._engine_core()
-                      and "abort_in_flight" in caps.events)
-        @rule(rid=requests)
-        def abort_in_flight(self, rid):
-            """An abort the engine's input thread delivers while the step's batch executes."""
-            self.events.append({"at_step": self.cursor, "abort": [rid], "when": "in_flight"})
+        # one rule for both kinds of abort (each rule is drawn as often as any other: two
+        # would make aborts, which end a request's story, twice as common as a reset)
+        @rule(rid=requests, in_flight=st.booleans())
+        def abort(self, rid, in_flight):
+            """``EngineCore.abort_requests([rid])`` before the next step, or (``in_flight``, at
+            engine-core level where the release has it: ``abort_in_flight``) delivered by the
+            engine's input thread while the step's batch executes."""
+            if self._spent():
+                return
+            ev = {"at_step": self.cursor, "abort": [rid]}
+            if in_flight and self._engine_core() and "abort_in_flight" in caps.events:
+                ev["when"] = "in_flight"
+            self.events.append(ev)
 
         @precondition(lambda self: profile.engine_events and self._engine_core()
                       and "reset_prefix_cache" in caps.events)
-        @rule(running=st.booleans(), again=st.integers(0, 2))
-        def reset_prefix_cache(self, running, again):
-            """``EngineCore.reset_prefix_cache`` (``reset_running_requests`` where the release
-            takes it), and the same call again on each of the ``again`` following steps (an
-            RLHF loop's weight syncs, or ``pause_generation(clear_cache=True)`` retried, come
-            in runs: #46066 needs two one step apart)."""
+        # reset_running_requests two times in three: a reset without it only fails while any
+        # request holds blocks (Scheduler.reset_prefix_cache returns False), so it changes
+        # nothing while requests run, where the scheduler's own accounting is tested
+        # ``after``: most calls land a few steps after the machine's cursor, once the requests
+        # added so far are decoding: the machine's calls mostly come before its cursor moves
+        # (``step`` is one rule of many), so a reset at the cursor landed before the first
+        # decode step (on 0.24.0, two resets while a request decoded came in 1 % of examples)
+        @rule(running=st.sampled_from([False, True, True]), again=st.integers(0, 2),
+              after=st.integers(0, 8))
+        def reset_prefix_cache(self, running, again, after):
+            """``EngineCore.reset_prefix_cache`` ``after`` steps from now
+            (``reset_running_requests`` where the release takes it), and the same call again on
+            each of the ``again`` following steps (an RLHF loop's weight syncs, or
+            ``pause_generation(clear_cache=True)`` retried, come in runs: #46066 needs two
+            while a request decodes)."""
+            if self._spent():
+                return
             for k in range(again + 1):
-                ev = {"at_step": self.cursor + k, "reset_prefix_cache": True}
+                ev = {"at_step": self.cursor + after + k, "reset_prefix_cache": True}
                 if running and "reset_running_requests" in caps.events:
                     ev["reset_running_requests"] = True
                 self.events.append(ev)
@@ -430,6 +545,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         def pause(self, mode, steps):
             """``EngineCore.pause_scheduler`` now, ``resume_scheduler`` ``steps`` later (an
             engine left paused never finishes its requests: not a finding)."""
+            if self._spent():
+                return
             ev = {"at_step": self.cursor, "pause": True}
             if mode is not None and "pause_mode" in caps.events:
                 ev["mode"] = mode
@@ -441,6 +558,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         def empty_output(self, rid):
             """The model runner returns no sampled token for ``rid`` at the next step although
             it was scheduled (what a preempted or aborted request looks like to the runner)."""
+            if self._spent():
+                return
             steps = self.model.setdefault("empty_at", {}).setdefault(rid, [])
             if self.cursor not in steps:
                 steps.append(self.cursor)
@@ -449,26 +568,23 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         @rule(rid=requests, at=st.integers(1, 16))
         def eos(self, rid, at):
             """The model samples EOS for ``rid`` at output length ``at``."""
+            if self._spent():
+                return
             self.model.setdefault("eos_at", {})[rid] = at
 
         @rule(rid=requests, tokens=st.lists(st.integers(0, 200), min_size=1, max_size=4))
         def scripted_output(self, rid, tokens):
             """The tokens the model prefers for ``rid``, one per output position."""
+            if self._spent():
+                return
             self.model.setdefault("tokens", {})[rid] = tokens
-
-        @precondition(lambda self: bool(self.config.get("num_speculative_tokens")))
-        # none accepted twice as often as each other count: an n-gram drafter's drafts are
-        # mostly rejected, and a rejected frame is what vLLM's async accounting must undo
-        # (#46066: num_rejected of a frame pending discard)
-        @rule(rid=requests, accept=st.sampled_from([0, 0, 1, 2, 3, 4]))
-        def accept_drafts(self, rid, accept):
-            """How many of ``rid``'s scheduled drafts the model accepts each step."""
-            self.model.setdefault("spec_decode", {}).setdefault("accept", {})[rid] = accept
 
         @precondition(lambda self: bool(self.config.get("num_speculative_tokens")))
         @rule(drafts=st.lists(st.integers(0, 200), min_size=1, max_size=4))
         def propose_drafts(self, drafts):
             """What the drafter proposes after each step (at most num_speculative_tokens)."""
+            if self._spent():
+                return
             self.model["draft_tokens"] = drafts[: self.config["num_speculative_tokens"]]
 
         def teardown(self) -> None:
