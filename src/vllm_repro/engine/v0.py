@@ -199,14 +199,12 @@ class V0Adapter:
         ``SpecDecodeWorker``: its ``execute_model`` runs ``_run_no_spec`` (one
         ``SamplerOutput``) or ``_run_speculative_decoding_step``, whose
         ``_create_output_sampler_list`` gives one ``SamplerOutput`` per position, and the
-        engine's ``MultiStepOutputProcessor`` drops the rejected positions'
-        ``VLLM_INVALID_TOKEN_ID`` (``vllm.sequence``). The worker is read from its source
-        (``vllm/spec_decode/spec_decode_worker.py``, by ``ast``), not imported (it needs
-        torch's GPU build in places)."""
+        engine's ``MultiStepOutputProcessor`` drops the rejected positions' -1
+        (``vllm.sequence.VLLM_INVALID_TOKEN_ID`` where the release has it, else a literal).
+        The worker is read from its source (``vllm/spec_decode/spec_decode_worker.py``, by
+        ``ast``), not imported (it needs torch's GPU build in places)."""
         import ast
 
-        if _try_import("vllm.sequence:VLLM_INVALID_TOKEN_ID") is None:
-            return False
         path = self.vllm_file / "spec_decode" / "spec_decode_worker.py"
         try:
             tree = ast.parse(path.read_text())
@@ -684,7 +682,8 @@ class V0EngineLoop(StepLoop):
         before = getattr(self.observer, "before_execute", None)
         if before is not None:
             before(self.step, req)
-        invalid = _import("vllm.sequence:VLLM_INVALID_TOKEN_ID")
+        invalid = _try_import("vllm.sequence:VLLM_INVALID_TOKEN_ID")
+        invalid = -1 if invalid is None else invalid  # older releases: the literal -1
         k = int(req.num_lookahead_slots)
         rows = []  # per sequence: (seq_id, its k+1 tokens, -1 past the accepted ones)
         for meta in req.seq_group_metadata_list:
