@@ -30,7 +30,11 @@ builds and runs everything above the executor; the lab supplies only the executo
   that does not finish its prompt), with the scenario's token, scripted tokens or EOS;
   with multi-step scheduling (``num_scheduler_steps > 1``, where the release's runner is the one
   served: :meth:`V0Adapter.serves_multi_step`), what ``MultiStepWorker.execute_model`` answers
-  at each step of a batch (:meth:`V0EngineLoop.execute_multi_step`).
+  at each step of a batch (:meth:`V0EngineLoop.execute_multi_step`); with speculative decoding
+  by the n-gram drafter (``speculative_model: "[ngram]"``, where served:
+  :meth:`V0Adapter.serves_spec_decode`), what ``SpecDecodeWorker.execute_model`` answers: one
+  ``SamplerOutput`` per position of a decode step's drafts plus bonus, -1 past the accepted
+  ones (:meth:`V0EngineLoop.execute_spec_decode`), and one as above for prefills.
 
 Runs inside the release environment (standard library + vLLM only).
 """
