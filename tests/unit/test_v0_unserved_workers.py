@@ -246,3 +246,30 @@ def test_prefill_and_disabled_steps_answer_one_output_as_without_spec_decode():
     assert [m.num_speculative_tokens for m in req.seq_group_metadata_list] == [0, 0]
     req.running_queue_size = 1
     assert _by_position(loop.execute(req)) == [[12, 100]]  # still off for these groups
+
+
+def test_ngram_fields_fold_into_the_speculative_config_dict_where_engine_args_takes_only_it(
+        tmp_path, monkeypatch):
+    """0.8.5 on: EngineArgs has speculative_config (a dict) and no speculative_model; the flat
+    n-gram fields go into the dict under SpeculativeConfig's own names (probed fields)."""
+    import dataclasses
+
+    import vllm_repro.engine.v0 as v0
+
+    @dataclasses.dataclass
+    class SpeculativeConfig:  # 0.8.5's names
+        model: str | None = None
+        method: str | None = None
+        num_speculative_tokens: int | None = None
+        prompt_lookup_max: int | None = None
+        prompt_lookup_min: int | None = None
+
+    monkeypatch.setattr(v0, "_try_import", lambda *c: SpeculativeConfig)
+    adapter = object.__new__(V0Adapter)
+    adapter.version, adapter.model_dir = "0.8.5", tmp_path
+    adapter.engine_args_fields = {"model", "disable_log_stats", "speculative_config"}
+    kw = adapter.engine_args({"speculative_model": "[ngram]", "ngram_prompt_lookup_max": 3,
+                              "num_speculative_tokens": 3})
+    assert kw["speculative_config"] == {"model": "[ngram]", "num_speculative_tokens": 3,
+                                        "prompt_lookup_max": 3}
+    assert not {"speculative_model", "num_speculative_tokens"} & set(kw)

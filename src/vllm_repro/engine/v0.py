@@ -262,11 +262,38 @@ class V0Adapter:
                 kw[key] = value
         model = cfg.get("model", (cfg.get("passthrough") or {}).get("model"))
         kw["model"] = str(self.model_dir if model is None else self.packaged_model(model))
+        self._fold_speculative(kw)
         for key in kw:
             if key not in self.engine_args_fields:
                 raise RefusedByRelease(f"config.{key}: vLLM {v}'s EngineArgs has no field "
                                        f"{key!r} (level: v0-engine); drop it for this release")
         return kw
+
+    def _fold_speculative(self, kw: dict) -> None:
+        """Where the release's ``EngineArgs`` takes spec decode only as its
+        ``speculative_config`` dict (0.8.5 on: no ``speculative_model`` field), the n-gram
+        drafter's flat fields go into that dict under ``SpeculativeConfig``'s own names
+        (``speculative_model`` -> ``model``, ``ngram_prompt_lookup_max`` ->
+        ``prompt_lookup_max``, ``num_speculative_tokens`` as is), each found among the dataclass'
+        fields (probed); a field with no such name stays flat, and is refused as one the
+        ``EngineArgs`` lacks. In place."""
+        fields = self.engine_args_fields
+        if (kw.get("speculative_model") not in NGRAM_NAMES or "speculative_model" in fields
+                or "speculative_config" not in fields or kw.get("speculative_config")):
+            return
+        spec_cls = _try_import("vllm.config:SpeculativeConfig")
+        try:
+            names = {f.name for f in dataclasses.fields(spec_cls)}
+        except TypeError:  # not a dataclass: leave the fields to be refused by name
+            return
+        spec = {}
+        for key in ("speculative_model", "num_speculative_tokens", "ngram_prompt_lookup_max",
+                    "ngram_prompt_lookup_min"):
+            name = {"speculative_model": "model"}.get(key, key)
+            name = name if name in names else name.removeprefix("ngram_")
+            if key in kw and name in names:
+                spec[name] = kw.pop(key)
+        kw["speculative_config"] = spec
 
     def packaged_model(self, name) -> Path:
         """The config-only model directory ``config.model`` names among the lab's packaged ones
