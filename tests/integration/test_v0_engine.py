@@ -70,12 +70,20 @@ def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_
     (num_scheduler_steps 8, async output processing on: the release's MultiStepWorker answers,
     per engine step, as the lab's V0 worker does) runs clean under the audit in the same run,
     every request finishing (it used to lose every step's tokens but the last: requests that
-    never finished, then KV_LEAK), with the engine scheduling once per 8 steps."""
+    never finished, then KV_LEAK), with the engine scheduling once per 8 steps; and V0
+    speculative decoding with the n-gram drafter (3 drafts, the fake SpecDecodeWorker accepting
+    some or all) runs clean too, every request finishing at its max_tokens or its EOS in about
+    half the steps of the same scenario without spec decode (62 steps there)."""
     bad = scenario(tmp_path, "v0-newer-field", {"num_gpu_blocks": 12,
                                                 "max_num_partial_prefills": 2})
     multi = scenario(tmp_path, "v0-multi-step", {"num_gpu_blocks": 12, "num_scheduler_steps": 8})
+    spec = scenario(tmp_path, "v0-spec-ngram",
+                    {"num_gpu_blocks": 24, "speculative_model": "[ngram]",
+                     "num_speculative_tokens": 3, "ngram_prompt_lookup_max": 3},
+                    model={"spec_decode": {"accept": {"B": [1, 0, 2], "C": 1}},
+                           "eos_at": {"D": 17}})
     reports = tmp_path / "r"
-    res = cli("run", bad, multi, "--vllm", RELEASE, "--reports", str(reports))
+    res = cli("run", bad, multi, spec, "--vllm", RELEASE, "--reports", str(reports))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "config.max_num_partial_prefills" in res.stdout + res.stderr
     assert f"vLLM {RELEASE}'s EngineArgs has no field" in res.stdout + res.stderr
@@ -90,6 +98,15 @@ def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_
     running = [line for line in lines if line["running"]]
     # most engine steps run the batch's next step without scheduling
     assert sum(1 for line in running if not line["scheduled"]) > len(running) // 2
+    spec_run = json.loads((reports / "v0-spec-ngram" / RELEASE / "result.json").read_text())
+    assert spec_run["outcome"] == "clean", spec_run
+    # "length" is vLLM's stop checker seeing output_len == max_tokens (spec decode's extra
+    # tokens cut by MultiStepOutputProcessor); D stops at its EOS, the 17th token
+    assert spec_run["finished"] == {"A": "length", "B": "length", "C": "length", "D": "stop"}
+    assert not spec_run["audit"]["by_code"]
+    assert spec_run["steps"] < 40  # without spec decode: 62 steps
+    assert "speculative_config=SpeculativeConfig(draft_model='[ngram]'" in (
+        reports / "v0-spec-ngram" / RELEASE / "engine.log").read_text()
 
 
 def test_8881_async_stopped_assertion_on_0_6_1_and_refused_prompt_from_0_8_4(cli, tmp_path):

@@ -30,7 +30,11 @@ builds and runs everything above the executor; the lab supplies only the executo
   that does not finish its prompt), with the scenario's token, scripted tokens or EOS;
   with multi-step scheduling (``num_scheduler_steps > 1``, where the release's runner is the one
   served: :meth:`V0Adapter.serves_multi_step`), what ``MultiStepWorker.execute_model`` answers
-  at each step of a batch (:meth:`V0EngineLoop.execute_multi_step`).
+  at each step of a batch (:meth:`V0EngineLoop.execute_multi_step`); with speculative decoding
+  by the n-gram drafter (``speculative_model: "[ngram]"``, where served:
+  :meth:`V0Adapter.serves_spec_decode`), what ``SpecDecodeWorker.execute_model`` answers: one
+  ``SamplerOutput`` per position of a decode step's drafts plus bonus, -1 past the accepted
+  ones (:meth:`V0EngineLoop.execute_spec_decode`), and one as above for prefills.
 
 Runs inside the release environment (standard library + vLLM only).
 """
@@ -63,8 +67,11 @@ LAB_TO_ENGINE_ARGS = {"block_size": "block_size", "max_num_seqs": "max_num_seqs"
                       "enable_chunked_prefill": "enable_chunked_prefill",
                       "enable_prefix_caching": "enable_prefix_caching"}
 #: lab fields with no meaning at this level (the V1 scheduler's, or engine-core's executor)
-V1_ONLY = ("kv_cache_memory_bytes", "max_concurrent_batches", "num_speculative_tokens",
-           "async_scheduling", "kv_cache_groups")
+V1_ONLY = ("kv_cache_memory_bytes", "max_concurrent_batches", "async_scheduling",
+           "kv_cache_groups")
+#: the n-gram drafter's names: ``speculative_model`` (0.6 to 0.8.x EngineArgs) or the
+#: ``speculative_config`` dict's ``model`` / ``method`` (0.8.5 on)
+NGRAM_NAMES = ("[ngram]", "ngram")
 
 
 def has_v0_engine(vllm_dir: Path) -> bool:
@@ -191,6 +198,29 @@ class V0Adapter:
                 return {"_async_process_outputs", "_final_process_outputs"} <= names
         return False
 
+    def serves_spec_decode(self) -> bool:
+        """Whether :meth:`V0EngineLoop.execute_spec_decode` answers for this release's
+        ``SpecDecodeWorker``: its ``execute_model`` runs ``_run_no_spec`` (one
+        ``SamplerOutput``) or ``_run_speculative_decoding_step``, whose
+        ``_create_output_sampler_list`` gives one ``SamplerOutput`` per position, and the
+        engine's ``MultiStepOutputProcessor`` drops the rejected positions' -1
+        (``vllm.sequence.VLLM_INVALID_TOKEN_ID`` where the release has it, else a literal).
+        The worker is read from its source (``vllm/spec_decode/spec_decode_worker.py``, by
+        ``ast``), not imported (it needs torch's GPU build in places)."""
+        import ast
+
+        path = self.vllm_file / "spec_decode" / "spec_decode_worker.py"
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError, ValueError):
+            return False
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == "SpecDecodeWorker":
+                names = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                return {"_run_no_spec", "_run_speculative_decoding_step",
+                        "_create_output_sampler_list"} <= names
+        return False
+
     # ---- configs -----------------------------------------------------------------------------
     def engine_args(self, cfg: dict) -> dict:
         """The ``EngineArgs`` keywords for a scenario's ``config``: the lab's fields under their
@@ -199,7 +229,7 @@ class V0Adapter:
         field this level has no meaning for."""
         v = self.version
         spec = speculative_fields(cfg)
-        if spec:
+        if spec and not asks_for_ngram(cfg):
             raise RefusedByRelease(_spec_refusal(", ".join(f"config.{k}" for k in spec), v))
         for key in V1_ONLY:
             if cfg.get(key) not in (None, False):
@@ -220,9 +250,11 @@ class V0Adapter:
             kw["scheduling_policy"] = policy
         if cfg.get("long_prefill_token_threshold"):
             kw["long_prefill_token_threshold"] = cfg["long_prefill_token_threshold"]
+        if cfg.get("num_speculative_tokens"):  # the lab's field, EngineArgs' name (0.6-0.8.x)
+            kw["num_speculative_tokens"] = cfg["num_speculative_tokens"]
         lab_keys = {"num_gpu_blocks", "num_cpu_blocks", "disable_log_stats", "policy", "model",
                     "long_prefill_token_threshold", *LAB_TO_ENGINE_ARGS, *V1_ONLY,
-                    "speculative_method"}
+                    "speculative_method", "num_speculative_tokens"}
         for key, value in (cfg.get("passthrough") or {}).items():  # Scenario.child_payload
             kw[key] = value
         for key, value in cfg.items():
@@ -230,11 +262,38 @@ class V0Adapter:
                 kw[key] = value
         model = cfg.get("model", (cfg.get("passthrough") or {}).get("model"))
         kw["model"] = str(self.model_dir if model is None else self.packaged_model(model))
+        self._fold_speculative(kw)
         for key in kw:
             if key not in self.engine_args_fields:
                 raise RefusedByRelease(f"config.{key}: vLLM {v}'s EngineArgs has no field "
                                        f"{key!r} (level: v0-engine); drop it for this release")
         return kw
+
+    def _fold_speculative(self, kw: dict) -> None:
+        """Where the release's ``EngineArgs`` takes spec decode only as its
+        ``speculative_config`` dict (0.8.5 on: no ``speculative_model`` field), the n-gram
+        drafter's flat fields go into that dict under ``SpeculativeConfig``'s own names
+        (``speculative_model`` -> ``model``, ``ngram_prompt_lookup_max`` ->
+        ``prompt_lookup_max``, ``num_speculative_tokens`` as is), each found among the dataclass'
+        fields (probed); a field with no such name stays flat, and is refused as one the
+        ``EngineArgs`` lacks. In place."""
+        fields = self.engine_args_fields
+        if (kw.get("speculative_model") not in NGRAM_NAMES or "speculative_model" in fields
+                or "speculative_config" not in fields or kw.get("speculative_config")):
+            return
+        spec_cls = _try_import("vllm.config:SpeculativeConfig")
+        try:
+            names = {f.name for f in dataclasses.fields(spec_cls)}
+        except TypeError:  # not a dataclass: leave the fields to be refused by name
+            return
+        spec = {}
+        for key in ("speculative_model", "num_speculative_tokens", "ngram_prompt_lookup_max",
+                    "ngram_prompt_lookup_min"):
+            name = {"speculative_model": "model"}.get(key, key)
+            name = name if name in names else name.removeprefix("ngram_")
+            if key in kw and name in names:
+                spec[name] = kw.pop(key)
+        kw["speculative_config"] = spec
 
     def packaged_model(self, name) -> Path:
         """The config-only model directory ``config.model`` names among the lab's packaged ones
@@ -272,7 +331,8 @@ class V0Adapter:
 
 
 def refuse_unserved_workers(engine_config, cfg: dict, version: str,
-                            serves_multi_step: bool = False) -> None:
+                            serves_multi_step: bool = False,
+                            serves_spec_decode: bool = False) -> None:
     """Refuse an engine config whose release would run a worker the lab's
     :class:`FakeV0Worker` does not stand in for, read from the config vLLM built (probed, not
     by version):
@@ -285,9 +345,12 @@ def refuse_unserved_workers(engine_config, cfg: dict, version: str,
       call would lose every step's tokens but the last (requests that never finish, then
       ``KV_LEAK``, not a reproduction);
     - V0 speculative decoding (``speculative_config`` set, from ``speculative_model`` /
-      ``num_speculative_tokens`` up to 0.7.x or the ``speculative_config`` dict from 0.8):
-      vLLM runs ``SpecDecodeWorker`` (``vllm/spec_decode/``), whose proposals and acceptance
-      the fake worker does not make.
+      ``num_speculative_tokens`` up to 0.8.x or the ``speculative_config`` dict from 0.8.5)
+      unless ``serves_spec_decode`` (:meth:`V0Adapter.serves_spec_decode`) and the drafter is
+      the n-gram one (:func:`ngram_drafter`): vLLM runs ``SpecDecodeWorker``
+      (``vllm/spec_decode/``), which :meth:`V0EngineLoop.execute_spec_decode` stands in for
+      only with a drafter that has no model (a draft model's KV cache split and weights are
+      not faked).
 
     ``cfg``: the scenario's ``config`` (the field named is the one the scenario wrote). Raises
     :class:`RefusedByRelease` (exit 2) naming the field, the release and what to do instead."""
@@ -298,7 +361,8 @@ def refuse_unserved_workers(engine_config, cfg: dict, version: str,
             "its MultiStepWorker / MultiStepModelRunner (vllm/worker/multi_step_*.py), which the "
             "lab's V0 worker does not serve on this release; use 1 (the default) at level: "
             "v0-engine")
-    if getattr(engine_config, "speculative_config", None) is not None:
+    spec = getattr(engine_config, "speculative_config", None)
+    if spec is not None and not (serves_spec_decode and ngram_drafter(spec)):
         raise RefusedByRelease(_spec_refusal(
             ", ".join(f"config.{k}" for k in speculative_fields(cfg)) or "config", version))
 
@@ -308,6 +372,34 @@ def multi_steps(engine_config) -> int:
     release has no multi-step scheduling)."""
     sched = getattr(engine_config, "scheduler_config", None)
     return int(getattr(sched, "num_scheduler_steps", 1) or 1)
+
+
+def ngram_drafter(spec_config) -> bool:
+    """Whether the release's ``SpeculativeConfig`` drafts by n-gram prompt lookup
+    (``ngram_prompt_lookup_max > 0``, 0.6 to 0.8.x; ``method == "ngram"``, 0.8.5 on), by
+    attribute."""
+    if (getattr(spec_config, "ngram_prompt_lookup_max", 0) or 0) > 0:
+        return True
+    return getattr(spec_config, "method", None) == "ngram"
+
+
+def speculative_tokens(engine_config) -> int:
+    """``speculative_config.num_speculative_tokens`` of the engine config vLLM built (0 with
+    spec decode off)."""
+    spec = getattr(engine_config, "speculative_config", None)
+    return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+
+
+def asks_for_ngram(cfg: dict) -> bool:
+    """Whether the scenario's config asks for the n-gram drafter: ``speculative_model:
+    "[ngram]"`` or a ``speculative_config`` dict whose ``model`` / ``method`` is ``ngram``
+    (``config`` or its ``passthrough``). Any other drafter loads a model the lab has not."""
+    keys = {**(cfg.get("passthrough") or {}), **cfg}
+    if keys.get("speculative_model") in NGRAM_NAMES:
+        return True
+    spec = keys.get("speculative_config")
+    return isinstance(spec, dict) and (spec.get("model") in NGRAM_NAMES
+                                       or spec.get("method") in NGRAM_NAMES)
 
 
 def speculative_fields(cfg: dict) -> list[str]:
@@ -325,8 +417,10 @@ def speculative_fields(cfg: dict) -> list[str]:
 
 def _spec_refusal(field: str, version: str) -> str:
     return (f"{field}: vLLM {version}'s V0 speculative decoding runs its SpecDecodeWorker "
-            "(vllm/spec_decode/), which the lab's V0 worker does not serve; drop it at level: "
-            "v0-engine (levels scheduler and engine-core drive spec decode on the V1 engine)")
+            "(vllm/spec_decode/), which the lab's V0 worker serves only with the n-gram drafter "
+            "(speculative_model: \"[ngram]\" with ngram_prompt_lookup_max) on a release whose "
+            "SpecDecodeWorker it answers for; use that drafter or drop it at level: v0-engine "
+            "(levels scheduler and engine-core drive spec decode on the V1 engine)")
 
 
 class EngineConfigs:
@@ -495,6 +589,14 @@ class V0EngineLoop(StepLoop):
         #: multi-step scheduling on (``num_scheduler_steps > 1``), and the batch in flight
         self.multi_step = False
         self._multi: _MultiStepBatch | None = None
+        #: spec decode on (``speculative_config.num_speculative_tokens``, 0: off), the
+        #: running-queue size at which the worker stops speculating (None: never), and the
+        #: scenario's accepted drafts (``model.spec_decode.accept``) with each request's
+        #: verifications so far
+        self.spec_k = 0
+        self.spec_disable_at = None
+        self.accept = dict(((m.get("spec_decode") or {}).get("accept")) or {})
+        self._verified: dict[str, int] = {}
 
     def prompt_of(self, spec: dict) -> list[int]:
         """The lab's prompt (:meth:`StepLoop.prompt_of`) folded into the packaged tokenizer's
@@ -531,6 +633,8 @@ class V0EngineLoop(StepLoop):
             return [] if self.adapter.worker_returns_list else None
         if self.multi_step and req.seq_group_metadata_list:
             return self.execute_multi_step(req)
+        if self.spec_k and req.seq_group_metadata_list and self._speculates(req):
+            return self.execute_spec_decode(req)
         a = self.adapter
         callback = getattr(req, "async_callback", None)
         if callback is not None:
@@ -562,6 +666,73 @@ class V0EngineLoop(StepLoop):
                     samples.append(a.SequenceOutput(seq_id, tok, {tok: a.Logprob(0.0)}))
             outputs.append(a.CompletionSequenceGroupOutput(samples, None))
         return outputs
+
+    def _speculates(self, req) -> bool:
+        """``SpecDecodeWorker.execute_model``'s choice: speculate unless the step has no
+        lookahead slots (prefills, chunks), the running queue reached
+        ``speculative_disable_by_batch_size`` (``_should_disable_all_speculation``; the
+        worker then sets every group's ``num_speculative_tokens`` to 0, for good), or every
+        group's ``num_speculative_tokens`` is 0. Otherwise ``_run_no_spec``: one
+        ``SamplerOutput`` as without spec decode."""
+        metas = req.seq_group_metadata_list
+        disable = (self.spec_disable_at is not None
+                   and (getattr(req, "running_queue_size", 0) or 0) >= self.spec_disable_at)
+        if disable:  # SpecDecodeWorker._maybe_disable_speculative_tokens
+            for meta in metas:
+                meta.num_speculative_tokens = 0
+        return not ((getattr(req, "num_lookahead_slots", 0) or 0) == 0 or disable
+                    or all(getattr(m, "num_speculative_tokens", None) == 0 for m in metas))
+
+    def _accepted(self, rid: str, k: int) -> int:
+        """Drafts of ``rid`` accepted in this verification: ``model.spec_decode.accept`` (a
+        count for every verification, or the next of a list; past it, and by default: all
+        ``k``), at most ``k`` (as the V1 levels' fake runner)."""
+        rule = self.accept.get(rid)
+        i = self._verified.get(rid, 0)
+        self._verified[rid] = i + 1
+        if isinstance(rule, list):
+            return min(rule[i], k) if i < len(rule) else k
+        return k if rule is None else min(int(rule), k)
+
+    def execute_spec_decode(self, req) -> list:
+        """``SpecDecodeWorker._run_speculative_decoding_step`` (``vllm/spec_decode/
+        spec_decode_worker.py``, 0.5 to 0.10) for a decode step with ``k =
+        req.num_lookahead_slots`` lookahead slots: the n-gram drafter proposes ``k`` tokens
+        per sequence, the target model accepts :meth:`_accepted` of them and adds its bonus
+        token; ``_create_output_sampler_list`` answers a list of ``SamplerOutput``, one per
+        position ``0..k``, each with one ``CompletionSequenceGroupOutput`` per sequence
+        (``get_all_seq_ids_and_request_ids``' order) whose one ``SequenceOutput`` carries the
+        position's token or, past the sequence's accepted tokens, ``VLLM_INVALID_TOKEN_ID``
+        (-1); positions where every sequence has -1 are left off (the list stops there).
+        Accepted drafts are the model's own tokens (:meth:`_next_token` for each output
+        position; greedy acceptance), so tokens past EOS or ``max_tokens`` are the engine's
+        to cut (``MultiStepOutputProcessor._process_seq_outputs``). No
+        ``spec_decode_worker_metrics`` (vLLM's rejection sampler collects them only every
+        few seconds; None is what most steps carry)."""
+        a = self.adapter
+        before = getattr(self.observer, "before_execute", None)
+        if before is not None:
+            before(self.step, req)
+        invalid = _try_import("vllm.sequence:VLLM_INVALID_TOKEN_ID")
+        invalid = -1 if invalid is None else invalid  # older releases: the literal -1
+        k = int(req.num_lookahead_slots)
+        rows = []  # per sequence: (seq_id, its k+1 tokens, -1 past the accepted ones)
+        for meta in req.seq_group_metadata_list:
+            rid = self.request_of(meta.request_id)
+            for seq_id, data in meta.seq_data.items():
+                n = len(data.output_token_ids)
+                take = 1 + self._accepted(rid, k)
+                rows.append((seq_id, [self._next_token(rid, n + i) if i < take else invalid
+                                      for i in range(k + 1)]))
+        out = []
+        for pos in range(k + 1):
+            if all(toks[pos] == invalid for _, toks in rows):
+                break
+            groups = [a.CompletionSequenceGroupOutput(
+                [a.SequenceOutput(seq_id, toks[pos], {toks[pos]: a.Logprob(0.0)})], None)
+                for seq_id, toks in rows]
+            out.append(a.SamplerOutput(outputs=groups))
+        return out
 
     def execute_multi_step(self, req):
         """``MultiStepWorker.execute_model`` (``vllm/worker/multi_step_worker.py`` with
@@ -698,9 +869,20 @@ class V0EngineLoop(StepLoop):
         except Exception as exc:
             raise self.refusal(exc) from exc
         steps = multi_steps(engine_config)
+        spec_k = speculative_tokens(engine_config)
         refuse_unserved_workers(engine_config, cfg, a.version,
-                                serves_multi_step=steps > 1 and a.serves_multi_step())
+                                serves_multi_step=steps > 1 and a.serves_multi_step(),
+                                serves_spec_decode=bool(spec_k) and a.serves_spec_decode())
         self.multi_step = steps > 1
+        self.spec_k = spec_k
+        spec_cfg = getattr(engine_config, "speculative_config", None)
+        self.spec_disable_at = getattr(spec_cfg, "speculative_disable_by_batch_size", None)
+        sd = (self.sc.get("model") or {}).get("spec_decode") or {}
+        if spec_k and (sd.get("propose") or (self.sc.get("model") or {}).get("draft_tokens")):
+            raise RefusedByRelease("model.spec_decode.propose / model.draft_tokens: not driven at "
+                                   "level: v0-engine (the fake SpecDecodeWorker accepts "
+                                   "model.spec_decode.accept drafts, each the model's own "
+                                   "token); use accept")
         pp = engine_config.parallel_config.pipeline_parallel_size
         if pp != 1:
             raise RefusedByRelease("config.pipeline_parallel_size: the lab's V0 worker runs one "
