@@ -121,13 +121,13 @@ class Books:
         only the lists that changed are read block by block, only their ids counted again.
 
         Per KV cache group the last read is kept as three dicts by request id (the table list
-        object, its copy, its block ids); which lists are the same object and equal to their
-        copy is worked out for all requests at once with C-level ``map``, and only the others
-        (and the requests gone) go through the Python loop."""
-        old = self._id_cache
-        if len(old) != len(self.managers):
-            old = [({}, {}, {}) for _ in self.managers]
-        new = []
+        object, its copy, its block ids), updated in place for the lists that changed and the
+        requests gone; which lists are the same object and equal to their copy is worked out
+        for all requests at once with C-level ``map``, and only the others (and the requests
+        gone) go through the Python loop."""
+        cache = self._id_cache
+        if len(cache) != len(self.managers):
+            cache = self._id_cache = [({}, {}, {}) for _ in self.managers]
         dense, foreign, n = self._dense, self._foreign, self.num_blocks
         touched = self._touched
 
@@ -142,20 +142,15 @@ class Books:
                         del foreign[i]
 
         seqs = []
-        for t, (lst, cpy, idl) in zip(self.tables(), old):
+        for t, (lst, cpy, idl) in zip(self.tables(), cache):
             rids = list(t)
             bls = list(t.values())
             same = list(map(and_, map(is_, map(lst.get, rids), bls),
                             map(eq, map(cpy.get, rids), bls)))
             if len(rids) == len(lst) and all(same):
                 # every list as at the last read, and no request gone (same count, all found)
-                new.append((lst, cpy, idl))
                 seqs += map(idl.__getitem__, rids)
                 continue
-            n_lst, n_cpy, n_idl = dict(zip(rids, bls)), {}, {}
-            kept = list(compress(rids, same))
-            n_cpy.update(zip(kept, map(cpy.__getitem__, kept)))
-            n_idl.update(zip(kept, map(idl.__getitem__, kept)))
             for rid, bl in compress(zip(rids, bls), map(not_, same)):
                 c1 = cpy.get(rid)
                 if c1 is not None and lst[rid] is bl:
@@ -163,20 +158,21 @@ class Books:
                     if m < len(bl) and bl[:m] == c1:  # blocks appended
                         more = list(map(_bid, bl[m:]))
                         count(more, 1)
-                        n_cpy[rid] = list(bl)
-                        n_idl[rid] = idl[rid] + more
+                        cpy[rid] = list(bl)
+                        idl[rid] = idl[rid] + more  # (a new list: HeldIds keep the old one)
                         continue
                 if c1 is not None:
                     count(idl[rid], -1)
                 ids = list(map(_bid, bl))
                 count(ids, 1)
-                n_cpy[rid] = list(bl)
-                n_idl[rid] = ids
-            for rid in idl.keys() - n_lst.keys():  # tables gone
-                count(idl[rid], -1)
-            new.append((n_lst, n_cpy, n_idl))
-            seqs += map(n_idl.__getitem__, rids)
-        self._id_cache = new
+                lst[rid] = bl
+                cpy[rid] = list(bl)
+                idl[rid] = ids
+            if len(lst) != len(rids):  # (every id in rids is a key now) tables gone
+                for rid in lst.keys() - t.keys():
+                    count(idl.pop(rid), -1)
+                    del lst[rid], cpy[rid]
+            seqs += map(idl.__getitem__, rids)
         return seqs
 
     def refcounts_agree(self) -> bool:
