@@ -47,6 +47,8 @@ class Books:
         self.max_tokens = lay.max_tokens
         self.max_seqs = lay.max_seqs
         self.max_model_len = lay.max_model_len
+        #: the pool's block ids, 0 .. num_blocks - 1
+        self.all_ids = frozenset(range(self.num_blocks))
         #: the :class:`BlockMirror` while installed and exact (None: read the blocks)
         self.mirror: BlockMirror | None = None
         #: per KV cache group: (request id -> its table list, -> a copy, -> the copy's block ids)
@@ -255,10 +257,11 @@ class Books:
         return list(m.hashes) if m is not None else list(map(_hash_of, self.blocks))
 
     # ---- free queue ------------------------------------------------------------------------
-    def free_list(self) -> tuple[list, bool]:
+    def free_list(self, ids: list | None = None) -> tuple[list, bool]:
         """The blocks linked in the free queue, head first, and whether the walk ended
-        properly (False: a cycle, or more links than blocks)."""
-        return state.free_list(self.pool, self.num_blocks)
+        properly (False: a cycle, or more links than blocks); ``ids``: a list to append their
+        block ids to (read in the same walk)."""
+        return state.free_list(self.pool, self.num_blocks, ids)
 
     def num_free(self) -> int:
         return state.free_count(self.pool)

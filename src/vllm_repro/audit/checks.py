@@ -122,8 +122,8 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[Violation], li
     out = []
     n = books.num_blocks
     null = books.null_id
-    free, ended = books.free_list()
-    ids = list(map(_bid, free))
+    ids: list = []
+    free, ended = books.free_list(ids)
     nfree = books.num_free()
     if not ended:
         out.append(make_violation(KV_FREE_QUEUE, (
@@ -140,8 +140,10 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[Violation], li
         out.append(make_violation(KV_FREE_QUEUE, (
             f"the free queue counts {nfree} free blocks (num_free_blocks) but links {len(ids)}"),
             blocks=[]))
-    if any(map(_ref, free)) or (null is not None and null in seen) or \
-            (ids and (min(ids) < 0 or max(ids) >= n)):
+    if (null is not None and null in seen) or not seen <= books.all_ids or \
+            (_refs_of(refs, ids) and any(map(_ref, free))):
+        # (every id a pool block's and none null: a free block i with a ref_cnt is one whose
+        # refs[i] is not 0, refs[i] is read first, its own ref_cnt only when one is not)
         held_in_queue = [i for i in ids if i == null or not (0 <= i < n) or refs[i] != 0]
     else:
         held_in_queue = []
@@ -169,6 +171,15 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[Violation], li
         out.append(make_violation(KV_FREE_QUEUE, (
             f"free {nfree} + used {used} != num_gpu_blocks {n}"), blocks=[]))
     return out, free
+
+
+def _refs_of(refs: list[int], ids: list[int]) -> bool:
+    """Whether ``refs[i]`` is not 0 for an ``i`` of ``ids`` (pool block ids); True when one
+    cannot be read (then the blocks themselves are)."""
+    try:
+        return any(map(refs.__getitem__, ids))
+    except (IndexError, TypeError):
+        return True
 
 
 def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[Violation]:
