@@ -505,6 +505,24 @@ class BlockMirror:
             def __set__(self, obj, value):
                 obj.__dict__[name] = value
                 mirror.exact = False
+        elif on == mirror._on_ref:
+            def __set__(self, obj, value):
+                d = obj.__dict__
+                d[name] = value
+                i = d.get("block_id", -1)
+                if type(i) is int and 0 <= i < n and blocks[i] is obj:
+                    # BlockMirror._on_ref inline: a write of ref_cnt is in every pool call
+                    refs = mirror.refs
+                    old = refs[i]
+                    ref_old = mirror.ref_old
+                    if i not in ref_old:
+                        ref_old[i] = old
+                    mirror.pend.add(i)
+                    refs[i] = value
+                    if (old == 0) != (value == 0):
+                        mirror.nzero += 1 if value == 0 else -1
+                    if mirror.hashes[i] and bool(old) != bool(value):
+                        mirror.nhashed_held += 1 if value else -1
         else:
             def __set__(self, obj, value):
                 d = obj.__dict__
