@@ -434,13 +434,16 @@ class RequestHashCheck:
     request's i-th block hash (``Request.block_hashes``, 0.10.1+, or
     ``KVCacheManager.req_to_block_hashes``, older), for ``i < num_cached_block[request]``.
 
-    Incremental: each (group, request) table is verified once per block. Skipped where a cache
-    block spans several hash blocks (0.33's ``hash_block_size`` != the group's block size).
+    Incremental: each (group, request) table is verified once per block; the requests whose
+    table object and cached count are as at their last look are told apart at C speed. Skipped
+    where a cache block spans several hash blocks (0.33's ``hash_block_size`` != the group's
+    block size).
     """
 
     def __init__(self, books: Books):
         self.books = books
-        self.done: dict[tuple[int, str], tuple[int, int]] = {}
+        #: group -> request id -> (id of its table list, its blocks verified) at the last look
+        self.done: dict[int, dict[str, tuple[int, int]]] = {}
         self.groups = state.hash_checkable_groups(books.layout)
 
     def check(self, requests: dict, only=None) -> list[Violation]:
@@ -455,15 +458,24 @@ class RequestHashCheck:
         for g in self.groups:
             m = self.books.managers[g]
             counts = m.num_cached_block
-            pairs = counts.items() if only is None else \
-                [(rid, counts[rid]) for rid in only if rid in counts]
+            done = self.done.setdefault(g, {})
+            tables = m.req_to_blocks
+            if only is None:
+                pairs = counts.items()
+            else:
+                # a request whose table list and cached count are as at its last look has
+                # nothing new to verify (the loop below would skip it at start >= k)
+                only = list(only)
+                rids = list(compress(only, map(counts.__contains__, only)))
+                ks = list(map(counts.__getitem__, rids))
+                now = zip(map(id, map(tables.get, rids)), ks)
+                pairs = compress(zip(rids, ks), map(ne, map(done.get, rids), now))
             for rid, k in pairs:
-                table = m.req_to_blocks.get(rid)
+                table = tables.get(rid)
                 req = requests.get(rid)
                 if not table or req is None:
                     continue
-                key = (g, rid)
-                lid, start = self.done.get(key, (id(table), 0))
+                lid, start = done.get(rid, (id(table), 0))
                 if lid != id(table) or start > k:
                     start = 0
                 if start >= k:
@@ -485,7 +497,7 @@ class RequestHashCheck:
                             f"block {b.block_id} is {rid}'s cached block #{i} but carries another "
                             f"hash than {rid}'s block hash #{i} (expected the same content hash)"),
                             requests=[rid], blocks=[b.block_id]))
-                self.done[key] = (id(table), k)
+                done[rid] = (id(table), k)
         return out
 
 
