@@ -47,6 +47,8 @@ class Books:
         self.max_tokens = lay.max_tokens
         self.max_seqs = lay.max_seqs
         self.max_model_len = lay.max_model_len
+        #: the pool's block ids, 0 .. num_blocks - 1
+        self.all_ids = frozenset(range(self.num_blocks))
         #: the :class:`BlockMirror` while installed and exact (None: read the blocks)
         self.mirror: BlockMirror | None = None
         #: per KV cache group: (request id -> its table list, -> a copy, -> the copy's block ids)
@@ -121,13 +123,13 @@ class Books:
         only the lists that changed are read block by block, only their ids counted again.
 
         Per KV cache group the last read is kept as three dicts by request id (the table list
-        object, its copy, its block ids); which lists are the same object and equal to their
-        copy is worked out for all requests at once with C-level ``map``, and only the others
-        (and the requests gone) go through the Python loop."""
-        old = self._id_cache
-        if len(old) != len(self.managers):
-            old = [({}, {}, {}) for _ in self.managers]
-        new = []
+        object, its copy, its block ids), updated in place for the lists that changed and the
+        requests gone; which lists are the same object and equal to their copy is worked out
+        for all requests at once with C-level ``map``, and only the others (and the requests
+        gone) go through the Python loop."""
+        cache = self._id_cache
+        if len(cache) != len(self.managers):
+            cache = self._id_cache = [({}, {}, {}) for _ in self.managers]
         dense, foreign, n = self._dense, self._foreign, self.num_blocks
         touched = self._touched
 
@@ -142,20 +144,15 @@ class Books:
                         del foreign[i]
 
         seqs = []
-        for t, (lst, cpy, idl) in zip(self.tables(), old):
+        for t, (lst, cpy, idl) in zip(self.tables(), cache):
             rids = list(t)
             bls = list(t.values())
             same = list(map(and_, map(is_, map(lst.get, rids), bls),
                             map(eq, map(cpy.get, rids), bls)))
             if len(rids) == len(lst) and all(same):
                 # every list as at the last read, and no request gone (same count, all found)
-                new.append((lst, cpy, idl))
                 seqs += map(idl.__getitem__, rids)
                 continue
-            n_lst, n_cpy, n_idl = dict(zip(rids, bls)), {}, {}
-            kept = list(compress(rids, same))
-            n_cpy.update(zip(kept, map(cpy.__getitem__, kept)))
-            n_idl.update(zip(kept, map(idl.__getitem__, kept)))
             for rid, bl in compress(zip(rids, bls), map(not_, same)):
                 c1 = cpy.get(rid)
                 if c1 is not None and lst[rid] is bl:
@@ -163,20 +160,21 @@ class Books:
                     if m < len(bl) and bl[:m] == c1:  # blocks appended
                         more = list(map(_bid, bl[m:]))
                         count(more, 1)
-                        n_cpy[rid] = list(bl)
-                        n_idl[rid] = idl[rid] + more
+                        cpy[rid] = list(bl)
+                        idl[rid] = idl[rid] + more  # (a new list: HeldIds keep the old one)
                         continue
                 if c1 is not None:
                     count(idl[rid], -1)
                 ids = list(map(_bid, bl))
                 count(ids, 1)
-                n_cpy[rid] = list(bl)
-                n_idl[rid] = ids
-            for rid in idl.keys() - n_lst.keys():  # tables gone
-                count(idl[rid], -1)
-            new.append((n_lst, n_cpy, n_idl))
-            seqs += map(n_idl.__getitem__, rids)
-        self._id_cache = new
+                lst[rid] = bl
+                cpy[rid] = list(bl)
+                idl[rid] = ids
+            if len(lst) != len(rids):  # (every id in rids is a key now) tables gone
+                for rid in lst.keys() - t.keys():
+                    count(idl.pop(rid), -1)
+                    del lst[rid], cpy[rid]
+            seqs += map(idl.__getitem__, rids)
         return seqs
 
     def refcounts_agree(self) -> bool:
@@ -259,10 +257,11 @@ class Books:
         return list(m.hashes) if m is not None else list(map(_hash_of, self.blocks))
 
     # ---- free queue ------------------------------------------------------------------------
-    def free_list(self) -> tuple[list, bool]:
+    def free_list(self, ids: list | None = None) -> tuple[list, bool]:
         """The blocks linked in the free queue, head first, and whether the walk ended
-        properly (False: a cycle, or more links than blocks)."""
-        return state.free_list(self.pool, self.num_blocks)
+        properly (False: a cycle, or more links than blocks); ``ids``: a list to append their
+        block ids to (read in the same walk)."""
+        return state.free_list(self.pool, self.num_blocks, ids)
 
     def num_free(self) -> int:
         return state.free_count(self.pool)
@@ -506,6 +505,24 @@ class BlockMirror:
             def __set__(self, obj, value):
                 obj.__dict__[name] = value
                 mirror.exact = False
+        elif on == mirror._on_ref:
+            def __set__(self, obj, value):
+                d = obj.__dict__
+                d[name] = value
+                i = d.get("block_id", -1)
+                if type(i) is int and 0 <= i < n and blocks[i] is obj:
+                    # BlockMirror._on_ref inline: a write of ref_cnt is in every pool call
+                    refs = mirror.refs
+                    old = refs[i]
+                    ref_old = mirror.ref_old
+                    if i not in ref_old:
+                        ref_old[i] = old
+                    mirror.pend.add(i)
+                    refs[i] = value
+                    if (old == 0) != (value == 0):
+                        mirror.nzero += 1 if value == 0 else -1
+                    if mirror.hashes[i] and bool(old) != bool(value):
+                        mirror.nhashed_held += 1 if value else -1
         else:
             def __set__(self, obj, value):
                 d = obj.__dict__

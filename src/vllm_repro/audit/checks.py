@@ -122,8 +122,8 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[Violation], li
     out = []
     n = books.num_blocks
     null = books.null_id
-    free, ended = books.free_list()
-    ids = list(map(_bid, free))
+    ids: list = []
+    free, ended = books.free_list(ids)
     nfree = books.num_free()
     if not ended:
         out.append(make_violation(KV_FREE_QUEUE, (
@@ -140,8 +140,10 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[Violation], li
         out.append(make_violation(KV_FREE_QUEUE, (
             f"the free queue counts {nfree} free blocks (num_free_blocks) but links {len(ids)}"),
             blocks=[]))
-    if any(map(_ref, free)) or (null is not None and null in seen) or \
-            (ids and (min(ids) < 0 or max(ids) >= n)):
+    if (null is not None and null in seen) or not seen <= books.all_ids or \
+            (_refs_of(refs, ids) and any(map(_ref, free))):
+        # (every id a pool block's and none null: a free block i with a ref_cnt is one whose
+        # refs[i] is not 0, refs[i] is read first, its own ref_cnt only when one is not)
         held_in_queue = [i for i in ids if i == null or not (0 <= i < n) or refs[i] != 0]
     else:
         held_in_queue = []
@@ -169,6 +171,15 @@ def check_free_queue(books: Books, refs: list[int]) -> tuple[list[Violation], li
         out.append(make_violation(KV_FREE_QUEUE, (
             f"free {nfree} + used {used} != num_gpu_blocks {n}"), blocks=[]))
     return out, free
+
+
+def _refs_of(refs: list[int], ids: list[int]) -> bool:
+    """Whether ``refs[i]`` is not 0 for an ``i`` of ``ids`` (pool block ids); True when one
+    cannot be read (then the blocks themselves are)."""
+    try:
+        return any(map(refs.__getitem__, ids))
+    except (IndexError, TypeError):
+        return True
 
 
 def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[Violation]:
@@ -423,13 +434,16 @@ class RequestHashCheck:
     request's i-th block hash (``Request.block_hashes``, 0.10.1+, or
     ``KVCacheManager.req_to_block_hashes``, older), for ``i < num_cached_block[request]``.
 
-    Incremental: each (group, request) table is verified once per block. Skipped where a cache
-    block spans several hash blocks (0.33's ``hash_block_size`` != the group's block size).
+    Incremental: each (group, request) table is verified once per block; the requests whose
+    table object and cached count are as at their last look are told apart at C speed. Skipped
+    where a cache block spans several hash blocks (0.33's ``hash_block_size`` != the group's
+    block size).
     """
 
     def __init__(self, books: Books):
         self.books = books
-        self.done: dict[tuple[int, str], tuple[int, int]] = {}
+        #: group -> request id -> (id of its table list, its blocks verified) at the last look
+        self.done: dict[int, dict[str, tuple[int, int]]] = {}
         self.groups = state.hash_checkable_groups(books.layout)
 
     def check(self, requests: dict, only=None) -> list[Violation]:
@@ -444,15 +458,24 @@ class RequestHashCheck:
         for g in self.groups:
             m = self.books.managers[g]
             counts = m.num_cached_block
-            pairs = counts.items() if only is None else \
-                [(rid, counts[rid]) for rid in only if rid in counts]
+            done = self.done.setdefault(g, {})
+            tables = m.req_to_blocks
+            if only is None:
+                pairs = counts.items()
+            else:
+                # a request whose table list and cached count are as at its last look has
+                # nothing new to verify (the loop below would skip it at start >= k)
+                only = list(only)
+                rids = list(compress(only, map(counts.__contains__, only)))
+                ks = list(map(counts.__getitem__, rids))
+                now = zip(map(id, map(tables.get, rids)), ks)
+                pairs = compress(zip(rids, ks), map(ne, map(done.get, rids), now))
             for rid, k in pairs:
-                table = m.req_to_blocks.get(rid)
+                table = tables.get(rid)
                 req = requests.get(rid)
                 if not table or req is None:
                     continue
-                key = (g, rid)
-                lid, start = self.done.get(key, (id(table), 0))
+                lid, start = done.get(rid, (id(table), 0))
                 if lid != id(table) or start > k:
                     start = 0
                 if start >= k:
@@ -474,7 +497,7 @@ class RequestHashCheck:
                             f"block {b.block_id} is {rid}'s cached block #{i} but carries another "
                             f"hash than {rid}'s block hash #{i} (expected the same content hash)"),
                             requests=[rid], blocks=[b.block_id]))
-                self.done[key] = (id(table), k)
+                done[rid] = (id(table), k)
         return out
 
 
@@ -498,8 +521,8 @@ class RequestChecks:
         self.last: dict[str, tuple[int, str, int]] = {}
         self.preempted_now: set[str] = set()  # PREEMPTED now, not PREEMPTED at the last look
         self._names: dict = {}  # RequestStatus member -> name
-        #: rid -> (id of its status, num_computed_tokens, num_preemptions,
-        #: num_output_placeholders, its queue) at its last look (:meth:`_looks`)
+        #: rid -> ((its status, num_computed_tokens, num_output_placeholders),
+        #: num_preemptions, its queue) at its last look (:meth:`_looks`)
         self._seen: dict[str, tuple] = {}
         self._flagged: set[str] = set()  # rids a check of its own found wrong at the last look
         self._absent: set[str] = set()  # fields a request lacked (read with a default since)
@@ -507,24 +530,31 @@ class RequestChecks:
     _status = attrgetter("status")
     _nct = attrgetter("num_computed_tokens")
     _npre = attrgetter("num_preemptions")
-    _nop = attrgetter("num_output_placeholders")
+    _three = attrgetter("status", "num_computed_tokens", "num_output_placeholders")
 
     def _looks(self, reqs: list, rids: list[str], where: dict) -> list[tuple]:
-        """What each request's own checks read: (id of its status, ``num_computed_tokens``,
-        ``num_preemptions``, ``num_output_placeholders``, its queue in ``where``), the two
-        counts 0 where the release has no such field; read at C speed."""
-        cols = []
+        """What each request's own checks read: ((its status, ``num_computed_tokens``,
+        ``num_output_placeholders``), ``num_preemptions``, its queue in ``where``), the two
+        counts 0 where the release has no such field; read at C speed, one call per request
+        for the first three. Two looks are equal when every field is (the status: the same
+        member of the release's ``RequestStatus``, an ``IntEnum`` of distinct values)."""
         absent = self._absent
-        for get, name in ((self._npre, "num_preemptions"), (self._nop, "num_output_placeholders")):
-            if name not in absent:
-                try:
-                    cols.append(list(map(get, reqs)))
-                    continue
-                except AttributeError:  # (a release without it: getattr from now on)
-                    absent.add(name)
-            cols.append(list(map(getattr, reqs, repeat(name), repeat(0))))
-        return list(zip(map(id, map(self._status, reqs)), map(self._nct, reqs), cols[0], cols[1],
-                        map(where.get, rids)))
+        if "num_output_placeholders" not in absent:
+            try:
+                three = list(map(self._three, reqs))
+            except AttributeError:  # (a release without it: getattr from now on)
+                absent.add("num_output_placeholders")
+        if "num_output_placeholders" in absent:
+            three = list(zip(map(self._status, reqs), map(self._nct, reqs),
+                             map(getattr, reqs, repeat("num_output_placeholders"), repeat(0))))
+        if "num_preemptions" not in absent:
+            try:
+                npre = list(map(self._npre, reqs))
+            except AttributeError:
+                absent.add("num_preemptions")
+        if "num_preemptions" in absent:
+            npre = list(map(getattr, reqs, repeat("num_preemptions"), repeat(0)))
+        return list(zip(three, npre, map(where.get, rids)))
 
     def where(self) -> tuple[dict[str, str], dict[str, list[str]]]:
         """(request id -> its queue, request id -> every queue it is in, for ids in more than
@@ -620,8 +650,7 @@ class RequestChecks:
         for rid, _ in looks:
             flagged.discard(rid)
         # (the look's count, preemptions, placeholders and queue: read just now, the same values)
-        for (rid, req), (_, (_, nct, npre, nop, q)) in zip(items, looks):
-            status = req.status
+        for (rid, req), (_, ((status, nct, nop), npre, q)) in zip(items, looks):
             st = names_of.get(status) or name(status)
             if q == "running":
                 if st != "RUNNING":

@@ -171,12 +171,22 @@ def bare_free_head(pool):
     return getattr(fq, "free_list_head", None)
 
 
-def free_list(pool, num_blocks: int) -> tuple[list, bool]:
+def free_list(pool, num_blocks: int, ids: list | None = None) -> tuple[list, bool]:
     """The blocks linked in ``pool.free_block_queue``, head first, and whether the walk ended
-    properly (False: a cycle, or more links than blocks)."""
+    properly (False: a cycle, or more links than blocks). ``ids``: a list to append each
+    walked block's ``block_id`` to, in the same walk (each block is read once)."""
     cur, tail = free_queue_ends(pool)
     out = []
     append = out.append
+    if ids is not None:
+        add_id = ids.append
+        for _ in range(num_blocks + 2):
+            if cur is None or cur is tail:
+                return out, True
+            append(cur)
+            add_id(cur.block_id)
+            cur = cur.next_free_block
+        return out, False
     for _ in range(num_blocks + 2):  # (a counted loop: the audit walks the queue often)
         if cur is None or cur is tail:
             return out, True
