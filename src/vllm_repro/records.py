@@ -303,11 +303,13 @@ class RunResult(Record):
     ``outcome`` is one of ``clean``, ``crash``, ``violation``, ``stall``, ``incomplete`` or
     ``error`` (:data:`OUTCOMES`); its evidence is in ``crash``, ``violations``,
     ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
-    finish status (``FINISHED_STOPPED``...), ``refused`` maps the requests the release's front
+    finish status (``FINISHED_STOPPED``...; at ``level: v0-engine`` the finish reason of its
+    ``RequestOutput``, ``stop`` / ``length`` / ``abort``, and ``FINISHED_IGNORED`` for a request
+    the V0 scheduler ignored, whose reason vLLM gives as ``length``), ``refused`` maps the requests the release's front
     door refused (never added) -> its error, ``unfinished`` lists the rest; ``limit_reached``:
     the run stopped at ``limits.max_steps`` with requests unfinished (outcome ``incomplete``
     when nothing else went wrong: a run that did not finish is not clean). ``level`` is
-    ``scheduler`` or ``engine-core``; ``vllm`` the release; ``python`` the worker's interpreter;
+    ``scheduler``, ``engine-core`` or ``v0-engine``; ``vllm`` the release; ``python`` the worker's interpreter;
     ``platform`` the platform vLLM saw (``cuda 9.0 (emulated NonNvmlCudaPlatform)``, ``cpu
     (vLLM's CpuPlatform)``: ``engine/adapter/platform.py``); ``substitutions`` what the run has
     in place of the release's own: the release's pinned requirements its environment has as

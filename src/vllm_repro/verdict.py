@@ -124,6 +124,9 @@ def describe_observed(result: RunResult) -> str:
         return f"stall @{s.step} ({len(s.unfinished)} unfinished)"
     if outcome == "clean":
         refused = f", {len(result.refused)} refused" if result.refused else ""
+        ignored = sum(1 for s in (result.finished or {}).values() if s == "FINISHED_IGNORED")
+        if ignored:  # V0: the scheduler ignored them (a prompt too long), vLLM finished them
+            refused += f", {ignored} ignored by the scheduler"
         unread = result.audit.unread if result.audit is not None else []
         caveat = f"; audit: KV books unread: {', '.join(unread)}" if unread else ""
         return (f"clean ({len(result.finished or {})} finished{refused}, {result.steps} "

@@ -109,6 +109,12 @@ def test_double_free_keep_going_collects_the_aftermath(worker, tmp_path):
     assert below and below[0].step == planted["step"]
     assert set(below[0].blocks) <= set(planted["blocks"])
     assert res.audit.keep_going is True and res.audit.stopped is None
+    # the same run cut at max_steps, one step after the plant: a violation that did not finish,
+    # and result.json says the limit was reached (it said false for any outcome but incomplete)
+    short = run(worker, tmp_path, "double_free",
+                scenario("double-free-kg-short", max_steps=planted["step"] + 1), keep_going=True)
+    assert short.outcome == "violation" and short.unfinished, (short.outcome, short.unfinished)
+    assert short.limit_reached is True
 
 
 def test_without_the_audit_vllm_does_not_notice_at_the_planted_step(worker, tmp_path):

@@ -130,6 +130,8 @@ class StepLoop:
         result = RunResult("clean")
         step = 0
         t1, c1 = time.perf_counter(), time.process_time()
+        #: whether the loop ran out of ``limits.max_steps`` (no step ended the run)
+        self.ran_out = False
         for step in range(1, max_steps + 1):
             self.step = step
             line = TraceLine.begin(step, None if scheduled is None else dict(scheduled))
@@ -140,6 +142,8 @@ class StepLoop:
             if done:
                 result = ended or result
                 break
+        else:
+            self.ran_out = max_steps > 0
         return self.finish_result(result, step, build_s, time.perf_counter() - t1,
                                   time.process_time() - c1)
 
@@ -294,7 +298,8 @@ class StepLoop:
         """The end of a run at either level: the observer's end-of-run checks (a clean run
         with violations becomes ``violation``; one that reached ``limits.max_steps`` with
         requests unfinished becomes ``incomplete``), then ``steps``, ``finished`` (request id
-        -> finish status), ``unfinished``, ``limit_reached`` and ``timing`` (seconds; steps/s
+        -> finish status), ``unfinished``, ``limit_reached`` (the loop ran out of
+        ``max_steps`` with requests unfinished, whatever the outcome) and ``timing`` (seconds; steps/s
         of the loop alone) set on ``result``, which is returned."""
         if self.observer is not None:
             fin = self.observer.finish(self, result.outcome)
@@ -312,7 +317,10 @@ class StepLoop:
         result.unfinished = unfinished
         if result.outcome == "clean" and unfinished:
             result.outcome = "incomplete"  # the run did not finish: never clean
-        result.limit_reached = result.outcome == "incomplete"
+        # a run the audit let go on (``--keep-going``) to ``max_steps`` with requests unfinished
+        # reached the limit as much as a clean one did
+        result.limit_reached = result.outcome == "incomplete" or (
+            getattr(self, "ran_out", False) and bool(unfinished))
         result.level = self.level
         result.timing = Timing(round(build_s, 4), round(run_s, 4), round(run_cpu_s, 4),
                                round(step / run_s, 1) if run_s > 0 else None)

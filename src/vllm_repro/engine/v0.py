@@ -330,6 +330,27 @@ class V0Adapter:
         return self.SamplingParams(**kw)
 
 
+def multi_step_batch(engine) -> dict[str, int]:
+    """What the next ``engine.step()`` decodes without calling ``schedule()``, if it continues a
+    multi-step batch: request id -> 1 per scheduled group of the scheduler outputs vLLM cached
+    for the batch (``LLMEngine.cached_scheduler_outputs[0]``, written by
+    ``_cache_scheduler_outputs_for_multi_step``; vLLM 0.6 to 0.10); ``{}`` when nothing is
+    cached (no multi-step, or the batch is over: the step then calls ``schedule()``, which
+    the caller tells apart)."""
+    cached = getattr(engine, "cached_scheduler_outputs", None)
+    if not cached:
+        return {}
+    state = cached[0]
+    so = getattr(state, "scheduler_outputs", None)
+    if so is None or not getattr(state, "seq_group_metadata_list", None):
+        return {}
+    out: dict[str, int] = {}
+    for s in getattr(so, "scheduled_seq_groups", None) or ():
+        rid = s.seq_group.request_id
+        out[rid] = out.get(rid, 0) + 1
+    return out
+
+
 def refuse_unserved_workers(engine_config, cfg: dict, version: str,
                             serves_multi_step: bool = False,
                             serves_spec_decode: bool = False) -> None:
@@ -924,6 +945,9 @@ class V0EngineLoop(StepLoop):
                 scheduled[rid] = scheduled.get(rid, 0) + int(s.token_chunk_size)
             loop._line.scheduled = scheduled
             loop._so = so
+            loop._schedule_called = True
+            for sg in getattr(so, "ignored_seq_groups", None) or ():
+                loop._ignored.add(sg.request_id)
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
                                                        so, scheduled):
                 raise _ObserverStop()
@@ -994,11 +1018,19 @@ class V0EngineLoop(StepLoop):
                 line.idle = True
                 return None, None
             phase = "step"
+            self._schedule_called = False
+            batch = multi_step_batch(engine)
             outputs = engine.step()
+            if not self._schedule_called and batch:
+                # a later step of a multi-step batch: vLLM ran it from the scheduler outputs it
+                # cached, without schedule(); its requests decoded all the same (progress)
+                line.scheduled = batch
             for out in outputs or ():
                 if getattr(out, "finished", False) and out.request_id not in self.finished:
                     reasons = [o.finish_reason for o in getattr(out, "outputs", ()) if o.finish_reason]
-                    self.finished[out.request_id] = str(reasons[0] if reasons else "finished")
+                    self.finished[out.request_id] = (
+                        "FINISHED_IGNORED" if out.request_id in self._ignored
+                        else str(reasons[0] if reasons else "finished"))
                     self._newly.append(out.request_id)
         except (RefusedByRelease, AdapterError):
             raise
@@ -1014,9 +1046,14 @@ class V0EngineLoop(StepLoop):
         return None, self._so or _NoSchedule()
 
     _newly: list[str] = []
+    _schedule_called = False
+    #: request ids the V0 scheduler ignored (``SchedulerOutputs.ignored_seq_groups``: a prompt
+    #: too long for the pool or ``max_model_len``); vLLM finishes them with reason ``length``
+    _ignored: set[str] = set()
 
     def _run_steps(self, build_s, step_fn, scheduled=None):
         self._newly = []
+        self._ignored = set()
         return super()._run_steps(build_s, step_fn, scheduled)
 
     def _collect_finished(self) -> list[str]:
