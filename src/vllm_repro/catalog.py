@@ -34,13 +34,24 @@ def catalog_files(directory: Path = DEFAULT_DIR) -> list[Path]:
     return sorted(p for p in directory.glob("*.yaml") if p.is_file())
 
 
-def last_verdict(reports: Path, name: str, version: str) -> str:
+def last_verdict(reports: Path, name: str, version: str, source: Path | None = None) -> str:
     """``observed [ok]`` from the last run's ``result.json``, or ``never run`` (also for a
-    report that cannot be read as a :class:`~vllm_repro.records.RunResult`)."""
+    report that cannot be read as a :class:`~vllm_repro.records.RunResult`). With ``source``
+    (the entry's file): a report whose ``scenario.yaml`` is not that file's text came from
+    another file of the same ``name`` (a variant, an edit since) and is not the entry's
+    verdict: ``not run as in the catalog (the last run was of another file named NAME)``."""
+    report = ReportDir(reports, name, version)
     try:
-        data = ReportDir(reports, name, version).read_result()
+        data = report.read_result()
     except (OSError, RecordError):
         return "never run"
+    if source is not None:
+        try:
+            same = (report.path / "scenario.yaml").read_bytes() == source.read_bytes()
+        except OSError:
+            same = True  # an older report without its scenario: as before
+        if not same:
+            return f"not run as in the catalog (the last run was of another file named {name})"
     v = data.verdict or {}
     ok = {True: "ok", False: "MISMATCH", None: "-"}.get(v.get("ok"), "-")
     return f"{v.get('observed', data.outcome)} [{ok}]"
@@ -60,7 +71,7 @@ def catalog_rows(directory: Path = DEFAULT_DIR, reports: Path = Path("reports"))
     for p in catalog_files(directory):
         sc = load_scenario(p)
         concrete = sc.vllm.concrete()
-        lasts = "; ".join(f"{v}: {last_verdict(reports, sc.name, v)}" for v in concrete)
+        lasts = "; ".join(f"{v}: {last_verdict(reports, sc.name, v, p)}" for v in concrete)
         rows.append((sc.name, sc.vllm.issue or "-", ", ".join(sc.vllm.reproduces_on),
                      ", ".join(sc.vllm.clean_on), lasts))
     return rows

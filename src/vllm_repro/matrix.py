@@ -22,6 +22,9 @@ and ``matrix.png`` (:func:`draw`); each run's own report is under
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -293,9 +296,16 @@ def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path
     for mode, item in items:
         if item.version not in caps_of:
             caps_of[item.version] = capabilities.load(cache_dir(), item.version)
-        ran[item.version, mode] = cell_for(item.version, mode, item.result, item.verdict,
-                                           caps_of[item.version], item.report_dir,
-                                           scenario.level, reports)
+        cell = cell_for(item.version, mode, item.result, item.verdict, caps_of[item.version],
+                        item.report_dir, scenario.level, reports)
+        if cell.outcome == "n/a" and item.report_dir is not None:
+            # refused before anything ran, for a mode the release lacks: no run to report (its
+            # result.json said "error" and the reports index listed it as one); the cell says why
+            shutil.rmtree(item.report_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                item.report_dir.parent.rmdir()  # <scenario>.<mode>/ when no release ran it
+            cell.report = None
+        ran[item.version, mode] = cell
     cells = [ran.get((v, m)) or MatrixCell(v, m, "n/a", None, _one_line(not_here[m]))
              for v in releases for m, _ in variants]
     report = MatrixReport(scenario=scenario.name, releases_range=releases_range,

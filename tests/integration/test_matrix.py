@@ -57,6 +57,9 @@ def test_the_sample_runs_clean_in_every_mode_its_releases_have(cli, tmp_path):
                 assert (reports / f"matrix-tiny.{mode}" / v / "result.json").is_file()
             else:  # refused by the release's adapter before anything ran, said in one line
                 assert cell["outcome"] == "n/a" and f"vLLM {v}" in cell["cause"], cell
+                # and no run report (it was an "error" run in the reports index)
+                assert cell.get("report") is None, cell
+                assert not (reports / f"matrix-tiny.{mode}" / v).exists()
     # async: an AsyncScheduler from 0.10.0 on (0.16.0 and 0.33.0: its forwarding constructor)
     assert [v for v in SAMPLE if cells[(v, "async")]["outcome"] == "clean"] == [
         "0.15.1", "0.16.0", "0.17.1", "0.33.0"]

@@ -210,3 +210,33 @@ def test_an_also_on_release_without_the_entrys_engine_is_left_out_not_an_error(t
     assert [(i.version, i.also_on) for i in kept] == [(own, False), ("0.33.1", True),
                                                        ("0.34.0", True)]
     assert said == [f"{v0.name}: not on 0.33.0 ({refusal.format('0.33.0')})"]
+
+
+def test_the_catalog_does_not_credit_a_variant_run_of_the_same_name_to_the_entry(tmp_path):
+    """A variant of the flagship run from another file (same ``name:``, block_size 17) wrote
+    the report the catalog reads: it is not the entry's verdict (it showed a false MISMATCH)."""
+    import shutil
+
+    from vllm_repro.catalog import catalog_rows
+    from vllm_repro.records import ReportDir
+
+    from .builders import make_result
+
+    cat = tmp_path / "cat"
+    cat.mkdir()
+    entry = cat / "flagship.yaml"
+    shutil.copy(SCENARIOS / "vllm-23347-priority-preempt-scheduled.yaml", entry)
+    name = load_scenario(entry).name
+    reports = tmp_path / "reports"
+    for version, text in (("0.10.1.1", entry.read_text().replace("block_size: 16",
+                                                                  "block_size: 17")),
+                          ("0.10.2", entry.read_text())):
+        rd = ReportDir(reports, name, version)
+        rd.path.mkdir(parents=True)
+        rd.write_result(make_result("crash", scenario=name, vllm=version,
+                                    verdict={"ok": False, "observed": "crash X @5"}))
+        (rd.path / "scenario.yaml").write_text(text)
+    (row,) = catalog_rows(cat, reports)
+    lasts = row[-1]
+    assert "0.10.1.1: not run as in the catalog (the last run was of another file named" in lasts
+    assert "0.10.2: crash X @5 [MISMATCH]" in lasts
