@@ -161,6 +161,13 @@ def level_refusal(scenario: Scenario, mode: str) -> str | None:
     from .engine.v0 import V1_ONLY
 
     key = MODE_FIELD.get(mode)
+    if mode == "spec":
+        # the overlay sets num_speculative_tokens alone (a V1 drafter); V0 spec decode is its
+        # SpecDecodeWorker with a drafter named in the scenario (speculative_model "[ngram]"),
+        # which the overlay does not choose
+        return ("level: v0-engine: the spec mode sets config.num_speculative_tokens alone, which "
+                "V0 needs with a drafter (speculative_model: \"[ngram]\" in the scenario's "
+                "config); the mode applies at level scheduler or engine-core")
     if key not in V1_ONLY:
         return None
     return (f"level: v0-engine: config.{key} is the V1 engine's (vLLM's V0 LLMEngine has no "

@@ -249,7 +249,9 @@ def test_a_v0_engine_scenario_shows_the_modes_it_has_no_meaning_for_as_n_a(
         for mode in ("async", "spec"):
             cell = report.cell(release, mode)
             assert (cell.outcome, cell.exit) == ("n/a", None), cell
-            assert cell.cause.startswith("level: v0-engine: config.")
+            assert cell.cause.startswith("level: v0-engine: ") and "config." in cell.cause
+    # V0 spec decode is served (n-gram), but the spec overlay names no drafter: still n/a
+    assert "speculative_model" in report.cell("0.9.2", "spec").cause
     assert report.cell("0.9.2", "plain").outcome == "clean"
     no_v0 = report.cell("0.11.0", "plain")
     assert (no_v0.outcome, no_v0.cause) == ("n/a", caps["0.11.0"].refusal("v0-engine"))
