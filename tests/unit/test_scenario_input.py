@@ -38,7 +38,7 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
      "config", "not a vLLM config field name"),
     (("{id: A, prompt_len: 10}", "{id: A, prompt_len: -4}"), "requests[0].prompt_len", "greater than"),
     (("{id: B, prompt_len: 20, at_step: 2}", "{id: A, prompt_len: 20, at_step: 2}"),
-     "requests[1].id", "used twice"),
+     "requests[1].id", "used twice; give each request an id of its own"),
     (("abort: [A]", "abort: [Z]"), "events[0].abort", "unknown request id 'Z'"),
     (("name: t", "name: t\nname: u"), "line", "appears twice"),
     (("config: {num_gpu_blocks: 8}", "config: {}"), "config.num_gpu_blocks",
@@ -50,6 +50,13 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
      "config.max_num_seqs", "write a plain int value"),
     (("config: {num_gpu_blocks: 8}", 'config: {num_gpu_blocks: 8, max_num_seqs: "2"}'),
      "config.max_num_seqs", "valid integer"),
+    # a quoted number passed through to vLLM would meet a bare TypeError there (newcomer P6)
+    (("config: {num_gpu_blocks: 8}", 'config: {num_gpu_blocks: 8, num_scheduler_steps: "8"}'),
+     "config.num_scheduler_steps", "write it without quotes"),
+    # a mapping passed through: the line says what to write instead (newcomer P7)
+    (("config: {num_gpu_blocks: 8}",
+      "config: {num_gpu_blocks: 8, speculative_config: {model: '[ngram]'}}"),
+     "config.speculative_config", "give its fields as plain config keys"),
     # a trigger past the run's end would silently never happen (a buggy release read as fixed)
     (("abort: [A]}", "abort: [A]}\nlimits: {max_steps: 2}"), "events[0].at_step",
      "past limits.max_steps 2"),

@@ -227,10 +227,20 @@ class SchedulerSettings(Strict):
             if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a vLLM config field name")
             if isinstance(value, (dict, list)):
+                fix = ("give its fields as plain config keys (speculative_model, "
+                       "num_speculative_tokens, ngram_prompt_lookup_max, ...): the lab hands them "
+                       "to the release in the shape it takes" if key == "speculative_config"
+                       else "give it as a number, a string or a boolean")
                 raise ValueError(f"config.{key}: only plain values pass through to vLLM's config "
-                                 "classes")
+                                 f"classes; {fix}")
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"config.{key}: {value} is not a finite number; give a number")
+            if isinstance(value, str) and re.fullmatch(
+                    r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|true|false|True|False", value.strip()):
+                # quoted in the YAML: vLLM's config takes the number or boolean, not its text
+                # (a count compared with '>' fails inside vLLM with a bare TypeError)
+                raise ValueError(f"config.{key}: {value!r} is a quoted string; write it without "
+                                 "quotes if it is a number or a boolean")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when enable_chunked_prefill is "
@@ -629,7 +639,8 @@ class Scenario(Strict):
         ids: set[str] = set()
         for i, r in enumerate(self.requests):
             if r.id in ids:
-                raise ValueError(f"requests[{i}].id: request id {r.id!r} is used twice")
+                raise ValueError(f"requests[{i}].id: request id {r.id!r} is used twice; give "
+                                 "each request an id of its own")
             ids.add(r.id)
             if r.n > 1 and self.level != "v0-engine":
                 raise ValueError(
@@ -644,7 +655,8 @@ class Scenario(Strict):
                 # and, before, let it through to the scheduler (vLLM #8881)
                 raise ValueError(
                     f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
-                    f"config.max_model_len {self.config.max_model_len}")
+                    f"config.max_model_len {self.config.max_model_len}; lower prompt_len or "
+                    "max_tokens, or raise config.max_model_len")
         engine_only = {"kv_cache_memory_bytes": self.config.kv_cache_memory_bytes,
                        "max_concurrent_batches": self.config.max_concurrent_batches}
         blocks = self.config.num_gpu_blocks
