@@ -149,6 +149,7 @@ def _loop():
                                    SequenceOutput=lambda sid, tok, lp: _Out(sid, tok),
                                    Logprob=lambda x: x)
     loop.observer, loop.step, loop._multi, loop.multi_step = None, 0, None, True
+    loop._line = SimpleNamespace(scheduled={})  # the step's trace line (V0EngineLoop.run)
     loop.token, loop.eos_at, loop.engine = 100, {}, SimpleNamespace()
     loop.scripted = {"A": [11, 12, 13, 14, 15, 16]}
     ctx = _Ctx()
@@ -174,9 +175,16 @@ def test_multi_step_without_async_returns_every_steps_output_at_the_last_step():
     """MultiStepModelRunner without async output processing: one output per call until the
     last step, then every step's SamplerOutput in order, each step one token further."""
     loop, ctx, _ = _loop()
-    answers = [loop.execute(_request(i, 4, None)) for i in range(4)]
+    answers, scheduled = [], []
+    for i in range(4):
+        loop._line = SimpleNamespace(scheduled={})  # a new trace line each engine step
+        answers.append(loop.execute(_request(i, 4, None)))
+        scheduled.append(loop._line.scheduled)
     assert [len(a) for a in answers] == [1, 1, 1, 4]
     assert [_tokens(o) for o in answers[-1]] == [[12], [13], [14], [15]]
+    # the batch's later steps run without schedule(): the trace counts them as decoding (the
+    # first step's line is schedule()'s, which this test does not call)
+    assert scheduled == [{}, {"A": 1}, {"A": 1}, {"A": 1}]
 
 
 def test_multi_step_with_async_queues_earlier_steps_on_the_engines_context():

@@ -181,22 +181,12 @@ class V0Adapter:
         (``is_first_multi_step`` / ``is_last_step``). The runner is read from its source
         (``vllm/worker/multi_step_model_runner.py``, by ``ast``), not imported: from 0.10 its
         import needs the GPU build's ``vllm_flash_attn``."""
-        import ast
-
         request = _try_import("vllm.sequence:ExecuteModelRequest")
         if request is None or not all(hasattr(request, p) for p in ("is_first_multi_step",
                                                                      "is_last_step")):
             return False
-        path = self.vllm_file / "worker" / "multi_step_model_runner.py"
-        try:
-            tree = ast.parse(path.read_text())
-        except (OSError, SyntaxError, ValueError):
-            return False
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name == "MultiStepModelRunner":
-                names = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
-                return {"_async_process_outputs", "_final_process_outputs"} <= names
-        return False
+        return {"_async_process_outputs", "_final_process_outputs"} <= _class_methods(
+            self.vllm_file / "worker" / "multi_step_model_runner.py", "MultiStepModelRunner")
 
     def serves_spec_decode(self) -> bool:
         """Whether :meth:`V0EngineLoop.execute_spec_decode` answers for this release's
@@ -207,19 +197,9 @@ class V0Adapter:
         (``vllm.sequence.VLLM_INVALID_TOKEN_ID`` where the release has it, else a literal).
         The worker is read from its source (``vllm/spec_decode/spec_decode_worker.py``, by
         ``ast``), not imported (it needs torch's GPU build in places)."""
-        import ast
-
-        path = self.vllm_file / "spec_decode" / "spec_decode_worker.py"
-        try:
-            tree = ast.parse(path.read_text())
-        except (OSError, SyntaxError, ValueError):
-            return False
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name == "SpecDecodeWorker":
-                names = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
-                return {"_run_no_spec", "_run_speculative_decoding_step",
-                        "_create_output_sampler_list"} <= names
-        return False
+        return {"_run_no_spec", "_run_speculative_decoding_step",
+                "_create_output_sampler_list"} <= _class_methods(
+            self.vllm_file / "spec_decode" / "spec_decode_worker.py", "SpecDecodeWorker")
 
     # ---- configs -----------------------------------------------------------------------------
     def engine_args(self, cfg: dict) -> dict:
@@ -330,25 +310,20 @@ class V0Adapter:
         return self.SamplingParams(**kw)
 
 
-def multi_step_batch(engine) -> dict[str, int]:
-    """What the next ``engine.step()`` decodes without calling ``schedule()``, if it continues a
-    multi-step batch: request id -> 1 per scheduled group of the scheduler outputs vLLM cached
-    for the batch (``LLMEngine.cached_scheduler_outputs[0]``, written by
-    ``_cache_scheduler_outputs_for_multi_step``; vLLM 0.6 to 0.10); ``{}`` when nothing is
-    cached (no multi-step, or the batch is over: the step then calls ``schedule()``, which
-    the caller tells apart)."""
-    cached = getattr(engine, "cached_scheduler_outputs", None)
-    if not cached:
-        return {}
-    state = cached[0]
-    so = getattr(state, "scheduler_outputs", None)
-    if so is None or not getattr(state, "seq_group_metadata_list", None):
-        return {}
-    out: dict[str, int] = {}
-    for s in getattr(so, "scheduled_seq_groups", None) or ():
-        rid = s.seq_group.request_id
-        out[rid] = out.get(rid, 0) + 1
-    return out
+def _class_methods(path: Path, name: str) -> set[str]:
+    """The names of the functions class ``name`` defines at the top level of the module at
+    ``path``, read from its source (``ast``, nothing imported); empty when the file or the
+    class is not there."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+    return set()
 
 
 def refuse_unserved_workers(engine_config, cfg: dict, version: str,
@@ -798,6 +773,13 @@ class V0EngineLoop(StepLoop):
                     self._queue(callback, batch.outputs[i], i)
                     callback()
         metas = req.seq_group_metadata_list
+        if not first and not self._line.scheduled:
+            # a later step of the batch: the engine runs it from the schedule it cached, without
+            # schedule(); the trace counts one token per group decoded (progress, not a stall)
+            scheduled: dict[str, int] = {}
+            for meta in metas:
+                scheduled[meta.request_id] = scheduled.get(meta.request_id, 0) + 1
+            self._line.scheduled = scheduled
         if not batch.outputs:
             batch.base = {seq_id: len(data.output_token_ids) for meta in metas
                           for seq_id, data in meta.seq_data.items()}
@@ -945,9 +927,7 @@ class V0EngineLoop(StepLoop):
                 scheduled[rid] = scheduled.get(rid, 0) + int(s.token_chunk_size)
             loop._line.scheduled = scheduled
             loop._so = so
-            loop._schedule_called = True
-            for sg in getattr(so, "ignored_seq_groups", None) or ():
-                loop._ignored.add(sg.request_id)
+            loop._ignored.update(_ignored_in(so))
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
                                                        so, scheduled):
                 raise _ObserverStop()
@@ -1018,13 +998,7 @@ class V0EngineLoop(StepLoop):
                 line.idle = True
                 return None, None
             phase = "step"
-            self._schedule_called = False
-            batch = multi_step_batch(engine)
             outputs = engine.step()
-            if not self._schedule_called and batch:
-                # a later step of a multi-step batch: vLLM ran it from the scheduler outputs it
-                # cached, without schedule(); its requests decoded all the same (progress)
-                line.scheduled = batch
             for out in outputs or ():
                 if getattr(out, "finished", False) and out.request_id not in self.finished:
                     reasons = [o.finish_reason for o in getattr(out, "outputs", ()) if o.finish_reason]
@@ -1046,7 +1020,6 @@ class V0EngineLoop(StepLoop):
         return None, self._so or _NoSchedule()
 
     _newly: list[str] = []
-    _schedule_called = False
     #: request ids the V0 scheduler ignored (``SchedulerOutputs.ignored_seq_groups``: a prompt
     #: too long for the pool or ``max_model_len``); vLLM finishes them with reason ``length``
     _ignored: set[str] = set()
