@@ -34,23 +34,27 @@ def catalog_files(directory: Path = DEFAULT_DIR) -> list[Path]:
     return sorted(p for p in directory.glob("*.yaml") if p.is_file())
 
 
-def last_verdict(reports: Path, name: str, version: str, source: Path | None = None) -> str:
+def last_verdict(reports: Path, name: str, version: str, source_text: str | None = None) -> str:
     """``observed [ok]`` from the last run's ``result.json``, or ``never run`` (also for a
-    report that cannot be read as a :class:`~vllm_repro.records.RunResult`). With ``source``
-    (the entry's file): a report whose ``scenario.yaml`` is not that file's text came from
-    another file of the same ``name`` (a variant, an edit since) and is not the entry's
-    verdict: ``not run as in the catalog (the last run was of another file named NAME)``."""
+    report that cannot be read as a :class:`~vllm_repro.records.RunResult`). With
+    ``source_text`` (the entry's file as the lab read it, ``Scenario.source_text``): a report
+    whose ``scenario.yaml`` (written from the same text, ``report.pages.write_run_page``) is
+    other text came from another file of the same ``name`` (a variant, an edit since) and is
+    not the entry's verdict: ``not run as in the catalog (the last run was of another file
+    named NAME)``."""
+    from .report.pages import SCENARIO_FILE
+
     report = ReportDir(reports, name, version)
     try:
         data = report.read_result()
     except (OSError, RecordError):
         return "never run"
-    if source is not None:
+    if source_text is not None:
         try:
-            same = (report.path / "scenario.yaml").read_bytes() == source.read_bytes()
-        except OSError:
-            same = True  # an older report without its scenario: as before
-        if not same:
+            ran = (report.path / SCENARIO_FILE).read_bytes().decode("utf-8")  # newlines kept
+        except (OSError, UnicodeDecodeError):
+            ran = source_text  # an older report without its scenario: as before
+        if ran != source_text:
             return f"not run as in the catalog (the last run was of another file named {name})"
     v = data.verdict or {}
     ok = {True: "ok", False: "MISMATCH", None: "-"}.get(v.get("ok"), "-")
@@ -71,7 +75,8 @@ def catalog_rows(directory: Path = DEFAULT_DIR, reports: Path = Path("reports"))
     for p in catalog_files(directory):
         sc = load_scenario(p)
         concrete = sc.vllm.concrete()
-        lasts = "; ".join(f"{v}: {last_verdict(reports, sc.name, v, p)}" for v in concrete)
+        lasts = "; ".join(f"{v}: {last_verdict(reports, sc.name, v, sc.source_text)}"
+                          for v in concrete)
         rows.append((sc.name, sc.vllm.issue or "-", ", ".join(sc.vllm.reproduces_on),
                      ", ".join(sc.vllm.clean_on), lasts))
     return rows
