@@ -17,6 +17,9 @@ TORCH_WHEEL_DIR ?=
 export TORCH_VERSION TORCH_INDEX_URL TORCH_WHEEL_DIR
 # Images (docs/images.md): the CPU image stands in for the CUDA one everywhere but a GPU host.
 CPU_IMAGE ?= vllm-repro-cpu:latest
+# the CPU image's title label (images/cpu/Dockerfile): after a build, the untagged earlier builds
+# carrying it are removed (each held up to ~10 GB of the disk; only untagged images, never a tag)
+CPU_IMAGE_LABEL = org.opencontainers.image.title=vllm-repro (CPU)
 CUDA_IMAGE ?= vllm-repro-cuda:$(VLLM_VERSION)
 VLLM_VERSION ?= 0.10.1.1
 VLLM_VERSIONS ?= catalog
@@ -131,7 +134,8 @@ image-cpu: stage-images
 	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \
-	echo "images: $(CPU_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CPU_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"
+	echo "images: $(CPU_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CPU_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"; \
+	$(DOCKER) image prune -f --filter "label=$(CPU_IMAGE_LABEL)" 2>/dev/null | sed -n 's/^Total reclaimed space: \(.*[1-9].*\)/images: removed the untagged earlier builds of this image (\1)/p'
 
 # The CUDA image of VLLM_VERSION (docs/images.md). Default base: vLLM's own image,
 # vllm/vllm-openai:v$(VLLM_VERSION) (a GPU host pulls it, several GB). BASE_IMAGE=<a Python base>:
