@@ -60,7 +60,7 @@ def test_cuda_image_on_a_python_base_has_the_release_and_its_days_dependencies()
     from packaging.version import Version
 
 
-    settings = docker_settings()
+    settings = docker_settings(gate="VLLM_REPRO_TEST_CUDA_IMAGE")
     base = os.environ.get("BASE_IMAGE") or settings.get("BASE_IMAGE")
     if not base:
         pytest.skip("no BASE_IMAGE (a Python base image present on the engine)")
