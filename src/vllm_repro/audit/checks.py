@@ -719,14 +719,18 @@ class RequestChecks:
         new_ids = [nr.req_id for nr in so.scheduled_new_reqs]
         cached_ids = state.cached_req_ids(so)
         listed = Counter(new_ids + cached_ids)
-        for rid, c in listed.items():
-            if c > 1:
-                by_rid.setdefault(rid, []).append(
-                    f"{rid} is listed {c} times in one scheduler output (scheduled_new_reqs + "
-                    "scheduled_cached_reqs; expected once)")
-            if rid not in nst:
-                by_rid.setdefault(rid, []).append(
-                    f"{rid} is in the output's request data but has no num_scheduled_tokens entry")
+        # (at C speed: as a rule every listed id is listed once and has a count, and the loop
+        # below, which reports the others, has nothing to report)
+        if len(listed) != len(new_ids) + len(cached_ids) or not listed.keys() <= nst.keys():
+            for rid, c in listed.items():
+                if c > 1:
+                    by_rid.setdefault(rid, []).append(
+                        f"{rid} is listed {c} times in one scheduler output (scheduled_new_reqs + "
+                        "scheduled_cached_reqs; expected once)")
+                if rid not in nst:
+                    by_rid.setdefault(rid, []).append(
+                        f"{rid} is in the output's request data but has no num_scheduled_tokens "
+                        "entry")
         before = {x.req_id: x.num_computed_before for x in (scheduled or [])}
         for rid, n in nst.items():
             if n <= 0:
