@@ -91,11 +91,18 @@ def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_
                      "num_speculative_tokens": 3, "ngram_prompt_lookup_max": 3},
                     model={"spec_decode": {"accept": {"B": [1, 0, 2], "C": 1}},
                            "eos_at": {"D": 17}})
+    # a truthy string vLLM's command line could never have produced ("no" would turn the
+    # setting on): refused against EngineArgs' annotation, not run
+    quoted = scenario(tmp_path, "v0-quoted-no", {"num_gpu_blocks": 12,
+                                                 "disable_async_output_proc": "no"})
     reports = tmp_path / "r"
-    res = cli("run", bad, multi, spec, ignored, "--vllm", RELEASE, "--reports", str(reports))
+    res = cli("run", bad, quoted, multi, spec, ignored, "--vllm", RELEASE, "--reports", str(reports))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "config.max_num_partial_prefills" in res.stdout + res.stderr
     assert f"vLLM {RELEASE}'s EngineArgs has no field" in res.stdout + res.stderr
+    assert (f"config.disable_async_output_proc: 'no' does not fit vLLM {RELEASE}'s "
+            "EngineArgs.disable_async_output_proc (bool); write true or false (without quotes)"
+            in res.stderr), res.stderr
     clean = json.loads((reports / "v0-multi-step" / RELEASE / "result.json").read_text())
     assert clean["outcome"] == "clean", clean
     assert clean["finished"] == {"A": "length", "B": "length", "C": "length", "D": "length"}

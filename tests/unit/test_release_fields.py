@@ -92,3 +92,71 @@ def test_run_matrix_refuses_it_without_starting_a_worker(tmp_path, monkeypatch):
     assert item.result.outcome == "error" and item.result.error.kind == "input"
     assert "did you mean num_gpu_blocks_override?" in item.result.error.message
     assert exit_code([item.verdict]) == 2
+
+
+# ---- level: v0-engine: the release's EngineArgs (vllm/engine/arg_utils.py) -------------------
+
+ARG_UTILS = textwrap.dedent("""\
+    from dataclasses import dataclass
+
+    @dataclass
+    class EngineArgs:
+        model: str = "facebook/opt-125m"
+        swap_space: float = 4
+        preemption_mode: Optional[str] = None
+        disable_async_output_proc: bool = False
+
+    @dataclass
+    class AsyncEngineArgs(EngineArgs):
+        disable_log_requests: bool = False
+    """)
+
+
+def v0_tree(tmp_path: Path, source: str = ARG_UTILS) -> Path:
+    t = tmp_path / "tree"
+    (t / "vllm" / "engine").mkdir(parents=True)
+    (t / "vllm" / "engine" / "arg_utils.py").write_text(source)
+    return t
+
+
+def v0_scenario(**extra):
+    return parse_scenario({"name": "t", "level": "v0-engine",
+                           "config": {"num_gpu_blocks": 8, **extra},
+                           "requests": [{"id": "A", "prompt_len": 10}]})
+
+
+def test_v0_a_misspelled_engine_arg_is_refused_from_the_source_with_the_one_it_means(tmp_path):
+    t = v0_tree(tmp_path)
+    msg = unknown_passthrough(v0_scenario(preemtion_mode="swap").config, "0.6.3.post1", t, "v0-engine")
+    assert msg == ("config.preemtion_mode: vLLM 0.6.3.post1's EngineArgs has no field "
+                   "'preemtion_mode' (level: v0-engine); did you mean preemption_mode?")
+    far = unknown_passthrough(v0_scenario(kv_connector="x").config, "0.6.3.post1", t, "v0-engine")
+    assert far.endswith("; drop it for this release")
+    # a subclass's field is no EngineArgs field; the known ones and the drafter's folded ones pass
+    assert "disable_log_requests" in unknown_passthrough(
+        v0_scenario(disable_log_requests=True).config, "0.6.3.post1", t, "v0-engine")
+    assert unknown_passthrough(v0_scenario(preemption_mode="swap", swap_space=1,
+                                           speculative_model="[ngram]").config,
+                               "0.6.3.post1", t, "v0-engine") is None
+
+
+def test_v0_the_source_does_not_settle_it_so_the_worker_decides(tmp_path):
+    assert unknown_passthrough(v0_scenario(preemtion_mode="swap").config, "0.6.3.post1",
+                               tmp_path / "no-tree", "v0-engine") is None
+    t = v0_tree(tmp_path, ARG_UTILS.replace("class EngineArgs:", "class EngineArgs(Base):"))
+    assert unknown_passthrough(v0_scenario(preemtion_mode="swap").config, "0.6.3.post1", t,
+                               "v0-engine") is None
+
+
+def test_run_matrix_refuses_a_v0_typo_without_starting_a_worker(tmp_path, monkeypatch):
+    class NoWorker:
+        def __init__(self, *a, **k):
+            raise AssertionError("a worker was started (vLLM imported) for a refused scenario")
+
+    monkeypatch.setattr(lab, "Worker", NoWorker)
+    env = ReleaseEnv(version="0.6.3.post1", tree=v0_tree(tmp_path), root=tmp_path / "env")
+    item = lab.RunItem(v0_scenario(disable_async_output_procs=True), "0.6.3.post1")
+    lab.run_matrix([item], tmp_path / "r", prepare=lambda v: env)
+    assert item.result.outcome == "error" and item.result.error.kind == "input"
+    assert "did you mean disable_async_output_proc?" in item.result.error.message
+    assert exit_code([item.verdict]) == 2

@@ -49,6 +49,7 @@ import os
 import sys
 import time
 import traceback
+import typing
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from ..records import EngineInfo, RunResult, Timing, TraceLine
 from .adapter.probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import,
                              params_of)
 from .adapter.requests import EOS_TOKEN_ID
+from .engine_args import engine_arg_refusal, engine_arg_type_error
 from .loop import StepLoop, describe_exception, vllm_frames
 
 #: the files a tree needs for ``level: v0-engine`` (sources/prepare.py probes the same)
@@ -245,9 +247,22 @@ class V0Adapter:
         self._fold_speculative(kw)
         for key in kw:
             if key not in self.engine_args_fields:
-                raise RefusedByRelease(f"config.{key}: vLLM {v}'s EngineArgs has no field "
-                                       f"{key!r} (level: v0-engine); drop it for this release")
+                raise RefusedByRelease(engine_arg_refusal(key, v, self.engine_args_fields))
+        hints = self.engine_args_hints()
+        for key, value in kw.items():  # what the command line's argparse types would have made
+            if key not in ("model", "skip_tokenizer_init", "disable_log_stats") and key in hints:
+                wrong = engine_arg_type_error(key, value, hints[key], v)
+                if wrong:
+                    raise RefusedByRelease(wrong)
         return kw
+
+    def engine_args_hints(self) -> dict:
+        """``EngineArgs``' field annotations, resolved (``typing.get_type_hints``; each field's
+        own ``type`` where the module's names cannot be resolved)."""
+        try:
+            return typing.get_type_hints(self.EngineArgs)
+        except Exception:  # noqa: BLE001 - an annotation naming what the module lacks
+            return {f.name: f.type for f in dataclasses.fields(self.EngineArgs)}
 
     def _fold_speculative(self, kw: dict) -> None:
         """Where the release's ``EngineArgs`` takes spec decode only as its

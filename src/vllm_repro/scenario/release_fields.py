@@ -8,7 +8,9 @@ has, but only after importing vLLM (seconds). Here the same question is answered
 extracted tree with :mod:`ast` (``vllm/config.py`` or ``vllm/config/*.py``): the classes'
 annotated fields and ``__init__`` parameters. The answer is conservative: when a class is not
 found, takes ``**kwargs``, or inherits from a class not found, nothing is refused here and the
-worker's own check decides. Standard library only.
+worker's own check decides. At ``level: v0-engine`` the keys go to the release's ``EngineArgs``
+(``vllm/engine/arg_utils.py``), whose annotated fields are read the same way. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from ..engine.engine_args import engine_arg_refusal
 from .schema import SchedulerSettings, close_field
 
 #: the classes a pass-through field may belong to (engine/adapter/build.py's lookup order)
@@ -84,15 +87,43 @@ def release_config_fields(tree: Path) -> set[str] | None:
     return fields
 
 
+#: the n-gram drafter's flat fields, which the V0 driver folds into ``speculative_config`` where
+#: the release's ``EngineArgs`` has no such field (``engine/v0.py:V0Driver._fold_speculative``)
+V0_FOLDED = ("speculative_model", "num_speculative_tokens", "ngram_prompt_lookup_max",
+             "ngram_prompt_lookup_min")
+
+
+def release_engine_args_fields(tree: Path) -> set[str] | None:
+    """The field names of the release's V0 ``EngineArgs`` (a dataclass in
+    ``vllm/engine/arg_utils.py``, 0.4 to 0.10: its annotated class attributes), or None when
+    the source does not settle it (no such file or class, an ``__init__`` of its own taking
+    ``**kwargs``, or a base class)."""
+    path = tree / "vllm" / "engine" / "arg_utils.py"
+    try:
+        mod = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return None
+    for node in mod.body:
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            if node.bases:
+                return None
+            names, open_ = _class_fields(node)
+            return None if open_ or not names else names
+    return None
+
+
 def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | None,
                         level: str = "scheduler") -> str | None:
     """The one-line refusal of the first pass-through key of ``config`` that the release in
     ``tree`` has in none of :data:`PASSTHROUGH_CLASSES` (with the field it likely misspells),
     or None when every key is there or the source does not settle it. At ``level: v0-engine``
-    the keys go to the release's ``EngineArgs`` instead, which the worker checks (None here)."""
+    the keys go to the release's ``EngineArgs`` (:func:`release_engine_args_fields`; the
+    n-gram drafter's :data:`V0_FOLDED` fields are left to the worker, which may fold them)."""
     extra = list(config.model_extra or {})
-    if not extra or tree is None or level == "v0-engine":
+    if not extra or tree is None:
         return None
+    if level == "v0-engine":
+        return _unknown_engine_arg(extra, version, tree)
     known = release_config_fields(tree)
     if known is None:
         return None
@@ -105,3 +136,17 @@ def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | No
                 f"{', '.join(PASSTHROUGH_CLASSES)}; {guess}check the name against that "
                 "release's vllm/config, or drop it for this release")
     return None
+
+
+def _unknown_engine_arg(extra: list[str], version: str, tree: Path) -> str | None:
+    """:func:`unknown_passthrough` at ``level: v0-engine``: the first of ``extra`` the release's
+    ``EngineArgs`` lacks, in the worker's words (``engine/v0.py:V0Driver.engine_kwargs``)."""
+    known = release_engine_args_fields(tree)
+    if known is None:
+        return None
+    for key in extra:
+        if key in known or key in V0_FOLDED:
+            continue
+        return engine_arg_refusal(key, version, known)
+    return None
+

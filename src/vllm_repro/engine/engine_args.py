@@ -1,0 +1,81 @@
+"""What a ``level: v0-engine`` scenario's pass-through ``config:`` fields may be, as the
+release's V0 ``EngineArgs`` (``vllm/engine/arg_utils.py``, a dataclass) declares them: a field
+it lacks, and a value of the wrong type for the field's annotation.
+
+vLLM's own command line parses each ``EngineArgs`` field with its argparse type (``--swap-space``
+a float, ``--preemption-mode`` a string, ``--disable-async-output-proc`` a flag, ``--block-size``
+one of its choices); the lab builds ``EngineArgs(**kwargs)`` directly, where a dataclass checks
+nothing. So a value the command line could never have produced (``disable_async_output_proc:
+"no"``, a truthy string that turns the setting on; ``swap_space: true``; ``preemption_mode: 7``;
+``block_size: 15`` where the field is a ``Literal``) is refused here instead of run. Used before
+vLLM is imported (names, from the tree's source: ``scenario/release_fields.py``) and in the worker
+(types, from the imported class: ``engine/v0.py``). Standard library only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+
+NONE_TYPE = type(None)
+
+
+def engine_arg_refusal(key: str, version: str, known) -> str:
+    """The one-line refusal of ``config.<key>``, a field vLLM ``version``'s ``EngineArgs``
+    (field names ``known``) lacks: the field it likely misspells, else drop it."""
+    near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+    fix = f"did you mean {near[0]}?" if near else "drop it for this release"
+    return (f"config.{key}: vLLM {version}'s EngineArgs has no field {key!r} (level: "
+            f"v0-engine); {fix}")
+
+
+def _accepts(value, annotation) -> tuple[bool, list[str]] | None:
+    """Whether ``value`` fits ``annotation`` (``bool``, ``int``, ``float``, ``str``, ``None``,
+    ``Optional`` / ``Union`` / ``X | None`` of those, ``Literal[...]``), with what would fit, as
+    words; None when the annotation is none of those (not checked)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        choices = typing.get_args(annotation)
+        ok = any(type(value) is type(c) and value == c for c in choices)
+        return ok, [", ".join(repr(c) for c in choices)]
+    if origin is typing.Union or (hasattr(types, "UnionType") and origin is types.UnionType):
+        words: list[str] = []
+        for arm in typing.get_args(annotation):
+            got = _accepts(value, arm)
+            if got is None:
+                return None
+            if got[0]:
+                return True, []
+            words += got[1]
+        return False, words
+    if annotation is NONE_TYPE or annotation is None:
+        return value is None, ["null"]
+    if annotation is bool:
+        return isinstance(value, bool), ["true or false"]
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool), ["a whole number"]
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool), ["a number"]
+    if annotation is str:
+        return isinstance(value, str), ["a string"]
+    return None
+
+
+def engine_arg_type_error(key: str, value, annotation, version: str) -> str | None:
+    """The one-line refusal of ``config.<key>: value`` when it does not fit the release's
+    ``EngineArgs`` annotation of that field (see :func:`_accepts`), else None (it fits, or the
+    annotation is not one checked here)."""
+    got = _accepts(value, annotation)
+    if got is None or got[0]:
+        return None
+    words = [w for w in got[1] if w != "null"]
+    want = " or ".join(dict.fromkeys(words)) or "null"
+    if typing.get_origin(annotation) is typing.Literal or any(
+            typing.get_origin(a) is typing.Literal for a in typing.get_args(annotation)):
+        want = f"one of {want}"
+    name = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+    takes_text = "a string" in words or any("'" in w for w in words)  # a Literal of strings
+    quoted = " (without quotes)" if isinstance(value, str) and not takes_text else ""
+    return (f"config.{key}: {value!r} does not fit vLLM {version}'s EngineArgs.{key} ({name}); "
+            f"write {want}{quoted}")

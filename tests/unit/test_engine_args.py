@@ -1,0 +1,48 @@
+"""A V0 pass-through value against the release's ``EngineArgs`` annotation
+(``engine/engine_args.py``): what vLLM's own command line could never have produced is refused."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+import pytest
+
+from vllm_repro.engine.engine_args import engine_arg_refusal, engine_arg_type_error
+
+BlockSize = Literal[1, 8, 16, 32, 64, 128]
+
+
+@pytest.mark.parametrize("key, value, annotation, want", [
+    # a truthy string would turn the setting on: "no" is not false
+    ("disable_async_output_proc", "no", bool, "write true or false (without quotes)"),
+    ("swap_space", True, float, "write a number"),
+    ("preemption_mode", 7, Optional[str], "write a string"),
+    ("num_scheduler_steps", 2.5, int, "write a whole number"),
+    ("num_scheduler_steps", False, int, "write a whole number"),
+    ("block_size", 15, Optional[BlockSize], "write one of 1, 8, 16, 32, 64, 128"),
+    ("block_size", True, BlockSize, "write one of 1, 8, 16, 32, 64, 128"),  # True == 1, still no
+    ("scheduling_policy", "lifo", Literal["fcfs", "priority"], "write one of 'fcfs', 'priority'"),
+])
+def test_a_value_the_annotation_does_not_take_is_refused_in_one_line(key, value, annotation, want):
+    msg = engine_arg_type_error(key, value, annotation, "0.8.5")
+    assert msg.startswith(f"config.{key}: {value!r} does not fit vLLM 0.8.5's EngineArgs.{key} (")
+    assert msg.endswith(want) and "\n" not in msg
+
+
+@pytest.mark.parametrize("value, annotation", [
+    (True, bool), (False, bool), (1, float), (1.5, float), (4, int), ("swap", Optional[str]),
+    (None, Optional[int]), (16, Optional[BlockSize]), ("priority", Literal["fcfs", "priority"]),
+    (3, Union[int, str]), (3, int | None),
+    # not a kind checked here: left to vLLM
+    ({"a": 1}, dict), ("x", "SomeForwardRef"), (object(), Union[int, dict]),
+])
+def test_a_value_that_fits_or_an_annotation_not_checked_passes(value, annotation):
+    assert engine_arg_type_error("f", value, annotation, "0.8.5") is None
+
+
+def test_a_missing_field_names_the_one_it_likely_misspells_else_says_drop_it():
+    known = {"preemption_mode", "swap_space", "disable_async_output_proc"}
+    assert engine_arg_refusal("preemtion_mode", "0.6.3.post1", known).endswith(
+        "(level: v0-engine); did you mean preemption_mode?")
+    assert engine_arg_refusal("kv_connector", "0.6.3.post1", known).endswith(
+        "(level: v0-engine); drop it for this release")
