@@ -52,12 +52,21 @@ def table(columns: Iterable[str], *, no_wrap: bool = True, edge: bool = True) ->
     return t
 
 
+#: the widest ``observed`` cell of the verdict table, in characters: a longer one (an input
+#: error's whole sentence) is cut with "..." there; its whole text is the line under the table
+OBSERVED_WIDTH = 120
+
+
 def verdict_table(verdicts) -> Table:
-    """The verdict table: scenario, vllm, expect, observed, ok."""
+    """The verdict table: scenario, vllm, expect, observed (at most :data:`OBSERVED_WIDTH`
+    characters, so that a long error keeps every column on the screen), ok."""
     t = table(("scenario", "vllm", "expect", "observed", "ok"), edge=False)
     for v in verdicts:
         style = {"yes": "green", "NO": "red", "ERROR": "red", "-": "yellow"}[v.ok_text]
-        t.add_row(*(Text(str(c)) for c in (v.scenario, v.vllm, v.expected, v.observed)),
+        observed = str(v.observed)
+        if len(observed) > OBSERVED_WIDTH:
+            observed = observed[:OBSERVED_WIDTH - 3].rstrip() + "..."
+        t.add_row(*(Text(str(c)) for c in (v.scenario, v.vllm, v.expected, observed)),
                   f"[{style}]{v.ok_text}[/{style}]")  # the cells as written, never markup
     return t
 
@@ -107,7 +116,8 @@ def print_results(items, as_json: bool, sched_log: bool) -> int:
                 # naming the file, as a schema error at load does (FILE: FIELD: problem; fix)
                 where = i.scenario.source_path or f"{v.scenario} on {v.vllm}"
                 err.print(f"{where}: {error.message}", style="red", highlight=False,
-                          markup=False)
+                          markup=False, soft_wrap=True)
             elif v.reason and v.ok is False:
-                err.print(f"[red]{v.scenario} on {v.vllm}: {v.reason}[/red]", highlight=False)
+                err.print(f"{v.scenario} on {v.vllm}: {v.reason}", style="red", highlight=False,
+                          markup=False, soft_wrap=True)
     return exit_code(verdicts)
