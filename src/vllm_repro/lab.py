@@ -106,8 +106,7 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
     changed = _tree_changes(version, env, say)
     try:
         with Worker(env, log, platform=platform) as worker:
-            say(f"vLLM {version}: imported in {worker.import_time}"
-                + (" (warm)" if worker.warm_started else ""))
+            say(f"vLLM {version}: imported in {worker.import_time}" + warm_note(worker))
             for item in items:
                 item.report = ReportDir(reports, item.scenario.name, version)
                 start = _size(log)
@@ -123,6 +122,18 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
         for item in items:
             item.fail_from(exc)
             item.result.tree_changes = changed  # an edit may be what broke the start
+
+
+def warm_note(worker) -> str:
+    """How the worker started, after its import time: ``" (warm)"`` (forked by a serving warm
+    parent), ``" (warm), after starting its warm parent (9.8 s)"`` (this run started the
+    environment's parent: about a cold start, docs/warm-runs.md), ``""`` (cold)."""
+    if not worker.warm_started:
+        return ""
+    started = getattr(worker, "parent_start_s", None)
+    if started is None:
+        return " (warm)"
+    return f" (warm), after starting its warm parent ({started:.1f} s)"
 
 
 def _tree_changes(version: str, env: ReleaseEnv, say: Say) -> list[str] | None:

@@ -363,3 +363,14 @@ def test_a_tmp_folder_another_user_made_first_is_not_used(cache, monkeypatch):
             warm_client.warm_root()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_run_line_says_when_this_run_started_the_warm_parent_and_how_long_it_took():
+    from types import SimpleNamespace
+
+    from vllm_repro.lab import warm_note
+
+    assert warm_note(SimpleNamespace(warm_started=False, parent_start_s=None)) == ""
+    assert warm_note(SimpleNamespace(warm_started=True, parent_start_s=None)) == " (warm)"
+    assert warm_note(SimpleNamespace(warm_started=True, parent_start_s=9.84)) == (
+        " (warm), after starting its warm parent (9.8 s)")

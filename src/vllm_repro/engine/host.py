@@ -122,6 +122,8 @@ class Worker:
         self.proc: subprocess.Popen | warm_client.WarmProc | None = None
         self.hello: dict = {}
         self.warm_started = False  # whether this worker was forked by a warm parent
+        #: seconds this worker's start spent starting that parent (None: one was serving)
+        self.parent_start_s: float | None = None
 
     def __enter__(self) -> "Worker":
         self.start()
@@ -212,6 +214,7 @@ class Worker:
         os.close(w)
         self._reply_fd = r
         self.warm_started = True
+        self.parent_start_s = proc.parent_start_s
         return True
 
     def _parent_environment(self) -> dict[str, str]:

@@ -296,10 +296,12 @@ class WarmProc:
     """A forked engine worker, as much of :class:`subprocess.Popen` as the host and
     :mod:`vllm_repro.procs` use: ``pid`` (the leader of its own process group), ``stdin``,
     ``returncode``, ``poll``, ``wait``, ``kill``. Its exit status comes from the parent over
-    ``conn``; ``lost`` says why there is none (the parent died)."""
+    ``conn``; ``lost`` says why there is none (the parent died). ``parent_start_s``: the seconds
+    this spawn spent starting the parent (its imports), None when one was already serving."""
 
     def __init__(self, conn: socket.socket, pid: int, parent_pid: int, parent_log: Path,
-                 stdin):
+                 stdin, parent_start_s: float | None = None):
+        self.parent_start_s = parent_start_s
         self.conn = conn
         self._lines = _Lines(conn)
         self.pid = pid
@@ -537,6 +539,7 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
         msg["module"] = module
     request = (json.dumps(msg) + "\n").encode()
     why = "the warm parent did not answer"
+    started_s: float | None = None
     for _attempt in range(3):
         _check_abort()
         conn = _connect(sock)
@@ -545,7 +548,9 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
                 conn = _connect(sock)
                 if conn is None:
                     try:
+                        t0 = time.perf_counter()
                         _start_parent(python, folder, parent_env, mods)
+                        started_s = time.perf_counter() - t0
                     except WarmUnavailable as exc:
                         if "thread" in str(exc):  # not worth another try on this environment
                             unsafe.parent.mkdir(exist_ok=True)
@@ -566,7 +571,8 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
                 parent_pid = int(info["pid"])
             except (OSError, ValueError, KeyError, TypeError):
                 parent_pid = -1
-            return WarmProc(conn, int(reply["pid"]), parent_pid, folder / "parent.log", stdin)
+            return WarmProc(conn, int(reply["pid"]), parent_pid, folder / "parent.log", stdin,
+                            parent_start_s=started_s)
         conn.close()
         if reply and "error" in reply:
             why = str(reply["error"])
