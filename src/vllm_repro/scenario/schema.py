@@ -40,6 +40,16 @@ def close_field(name: str, candidates, cutoff: float = 0.8) -> str | None:
     return near[0] if near else None
 
 
+def _id_fix(rid, ids) -> str:
+    """The fix for an unknown request id: the id it likely misspells, else the ids there are."""
+    by_lower = {str(i).lower(): str(i) for i in ids}
+    near = close_field(str(rid).lower(), by_lower, cutoff=0.6)
+    if near:
+        return f"; did you mean {by_lower[near]}?"
+    shown = ", ".join(sorted(str(i) for i in ids)[:8]) + (", ..." if len(ids) > 8 else "")
+    return f"; use an id from requests[].id ({shown})"
+
+
 def _check_release(value: str) -> str:
     """A release is a version (``0.10.1.1``) or a specifier set (``>=0.9.2,<0.10.2``)."""
     if len(value) > 64:
@@ -700,7 +710,8 @@ class Scenario(Strict):
             arrives = {r.id: r.at_step for r in self.requests}
             for rid in e.abort or ():
                 if rid not in ids:
-                    raise ValueError(f"events[{i}].abort: unknown request id {rid!r}")
+                    raise ValueError(f"events[{i}].abort: unknown request id {rid!r}"
+                                     f"{_id_fix(rid, ids)}")
                 if arrives[rid] > e.at_step:
                     # vLLM's abort_requests ignores ids it does not hold: a silent no-op
                     raise ValueError(f"events[{i}].abort: {rid} arrives at step {arrives[rid]}, "
@@ -717,7 +728,7 @@ class Scenario(Strict):
         for key in ("eos_at", "empty_at", "tokens"):
             for rid in getattr(self.model, key):
                 if rid not in ids:
-                    raise ValueError(f"model.{key}: unknown request id {rid!r}")
+                    raise ValueError(f"model.{key}: unknown request id {rid!r}{_id_fix(rid, ids)}")
         for rid, steps in self.model.empty_at.items():
             late = [n for n in steps if n > max_steps]
             if late:
