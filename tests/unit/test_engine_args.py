@@ -16,7 +16,7 @@ BlockSize = Literal[1, 8, 16, 32, 64, 128]
     # a truthy string would turn the setting on: "no" is not false
     ("disable_async_output_proc", "no", bool, "write true or false (without quotes)"),
     ("swap_space", True, float, "write a number"),
-    ("preemption_mode", 7, Optional[str], "write a string"),
+    ("preemption_mode", True, Optional[str], "write a string"),
     ("num_scheduler_steps", 2.5, int, "write a whole number"),
     ("num_scheduler_steps", False, int, "write a whole number"),
     ("block_size", 15, Optional[BlockSize], "write one of 1, 8, 16, 32, 64, 128"),
@@ -46,3 +46,17 @@ def test_a_missing_field_names_the_one_it_likely_misspells_else_says_drop_it():
         "(level: v0-engine); did you mean preemption_mode?")
     assert engine_arg_refusal("kv_connector", "0.6.3.post1", known).endswith(
         "(level: v0-engine); drop it for this release")
+
+
+def test_a_number_for_a_text_field_is_given_as_its_text_as_the_command_line_would():
+    from vllm_repro.engine.engine_args import as_command_line_text
+
+    assert as_command_line_text(0.7, Optional[str]) == "0.7"  # show_hidden_metrics_for_version
+    assert as_command_line_text(1.0, str) == "1.0"            # revision
+    assert as_command_line_text(7, Optional[str]) == "7"
+    # a field that takes the number, a Literal of strings, a flag, a value of no checked kind: kept
+    assert as_command_line_text(4, float) == 4
+    assert as_command_line_text(3, Union[int, str]) == 3
+    assert as_command_line_text(7, Literal["swap", "recompute"]) == 7
+    assert as_command_line_text(True, Optional[str]) is True
+    assert as_command_line_text(7, dict) == 7

@@ -39,6 +39,9 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
     (("{id: A, prompt_len: 10}", "{id: A, prompt_len: -4}"), "requests[0].prompt_len", "greater than"),
     (("{id: B, prompt_len: 20, at_step: 2}", "{id: A, prompt_len: 20, at_step: 2}"),
      "requests[1].id", "used twice; give each request an id of its own"),
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, swap_space: 1e-1}"),
+     "config.swap_space", "'1e-1' is read as text by YAML (a number with an exponent needs a "
+     "dot there); write it as 0.1"),
     (("abort: [A]", "abort: [Z]"), "events[0].abort",
      "unknown request id 'Z'; use an id from requests[].id (A, B)"),
     (("abort: [A]", "abort: [a]"), "events[0].abort", "unknown request id 'a'; did you mean A?"),

@@ -6,8 +6,9 @@ vLLM's own command line parses each ``EngineArgs`` field with its argparse type 
 a float, ``--preemption-mode`` a string, ``--disable-async-output-proc`` a flag, ``--block-size``
 one of its choices); the lab builds ``EngineArgs(**kwargs)`` directly, where a dataclass checks
 nothing. So a value the command line could never have produced (``disable_async_output_proc:
-"no"``, a truthy string that turns the setting on; ``swap_space: true``; ``preemption_mode: 7``;
-``block_size: 15`` where the field is a ``Literal``) is refused here instead of run. Used before
+"no"``, a truthy string that turns the setting on; ``swap_space: true``; ``block_size: 15``
+where the field is a ``Literal``) is refused here instead of run, and a number for a field that
+takes text is given as its text, as ``type=str`` would (:func:`as_command_line_text`). Used before
 vLLM is imported (names, from the tree's source: ``scenario/release_fields.py``) and in the worker
 (types, from the imported class: ``engine/v0.py``). Standard library only.
 """
@@ -60,6 +61,18 @@ def _accepts(value, annotation) -> tuple[bool, list[str]] | None:
     if annotation is str:
         return isinstance(value, str), ["a string"]
     return None
+
+
+def as_command_line_text(value, annotation):
+    """``value`` as the command line would have given it: a number for a field that takes a
+    string and no number (``revision: 1.0``, ``show_hidden_metrics_for_version: 0.7``; a
+    quoted ``"0.7"`` is refused at load as a quoted number) becomes its text, as argparse's
+    ``type=str`` makes it; anything else is returned as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        fits, as_text = _accepts(value, annotation), _accepts(str(value), annotation)
+        if fits is not None and not fits[0] and as_text is not None and as_text[0]:
+            return str(value)
+    return value
 
 
 def engine_arg_type_error(key: str, value, annotation, version: str) -> str | None:

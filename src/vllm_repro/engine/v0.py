@@ -57,7 +57,7 @@ from ..records import EngineInfo, RunResult, Timing, TraceLine
 from .adapter.probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import,
                              params_of)
 from .adapter.requests import EOS_TOKEN_ID
-from .engine_args import engine_arg_refusal, engine_arg_type_error
+from .engine_args import as_command_line_text, engine_arg_refusal, engine_arg_type_error
 from .loop import StepLoop, describe_exception, vllm_frames
 
 #: the files a tree needs for ``level: v0-engine`` (sources/prepare.py probes the same)
@@ -251,6 +251,7 @@ class V0Adapter:
         hints = self.engine_args_hints()
         for key, value in kw.items():  # what the command line's argparse types would have made
             if key not in ("model", "skip_tokenizer_init", "disable_log_stats") and key in hints:
+                kw[key] = value = as_command_line_text(value, hints[key])
                 wrong = engine_arg_type_error(key, value, hints[key], v)
                 if wrong:
                     raise RefusedByRelease(wrong)

@@ -147,6 +147,6 @@ def _unknown_engine_arg(extra: list[str], version: str, tree: Path) -> str | Non
     for key in extra:
         if key in known or key in V0_FOLDED:
             continue
-        return engine_arg_refusal(key, version, known)
+        return engine_arg_refusal(key, version, known | set(V0_FOLDED))
     return None
 

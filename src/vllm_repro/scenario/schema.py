@@ -249,6 +249,10 @@ class SchedulerSettings(Strict):
                     r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|true|false|True|False", value.strip()):
                 # quoted in the YAML: vLLM's config takes the number or boolean, not its text
                 # (a count compared with '>' fails inside vLLM with a bare TypeError)
+                if re.fullmatch(r"[+-]?\d+[eE][+-]?\d+", value.strip()):  # YAML 1.1: text
+                    raise ValueError(f"config.{key}: {value!r} is read as text by YAML (a "
+                                     "number with an exponent needs a dot there); write it as "
+                                     f"{float(value)!r}")
                 raise ValueError(f"config.{key}: {value!r} is a quoted string; write it without "
                                  "quotes if it is a number or a boolean")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
