@@ -109,9 +109,11 @@ def test_a_configuration_vllms_own_validators_refuse_is_an_input_error(cli, tmp_
                    "requests:\n  - {id: A, at_step: 1, prompt_len: 10, max_tokens: 3}\n")
     proc = cli("run", str(bad), "--vllm", "0.33.0", "--reports", str(tmp_path / "r"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
+    # the table's cell begins the sentence; the whole of it is the line under the table
     assert ("vLLM 0.33.0 refuses this configuration: ValidationError: 1 validation error for "
             "SchedulerConfig") in proc.stdout
-    assert "long_prefill_token_threshold (64) cannot be greater than the max_model_len (48)" in proc.stdout
+    line = next(x for x in proc.stderr.splitlines() if x.startswith(f"{bad}: "))
+    assert "long_prefill_token_threshold (64) cannot be greater than the max_model_len (48)" in line
 
 
 def test_a_run_stopped_by_max_steps_is_incomplete_not_clean(cli, tmp_path):
