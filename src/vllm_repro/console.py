@@ -120,4 +120,8 @@ def print_results(items, as_json: bool, sched_log: bool) -> int:
             elif v.reason and v.ok is False:
                 err.print(f"{v.scenario} on {v.vllm}: {v.reason}", style="red", highlight=False,
                           markup=False, soft_wrap=True)
+            if v.error_kind != "input" and len(str(v.observed)) > OBSERVED_WIDTH:
+                # the table cut it: the whole of it (a lab error's cause) on a line of its own
+                err.print(f"{v.scenario} on {v.vllm}: {v.observed}", style="red",
+                          highlight=False, markup=False, soft_wrap=True)
     return exit_code(verdicts)

@@ -24,3 +24,4 @@ def test_a_long_error_is_cut_in_the_table_and_every_column_stays():
     assert bad.split()[:3] == ["specnodraft", "0.6.3.post1", "clean"] and bad.rstrip().endswith("ERROR")
     assert long[:OBSERVED_WIDTH - 3].rstrip() + "..." in bad
     assert "ran to the end (2 finished, 31 steps)" in next(line for line in lines if line.startswith("flagship"))
+
