@@ -80,18 +80,25 @@ def test_a_misspelled_field_is_named_with_the_one_it_likely_means(tmp_path):
                                tree(tmp_path / "b")) is None
 
 
-def test_run_matrix_refuses_it_without_starting_a_worker(tmp_path, monkeypatch):
+def refused_without_a_worker(monkeypatch, env: ReleaseEnv, sc, tmp_path: Path) -> str:
+    """``run_matrix`` of ``sc`` on ``env``: the refusal's message, with no worker started
+    (vLLM never imported) and exit 2."""
     class NoWorker:
         def __init__(self, *a, **k):
             raise AssertionError("a worker was started (vLLM imported) for a refused scenario")
 
     monkeypatch.setattr(lab, "Worker", NoWorker)
-    env = ReleaseEnv(version="9.9.9", tree=tree(tmp_path), root=tmp_path / "env")
-    item = lab.RunItem(scenario(num_gpu_blocks_overide=50), "9.9.9")
+    item = lab.RunItem(sc, env.version)
     lab.run_matrix([item], tmp_path / "r", prepare=lambda v: env)
     assert item.result.outcome == "error" and item.result.error.kind == "input"
-    assert "did you mean num_gpu_blocks_override?" in item.result.error.message
     assert exit_code([item.verdict]) == 2
+    return item.result.error.message
+
+
+def test_run_matrix_refuses_it_without_starting_a_worker(tmp_path, monkeypatch):
+    env = ReleaseEnv(version="9.9.9", tree=tree(tmp_path), root=tmp_path / "env")
+    msg = refused_without_a_worker(monkeypatch, env, scenario(num_gpu_blocks_overide=50), tmp_path)
+    assert "did you mean num_gpu_blocks_override?" in msg
 
 
 # ---- level: v0-engine: the release's EngineArgs (vllm/engine/arg_utils.py) -------------------
@@ -149,14 +156,7 @@ def test_v0_the_source_does_not_settle_it_so_the_worker_decides(tmp_path):
 
 
 def test_run_matrix_refuses_a_v0_typo_without_starting_a_worker(tmp_path, monkeypatch):
-    class NoWorker:
-        def __init__(self, *a, **k):
-            raise AssertionError("a worker was started (vLLM imported) for a refused scenario")
-
-    monkeypatch.setattr(lab, "Worker", NoWorker)
     env = ReleaseEnv(version="0.6.3.post1", tree=v0_tree(tmp_path), root=tmp_path / "env")
-    item = lab.RunItem(v0_scenario(disable_async_output_procs=True), "0.6.3.post1")
-    lab.run_matrix([item], tmp_path / "r", prepare=lambda v: env)
-    assert item.result.outcome == "error" and item.result.error.kind == "input"
-    assert "did you mean disable_async_output_proc?" in item.result.error.message
-    assert exit_code([item.verdict]) == 2
+    msg = refused_without_a_worker(monkeypatch, env, v0_scenario(disable_async_output_procs=True),
+                                   tmp_path)
+    assert "did you mean disable_async_output_proc?" in msg
