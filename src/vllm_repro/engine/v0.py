@@ -91,6 +91,9 @@ class V0Adapter:
     (:func:`vllm_repro.engine.adapter.platform.install_eager`)."""
 
     generation = "v0"
+    #: ``EngineArgs``' field annotations, resolved (:meth:`_engine_args_hints`): what a
+    #: pass-through value is checked against; empty (nothing checked) until probed
+    engine_args_types: dict = {}
     #: (vLLM's eager platform instance, the emulated CUDA class) on releases with both engines
     #: whose ``current_platform`` is bound at import (:func:`platform_scope`), else None
     _swap = None
@@ -161,6 +164,7 @@ class V0Adapter:
             raise AdapterError(f"vLLM {self.version}: no V0 executor for one GPU "
                                "(vllm/executor/uniproc_executor.py or gpu_executor.py)")
         self.engine_args_fields = {f.name for f in dataclasses.fields(self.EngineArgs)}
+        self.engine_args_types = self._engine_args_hints()
         self.cache_size_check = _try_import("vllm.worker.worker:raise_if_cache_size_invalid")
         #: whether the GPU worker's ``execute_model`` returns a list of ``SamplerOutput`` (0.4.1
         #: on) or one (0.4.0, 0.4.0.post1), by its return annotation
@@ -248,7 +252,7 @@ class V0Adapter:
         for key in kw:
             if key not in self.engine_args_fields:
                 raise RefusedByRelease(engine_arg_refusal(key, v, self.engine_args_fields))
-        hints = self.engine_args_hints()
+        hints = self.engine_args_types
         for key, value in kw.items():  # what the command line's argparse types would have made
             if key not in ("model", "skip_tokenizer_init", "disable_log_stats") and key in hints:
                 kw[key] = value = as_command_line_text(value, hints[key])
@@ -257,7 +261,7 @@ class V0Adapter:
                     raise RefusedByRelease(wrong)
         return kw
 
-    def engine_args_hints(self) -> dict:
+    def _engine_args_hints(self) -> dict:
         """``EngineArgs``' field annotations, resolved (``typing.get_type_hints``; each field's
         own ``type`` where the module's names cannot be resolved)."""
         try:
