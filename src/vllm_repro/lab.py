@@ -130,10 +130,9 @@ def warm_note(worker) -> str:
     environment's parent: about a cold start, docs/warm-runs.md), ``""`` (cold)."""
     if not worker.warm_started:
         return ""
-    started = getattr(worker, "parent_start_s", None)
-    if started is None:
+    if worker.parent_start_s is None:
         return " (warm)"
-    return f" (warm), after starting its warm parent ({started:.1f} s)"
+    return f" (warm), after starting its warm parent ({worker.parent_start_s:.1f} s)"
 
 
 def _tree_changes(version: str, env: ReleaseEnv, say: Say) -> list[str] | None:

@@ -20,6 +20,10 @@ import types
 import typing
 
 NONE_TYPE = type(None)
+#: the n-gram drafter's flat fields, which the V0 adapter folds into ``speculative_config`` where
+#: the release's ``EngineArgs`` has no such field (``engine/v0.py:V0Adapter._fold_speculative``)
+NGRAM_FLAT_FIELDS = ("speculative_model", "num_speculative_tokens", "ngram_prompt_lookup_max",
+                     "ngram_prompt_lookup_min")
 
 
 def engine_arg_refusal(key: str, version: str, known) -> str:

@@ -57,7 +57,8 @@ from ..records import EngineInfo, RunResult, Timing, TraceLine
 from .adapter.probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import,
                              params_of)
 from .adapter.requests import EOS_TOKEN_ID
-from .engine_args import as_command_line_text, engine_arg_refusal, engine_arg_type_error
+from .engine_args import (NGRAM_FLAT_FIELDS, as_command_line_text, engine_arg_refusal,
+                          engine_arg_type_error)
 from .loop import StepLoop, describe_exception, vllm_frames
 
 #: the files a tree needs for ``level: v0-engine`` (sources/prepare.py probes the same)
@@ -287,8 +288,7 @@ class V0Adapter:
         except TypeError:  # not a dataclass: leave the fields to be refused by name
             return
         spec = {}
-        for key in ("speculative_model", "num_speculative_tokens", "ngram_prompt_lookup_max",
-                    "ngram_prompt_lookup_min"):
+        for key in NGRAM_FLAT_FIELDS:
             name = {"speculative_model": "model"}.get(key, key)
             name = name if name in names else name.removeprefix("ngram_")
             if key in kw and name in names:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ..engine.engine_args import engine_arg_refusal
+from ..engine.engine_args import NGRAM_FLAT_FIELDS, engine_arg_refusal
 from .schema import SchedulerSettings, close_field
 
 #: the classes a pass-through field may belong to (engine/adapter/build.py's lookup order)
@@ -87,12 +87,6 @@ def release_config_fields(tree: Path) -> set[str] | None:
     return fields
 
 
-#: the n-gram drafter's flat fields, which the V0 driver folds into ``speculative_config`` where
-#: the release's ``EngineArgs`` has no such field (``engine/v0.py:V0Driver._fold_speculative``)
-V0_FOLDED = ("speculative_model", "num_speculative_tokens", "ngram_prompt_lookup_max",
-             "ngram_prompt_lookup_min")
-
-
 def release_engine_args_fields(tree: Path) -> set[str] | None:
     """The field names of the release's V0 ``EngineArgs`` (a dataclass in
     ``vllm/engine/arg_utils.py``, 0.4 to 0.10: its annotated class attributes), or None when
@@ -118,7 +112,7 @@ def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | No
     ``tree`` has in none of :data:`PASSTHROUGH_CLASSES` (with the field it likely misspells),
     or None when every key is there or the source does not settle it. At ``level: v0-engine``
     the keys go to the release's ``EngineArgs`` (:func:`release_engine_args_fields`; the
-    n-gram drafter's :data:`V0_FOLDED` fields are left to the worker, which may fold them)."""
+    n-gram drafter's ``NGRAM_FLAT_FIELDS`` are left to the worker, which may fold them)."""
     extra = list(config.model_extra or {})
     if not extra or tree is None:
         return None
@@ -140,13 +134,13 @@ def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | No
 
 def _unknown_engine_arg(extra: list[str], version: str, tree: Path) -> str | None:
     """:func:`unknown_passthrough` at ``level: v0-engine``: the first of ``extra`` the release's
-    ``EngineArgs`` lacks, in the worker's words (``engine/v0.py:V0Driver.engine_kwargs``)."""
+    ``EngineArgs`` lacks, in the worker's words (``engine/v0.py:V0Adapter.engine_args``)."""
     known = release_engine_args_fields(tree)
     if known is None:
         return None
     for key in extra:
-        if key in known or key in V0_FOLDED:
+        if key in known or key in NGRAM_FLAT_FIELDS:
             continue
-        return engine_arg_refusal(key, version, known | set(V0_FOLDED))
+        return engine_arg_refusal(key, version, known | set(NGRAM_FLAT_FIELDS))
     return None
 
