@@ -172,3 +172,41 @@ def test_a_memory_limit_too_small_to_import_vllm_names_the_setting(cli, tmp_path
     (verdict,) = json.loads(proc.stdout)
     assert "out of memory while importing vLLM (limit 300 MB, VLLM_REPRO_WORKER_MEMORY_MB)" in \
         verdict["observed"]
+
+
+# a stand-in for a C extension whose allocation fails under RLIMIT_AS without saying so: the
+# worker imports _vllm_slice (from the extra path) before vLLM, and this one breaks the import
+_SILENT_OOM = '''
+import resource, __main__
+_make = __main__.make_adapter
+def _broken(model_dir):
+    if {always} or resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
+        raise SystemError("error return without exception set")
+    return _make(model_dir)
+__main__.make_adapter = _broken
+'''
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["the-limit", "not-the-limit"])
+def test_an_import_that_fails_near_the_memory_limit_is_asked_again_without_it(
+        tmp_path, monkeypatch, always):
+    """Under RLIMIT_AS an import may fail with an error that names no memory at all (CI saw
+    'SystemError: error return without exception set' at 300 MB). When the worker's peak came
+    near the limit, the lab imports once more without it: an import that then succeeds was the
+    limit's doing (exit 2 naming VLLM_REPRO_WORKER_MEMORY_MB); one that fails again is the
+    environment's (exit 3, the release's own error)."""
+    from vllm_repro.engine.host import Worker
+    from vllm_repro.errors import EnvError, InputError
+    from vllm_repro.sources.prepare import prepare_release
+
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "_vllm_slice.py").write_text(_SILENT_OOM.format(always=always))
+    monkeypatch.setenv("VLLM_REPRO_WORKER_MEMORY_MB", "1500")
+    worker = Worker(prepare_release("0.10.2"), tmp_path / "engine.log", extra_path=(str(shim),))
+    expected = EnvError if always else InputError
+    with pytest.raises(expected) as err:
+        worker.start()
+    assert "SystemError: error return without exception set" in str(err.value)
+    said = "out of memory while importing vLLM (limit 1500 MB, VLLM_REPRO_WORKER_MEMORY_MB)"
+    assert (said in str(err.value)) is not always

@@ -36,6 +36,9 @@ from ..sources.env import ReleaseEnv
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 #: what an import that ran out of the worker's address space says (RLIMIT_AS)
 _MEMORY = re.compile(r"MemoryError|failed to map segment|[Cc]annot allocate memory|std::bad_alloc")
+# a failed import that peaked this close to RLIMIT_AS (MB) may be the limit's doing: the next
+# mapping (a shared library of torch's: hundreds of MB) is what failed
+_IMPORT_HEADROOM_MB = 2048
 MODELS_DIR = PACKAGE_DIR / "models"
 DEFAULT_MODEL = MODELS_DIR / "opt"
 
@@ -149,7 +152,8 @@ class Worker:
             self.close()
             error = str(self.hello.get("error"))
             mb = run_limits().worker_memory_mb
-            if _MEMORY.search(error + str(self.hello.get("traceback", ""))):
+            if (_MEMORY.search(error + str(self.hello.get("traceback", "")))
+                    or self._limit_was_why(mb)):
                 # the worker's address-space limit is below what importing vLLM maps
                 raise InputError(f"vLLM {self.env.version}: out of memory while importing vLLM "
                                  f"(limit {mb} MB, VLLM_REPRO_WORKER_MEMORY_MB): raise "
@@ -158,6 +162,44 @@ class Worker:
         from .capabilities import save
 
         save(cache_dir(), self.capabilities)
+
+    def _limit_was_why(self, mb: int) -> bool:
+        """Whether the worker's failed import was its address-space limit (``mb`` MB) although
+        the error does not say so: under ``RLIMIT_AS`` a C extension's failed allocation may
+        surface as anything (seen in CI: ``SystemError: error return without exception set``
+        at 300 MB). Asked only where the worker's peak address space (``vm_peak_mb`` of its
+        hello) came within :data:`_IMPORT_HEADROOM_MB` of the limit, and answered by importing
+        once more without a limit (seconds): ``True`` only when that one succeeds."""
+        peak = self.hello.get("vm_peak_mb")
+        if not isinstance(peak, int) or mb - peak >= _IMPORT_HEADROOM_MB:
+            return False
+        r, w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [str(self.env.python), "-m", "vllm_repro.engine.worker",
+                 "--model-dir", str(self.model_dir), "--reply-fd", str(w),
+                 "--memory-limit-mb", "0"],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(w,), env={k: v for k, v in self._environment().items()
+                                    if k != warm_client.MODULES_OUT},
+                text=True, cwd=self._cwd(), start_new_session=True)
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return False
+        procs.register(proc)
+        os.close(w)
+        try:
+            with os.fdopen(r, "r") as replies:
+                line = replies.readline()
+        finally:
+            procs.kill_group(proc)
+            proc.wait()
+            procs.unregister(proc)
+        try:
+            return bool(json.loads(line).get("ok")) if line else False
+        except ValueError:
+            return False
 
     def _argv(self) -> list[str]:
         """The worker's arguments, ``--reply-fd`` aside."""

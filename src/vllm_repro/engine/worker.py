@@ -51,6 +51,19 @@ def limit_memory(mb: int) -> None:
         pass
 
 
+def vm_peak_mb() -> int | None:
+    """This process's peak address space (``VmPeak`` of ``/proc/self/status``, MB): what the
+    host compares with ``RLIMIT_AS`` when an import failed. ``None`` where there is no such file."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmPeak:"):
+                    return int(line.split()[1]) >> 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def make_adapter(model_dir: Path):
     """The adapter of the release on ``sys.path``, by probing its tree: the V1 adapter where the
     release has the V1 engine (its V0 engine, where it also has one, is reached through it at
@@ -93,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - reported to the host as an environment error
         _reply(reply, {"id": "hello", "ok": False,
                        "error": f"importing vLLM failed: {type(exc).__name__}: {exc}",
-                       "traceback": traceback.format_exc()[-4000:]})
+                       "traceback": traceback.format_exc()[-4000:],
+                       "vm_peak_mb": vm_peak_mb()})
         return 3
     if os.environ.get("VLLM_REPRO_WARM_MODULES_OUT"):  # what a warm parent should import
         from .warm import record_modules
