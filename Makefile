@@ -23,6 +23,10 @@ CPU_IMAGE_LABEL = org.opencontainers.image.title=vllm-repro (CPU)
 CUDA_IMAGE ?= vllm-repro-cuda:$(VLLM_VERSION)
 VLLM_VERSION ?= 0.10.1.1
 VLLM_VERSIONS ?= catalog
+# the flagship image: only the releases SCENARIO names (#23347: 0.10.1.1 and 0.10.2, as slices)
+FLAGSHIP_IMAGE ?= vllm-repro-cpu:flagship
+# what rebuilds CPU_IMAGE when it is missing or stale: the flagship's releases for that tag
+IMAGE_TARGET = $(if $(filter $(FLAGSHIP_IMAGE),$(CPU_IMAGE)),image-flagship,image-cpu)
 BASE_IMAGE ?=
 EXTRA_CA_CERT ?=
 DOCKER ?= docker
@@ -38,7 +42,7 @@ GPU_MODEL ?=
 VLLM ?=
 
 .PHONY: venv docs lint cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
-	images image-cpu image-cuda stage-images lint-images bench-image gpu-verify
+	images image-cpu image-flagship image-cuda stage-images lint-images bench-image gpu-verify
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
@@ -67,7 +71,7 @@ cpu-repro:
 	if [ "$$runner" = auto ]; then \
 	  if ! $(DOCKER) info >/dev/null 2>&1; then runner=native; why="no Docker engine answers"; \
 	  elif $(DOCKER) image inspect $(CPU_IMAGE) >/dev/null 2>&1; then runner=docker; why="the image exists"; \
-	  elif [ -n "$(filter images image-cpu,$(MAKECMDGOALS))" ]; then runner=docker; why="make images was asked for"; \
+	  elif [ -n "$(filter images image-cpu image-flagship,$(MAKECMDGOALS))" ]; then runner=docker; why="make images was asked for"; \
 	  else runner=native; why="no image $(CPU_IMAGE): make images builds it"; fi; \
 	  why="RUNNER=auto: $$why; "; \
 	fi; \
@@ -107,10 +111,10 @@ ensure-image:
 	@created=$$($(DOCKER) image inspect -f '{{.Created}}' $(CPU_IMAGE) 2>/dev/null); \
 	if [ -z "$$created" ]; then \
 	  echo "cpu-repro: building $(CPU_IMAGE) first (once; make images)" >&2; \
-	  $(MAKE) --no-print-directory image-cpu >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
+	  $(MAKE) --no-print-directory $(IMAGE_TARGET) >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
 	elif [ -n "$$(find src images slices pyproject.toml -newermt "$$created" -not -path '*/__pycache__*' -print -quit 2>/dev/null)" ]; then \
 	  echo "cpu-repro: the lab changed since $(CPU_IMAGE) was built; updating it (make images)" >&2; \
-	  $(MAKE) --no-print-directory image-cpu >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
+	  $(MAKE) --no-print-directory $(IMAGE_TARGET) >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
 	fi
 
 # ---- images -------------------------------------------------------------------------------
@@ -136,6 +140,11 @@ image-cpu: stage-images
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \
 	echo "images: $(CPU_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CPU_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"; \
 	$(DOCKER) image prune -f --filter "label=$(CPU_IMAGE_LABEL)" 2>/dev/null | sed -n 's/^Total reclaimed space: \(.*[1-9].*\)/images: removed the untagged earlier builds of this image (\1)/p'
+
+# The CPU image with only SCENARIO's releases baked (docs/images.md: the flagship image);
+# make cpu-repro RUNNER=docker CPU_IMAGE=$(FLAGSHIP_IMAGE) runs in it.
+image-flagship:
+	@$(MAKE) --no-print-directory image-cpu CPU_IMAGE=$(FLAGSHIP_IMAGE) VLLM_VERSIONS="$(SCENARIO)"
 
 # The CUDA image of VLLM_VERSION (docs/images.md). Default base: vLLM's own image,
 # vllm/vllm-openai:v$(VLLM_VERSION) (a GPU host pulls it, several GB). BASE_IMAGE=<a Python base>:

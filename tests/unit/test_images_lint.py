@@ -3,6 +3,7 @@ services, the remote script's syntax, the default release list."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,33 @@ def test_catalog_release_list_for_the_image():
     proc = subprocess.run([sys.executable, str(ROOT / "images/cpu/releases.py"), str(ROOT / "scenarios"),
                            "not-a-version"], capture_output=True, text=True)
     assert proc.returncode == 2 and "not a vLLM version number" in proc.stderr
+
+
+def test_the_warm_up_of_an_image_runs_only_the_entries_its_releases_cover(tmp_path):
+    """An image with a few releases baked (the flagship image: 0.10.1.1 and 0.10.2, as slices)
+    warms up on the catalog entries those releases cover, not on the whole catalog, whose
+    other releases it cannot fetch; an engine-core entry needs its release's full tree."""
+    import json
+
+    def entries(baked: dict) -> subprocess.CompletedProcess:
+        f = tmp_path / "baked.json"
+        f.write_text(json.dumps(baked))
+        return subprocess.run([sys.executable, str(ROOT / "images/cpu/releases.py"), "--entries",
+                               str(ROOT / "scenarios"), str(f)], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+
+    flagship = {"0.10.1.1": {"kind": "slice"}, "0.10.2": {"kind": "slice"}}
+    proc = entries(flagship)
+    assert proc.returncode == 0, proc.stderr
+    names = proc.stdout.split()[1::2]
+    assert proc.stdout.split()[::2] == ["--only"] * len(names)
+    assert "vllm-23347-priority-preempt-scheduled" in names
+    for name in names:  # each one's releases are exactly these two, at the scheduler level
+        text = (ROOT / "scenarios" / f"{name}.yaml").read_text()
+        assert "level: engine-core" not in text and "level: v0-engine" not in text, name
+    assert len(names) < len(list((ROOT / "scenarios").glob("*.yaml")))
+    proc = entries({"0.4.1": {"kind": "full"}})
+    assert proc.returncode == 2 and "no catalog entry" in proc.stderr
 
 
 def test_the_bake_stage_copies_every_module_the_bake_imports(tmp_path):
