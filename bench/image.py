@@ -1,13 +1,21 @@
-"""The CPU image in numbers (prints them; not a test): size and its layers, build time cold and
-warm, `make cpu-repro` wall time in the image (and natively, for comparison) cold and warm.
+"""The CPU images in numbers (prints them; not a test): the size of the flagship image and of the
+catalog image against their goals, each one's layers, build time cold and warm, `make cpu-repro`
+wall time in the flagship image (and natively, for comparison) cold and warm.
 
-    python bench/image.py             # warm build (nothing changed) + cpu-repro runs
-    python bench/image.py --cold      # also a build without the layer cache, and a native run
-                                      # on an empty cache (both take minutes)
+    python bench/image.py                 # both images: warm build (nothing changed), sizes,
+                                          # layers; cpu-repro runs in the flagship image
+    python bench/image.py --only flagship # one of them (flagship | catalog)
+    python bench/image.py --cold          # also a build without the layer cache, and a native
+                                          # run on an empty cache (both take minutes)
+
+The flagship image (`make image-flagship`, tag ``FLAGSHIP_IMAGE``, default
+vllm-repro-cpu:flagship): only the releases of the default scenario (#23347: 0.10.1.1 and 0.10.2,
+both as their slices); goal <= 1.5 GB (issue 20). The catalog image (`make images`, tag
+``CPU_IMAGE``, default vllm-repro-cpu:latest): every release the catalog names; goal <= 3 GB.
 
 Needs a Docker engine (on this workplace's machines: eval "$(../shared/tools/docker-host.sh)"
-first, which also gives BASE_IMAGE, EXTRA_CA_CERT and TORCH_WHEEL_DIR). Goal (issue #7): the
-image <= 1.5 GB.
+first, which also gives BASE_IMAGE, EXTRA_CA_CERT and TORCH_WHEEL_DIR). The size includes the
+base image's (printed too: the local Debian base made here is larger than python:3.11-slim).
 
     python bench/image.py --cuda      # the CUDA image instead (make image-cuda on BASE_IMAGE, a
                                       # Python base: full vLLM of VLLM_VERSION from the index,
@@ -44,14 +52,25 @@ def sh(cmd: list[str], env: dict | None = None) -> tuple[float, subprocess.Compl
     return dt, proc
 
 
-def build(image: str, no_cache: bool) -> float:
+#: (name, Make target, the tag's variable and default, goal in GB)
+IMAGES = (("flagship", "image-flagship", "FLAGSHIP_IMAGE", "vllm-repro-cpu:flagship", 1.5),
+          ("catalog", "image-cpu", "CPU_IMAGE", "vllm-repro-cpu:latest", 3.0))
+
+
+def build(target: str, var: str, image: str, no_cache: bool) -> float:
     extra = ["DOCKER_BUILD_FLAGS=--no-cache"] if no_cache else []
-    dt, _ = sh(["make", "--no-print-directory", "image-cpu", f"CPU_IMAGE={image}", *extra])
+    dt, _ = sh(["make", "--no-print-directory", target, f"{var}={image}", *extra])
     return dt
 
 
+def image_size(image: str) -> int:
+    return int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", image],
+                              capture_output=True, text=True, check=True).stdout)
+
+
 def cpu_repro(runner: str, image: str, env: dict | None = None) -> float:
-    dt, _ = sh(["make", "--no-print-directory", "cpu-repro", f"RUNNER={runner}", f"CPU_IMAGE={image}",
+    dt, _ = sh(["make", "--no-print-directory", "cpu-repro", f"RUNNER={runner}",
+                *([f"CPU_IMAGE={image}"] if image else []),
                 f"REPORTS={tempfile.mkdtemp(prefix='bench-image-')}"], env=env)
     return dt
 
@@ -75,36 +94,51 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="also build without the cache and run natively on an "
                     "empty cache")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--image", default=os.environ.get("CPU_IMAGE", "vllm-repro-cpu:latest"))
+    ap.add_argument("--only", choices=[name for name, *_ in IMAGES],
+                    help="one image (default: both)")
     ap.add_argument("--cuda", action="store_true", help="the CUDA image on BASE_IMAGE instead (see above)")
     args = ap.parse_args()
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         sys.exit("no Docker engine answers (here: eval \"$(../shared/tools/docker-host.sh)\")")
     if args.cuda:
         return cuda(args.cold)
-    lines = []
-    if args.cold:
-        lines.append(f"build cold (--no-cache, base present): {build(args.image, True):.0f} s")
-        lines.append(f"make cpu-repro in the image, cold (first run after that build): "
-                     f"{cpu_repro('docker', args.image):.1f} s")
-    else:
-        build(args.image, False)  # make sure it is there and current
-    lines.append(f"build warm (nothing changed): {build(args.image, False):.1f} s")
-    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", args.image],
-                              capture_output=True, text=True, check=True).stdout)
-    head = [f"image {args.image}: {size / 1e9:.2f} GB (goal <= 1.5 GB); layers of 1 MB or more:"]
-    head += [f"    {n / 1e6:7.0f} MB  {what}" for n, what in layers(args.image)]
-    lines[:0] = head
-    warm = [cpu_repro("docker", args.image) for _ in range(args.repeat)]
-    lines.append(f"make cpu-repro in the image, warm: median {statistics.median(warm):.1f} s "
-                 f"(min {min(warm):.1f}, max {max(warm):.1f}, {args.repeat} runs)")
+    base = os.environ.get("BASE_IMAGE") or "python:3.11-slim-bookworm"
+    try:
+        base_size = f"{image_size(base) / 1e9:.2f} GB"
+    except subprocess.CalledProcessError:
+        base_size = "not here"
+    sizes, lines = [], []
+    for name, target, var, default, goal in IMAGES:
+        if args.only and name != args.only:
+            continue
+        image = os.environ.get(var, default)
+        if args.cold:
+            lines.append(f"{name}: build cold (--no-cache, base present): "
+                         f"{build(target, var, image, True):.0f} s")
+        else:
+            build(target, var, image, False)  # make sure it is there and current
+        lines.append(f"{name}: build warm (nothing changed): {build(target, var, image, False):.1f} s")
+        size = image_size(image)
+        met = "met" if size <= goal * 1e9 else "NOT met"
+        sizes.append(f"{name} image {image}: {size / 1e9:.2f} GB (goal <= {goal} GB: {met})")
+        lines.append(f"{name}: layers of 1 MB or more:")
+        lines += [f"    {n / 1e6:7.0f} MB  {what}" for n, what in layers(image)]
+        if name != "flagship":
+            continue
+        if args.cold:
+            lines.append(f"make cpu-repro in the flagship image, cold (first run after that build): "
+                         f"{cpu_repro('docker', image):.1f} s")
+        warm = [cpu_repro("docker", image) for _ in range(args.repeat)]
+        lines.append(f"make cpu-repro in the flagship image, warm: median {statistics.median(warm):.1f} s "
+                     f"(min {min(warm):.1f}, max {max(warm):.1f}, {args.repeat} runs)")
+    sizes.append(f"(base image {base}: {base_size}, included in both)")
     if args.cold:
         env = dict(os.environ, VLLM_REPRO_CACHE=tempfile.mkdtemp(prefix="bench-cold-cache-"))
-        lines.append(f"make cpu-repro natively, cold (empty cache): {cpu_repro('native', args.image, env):.1f} s")
-    nat = [cpu_repro("native", args.image) for _ in range(args.repeat)]
+        lines.append(f"make cpu-repro natively, cold (empty cache): {cpu_repro('native', '', env):.1f} s")
+    nat = [cpu_repro("native", "") for _ in range(args.repeat)]
     lines.append(f"make cpu-repro natively, warm: median {statistics.median(nat):.1f} s "
                  f"(min {min(nat):.1f}, max {max(nat):.1f})")
-    print("\n".join(lines))
+    print("\n".join(sizes + lines))
 
 
 #: shown with their upload dates: the ones today's index would give far newer versions of
