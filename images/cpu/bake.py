@@ -48,12 +48,13 @@ def say(msg: str) -> None:
     print(f"bake: {msg}", flush=True)
 
 
-def tree_kind(version: str) -> str:
+def tree_kind(version: str, level: str = "scheduler") -> str:
     """``slice`` when a committed slice of ``version`` is recorded as equivalent to the full
-    tree, else ``full`` (``vllm_repro.sources.prepare.resolve_tree``'s rule for ``auto``)."""
+    tree at ``level``, else ``full`` (``vllm_repro.sources.prepare.resolve_tree``'s rule for
+    ``auto``)."""
     from vllm_repro.sources.prepare import slice_is_equivalent
 
-    return "slice" if slice_is_equivalent(version) else "full"
+    return "slice" if slice_is_equivalent(version, level) else "full"
 
 
 def bake(version: str, kind: str | None = None) -> dict:
@@ -68,8 +69,12 @@ def bake(version: str, kind: str | None = None) -> dict:
     (site / "vllm-repro-release.pth").write_text(f"{env.tree}\n")
     say(f"vLLM {version}: {kind} tree {env.tree}, environment {env.root} "
         f"({time.perf_counter() - t:.0f}s)")
+    from vllm_repro.sources.prepare import slice_levels
+
     return {"kind": kind, "tree": str(env.tree), "env": str(env.root), "python": str(env.python),
-            "site": str(site)}
+            "site": str(site),
+            # the levels this tree serves (a full tree: every one)
+            "levels": list(slice_levels(version)) if kind == "slice" else ["all"]}
 
 
 def prune_torch(site: Path) -> None:
@@ -117,13 +122,13 @@ def main(versions: list[str]) -> int:
         say("no release given")
         return 2
     cache = cache_dir()
-    # VERSION: its tree_kind (what its scheduler-level runs use); VERSION:engine-core: the
-    # full tree, which level engine-core runs (vllm_repro.sources.prepare.resolve_tree); keyed VERSION,
-    # or VERSION:full where the release has a slice as well
+    # VERSION[:LEVEL]: the tree_kind of runs at that level (the slice where it is proven at the
+    # level, else the full tree: vllm_repro.sources.prepare.resolve_tree); keyed VERSION, or
+    # VERSION:full where the release has a slice as well
     wanted: dict[str, set[str]] = {}
     for tok in versions:
         v, _, level = tok.partition(":")
-        wanted.setdefault(v, set()).add(tree_kind(v) if level in ("", "scheduler") else "full")
+        wanted.setdefault(v, set()).add(tree_kind(v, level or "scheduler"))
     try:
         baked = {}
         for v, kinds in wanted.items():

@@ -15,8 +15,8 @@ bakes its full tree too where the release's scheduler-level runs use a slice. Ex
 line for a bad release or an empty list.
 
 ``--entries`` (the image's warm-up run, which compiles the bytecode of what a run imports): the
-catalog entries whose every concrete release is baked (``baked.json`` of ``bake.py``), with a
-full tree where the entry's level needs one (``engine-core``, ``v0-engine``), as ``--only NAME``
+catalog entries whose every concrete release is baked (``baked.json`` of ``bake.py``) with a
+tree that serves the entry's level (a slice only the levels it was proven at), as ``--only NAME``
 arguments of ``catalog run``; exit 2 with one line when none is covered.
 """
 
@@ -28,19 +28,21 @@ from pathlib import Path
 
 def covered_entries(directory: Path, baked: dict) -> list[str]:
     """Names of the catalog entries in ``directory`` that ``baked`` (``baked.json``: key
-    ``VERSION`` or ``VERSION:KIND`` -> ``{"kind": "slice" | "full", ...}``) covers: each
-    concrete release baked, as a full tree where the entry's level is not ``scheduler``."""
+    ``VERSION`` or ``VERSION:KIND`` -> ``{"kind": "slice" | "full", "levels": [...], ...}``)
+    covers: each concrete release baked with a tree that serves the entry's level (a full tree
+    serves every level, ``"all"``; a slice the levels it was proven at, the scheduler's where
+    ``levels`` is absent)."""
     from vllm_repro.catalog import catalog_files
     from vllm_repro.scenario import load_scenario
 
-    kinds: dict[str, set[str]] = {}
+    levels: dict[str, set[str]] = {}  # version -> the levels its baked trees serve
     for key, info in baked.items():
-        kinds.setdefault(key.partition(":")[0], set()).add(info.get("kind", "full"))
+        served = info.get("levels") or (["scheduler"] if info.get("kind") == "slice" else ["all"])
+        levels.setdefault(key.partition(":")[0], set()).update(served)
     out = []
     for p in catalog_files(directory):
         sc = load_scenario(p)
-        full = sc.level != "scheduler"
-        if all(v in kinds and (not full or "full" in kinds[v]) for v in sc.vllm.concrete()):
+        if all(v in levels and ({sc.level, "all"} & levels[v]) for v in sc.vllm.concrete()):
             out.append(sc.name)
     return out
 

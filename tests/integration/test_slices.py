@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from vllm_repro.engine.host import child_environment
-from vllm_repro.sources.prepare import prepare_release
+from vllm_repro.sources.prepare import prepare_release, slice_levels
 from vllm_repro.slicing.runs import normalise_result, scenario_files
 from vllm_repro.slicing.spec import load_spec
 
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 
 def _run(cli, version, tree, reports):
-    files = [str(f) for f in scenario_files(ROOT)]
+    # the scenarios of every level the slice was proven at (engine-core too where it was traced)
+    files = [str(f) for f in scenario_files(ROOT, levels=slice_levels(version))]
     proc = cli("run", *files, "--vllm", version, "--tree", tree, "--reports", str(reports), "--json")
     # 1: a scenario not for this release; 2: only where the release refuses a config field of a
     # scenario written for newer ones (stress-fcfs-hybrid's mamba_cache_mode before 0.12)

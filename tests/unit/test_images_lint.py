@@ -95,6 +95,18 @@ def test_the_warm_up_of_an_image_runs_only_the_entries_its_releases_cover(tmp_pa
     assert len(names) < len(list((ROOT / "scenarios").glob("*.yaml")))
     proc = entries({"0.4.1": {"kind": "full"}})
     assert proc.returncode == 2 and "no catalog entry" in proc.stderr
+    # #25067 (engine-core: 0.11.0, 0.10.2, 0.12.0, 0.33.0): only where 0.10.2's tree serves
+    # engine-core runs, a slice proven at both levels or a full tree; not a scheduler-only slice
+    ec = "vllm-25067-abort-after-finish-frees-sent-blocks"
+    rest = {v: {"kind": "full"} for v in ("0.11.0", "0.12.0", "0.33.0")}
+    for tree, covered in (({"kind": "slice", "levels": ["scheduler", "engine-core"]}, True),
+                          ({"kind": "full", "levels": ["all"]}, True),
+                          ({"kind": "slice", "levels": ["scheduler"]}, False),
+                          ({"kind": "slice"}, False)):
+        proc = entries({"0.10.1.1": {"kind": "slice"}, "0.10.2": tree, **rest})
+        more = proc.stdout.split()[1::2]
+        assert set(names) <= set(more), (tree, more)
+        assert (ec in more) is covered, (tree, more)
 
 
 def test_the_bake_stage_copies_every_module_the_bake_imports(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from vllm_repro.errors import InputError
 from vllm_repro.sources.prepare import (check_tree, default_tree, release_lock, resolve_tree,
-                                        slice_is_equivalent)
+                                        slice_is_equivalent, slice_levels)
 
 
 @pytest.fixture
@@ -33,9 +33,25 @@ def test_auto_takes_only_a_slice_recorded_equivalent(slices):
 
 
 def test_auto_gives_engine_core_runs_the_full_tree(slices):
-    # a slice is traced at scheduler level: it lacks the EngineCore's files
+    # a slice traced before levels were recorded ran scheduler-level scenarios only: it lacks
+    # the EngineCore's files
     assert resolve_tree("1.0.0", "auto", level="engine-core") == "full"
     assert resolve_tree("1.0.0", "slice", level="engine-core") == "slice"  # asked for: given
+
+
+def test_auto_gives_engine_core_runs_a_slice_proven_at_that_level(slices):
+    """A slice traced and proven with engine-core scenarios too (traced.levels) serves
+    engine-core runs; never the V0 engine's, which no slice holds."""
+    (slices / "5.0.0.json").write_text(json.dumps({
+        "equivalence": {"equal": True}, "traced": {"levels": ["scheduler", "engine-core"]}}))
+    (slices / "6.0.0.json").write_text(json.dumps({
+        "equivalence": {"equal": False}, "traced": {"levels": ["scheduler", "engine-core"]}}))
+    assert slice_levels("5.0.0") == ("scheduler", "engine-core")
+    assert slice_levels("1.0.0") == ("scheduler",) and slice_levels("6.0.0") == ()
+    assert resolve_tree("5.0.0", "auto", level="engine-core") == "slice"
+    assert resolve_tree("5.0.0", "auto", level="scheduler") == "slice"
+    assert resolve_tree("5.0.0", "auto", level="v0-engine") == "full"
+    assert resolve_tree("6.0.0", "auto", level="engine-core") == "full"
 
 
 def test_default_tree_comes_from_the_environment(slices, monkeypatch):

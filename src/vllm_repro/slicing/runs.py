@@ -306,15 +306,26 @@ def trace_environment(env: ReleaseEnv, trace_dir: Path, calls: bool) -> dict[str
             "VLLM_REPRO_TRACE_CALLS": "1" if calls else "0"}
 
 
-def scenario_files(base: Path, globs: tuple[str, ...] = SCENARIO_GLOBS) -> list[Path]:
-    """Every scenario file the globs find below ``base``, sorted, without duplicates. Scenarios
-    at ``level: engine-core`` or ``v0-engine`` are left out: slices are traced and proven at
-    scheduler level (EngineCore's modules and the V0 engine's are not in them yet)."""
+#: The levels a slice is traced and proven at (``vllm-repro slice``): the V1 engine's two. The V0
+#: engine's runs (``level: v0-engine``) are never sliced.
+SLICE_LEVELS = ("scheduler", "engine-core")
+
+
+def scenario_level(path: Path) -> str:
+    """A scenario file's ``level`` (``scheduler`` where it names none), read from its text."""
+    m = re.search(r"(?m)^level:\s*([\w-]+)\s*$", path.read_text())
+    return m.group(1) if m else "scheduler"
+
+
+def scenario_files(base: Path, globs: tuple[str, ...] = SCENARIO_GLOBS,
+                   levels: tuple[str, ...] = SLICE_LEVELS) -> list[Path]:
+    """Every scenario file the globs find below ``base`` at one of ``levels``, sorted, without
+    duplicates (a slice is traced and proven at :data:`SLICE_LEVELS`; an older slice's
+    equivalence is checked again at the levels it recorded, ``("scheduler",)``)."""
     found: dict[Path, None] = {}
     for g in globs:
         for p in sorted(base.glob(g)):
-            if p.is_file() and not re.search(r"(?m)^level:\s*(engine-core|v0-engine)\s*$",
-                                             p.read_text()):
+            if p.is_file() and scenario_level(p) in levels:
                 found[p.resolve()] = None
     return list(found)
 
@@ -378,5 +389,5 @@ def run_scenarios(env: ReleaseEnv, files: list[Path], work: Path,
     return out
 
 
-__all__ = ["run_core_tests", "run_scenarios", "scenario_files", "core_test_selection",
+__all__ = ["run_core_tests", "run_scenarios", "scenario_files", "scenario_level", "SLICE_LEVELS", "core_test_selection",
            "hub_dir", "hub_status", "pytest_overlay", "tracer_dir", "TestRun", "parse_junit"]

@@ -303,6 +303,9 @@ def _spec(version, release, an, stubs, reqs, include, inputs, full, full_env, pk
                     "profile of calls into third-party packages) over the scenarios and vLLM's "
                     "core CPU tests, on the full tree in the full environment"),
             "scenarios": inputs["scenarios"],
+            # what resolve_tree gives the slice to: runs at these levels (the scenarios above
+            # hold runs of each)
+            "levels": list(runs.SLICE_LEVELS),
             "tests": full.get("test_selection"),
             "model_standins": runs.hub_status(version),
             "processes": trace_a.processes,

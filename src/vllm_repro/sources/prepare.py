@@ -58,30 +58,40 @@ def default_tree() -> str:
     return tree
 
 
-def slice_is_equivalent(version: str) -> bool:
-    """Whether a committed ``slices/<version>.json`` records ``equivalence.equal: true`` (the
-    slice ran the slicer's scenarios exactly as the full tree did)."""
+def slice_levels(version: str) -> tuple[str, ...]:
+    """The levels a committed ``slices/<version>.json`` is proven equivalent at: ``()`` without
+    one or where it records ``equivalence.equal`` other than true; else ``traced.levels`` (a
+    slice traced before levels were recorded: ``("scheduler",)``, the only level it ran)."""
     from ..slicing.spec import spec_path
 
     try:
         spec = json.loads(spec_path(version).read_text())
     except (OSError, ValueError):
-        return False
-    return spec.get("equivalence", {}).get("equal") is True
+        return ()
+    if spec.get("equivalence", {}).get("equal") is not True:
+        return ()
+    return tuple(spec.get("traced", {}).get("levels") or ("scheduler",))
+
+
+def slice_is_equivalent(version: str, level: str = "scheduler") -> bool:
+    """Whether a committed ``slices/<version>.json`` records ``equivalence.equal: true`` (the
+    slice ran the slicer's scenarios exactly as the full tree did) for runs at ``level``."""
+    return level in slice_levels(version)
 
 
 def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> str:
     """``full`` or ``slice`` for ``version`` (``auto`` looks for an equivalent committed slice).
 
-    A slice is traced from scheduler-level runs (``vllm-repro slice``): it holds the scheduler
-    and KV-cache files, not the EngineCore, executor and config code that ``level:
-    engine-core`` runs, so ``auto`` gives engine-core runs the full tree."""
+    A slice holds what its traced runs imported: the scheduler and KV-cache files from
+    scheduler-level runs, and EngineCore's, the executor's and the config code from
+    ``level: engine-core`` runs where the slicer traced those too (``traced.levels``; slices
+    traced before that record only the scheduler level). ``auto`` gives a run the slice only
+    where the slice was proven at the run's level, else the full tree (always for
+    ``v0-engine``)."""
     tree = tree or default_tree()
     if tree != "auto":
         return tree
-    if level != "scheduler":
-        return "full"
-    return "slice" if slice_is_equivalent(version) else "full"
+    return "slice" if slice_is_equivalent(version, level) else "full"
 
 
 #: Where a release keeps the V0 engine the lab drives at ``level: v0-engine`` (0.4 to 0.10):
@@ -196,5 +206,5 @@ def prepare_release(version: str, say: Say = lambda s: None,
     return env
 
 
-__all__ = ["TREES", "check_tree", "default_tree", "resolve_tree", "slice_is_equivalent",
+__all__ = ["TREES", "check_tree", "default_tree", "resolve_tree", "slice_is_equivalent", "slice_levels",
            "require_v1_scheduler", "engines_of", "V0_ENGINE_FILES", "release_lock", "build_tree_env", "prepare_release"]
