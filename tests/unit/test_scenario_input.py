@@ -42,6 +42,11 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
     (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, swap_space: 1e-1}"),
      "config.swap_space", "'1e-1' is read as text by YAML (a number with an exponent needs a "
      "dot there); write it as 0.1"),
+    # YAML reads an id of 1 or true as a number or a bool: the same text quoted is the string
+    (("{id: A, prompt_len: 10}", "{id: 1, prompt_len: 10}"), "requests[0].id",
+     'write it in quotes ("1") so YAML reads it as a string'),
+    (("{id: A, prompt_len: 10}", "{id: true, prompt_len: 10}"), "requests[0].id",
+     'write it in quotes ("true")'),
     (("abort: [A]", "abort: [Z]"), "events[0].abort",
      "unknown request id 'Z'; use an id from requests[].id (A, B)"),
     (("abort: [A]", "abort: [a]"), "events[0].abort", "unknown request id 'a'; did you mean A?"),

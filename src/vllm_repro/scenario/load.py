@@ -54,6 +54,14 @@ def _fix_hint(err: dict) -> str:
         return f"did you mean {near!r}?" if near else "use one of the values listed"
     if kind == "finite_number":
         return "write a finite number (not .nan or .inf)"
+    if kind == "string_type":
+        got = err.get("input")
+        if got is None or isinstance(got, (bool, int, float)):
+            # YAML read 1, 1.5, true or null: the same text in quotes is the string
+            text = {True: "true", False: "false"}.get(got, got) if isinstance(got, bool) \
+                else ("null" if got is None else got)
+            return f'write it in quotes ("{text}") so YAML reads it as a string'
+        return "write a string value"
     if kind.endswith("_type"):
         plain = kind.removesuffix('_type').replace('_', ' ')
         return f"write a plain {plain} value (no quotes, no true/false for numbers)"
