@@ -16,7 +16,7 @@ import pytest
 
 from vllm_repro.engine.host import child_environment
 from vllm_repro.sources.prepare import prepare_release, slice_levels
-from vllm_repro.slicing.runs import normalise_result, scenario_files
+from vllm_repro.slicing.runs import normalise_clock, normalise_result, scenario_files
 from vllm_repro.slicing.spec import load_spec
 
 from ..conftest import ROOT
@@ -48,7 +48,8 @@ def _run(cli, version, tree, reports):
         # tracebacks name the tree: trees/<version>/ (full) or slices/<version>-<key>/ (slice)
         text = re.sub(r'[^\s"\']*/(?:trees|slices)/[^/\s"\']+/', "<tree>/", json.dumps(res, sort_keys=True))
         text = re.sub(r'[^\s"\'\\]*/site-packages/', "<site-packages>/", text)  # full vs slice env
-        trace = (d / "trace.jsonl").read_text() if (d / "trace.jsonl").is_file() else None
+        # (xgrammar's errors carry the time of day)
+        trace = normalise_clock((d / "trace.jsonl").read_text()) if (d / "trace.jsonl").is_file() else None
         out[name] = (v["outcome"], v["observed"], v["ok"], text, trace)
     return proc.returncode, out
 

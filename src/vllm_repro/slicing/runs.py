@@ -330,10 +330,26 @@ def scenario_files(base: Path, globs: tuple[str, ...] = SCENARIO_GLOBS,
     return list(found)
 
 
+#: A time of day in a message: xgrammar's C++ errors begin with one ("[21:56:36]
+#: /project/cpp/grammar_parser.cc:549: EBNF parser error ..."), which differs between two runs
+_CLOCK = re.compile(r"\[\d{2}:\d{2}:\d{2}\]")
+
+
+def normalise_clock(text: str) -> str:
+    """``text`` with every ``[HH:MM:SS]`` written as ``[hh:mm:ss]`` (see :data:`_CLOCK`)."""
+    return _CLOCK.sub("[hh:mm:ss]", text)
+
+
+def normalise_trace(steps: list[dict]) -> list[dict]:
+    """A step trace (``trace.jsonl`` lines) with the time of day in messages removed
+    (:func:`normalise_clock`): the rest is compared line for line."""
+    return json.loads(normalise_clock(json.dumps(steps)))
+
+
 def normalise_result(result, tree: Path) -> dict:
     """A scenario result (a :class:`~vllm_repro.records.RunResult` or its JSON mapping) with
     what legitimately differs between two trees removed: timings, report and log paths, and
-    the tree's location inside tracebacks."""
+    the tree's location inside tracebacks, the time of day in messages (:func:`normalise_clock`)."""
     res = json.loads(json.dumps(result.to_dict() if hasattr(result, "to_dict") else result,
                                 default=str))
     res.pop("timing", None)
@@ -347,7 +363,7 @@ def normalise_result(result, tree: Path) -> dict:
     # third-party frames (a crash raised inside prometheus_client, say) name the environment:
     # the full one and the slice's are different folders holding the same pinned packages
     text = re.sub(r'[^\s"\'\\]*/site-packages/', "<site-packages>/", text)
-    return json.loads(text)
+    return json.loads(normalise_clock(text))
 
 
 def run_scenarios(env: ReleaseEnv, files: list[Path], work: Path,
@@ -385,7 +401,7 @@ def run_scenarios(env: ReleaseEnv, files: list[Path], work: Path,
             steps = ([json.loads(x) for x in trace_file.read_text().splitlines() if x.strip()]
                      if trace_file.is_file() else [])
             out[sc.name] = {"file": str(f), "result": normalise_result(result, env.tree),
-                            "trace": steps}
+                            "trace": normalise_trace(steps)}
     return out
 
 

@@ -125,7 +125,8 @@ def recheck(full: dict, other: dict, full_env: ReleaseEnv, other_env: ReleaseEnv
 def _renormalise(rec: dict | None) -> dict | None:
     if not rec or "result" not in rec:
         return rec
-    return {**rec, "result": runs.normalise_result(rec["result"], Path("/nonexistent"))}
+    return {**rec, "result": runs.normalise_result(rec["result"], Path("/nonexistent")),
+            "trace": runs.normalise_trace(rec.get("trace") or [])}
 
 
 def read_log(log: Path) -> list[dict]:
