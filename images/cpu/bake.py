@@ -16,8 +16,9 @@ works for any user at run time:
 - each environment also *imports* its release (a ``.pth`` naming the tree): the CPU image's
   stand-in for an installed vLLM (``gpu-judge`` finds it through ``baked.json``);
 - torch's C++ headers, C++ test binaries and protoc are removed (the scheduler never compiles:
-  the worker runs with ``TORCHDYNAMO_DISABLE=1``), and its shared libraries' static symbol
-  tables stripped (binutils' ``strip``, installed and removed again by the Dockerfile's step);
+  the worker runs with ``TORCHDYNAMO_DISABLE=1``); every shared library loses its static
+  symbol table and debug sections (binutils' ``strip``, installed and removed again by the
+  Dockerfile's step);
 - identical files are hardlinked, uv's cache is dropped (bytecode is left to the Dockerfile's
   warm-up run, which compiles exactly what a run imports: compiling everything would add
   about 590 MB);
@@ -78,26 +79,53 @@ def bake(version: str, kind: str | None = None) -> dict:
             "levels": list(slice_levels(version)) if kind == "slice" else ["all"]}
 
 
-#: inode of a torch library before stripping -> its stripped copy (envs hardlink one torch)
+#: inode of a shared library before stripping -> its stripped copy (environments hardlink the
+#: wheels they share, torch above all)
 _STRIPPED: dict[int, Path] = {}
 
 
-def strip_torch_libraries(site: Path) -> int:
-    """``strip --strip-unneeded`` each shared library of torch (``torch/lib``): the static symbol
-    table that only a debugger or a symbolised C++ backtrace reads (torch 2.13's
-    ``libtorch_cpu.so``: 434 MB, 345 MB without it); the dynamic symbols the loader and
-    Python's extension import resolve against stay. Returns the bytes saved; 0 (said once)
-    where binutils' ``strip`` is not installed. A library strip refuses is left as it is."""
+def _repaired(readelf: str, lib: Path) -> bool:
+    """Whether auditwheel rewrote ``lib`` with patchelf (its ``RUNPATH``/``RPATH`` names a
+    ``<package>.libs`` folder of vendored libraries): ``strip`` corrupts such files (numpy's
+    ``_multiarray_umath`` then fails to import), so they are left alone."""
     import subprocess
 
-    strip = shutil.which("strip")
-    if strip is None:
-        say("no strip (binutils) here: torch's libraries keep their symbol tables")
+    out = subprocess.run([readelf, "-d", str(lib)], capture_output=True, text=True).stdout
+    return any(("RUNPATH" in ln or "RPATH" in ln) and ".libs" in ln for ln in out.splitlines())
+
+
+def _loads(python: Path, path: Path) -> bool:
+    """Whether the environment's ``python`` can ``dlopen`` ``path`` (``ctypes.CDLL``), in a
+    process of its own: a stripped copy beside its original (``libtorch_cpu.so.stripped``)
+    must not meet the original in one process (torch's libraries abort when registered twice)."""
+    import subprocess
+
+    return subprocess.run([str(python), "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])",
+                           str(path)], capture_output=True).returncode == 0
+
+
+def strip_libraries(site: Path) -> int:
+    """``strip --strip-unneeded`` each shared library (``*.so``, ``*.so.*``) below ``site``: the
+    static symbol table and debug sections that only a debugger or a symbolised C++ backtrace
+    reads (torch 2.13's ``libtorch_cpu.so``: 434 -> 345 MB; llguidance's ``_lib.abi3.so``: 56
+    -> 8 MB; xgrammar's bindings: 29 -> 1.2 MB); the dynamic symbols the loader and Python's
+    extension import resolve against stay. A stripped copy replaces a library only where the
+    environment's Python can ``dlopen`` it as it could the original. Returns the bytes saved; 0
+    (said once) where binutils is not installed. Left as they are (their hardlinks too): what
+    auditwheel rewrote (:func:`_repaired`, and the vendored ``*.libs`` folders), a library
+    strip refuses, or cannot make smaller, or whose stripped copy does not load."""
+    import subprocess
+
+    strip, readelf = shutil.which("strip"), shutil.which("readelf")
+    if strip is None or readelf is None:
+        say("no strip (binutils) here: shared libraries keep their symbol tables")
         return 0
+    python = site.parents[2] / "bin" / "python"
     saved = 0
-    for lib in sorted((site / "torch" / "lib").glob("*.so*")):
-        if lib.is_symlink() or not lib.is_file():
-            continue
+    made: list[tuple[Path, Path, os.stat_result]] = []  # (library, its stripped copy, stat)
+    for lib in sorted(p for pat in ("*.so", "*.so.*") for p in site.rglob(pat)):
+        if lib.is_symlink() or not lib.is_file() or lib.parent.name.endswith(".libs"):
+            continue  # (a wheel's vendored libraries: rewritten by auditwheel, below)
         st = lib.stat()
         tmp = lib.with_name(lib.name + ".stripped")
         done = _STRIPPED.get(st.st_ino)
@@ -105,9 +133,18 @@ def strip_torch_libraries(site: Path) -> int:
             os.link(done, tmp)
             os.replace(tmp, lib)
             continue
+        if _repaired(readelf, lib):
+            continue
         if subprocess.run([strip, "--strip-unneeded", "-o", str(tmp), str(lib)],
-                          capture_output=True).returncode != 0:
+                          capture_output=True).returncode != 0 or \
+                tmp.stat().st_size >= st.st_size:
             tmp.unlink(missing_ok=True)
+            continue
+        made.append((lib, tmp, st))
+    for lib, tmp, st in made:
+        if not _loads(python, tmp) and _loads(python, lib):
+            say(f"{lib.name}: loads, but not stripped; kept as it is")
+            tmp.unlink()
             continue
         shutil.copymode(lib, tmp)
         os.replace(tmp, lib)
@@ -180,10 +217,10 @@ def main(versions: list[str]) -> int:
     stripped = 0
     for info in baked.values():
         prune_torch(Path(info["site"]))
-        stripped += strip_torch_libraries(Path(info["site"]))
+        stripped += strip_libraries(Path(info["site"]))
     if stripped:
-        say(f"stripped torch's libraries of their symbol tables ({stripped / 1e6:.0f} MB, before "
-            "hardlinking)")
+        say(f"stripped the shared libraries of their symbol tables ({stripped / 1e6:.0f} MB, "
+            "before hardlinking)")
     (cache / "baked.json").write_text(json.dumps(baked, indent=1))
     shutil.rmtree(cache / "uv", ignore_errors=True)
     for log in (cache / "envs").glob("*.build.log"):
