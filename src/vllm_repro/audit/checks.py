@@ -194,13 +194,16 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
     Mirrors ``Scheduler._free_request`` / ``_preempt_request`` -> ``KVCacheManager.free``.
     """
     out = []
+    running = set(map(_rid, books.scheduler.running))
+    tables = books.tables()
+    if all(t.keys() <= running for t in tables):  # (at C speed: as a rule every holder runs)
+        return out
     null = books.null_id
     holding_ok = books.kv_holding_ids()
     multi = len(books.managers) > 1
-    running = set(map(_rid, books.scheduler.running))
     connector = getattr(books.scheduler, "connector", None) is not None
-    for g, table in enumerate(books.tables()):
-        if not (table.keys() - running):  # (at C speed: as a rule every holder is running)
+    for g, table in enumerate(tables):
+        if table.keys() <= running:
             continue
         for rid in [r for r in table if r not in running]:
             blocks = table[rid]
@@ -635,10 +638,11 @@ class RequestChecks:
                 f"{rid} is in {' and '.join(qs)} (expected in exactly one queue)")
         # (as a rule every request is in a queue and every queued one a request: the two
         # differences below are then empty, and the comparison builds no set)
-        for rid in (where.keys() - requests.keys()) if where.keys() != requests.keys() else ():
+        differ = where.keys() != requests.keys()
+        for rid in (where.keys() - requests.keys()) if differ else ():
             by_rid.setdefault(rid, []).append(
                 f"{rid} is in {where[rid]} but not in scheduler.requests")
-        for rid in (requests.keys() - where.keys()) if where.keys() != requests.keys() else ():
+        for rid in (requests.keys() - where.keys()) if differ else ():
             st = name(requests[rid].status)
             if not st.startswith("FINISHED") and st != "WAITING_FOR_STREAMING_REQ":
                 by_rid.setdefault(rid, []).append(
@@ -688,10 +692,12 @@ class RequestChecks:
                 del new_last[rid]
             items = list(compress(zip(rids, reqs), moved))
             looks = list(compress(zip(rids, cur), moved))
-            self._seen = seen = now
-        seen.update(looks)
-        for rid, _ in looks:
-            flagged.discard(rid)
+            self._seen = seen = now  # (holds every look read just now: no update below)
+        if phase == "update":
+            seen.update(looks)
+        if flagged:
+            for rid, _ in looks:
+                flagged.discard(rid)
         # (the look's count, preemptions, placeholders and queue: read just now, the same values)
         for (rid, req), (_, ((status, nct, nop), npre, q)) in zip(items, looks):
             st = names_of.get(status) or name(status)
