@@ -504,6 +504,7 @@ class BlockMirror:
 
     def _dict_field(self, name: str, on):
         mirror, blocks, n = self, self.blocks, len(self.blocks)
+        refs, hashes = self.refs, self.hashes  # (made by install() before this, never replaced)
 
         if on is None:
             def __set__(self, obj, value):
@@ -516,7 +517,6 @@ class BlockMirror:
                 i = d.get("block_id", -1)
                 if type(i) is int and 0 <= i < n and blocks[i] is obj:
                     # BlockMirror._on_ref inline: a write of ref_cnt is in every pool call
-                    refs = mirror.refs
                     old = refs[i]
                     ref_old = mirror.ref_old
                     if i not in ref_old:
@@ -525,8 +525,25 @@ class BlockMirror:
                     refs[i] = value
                     if (old == 0) != (value == 0):
                         mirror.nzero += 1 if value == 0 else -1
-                    if mirror.hashes[i] and bool(old) != bool(value):
+                    if hashes[i] and bool(old) != bool(value):
                         mirror.nhashed_held += 1 if value else -1
+        elif on == mirror._on_hash:
+            def __set__(self, obj, value):
+                d = obj.__dict__
+                d[name] = value
+                i = d.get("block_id", -1)
+                if type(i) is int and 0 <= i < n and blocks[i] is obj:
+                    # BlockMirror._on_hash inline
+                    old = hashes[i]
+                    hash_old = mirror.hash_old
+                    if i not in hash_old:
+                        hash_old[i] = old
+                    hashes[i] = value
+                    if bool(old) != bool(value):
+                        k = 1 if value else -1
+                        mirror.nhashed += k
+                        if refs[i]:
+                            mirror.nhashed_held += k
         else:
             def __set__(self, obj, value):
                 d = obj.__dict__
