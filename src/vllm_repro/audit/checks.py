@@ -9,8 +9,8 @@ C-level ``map``/``Counter`` and only walk block by block when something disagree
 from __future__ import annotations
 
 from collections import Counter
-from itertools import chain, compress, count, filterfalse, repeat
-from operator import attrgetter, is_, is_not, ne
+from itertools import compress, count, repeat
+from operator import attrgetter, is_not, ne
 
 from ..engine import state
 from ..records import Violation
@@ -392,40 +392,6 @@ class PrefixMapCheck:
             f"map does not map that hash to it (expected every hashed block in the map)"),
             blocks=[bid])
 
-    def _all_mapped(self, inner: dict, hashes: list) -> set | None:
-        """The ids of the blocks in the map, when :meth:`_full`'s walk over the map would find
-        each under its own hash object (and, for a dict value, under its block id) and so
-        report nothing: every value a dict (``block_id -> block``, 0.9+) with a block, or
-        every value a block, no block the null block or outside ``hashes``; worked out at C
-        speed. None otherwise (the walk then runs entry by entry)."""
-        vals = list(inner.values())
-        if not vals:
-            return None
-        kinds = set(map(type, vals))
-        try:
-            if kinds == {dict}:
-                lens = list(map(len, vals))
-                if 0 in lens:
-                    return None
-                blocks = list(chain.from_iterable(map(dict.values, vals)))
-                keys = list(chain.from_iterable(map(repeat, inner, lens)))
-                bids = list(map(_bid, blocks))
-                if not all(map(dict.__contains__, chain.from_iterable(map(repeat, vals, lens)),
-                               bids)):
-                    return None
-            elif dict not in kinds and not any(issubclass(k, dict) for k in kinds):
-                keys, bids = list(inner), list(map(_bid, vals))
-            else:
-                return None
-            null = self.books.null_id
-            if (null is not None and null in bids) or min(bids) < 0 or max(bids) >= len(hashes):
-                return None
-            if not all(map(is_, map(hashes.__getitem__, bids), keys)):
-                return None
-        except (TypeError, AttributeError):  # an odd value: the walk says what it is
-            return None
-        return set(bids)
-
     def _full(self, inner: dict, hashes: list) -> list[Violation]:
         books = self.books
         sec = books.secondary_hashes()
@@ -434,10 +400,8 @@ class PrefixMapCheck:
         # blocks found in the map under their own hash object: the map maps that hash to them
         # (a dict holds one key per value), so the walk over the blocks below need not look
         # their hash up again (hashing a nested tuple hash, 0.9-0.10, costs more than the rest)
-        mapped = self._all_mapped(inner, hashes)
-        for key, val in inner.items() if mapped is None else ():
-            if mapped is None:
-                mapped = set()
+        mapped = set()
+        for key, val in inner.items():
             isdict = isinstance(val, dict)
             blocks = list(val.values()) if isdict else [val]
             if not blocks:
@@ -460,12 +424,8 @@ class PrefixMapCheck:
                         blocks=[bid]))
             if len(out) >= MAX_PER_CHECK:
                 return out
-        if mapped is None:  # (an empty map)
-            mapped = set()
-        # the blocks with a hash not found above, in block order (at C speed)
-        for bid in filterfalse(mapped.__contains__,
-                               compress(count(), map(is_not, hashes, repeat(None)))):
-            if not _maps_to(inner.get(hashes[bid]), bid):
+        for bid, h in enumerate(hashes):
+            if h is not None and bid not in mapped and not _maps_to(inner.get(h), bid):
                 out.append(self._unmapped(bid))
                 if len(out) >= MAX_PER_CHECK:
                     break

@@ -32,10 +32,6 @@ each probe names the vLLM source it follows:
 
 from __future__ import annotations
 
-from operator import attrgetter
-
-_block_id = attrgetter("block_id")
-
 #: scheduler attributes that are queues of waiting requests, where a release has them
 WAITING_QUEUES = ("waiting", "skipped_waiting", "kv_holding_waiting")
 
@@ -178,28 +174,25 @@ def bare_free_head(pool):
 def free_list(pool, num_blocks: int, ids: list | None = None) -> tuple[list, bool]:
     """The blocks linked in ``pool.free_block_queue``, head first, and whether the walk ended
     properly (False: a cycle, or more links than blocks). ``ids``: a list to append each
-    walked block's ``block_id`` to (read once the walk is done, at C speed)."""
+    walked block's ``block_id`` to, in the same walk (each block is read once)."""
     cur, tail = free_queue_ends(pool)
     out = []
     append = out.append
-    ended = True
-    try:
-        for _ in range(num_blocks + 2):  # (a counted loop: the audit walks the queue often)
-            if cur is tail:  # the sentinel, or None without one
-                break
-            append(cur)
-            cur = cur.next_free_block
-        else:
-            ended = False  # num_blocks + 2 linked: more than the pool has
-    except AttributeError:
-        if cur is not None:
-            raise
-        # a link to None before the tail sentinel ends the walk too: None was appended last
-        # (one comparison per block fewer than testing for it before each append)
-        out.pop()
     if ids is not None:
-        ids.extend(map(_block_id, out))
-    return out, ended
+        add_id = ids.append
+        for _ in range(num_blocks + 2):
+            if cur is None or cur is tail:
+                return out, True
+            append(cur)
+            add_id(cur.block_id)
+            cur = cur.next_free_block
+        return out, False
+    for _ in range(num_blocks + 2):  # (a counted loop: the audit walks the queue often)
+        if cur is None or cur is tail:
+            return out, True
+        append(cur)
+        cur = cur.next_free_block
+    return out, False  # num_blocks + 2 linked: more than the pool has
 
 
 def free_count(pool) -> int:
