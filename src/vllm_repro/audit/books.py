@@ -115,7 +115,7 @@ class Books:
             + extra.count(null))
         return HeldIds(tables, extra, null, nnull)
 
-    def _table_ids(self) -> list[list[int]]:
+    def _table_ids(self, seqs: bool = True) -> list[list[int]]:
         """The block ids of each table list, in table order, keeping :attr:`_dense` (references
         held by the tables, by block id) and :attr:`_foreign` (ids outside the pool) up to
         date. A table list equal, element by element (identity first), to its copy at the last
@@ -126,7 +126,7 @@ class Books:
         object, its copy, its block ids), updated in place for the lists that changed and the
         requests gone; which lists are the same object and equal to their copy is worked out
         for all requests at once with C-level ``map``, and only the others (and the requests
-        gone) go through the Python loop."""
+        gone) go through the Python loop. ``seqs`` False: the counts only (an empty list)."""
         cache = self._id_cache
         if len(cache) != len(self.managers):
             cache = self._id_cache = [({}, {}, {}) for _ in self.managers]
@@ -143,16 +143,19 @@ class Books:
                     if not foreign[i]:
                         del foreign[i]
 
-        seqs = []
+        want, seqs = seqs, []
         for t, (lst, cpy, idl) in zip(self.tables(), cache):
             rids = list(t)
             bls = list(t.values())
+            if len(rids) == len(lst) and all(map(is_, map(lst.get, rids), bls)) \
+                    and list(map(cpy.get, rids)) == bls:
+                # every list as at the last read (the same object, equal to its copy: what
+                # `same` below tells one by one), and no request gone (same count, all found)
+                if want:
+                    seqs += map(idl.__getitem__, rids)
+                continue
             same = list(map(and_, map(is_, map(lst.get, rids), bls),
                             map(eq, map(cpy.get, rids), bls)))
-            if len(rids) == len(lst) and all(same):
-                # every list as at the last read, and no request gone (same count, all found)
-                seqs += map(idl.__getitem__, rids)
-                continue
             for rid, bl in compress(zip(rids, bls), map(not_, same)):
                 c1 = cpy.get(rid)
                 if c1 is not None and lst[rid] is bl:
@@ -174,7 +177,8 @@ class Books:
                 for rid in lst.keys() - t.keys():
                     count(idl.pop(rid), -1)
                     del lst[rid], cpy[rid]
-            seqs += map(idl.__getitem__, rids)
+            if want:
+                seqs += map(idl.__getitem__, rids)
         return seqs
 
     def refcounts_agree(self) -> bool:
@@ -221,7 +225,7 @@ class Books:
             self._extra_ids = None
             c = Counter(self.held_ids())
             return {b: c.get(b, 0) for b in block_ids}
-        self._table_ids()  # the counts, without the list of ids
+        self._table_ids(seqs=False)  # the counts, without the list of ids
         self._extra_ids = list(chain.from_iterable(
             map(_bid, bl) for _, bl in self.extra_holders()))
         dense, foreign, n = self._dense, self._foreign, self.num_blocks
@@ -500,6 +504,7 @@ class BlockMirror:
 
     def _dict_field(self, name: str, on):
         mirror, blocks, n = self, self.blocks, len(self.blocks)
+        refs, hashes = self.refs, self.hashes  # (made by install() before this, never replaced)
 
         if on is None:
             def __set__(self, obj, value):
@@ -512,7 +517,6 @@ class BlockMirror:
                 i = d.get("block_id", -1)
                 if type(i) is int and 0 <= i < n and blocks[i] is obj:
                     # BlockMirror._on_ref inline: a write of ref_cnt is in every pool call
-                    refs = mirror.refs
                     old = refs[i]
                     ref_old = mirror.ref_old
                     if i not in ref_old:
@@ -521,8 +525,25 @@ class BlockMirror:
                     refs[i] = value
                     if (old == 0) != (value == 0):
                         mirror.nzero += 1 if value == 0 else -1
-                    if mirror.hashes[i] and bool(old) != bool(value):
+                    if hashes[i] and bool(old) != bool(value):
                         mirror.nhashed_held += 1 if value else -1
+        elif on == mirror._on_hash:
+            def __set__(self, obj, value):
+                d = obj.__dict__
+                d[name] = value
+                i = d.get("block_id", -1)
+                if type(i) is int and 0 <= i < n and blocks[i] is obj:
+                    # BlockMirror._on_hash inline
+                    old = hashes[i]
+                    hash_old = mirror.hash_old
+                    if i not in hash_old:
+                        hash_old[i] = old
+                    hashes[i] = value
+                    if bool(old) != bool(value):
+                        k = 1 if value else -1
+                        mirror.nhashed += k
+                        if refs[i]:
+                            mirror.nhashed_held += k
         else:
             def __set__(self, obj, value):
                 d = obj.__dict__

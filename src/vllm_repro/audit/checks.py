@@ -194,13 +194,16 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
     Mirrors ``Scheduler._free_request`` / ``_preempt_request`` -> ``KVCacheManager.free``.
     """
     out = []
+    running = set(map(_rid, books.scheduler.running))
+    tables = books.tables()
+    if all(t.keys() <= running for t in tables):  # (at C speed: as a rule every holder runs)
+        return out
     null = books.null_id
     holding_ok = books.kv_holding_ids()
     multi = len(books.managers) > 1
-    running = set(map(_rid, books.scheduler.running))
     connector = getattr(books.scheduler, "connector", None) is not None
-    for g, table in enumerate(books.tables()):
-        if not (table.keys() - running):  # (at C speed: as a rule every holder is running)
+    for g, table in enumerate(tables):
+        if table.keys() <= running:
             continue
         for rid in [r for r in table if r not in running]:
             blocks = table[rid]
@@ -564,7 +567,7 @@ class RequestChecks:
         listed = [(name, list(map(_rid, reqs))) for name, reqs in queues]
         total = sum(len(ids) for _, ids in listed)
         for name, ids in reversed(listed):  # earlier queues overwrite: running wins
-            where.update(zip(ids, repeat(name)))
+            where.update(dict.fromkeys(ids, name))
         dups: dict[str, list[str]] = {}
         if total != len(where):
             seen: dict[str, list[str]] = {}
@@ -593,10 +596,13 @@ class RequestChecks:
         for rid, qs in dups.items():
             by_rid.setdefault(rid, []).append(
                 f"{rid} is in {' and '.join(qs)} (expected in exactly one queue)")
-        for rid in where.keys() - requests.keys():
+        # (as a rule every request is in a queue and every queued one a request: the two
+        # differences below are then empty, and the comparison builds no set)
+        differ = where.keys() != requests.keys()
+        for rid in (where.keys() - requests.keys()) if differ else ():
             by_rid.setdefault(rid, []).append(
                 f"{rid} is in {where[rid]} but not in scheduler.requests")
-        for rid in requests.keys() - where.keys():
+        for rid in (requests.keys() - where.keys()) if differ else ():
             st = name(requests[rid].status)
             if not st.startswith("FINISHED") and st != "WAITING_FOR_STREAMING_REQ":
                 by_rid.setdefault(rid, []).append(
@@ -637,18 +643,21 @@ class RequestChecks:
             cur = self._looks(reqs, rids, where)
             now = dict(zip(rids, cur))
             moved = list(map(ne, map(seen.get, rids), cur))  # in request order
-            flagged.intersection_update(now.keys())
+            if flagged:
+                flagged.intersection_update(now.keys())
             if flagged:
                 moved = [m or rid in flagged for rid, m in zip(rids, moved)]
             new_last = dict(last)  # the requests not looked at keep theirs
-            for rid in last.keys() - now.keys():
+            for rid in (last.keys() - now.keys()) if last.keys() != now.keys() else ():
                 del new_last[rid]
             items = list(compress(zip(rids, reqs), moved))
             looks = list(compress(zip(rids, cur), moved))
-            self._seen = seen = now
-        seen.update(looks)
-        for rid, _ in looks:
-            flagged.discard(rid)
+            self._seen = seen = now  # (holds every look read just now: no update below)
+        if phase == "update":
+            seen.update(looks)
+        if flagged:
+            for rid, _ in looks:
+                flagged.discard(rid)
         # (the look's count, preemptions, placeholders and queue: read just now, the same values)
         for (rid, req), (_, ((status, nct, nop), npre, q)) in zip(items, looks):
             st = names_of.get(status) or name(status)

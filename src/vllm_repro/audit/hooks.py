@@ -149,11 +149,15 @@ class PoolHooks:
         return free_blocks
 
     def _wrap_touch(self, orig):
+        calls, guarded, check = self.calls, self._guarded, self.check_touch
+
         def touch(blocks, *args, **kwargs):
             if any(blocks):  # 0.9-0.11 touch one (often empty) list per group every allocation
-                self.calls["touch"] += 1
-                self._guarded(self.check_touch, _flatten(blocks))
-            return orig(blocks, *args, **kwargs)
+                calls["touch"] += 1
+                guarded(check, _flatten(blocks))
+            if args or kwargs:
+                return orig(blocks, *args, **kwargs)
+            return orig(blocks)  # (a plain call: touch runs at every allocation)
 
         touch.__wrapped__ = orig
         return touch
@@ -162,7 +166,9 @@ class PoolHooks:
         def get_new_blocks(num_blocks, *args, **kwargs):
             self.calls["get_new_blocks"] += 1
             self._guarded(self.check_take, num_blocks)
-            return orig(num_blocks, *args, **kwargs)
+            if args or kwargs:
+                return orig(num_blocks, *args, **kwargs)
+            return orig(num_blocks)
 
         get_new_blocks.__wrapped__ = orig
         return get_new_blocks
