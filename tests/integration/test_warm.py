@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_repro.slicing.runs import normalise_clock
+
 from ..conftest import FLAGSHIP, ROOT, run_cli, warm_parent_pid
 
 pytestmark = [pytest.mark.slow,
@@ -128,3 +130,27 @@ def test_killing_the_warm_parent_mid_run_is_exit_3_and_the_next_run_starts_a_new
     assert again.returncode == 0, again.stderr[-2000:]
     assert "(warm)" in again.stderr
     assert _warm_parent() not in (None, parent)
+
+
+@pytest.mark.parametrize("scenario", [FLAGSHIP.name, "vllm-23215-empty-grammar-kills-engine.yaml"])
+def test_a_slice_runs_warm_with_the_same_result_as_cold(tmp_path, scenario):
+    """A slice's environment lacks the packages its tree stubs: its warm parent preloads with
+    those stubs, as each child runs (a newcomer found every slice run cold: huggingface_hub
+    printed "No module named 'yaml'" on the parent's stdout; then, with stdout guarded, the
+    half-imported huggingface_hub broke every child). 0.10.2's slice serves both levels."""
+    runs = {}
+    for mode in ("cold", "warm", "warm-again"):
+        reports = tmp_path / mode
+        r = run_cli("run", str(ROOT / "scenarios" / scenario), "--vllm", "0.10.2", "--tree", "slice",
+                    "--reports", str(reports), "--json", *(["--cold"] if mode == "cold" else []),
+                    env=ENV)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert ("(warm)" in r.stderr) == (mode != "cold"), r.stderr[-2000:]
+        data = json.loads((reports / Path(scenario).stem / "0.10.2" / "result.json").read_text())
+        if data.get("crash"):
+            data["crash"].pop("traceback", None)
+        kept = {k: v for k, v in data.items() if k not in VOLATILE}
+        # (xgrammar's error names the time of day)
+        runs[mode] = (json.loads(r.stdout), json.loads(normalise_clock(json.dumps(kept))))
+    assert runs["cold"][0][0]["ok"] is True
+    assert runs["warm"] == runs["cold"] and runs["warm-again"] == runs["cold"]

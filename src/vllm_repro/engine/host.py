@@ -260,10 +260,17 @@ class Worker:
         return True
 
     def _parent_environment(self) -> dict[str, str]:
-        """The warm parent's variables: the worker's, with only the lab on ``PYTHONPATH`` (the
-        tree is each run's; the parent never imports vLLM)."""
+        """The warm parent's variables: the worker's, with the lab on ``PYTHONPATH`` (and, for a
+        slice, its tree, for the stubs; the tree is otherwise each run's: the parent never
+        imports vLLM, and refuses to serve when a preloaded module did)."""
         env = {**child_environment(self.env), "PYTHONHASHSEED": "0"}
         env["PYTHONPATH"] = str(lab_path())
+        tree = self.env.tree
+        if tree is not None and (Path(tree) / "_vllm_slice.py").is_file():
+            # a slice environment lacks the packages its tree stubs (yaml, openai...): preloaded
+            # without the stubs, huggingface_hub is left half imported ("cannot import name
+            # 'logging'" in every child); every tree of a slice environment has the same stubs
+            env["PYTHONPATH"] += os.pathsep + str(tree)
         return env
 
     @property

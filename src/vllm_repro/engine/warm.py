@@ -278,10 +278,17 @@ class Parent:
         t0 = time.perf_counter()
         names = read_modules(self.modules_file)
         self.loaded_list = names is not None
+        try:  # a slice environment's parent sees its tree's stubs, as each child will
+            import _vllm_slice  # noqa: F401
+        except ImportError:
+            pass
         count, _failed = preload(names if names is not None else DEFAULT_MODULES)
         unsafe = fork_unsafe()
         if unsafe:
             return {"ready": False, "unsafe": unsafe}
+        vllm_loaded = sorted(n for n in sys.modules if n == "vllm" or n.startswith("vllm."))
+        if vllm_loaded:  # a child must import vLLM from its own (perhaps patched) tree
+            return {"ready": False, "unsafe": f"a preloaded module imported vLLM ({vllm_loaded[0]})"}
         self.sock_path = os.path.join(self.folder, "sock")
         tmp = os.path.join(self.folder, f".sock.{os.getpid()}")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -457,10 +464,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modules", default=None)
     args = ap.parse_args(argv)
     parent = Parent(args.dir, args.idle, args.modules)
+    # what the preloaded modules print goes to the log, never before the first line: a slice's
+    # environment lacks the packages its tree stubs, and huggingface_hub says "Error importing
+    # huggingface_hub.hf_api: No module named 'yaml'" on stdout (the client read that as the
+    # parent's answer and ran every slice run cold)
+    protocol = os.dup(1)
+    os.dup2(2, 1)
     try:
         first = parent.start()
     except BaseException as exc:  # noqa: BLE001 - told to the client, which runs cold
         first = {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        sys.stdout.flush()
+        os.dup2(protocol, 1)
+        os.close(protocol)
     sys.stdout.write(json.dumps(first) + "\n")
     sys.stdout.flush()
     # stdout is the log from here on: the client stops reading after the first line
