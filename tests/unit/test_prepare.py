@@ -36,7 +36,15 @@ def test_auto_gives_engine_core_runs_the_full_tree(slices):
     # a slice traced before levels were recorded ran scheduler-level scenarios only: it lacks
     # the EngineCore's files
     assert resolve_tree("1.0.0", "auto", level="engine-core") == "full"
-    assert resolve_tree("1.0.0", "slice", level="engine-core") == "slice"  # asked for: given
+    # asked for at a level it never ran at: refused, naming what it serves (a newcomer's run
+    # failed inside vLLM, blamed on the release: "the release has no V1 UniProcExecutor")
+    with pytest.raises(InputError, match=r"--tree slice: vLLM 1.0.0's slice serves scheduler "
+                                         r"runs .*not level: engine-core; use --tree auto"):
+        resolve_tree("1.0.0", "slice", level="engine-core")
+    with pytest.raises(InputError, match="not level: v0-engine"):
+        resolve_tree("1.0.0", "slice", level="v0-engine")
+    assert resolve_tree("1.0.0", "slice", level="scheduler") == "slice"
+    assert resolve_tree("2.0.0", "slice", level="engine-core") == "slice"  # unproven: as asked
 
 
 def test_auto_gives_engine_core_runs_a_slice_proven_at_that_level(slices):

@@ -87,8 +87,20 @@ def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> st
     ``level: engine-core`` runs where the slicer traced those too (``traced.levels``; slices
     traced before that record only the scheduler level). ``auto`` gives a run the slice only
     where the slice was proven at the run's level, else the full tree (always for
-    ``v0-engine``)."""
+    ``v0-engine``). ``slice`` asked for a level its proven slice never ran at raises
+    :class:`InputError` naming the levels it serves."""
     tree = tree or default_tree()
+    if tree == "slice":
+        levels = slice_levels(version)
+        if levels and level not in levels:
+            # asked for a slice that was never run at this level: its files are not all there
+            # (the run would fail inside vLLM, blamed on the release), so say so now
+            raise InputError(
+                f"--tree slice: vLLM {version}'s slice serves {' and '.join(levels)} runs "
+                f"(slices/{version}.json), not level: {level}; use --tree auto "
+                f"or --tree full" + ("" if level == "v0-engine" else
+                                     f", or re-slice it (vllm-repro slice {version})"))
+        return tree
     if tree != "auto":
         return tree
     return "slice" if slice_is_equivalent(version, level) else "full"
