@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         adapter = make_adapter(Path(args.model_dir))
     except Exception as exc:  # noqa: BLE001 - reported to the host as an environment error
         _reply(reply, {"id": "hello", "ok": False,
-                       "error": f"importing vLLM failed: {type(exc).__name__}: {exc}",
+                       "error": f"importing vLLM failed: {type(exc).__name__}"
+                                f"{f': {exc}' if str(exc) else ''}",
                        "traceback": traceback.format_exc()[-4000:],
                        "vm_peak_mb": vm_peak_mb()})
         return 3
