@@ -176,10 +176,8 @@ class Worker:
         r, w = os.pipe()
         try:
             proc = subprocess.Popen(
-                [str(self.env.python), "-m", "vllm_repro.engine.worker",
-                 "--model-dir", str(self.model_dir), "--reply-fd", str(w),
-                 "--memory-limit-mb", "0"],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                self._cold_command(w, memory_limit_mb=0), stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=(w,), env={k: v for k, v in self._environment().items()
                                     if k != warm_client.MODULES_OUT},
                 text=True, cwd=self._cwd(), start_new_session=True)
@@ -201,10 +199,16 @@ class Worker:
         except ValueError:
             return False
 
-    def _argv(self) -> list[str]:
-        """The worker's arguments, ``--reply-fd`` aside."""
-        return ["--model-dir", str(self.model_dir),
-                "--memory-limit-mb", str(run_limits().worker_memory_mb)]
+    def _argv(self, memory_limit_mb: int | None = None) -> list[str]:
+        """The worker's arguments, ``--reply-fd`` aside; ``memory_limit_mb``: its address-space
+        limit (default: ``VLLM_REPRO_WORKER_MEMORY_MB``'s; 0: none)."""
+        mb = run_limits().worker_memory_mb if memory_limit_mb is None else memory_limit_mb
+        return ["--model-dir", str(self.model_dir), "--memory-limit-mb", str(mb)]
+
+    def _cold_command(self, reply_fd: int, memory_limit_mb: int | None = None) -> list[str]:
+        """The command line of a cold worker replying on ``reply_fd``."""
+        return [str(self.env.python), "-m", "vllm_repro.engine.worker",
+                *self._argv(memory_limit_mb), "--reply-fd", str(reply_fd)]
 
     def _cwd(self) -> str:
         return str(self.env.tree or self.log_path.parent)
@@ -212,10 +216,7 @@ class Worker:
     def _start_cold(self, r: int, w: int) -> None:
         try:
             self.proc = subprocess.Popen(
-                [str(self.env.python), "-m", "vllm_repro.engine.worker",
-                 "--model-dir", str(self.model_dir), "--reply-fd", str(w),
-                 "--memory-limit-mb", str(run_limits().worker_memory_mb)],
-                stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+                self._cold_command(w), stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                 pass_fds=(w,), env=self._environment(), text=True, cwd=self._cwd(),
                 start_new_session=True)  # its own process group: procs kills it whole
         except OSError as exc:
