@@ -104,9 +104,9 @@ def main() -> None:
         return cuda(args.cold)
     base = os.environ.get("BASE_IMAGE") or "python:3.11-slim-bookworm"
     try:
-        base_size = f"{image_size(base) / 1e9:.2f} GB"
+        base_bytes = image_size(base)
     except subprocess.CalledProcessError:
-        base_size = "not here"
+        base_bytes = None  # (not pulled here: counted as 0 below)
     sizes, lines = [], []
     for name, target, var, default, goal in IMAGES:
         if args.only and name != args.only:
@@ -124,10 +124,9 @@ def main() -> None:
         # the torch wheel staged from TORCH_WHEEL_DIR is a layer of its own (COPY), which a
         # build from TORCH_INDEX_URL does not have
         staged = sum(n for n, what in rows if "COPY" in what and "/tmp/wheels" in what)
-        base_n = image_size(base) if base_size != "not here" else 0
         sizes.append(f"{name} image {image}: {size / 1e9:.2f} GB (goal <= {goal} GB: {met}); "
                      f"less the base and the staged torch wheel ({staged / 1e9:.2f} GB): "
-                     f"{(size - base_n - staged) / 1e9:.2f} GB")
+                     f"{(size - (base_bytes or 0) - staged) / 1e9:.2f} GB")
         lines.append(f"{name}: layers of 1 MB or more:")
         lines += [f"    {n / 1e6:7.0f} MB  {what[:90]}" for n, what in rows]
         if name != "flagship":
@@ -138,7 +137,8 @@ def main() -> None:
         warm = [cpu_repro("docker", image) for _ in range(args.repeat)]
         lines.append(f"make cpu-repro in the flagship image, warm: median {statistics.median(warm):.1f} s "
                      f"(min {min(warm):.1f}, max {max(warm):.1f}, {args.repeat} runs)")
-    sizes.append(f"(base image {base}: {base_size}, included in each)")
+    shown = f"{base_bytes / 1e9:.2f} GB" if base_bytes is not None else "not here"
+    sizes.append(f"(base image {base}: {shown}, included in each)")
     if args.cold:
         env = dict(os.environ, VLLM_REPRO_CACHE=tempfile.mkdtemp(prefix="bench-cold-cache-"))
         lines.append(f"make cpu-repro natively, cold (empty cache): {cpu_repro('native', '', env):.1f} s")

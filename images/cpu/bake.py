@@ -54,9 +54,9 @@ def tree_kind(version: str, level: str = "scheduler") -> str:
     """``slice`` when a committed slice of ``version`` is recorded as equivalent to the full
     tree at ``level``, else ``full`` (``vllm_repro.sources.prepare.resolve_tree``'s rule for
     ``auto``)."""
-    from vllm_repro.sources.prepare import slice_is_equivalent
+    from vllm_repro.sources.prepare import resolve_tree
 
-    return "slice" if slice_is_equivalent(version, level) else "full"
+    return resolve_tree(version, "auto", level)
 
 
 def bake(version: str, kind: str | None = None) -> dict:

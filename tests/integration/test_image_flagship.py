@@ -6,6 +6,7 @@ other image tests (``VLLM_REPRO_TEST_IMAGES=1``), although it builds in minutes,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -28,16 +29,12 @@ def _rows(text: str) -> list[str]:
 
 
 def _layers(image: str) -> list[tuple[int, str]]:
-    out = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{json .}}", image],
-                         capture_output=True, text=True, check=True).stdout
-    mult = {"GB": 1e9, "MB": 1e6, "kB": 1e3, "B": 1}
-    rows = []
-    for line in out.splitlines():
-        d = json.loads(line)
-        size = next((float(d["Size"][: -len(u)]) * m for u, m in mult.items()
-                     if d["Size"].endswith(u)), 0.0)
-        rows.append((int(size), d["CreatedBy"]))
-    return rows
+    """(bytes, the instruction that made it) of each layer of 1 MB or more: bench/image.py's
+    reading of ``docker history``."""
+    spec = importlib.util.spec_from_file_location("bench_image", ROOT / "bench" / "image.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.layers(image)
 
 
 @pytest.fixture(scope="module")
