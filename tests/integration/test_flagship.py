@@ -174,6 +174,22 @@ def test_a_memory_limit_too_small_to_import_vllm_names_the_setting(cli, tmp_path
         verdict["observed"]
 
 
+def test_a_memory_limit_below_a_warm_workers_mapping_names_the_setting(cli, tmp_path):
+    """A warm worker is forked from a parent that already maps gigabytes (torch preloaded): a
+    300 MB limit cannot be set on it without every allocation failing as anything (CI saw
+    SystemError, a crash is as likely). The worker says so instead: exit 2 naming the setting,
+    as on a cold start."""
+    warm = cli("run", str(FLAGSHIP), "--vllm", "0.10.2", "--reports", str(tmp_path / "w"))
+    assert warm.returncode == 0 and "(warm" in warm.stderr, warm.stderr[-2000:]
+    proc = cli("run", str(FLAGSHIP), "--vllm", "0.10.2", "--reports", str(tmp_path / "r"), "--json",
+               env={"VLLM_REPRO_WORKER_MEMORY_MB": "300"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (verdict,) = json.loads(proc.stdout)
+    assert "out of memory while importing vLLM (limit 300 MB, VLLM_REPRO_WORKER_MEMORY_MB)" in \
+        verdict["observed"]
+    assert "is below the" in verdict["observed"] and "MB this worker maps" in verdict["observed"]
+
+
 # a stand-in for a C extension whose allocation fails under RLIMIT_AS without saying so: the
 # worker imports _vllm_slice (from the extra path) before vLLM, and this one breaks the import
 _SILENT_OOM = '''

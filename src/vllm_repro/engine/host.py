@@ -152,7 +152,8 @@ class Worker:
             self.close()
             error = str(self.hello.get("error"))
             mb = run_limits().worker_memory_mb
-            if (_MEMORY.search(error + str(self.hello.get("traceback", "")))
+            if (self.hello.get("limit_below_mapped")
+                    or _MEMORY.search(error + str(self.hello.get("traceback", "")))
                     or self._limit_was_why(mb)):
                 # the worker's address-space limit is below what importing vLLM maps
                 raise InputError(f"vLLM {self.env.version}: out of memory while importing vLLM "

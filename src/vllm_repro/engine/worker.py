@@ -30,17 +30,23 @@ def _reply(fd_file, obj: dict) -> None:
     fd_file.flush()
 
 
-def limit_memory(mb: int) -> None:
+def limit_memory(mb: int) -> int | None:
     """``RLIMIT_AS`` of this process to ``mb`` MB (``VLLM_REPRO_WORKER_MEMORY_MB``), before vLLM is
     imported: a run that would exhaust the machine gets ``MemoryError`` (reported as ``out of
-    memory``) instead. Not lowered below what the process already maps; a no-op where the
-    platform has no ``resource`` module."""
+    memory``) instead. Not lowered below what the process already maps: then nothing is set and
+    the MB it maps are returned (a warm worker, forked from a parent that preloaded torch, maps
+    gigabytes before it imports anything; under a limit below that, every allocation fails, as
+    anything or as a crash). None otherwise; a no-op where the platform has no ``resource``
+    module."""
     if mb <= 0:
-        return
+        return None
     try:
         import resource
     except ImportError:
-        return
+        return None
+    mapped = status_mb("VmSize")
+    if mapped is not None and mapped >= mb:
+        return mapped
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     want = mb << 20
     if hard != resource.RLIM_INFINITY:
@@ -49,15 +55,17 @@ def limit_memory(mb: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (want, hard))
     except (ValueError, OSError):
         pass
+    return None
 
 
-def vm_peak_mb() -> int | None:
-    """This process's peak address space (``VmPeak`` of ``/proc/self/status``, MB): what the
-    host compares with ``RLIMIT_AS`` when an import failed. ``None`` where there is no such file."""
+def status_mb(field: str) -> int | None:
+    """One ``kB`` field of ``/proc/self/status`` (``VmPeak``: the peak address space, what the
+    host compares with ``RLIMIT_AS`` when an import failed; ``VmSize``: what is mapped now), in
+    MB. ``None`` where there is no such file or field."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmPeak:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) >> 10
     except (OSError, ValueError, IndexError):
         pass
@@ -95,7 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-limit-mb", type=int, default=0)
     args = ap.parse_args(argv)
     reply = os.fdopen(args.reply_fd, "w", buffering=1)
-    limit_memory(args.memory_limit_mb)
+    mapped = limit_memory(args.memory_limit_mb)
+    if mapped is not None:  # the host says: out of memory while importing vLLM (exit 2)
+        _reply(reply, {"id": "hello", "ok": False, "limit_below_mapped": True,
+                       "error": f"the address-space limit, {args.memory_limit_mb} MB, is below "
+                                f"the {mapped} MB this worker maps before importing vLLM",
+                       "vm_peak_mb": status_mb("VmPeak")})
+        return 3
     t0 = time.perf_counter()
     try:  # on a slice tree: its finder ("vllm.x.y is not in the slice ...") and stubs
         import _vllm_slice  # noqa: F401  (normally already imported by the slice's sitecustomize)
@@ -108,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                        "error": f"importing vLLM failed: {type(exc).__name__}"
                                 f"{f': {exc}' if str(exc) else ''}",
                        "traceback": traceback.format_exc()[-4000:],
-                       "vm_peak_mb": vm_peak_mb()})
+                       "vm_peak_mb": status_mb("VmPeak")})
         return 3
     if os.environ.get("VLLM_REPRO_WARM_MODULES_OUT"):  # what a warm parent should import
         from .warm import record_modules
