@@ -207,9 +207,12 @@ class Worker:
         return ["--model-dir", str(self.model_dir), "--memory-limit-mb", str(mb)]
 
     def _cold_command(self, reply_fd: int, memory_limit_mb: int | None = None) -> list[str]:
-        """The command line of a cold worker replying on ``reply_fd``."""
-        return [str(self.env.python), "-m", "vllm_repro.engine.worker",
-                *self._argv(memory_limit_mb), "--reply-fd", str(reply_fd)]
+        """The command line of a cold worker replying on ``reply_fd``, in the order it always had
+        (``--model-dir``, ``--reply-fd``, ``--memory-limit-mb``: a stand-in worker may read them
+        by position, as tests/unit/test_signals.py's does)."""
+        argv = self._argv(memory_limit_mb)
+        return [str(self.env.python), "-m", "vllm_repro.engine.worker", *argv[:2],
+                "--reply-fd", str(reply_fd), *argv[2:]]
 
     def _cwd(self) -> str:
         return str(self.env.tree or self.log_path.parent)
