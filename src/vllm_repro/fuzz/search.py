@@ -362,6 +362,13 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
             keep_going = bool(cfg.target) and not cfg.target.startswith("violation")
             deadline = time.perf_counter() + cfg.time_s  # search time: from vLLM imported
             seen: set[str] = set()
+            # digests of the scenarios this search ran that did not fail with its target: an
+            # example that builds one of them again is not run again (it passes). The machine
+            # maps many of hypothesis's choice sequences to one scenario (the calls past an
+            # example's count change nothing, lengths are clamped to what the config admits,
+            # and each chunk begins with hypothesis's simplest examples), so a third of the
+            # examples drawn at engine-core level were scenarios the search had already run
+            passed: set[bytes] = set()
             chunk = 0
             while True:
                 if cfg.max_examples is not None and stats["examples"] >= cfg.max_examples:
@@ -384,6 +391,9 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                         if last is not None and sc == last[0]:
                             raise _Found(state["target"])  # noqa: B023
                         return
+                    digest = hashlib.sha256(json.dumps(sc, sort_keys=True).encode()).digest()
+                    if digest in passed:
+                        return
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
                     result = worker.run(payload, None, audit=cfg.audit, keep_going=keep_going)
                     stats["examples"] += 1
@@ -397,11 +407,14 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                         emit("progress", dict(stats))
                     sig = signature(result) if oc != "refused" else None
                     if sig is None or sig in seen:
+                        passed.add(digest)
                         return
                     if cfg.target and cfg.target not in sig:
+                        passed.add(digest)
                         return
                     if cfg.target_message and not re.search(cfg.target_message,
                                                             failure_message(result)):
+                        passed.add(digest)
                         return
                     # check is called within this iteration (by the machine's teardown), never
                     # later: the loop's `state` is the one it means
