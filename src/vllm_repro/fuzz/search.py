@@ -110,6 +110,13 @@ class _Found(Exception):
     pass
 
 
+class _ShrinkBound(BaseException):
+    """Past ``--shrink-runs``: ends hypothesis's shrinker at once. A BaseException, because
+    hypothesis takes any Exception as the test failing, and a candidate that merely passes
+    (not run) lets the shrinker go on through every candidate of its passes: with the machine's
+    examples of 24 calls that was up to two minutes after the bound, no scenario run."""
+
+
 @dataclass
 class Finding:
     """A shrunk failure: its signature, the minimal scenario dict and the run's result."""
@@ -383,14 +390,11 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                     if (cfg.shrink_runs is not None and state["target"] is not None  # noqa: B023
                             and stats["examples"] - state["first_example"]  # noqa: B023
                             >= cfg.shrink_runs):
-                        # past the shrink bound: a candidate is not run (it passes), so the
-                        # shrinker ends at once; the last failing scenario (its best) is kept,
-                        # and hypothesis's final replay of it fails as it did (no flaky
-                        # report, and the example database keeps it)
-                        last = state["last"]  # noqa: B023
-                        if last is not None and sc == last[0]:
-                            raise _Found(state["target"])  # noqa: B023
-                        return
+                        # past the shrink bound: no candidate is run, the shrinker stops here
+                        # and the last failing scenario (its best so far) is the finding; the
+                        # example database already holds it (hypothesis saves each smaller
+                        # failing example as it finds it)
+                        raise _ShrinkBound
                     digest = hashlib.sha256(json.dumps(sc, sort_keys=True).encode()).digest()
                     if digest in passed:
                         return
@@ -435,7 +439,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                     budget = max(1, min(CHUNK, cfg.max_examples - stats["examples"]))
                 try:
                     run_state_machine_as_test(machine, settings=_settings(cfg, first, database, budget))
-                except Exception:
+                except (Exception, _ShrinkBound):
                     # _Found, or hypothesis's FlakyFailure around it when the shrunk example
                     # failed once and not on its final replay (engine-core threads): the last
                     # failing scenario (the shrinker's best) is kept either way
