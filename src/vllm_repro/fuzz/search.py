@@ -151,7 +151,7 @@ class SearchConfig:
     #: (:mod:`vllm_repro.fuzz.database`); ``use_database=False`` runs without memory
     database: str | None = None
     use_database: bool = True
-    #: stop after this many examples (None: only ``time_s`` bounds the search). A campaign
+    #: stop after this many examples drawn (None: only ``time_s`` bounds the search). A campaign
     #: bounds each task by examples so that the same (release, seed) finds the same thing on
     #: any machine, however loaded (:mod:`vllm_repro.campaign`); ``time_s`` stays a safety cap
     max_examples: int | None = None
@@ -324,7 +324,9 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
 def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> dict:
     """One search: its own engine worker of ``env`` (worker log ``log``), chunks of hypothesis's
     state machine until ``cfg.time_s`` seconds of search have passed or, with
-    ``cfg.max_examples``, that many examples ran. ``emit(kind, payload)`` receives
+    ``cfg.max_examples``, that many examples were drawn (``examples`` in the counts: those
+    run; a scenario the search already ran without failing is not run again).
+    ``emit(kind, payload)`` receives
     ``progress`` (the counts), ``finding`` (a :class:`Finding`), ``error`` (a lab error's
     message, the first three), ``note``, ``input`` (an :class:`InputError`'s message) and
     ``fatal`` (anything else that stopped the search); nothing is raised. Returns the final
@@ -376,9 +378,14 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
             # and each chunk begins with hypothesis's simplest examples), so a third of the
             # examples drawn at engine-core level were scenarios the search had already run
             passed: set[bytes] = set()
+            # examples drawn (run, or skipped as a scenario already run): what bounds an
+            # example-bounded search, as every drawn example ran before the skip existed (the
+            # same --examples searches the same draws; counting runs alone, a search whose
+            # chunks began with an already-run example never reached its bound)
+            drawn = {"n": 0}
             chunk = 0
             while True:
-                if cfg.max_examples is not None and stats["examples"] >= cfg.max_examples:
+                if cfg.max_examples is not None and drawn["n"] >= cfg.max_examples:
                     stats["bound"] = "examples"
                     break
                 if time.perf_counter() >= deadline:
@@ -395,6 +402,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                         # example database already holds it (hypothesis saves each smaller
                         # failing example as it finds it)
                         raise _ShrinkBound
+                    drawn["n"] += 1  # noqa: B023
                     digest = hashlib.sha256(json.dumps(sc, sort_keys=True).encode()).digest()
                     if digest in passed:
                         return
@@ -436,7 +444,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                 chunk += 1
                 budget = CHUNK  # the last chunk of an example-bounded search: what is left
                 if cfg.max_examples is not None:
-                    budget = max(1, min(CHUNK, cfg.max_examples - stats["examples"]))
+                    budget = max(1, min(CHUNK, cfg.max_examples - drawn["n"]))
                 try:
                     run_state_machine_as_test(machine, settings=_settings(cfg, first, database, budget))
                 except (Exception, _ShrinkBound):
