@@ -17,6 +17,7 @@ and the lab's package on ``PYTHONPATH``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -135,6 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     from ..records import RunResult
     from .loop import run_scenario
 
+    # The process's heap (torch, vLLM, the lab: ~600,000 objects) is frozen out of the garbage
+    # collector before each run, as `vllm serve` has it frozen after its start-up
+    # (vllm/utils/gc_utils.py:freeze_gc_heap). vLLM's EngineCore collects every generation
+    # when it starts (freeze_gc_heap) and unfreezes and collects again when it shuts down
+    # (cleanup_dist_env_and_memory), assuming a process that serves one engine; a worker runs
+    # one EngineCore per scenario, so without this each run walked the whole heap four times
+    # (gc.collect: 0.31 s of a 0.36 s engine-core run of a one-request scenario on 0.24.0,
+    # under cProfile); with the heap frozen the start-up's collections walk only what the run
+    # made, and the run takes 0.21 s instead of 0.44 s. What vLLM's shutdown unfreezes it
+    # collects, so nothing frozen here stays uncollected past the next run
+    gc.freeze()
     for raw in sys.stdin:
         raw = raw.strip()
         if not raw:
@@ -179,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             result.planted = {"plant": opts["plant"], "args": opts.get("plant_args") or {},
                               "notes": ctx.notes}
         _reply(reply, {"id": job.get("id"), "result": result.to_dict()})
+        gc.freeze()
     return 0
 
 

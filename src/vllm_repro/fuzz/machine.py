@@ -47,7 +47,7 @@ from .strategies import MAX_MODEL_LEN, Profile
 
 #: bump when a rule's meaning changes: the database's stored examples (keyed by it) would
 #: replay as other scenarios
-MACHINE_VERSION = 5
+MACHINE_VERSION = 6
 #: the last step a call may land at (the machine's cursor); runs stop at ``limits.max_steps``
 MAX_CALL_STEP = 40
 #: constraints a grammar request draws from (the ``structured_outputs`` kinds of the scenario
@@ -74,6 +74,25 @@ GRAMMARS: tuple[dict, ...] = (
 #: own, ``accept_drafts``, until machine version 5: a request's drafts were rejected in one
 #: example of four on 0.24.0)
 ACCEPTS = st.sampled_from([None, 0, 0, 1])
+
+
+#: where a drawn prompt length lands against the KV block size: anywhere (None), a whole number
+#: of blocks (``block``: the boundaries prefix caching, Mamba's aligned state and the connectors'
+#: hits fall on), or one token past a whole number (``past``: the length at which a prefix-cache
+#: hit, which vLLM caps at the prompt less one token, covers every full block and leaves exactly
+#: one token to compute, the boundary of that cap; until machine version 6 only ``block`` was
+#: drawn, so the one-past length came only from a continuation with one new token)
+BOUNDARY = st.sampled_from([None, "block", "block", "past"])
+
+
+#: whether a request's prompt is drawn from the profile's long range (prefilled in chunks
+#: over several steps) rather than its short one: one request in three. One in two (until
+#: machine version 6) left most requests of small-budget examples prefilling for most of the
+#: run: of the requests that two running resets met in 0.24.0's spec-decode examples, 55 %
+#: needed more than one step to be prefilled again after a preemption, where a call that lands
+#: while requests decode (a reset, an abort mid-generation, a preemption) meets a request still
+#: prefilling
+LONG = st.sampled_from([False, False, True])
 
 
 #: how many calls (rules) an example makes after ``build_engine``: None for as many as
@@ -140,15 +159,28 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
     # a Mamba group with prefix caching needs CacheConfig.mamba_cache_mode (align or all, as
     # the hybrid model's config picks), only where the release has the field
     modes = tuple(getattr(caps, "mamba_cache_modes", ()) or ())
-    # a P/D prefill instance under vLLM's own NixlConnector (engine-core, where the release's
-    # factory has it: Capabilities.own_kv_connectors), one example in three; the machine's
-    # build_engine reads the private key. Half of those serve a hybrid Mamba model with prefix
-    # caching where the release can: the connector's own Mamba paths (the prefill side's
-    # truncation of the last prompt token, #53514) run only there
-    nixl = (level == "engine-core" and profile.kv_connectors and caps.kv_connectors
-            and "NixlConnector" in (getattr(caps, "own_kv_connectors", ()) or ())
-            and draw(st.sampled_from([False, False, True])))
-    cfg["_nixl"] = nixl
+    # the instance's KV connector, a deployment's choice (``kv_transfer_config``), drawn once at
+    # engine-core level where the release has the connector seam: none, the lab's scripted
+    # connector (whose per-request answers the ``kv_connector`` rule scripts), or a P/D
+    # prefill instance under vLLM's own NixlConnector where the release's factory has it
+    # (Capabilities.own_kv_connectors; its scheduler half is vLLM's code). A connector holds
+    # blocks outside the running queue (an asynchronous load waits for them, a finished
+    # request's blocks wait for the decode side's read), and an instance without one is the
+    # common deployment: until machine version 6 any example with one ``kv_connector`` call
+    # ran the scripted connector (19 % of 0.24.0's spec-decode examples, beside 33 % under
+    # NixlConnector; 9 % and 28 % now), whatever else the example was about
+    connectors = [None]
+    if level == "engine-core" and profile.kv_connectors and caps.kv_connectors:
+        connectors.append("scripted")
+        if "NixlConnector" in (getattr(caps, "own_kv_connectors", ()) or ()):
+            connectors.append("nixl")
+    connector = draw(st.sampled_from(connectors)) if len(connectors) > 1 else None
+    cfg["_connector"] = connector
+    nixl = connector == "nixl"
+    # half the NixlConnector instances serve a hybrid Mamba model with prefix caching where
+    # the release can (Capabilities.mamba_cache_modes): the connector's Mamba paths (the
+    # prefill side drops the last prompt token, which the decode side recomputes from the
+    # state before it) run only there
     mamba_pd = (nixl and profile.kv_cache_groups and caps.kv_cache_groups and bool(modes)
                 and "mamba" in caps.kv_group_kinds and profile.prefix_caching
                 and draw(st.booleans()))
@@ -274,6 +306,11 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
     scenario's level, ``caps`` the release's record (preconditions), ``check(scenario)`` runs
     the built scenario dict at teardown and raises to fail the example."""
 
+    #: the kinds of the ``model_output`` rule this campaign draws (the profile's, the release's)
+    MODEL_KINDS = (("tokens",) + (("eos",) if profile.eos else ())
+                   + (("empty",) if profile.empty_outputs and caps.empty_outputs else ())
+                   + (("drafts",) if profile.spec_decode and caps.spec_decode else ()))
+
     class ScenarioMachine(RuleBasedStateMachine):
         requests = Bundle("requests")
 
@@ -285,6 +322,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             self.events: list[dict] = []
             self.model: dict = {"token": 100}
             self.connector: dict[str, dict] = {}  # request id -> KVConnectorScript fields
+            #: the instance's KV connector (None, ``scripted``, ``nixl``), drawn with the config
+            self.connector_kind: str | None = None
             #: vLLM's own NixlConnector as the prefill instance of P/D (instead of the script)
             self.nixl = False
             #: its requests sent for remote decode (``kv_transfer_params: {do_remote_decode: true}``)
@@ -340,49 +379,60 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             return False
 
         # -- calls --------------------------------------------------------------------------
-        @initialize(target=requests, config=configs(profile, level, caps), long=st.booleans(),
+        @initialize(target=requests, config=configs(profile, level, caps), long=LONG,
                     prompt=st.integers(1, 900), max_tokens=st.integers(1, 64),
-                    priority=st.integers(0, 2), aligned=st.sampled_from([False, True, True]),
-                    accept=ACCEPTS, calls=CALLS)
+                    priority=st.integers(0, 2), aligned=BOUNDARY, accept=ACCEPTS,
+                    remote=st.booleans(), calls=CALLS)
         def build_engine(self, config, long, prompt, max_tokens, priority, aligned, accept,
-                         calls):
+                         remote, calls):
             """The engine's configuration (EngineCore is built from it before step 1) and its
             first request (a scenario holds at least one: no example runs nothing). At
-            engine-core level, where the release's KVConnectorFactory has vLLM's own
-            NixlConnector (``Capabilities.own_kv_connectors``), one example in three is a P/D
-            prefill instance under it instead of the scripted connector (:func:`configs`)."""
+            engine-core level the instance's KV connector is drawn with the config
+            (:func:`configs`: none, the scripted one, or a P/D prefill instance under vLLM's
+            own NixlConnector where the release's KVConnectorFactory has it); on such an
+            instance ``remote``: the request is the proxy's (:meth:`add_request`)."""
             config = dict(config)
-            self.nixl = bool(config.pop("_nixl", False))
+            #: the instance's KV connector (:func:`configs`): None, scripted or nixl
+            self.connector_kind = config.pop("_connector", None)
+            self.nixl = self.connector_kind == "nixl"
             self.config = config
             self.calls_left = calls
             return self._add(long, prompt, max_tokens, priority, None, None, 1, aligned=aligned,
-                             accept=accept)
+                             accept=accept, remote=remote)
 
         @precondition(_space)
-        @rule(target=requests, long=st.booleans(), prompt=st.integers(1, 900),
+        @rule(target=requests, long=LONG, prompt=st.integers(1, 900),
               max_tokens=st.integers(1, 64), priority=st.integers(0, 2),
               arrival=st.sampled_from([None, None, 0.0, 1.0]),
               prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900),
-              aligned=st.sampled_from([False, True, True]), accept=ACCEPTS)
+              aligned=BOUNDARY, accept=ACCEPTS, remote=st.booleans())
         def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                        aligned, accept):
+                        aligned, accept, remote):
             """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step;
-            ``aligned``: the prompt a whole number of KV blocks (the boundaries prefix caching,
-            Mamba's aligned state and the connectors' hits fall on); ``accept``: how many of
-            its drafts the model accepts each step, where spec decode is on (None: all)."""
+            ``aligned``: where the prompt's length lands against the block size
+            (:data:`BOUNDARY`); ``accept``: how many of its drafts the model accepts each step,
+            where spec decode is on (None: all); ``remote``: on a P/D prefill instance
+            (NixlConnector), the request is the proxy's, sent for remote decode
+            (``kv_transfer_params: {do_remote_decode: true}``), else served here. The proxy
+            sends every request it routes through P/D to the prefill instance that way, so
+            half of them are (until machine version 6 only the ``kv_connector`` rule's and
+            continuations were)."""
             if self._spent():
                 return multiple()
             return self._add(long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                             aligned=aligned, accept=accept)
+                             aligned=aligned, accept=accept, remote=remote)
 
         @precondition(lambda self: self._space() and profile.shared_prefixes)
-        @rule(target=requests, rid=requests, extra=st.sampled_from([1, 1, 16, 33]),
+        # extra 0: the same prompt sent again (a client's retry, the proxy resending a
+        # request, users sharing a template), a full-prompt hit that vLLM caps at the prompt
+        # less one token
+        @rule(target=requests, rid=requests, extra=st.sampled_from([1, 1, 0, 16, 33]),
               max_tokens=st.integers(1, 64), remote_decode=st.booleans(), accept=ACCEPTS)
         def add_continuation(self, rid, extra, max_tokens, remote_decode, accept):
             """A request whose prompt is ``rid``'s shared part (its whole prompt where it shares
             none: from now on a prefix of its own) and ``extra`` new tokens: a conversation's next
             turn, a prompt sent again with a token more (a prefix-cache hit on every full block but
-            the tail; vLLM caps a hit at the prompt less one token)."""
+            the tail; vLLM caps a hit at the prompt less one token), or the same prompt again."""
             if self._spent():
                 return multiple()
             base = next(r for r in self.reqs if r["id"] == rid)
@@ -403,13 +453,23 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             return req["id"]
 
         def _add(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                 structured=None, aligned=False, accept=None) -> str:
+                 structured=None, aligned=None, accept=None, remote=False) -> str:
             mml = self.config["max_model_len"]
             lo, hi = (profile.long_prompt if long and profile.long_prompt else profile.short_prompt)
-            prompt_len = max(1, min(lo + (prompt - 1) % (hi - lo + 1), mml - 1))
+            # within what the config admits (max_model_len - 1, a token left to generate), as
+            # the whole-scenario strategy draws: clamping a drawn length to it (until machine
+            # version 6) made every long prompt of a small pool a one-token request at the
+            # admission limit, which ends at its prefill and never decodes (in 0.24.0's
+            # spec-decode examples 17 % of the requests sat at max_model_len - 1 and 23 % had
+            # max_tokens 1; 8 % and 14 % drawn within the range)
+            hi = max(1, min(hi, mml - 1))
+            lo = min(lo, hi)
+            prompt_len = lo + (prompt - 1) % (hi - lo + 1)
             bs = self.config["block_size"]
             if aligned and prompt_len >= bs:
                 prompt_len = prompt_len // bs * bs
+                if aligned == "past" and prompt_len < mml - 1:
+                    prompt_len += 1
             req = {"id": f"R{len(self.reqs)}", "at_step": self.cursor, "prompt_len": prompt_len,
                    "max_tokens": max(1, min(max_tokens, mml - prompt_len))}
             if self.config["policy"] == "priority":
@@ -421,6 +481,8 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                 req["prefix_len"] = min(prefix_len, prompt_len)
             if structured is not None:
                 req["structured_outputs"] = structured
+            if self.nixl and remote:
+                self.remote.add(req["id"])
             self._accept(req["id"], accept)
             self.reqs.append(req)
             return req["id"]
@@ -444,8 +506,7 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                 return multiple()
             return self._add(False, prompt, max_tokens, 0, None, None, 1, structured=grammar)
 
-        @precondition(lambda self: profile.kv_connectors and self._engine_core()
-                      and caps.kv_connectors)
+        @precondition(lambda self: self.connector_kind is not None)
         @rule(rid=requests, hit=st.sampled_from([1.0, 0.5, 0.25]), load_async=st.booleans(),
               recv_after=st.integers(0, 4), load_fails=st.booleans(), delay_free=st.booleans(),
               send_after=st.integers(0, 4))
@@ -497,15 +558,19 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
 
         @precondition(lambda self: profile.aborts)
         # one rule for both kinds of abort (each rule is drawn as often as any other: two
-        # would make aborts, which end a request's story, twice as common as a reset)
-        @rule(rid=requests, in_flight=st.booleans())
-        def abort(self, rid, in_flight):
-            """``EngineCore.abort_requests([rid])`` before the next step, or (``in_flight``, at
-            engine-core level where the release has it: ``abort_in_flight``) delivered by the
-            engine's input thread while the step's batch executes."""
+        # would make aborts, which end a request's story, twice as common as a reset).
+        # ``after``: an abort lands 0-8 steps after the cursor, as the engine's other calls do
+        # (a client disconnects while its request prefills, decodes, or after it finished and
+        # its blocks wait for a connector); at the cursor alone (until machine version 6) it
+        # mostly landed at the request's own arrival step, before it was ever scheduled
+        @rule(rid=requests, in_flight=st.booleans(), after=st.integers(0, 8))
+        def abort(self, rid, in_flight, after):
+            """``EngineCore.abort_requests([rid])`` before the step ``after`` steps from now, or
+            (``in_flight``, at engine-core level where the release has it: ``abort_in_flight``)
+            delivered by the engine's input thread while that step's batch executes."""
             if self._spent():
                 return
-            ev = {"at_step": self.cursor, "abort": [rid]}
+            ev = {"at_step": self.cursor + after, "abort": [rid]}
             if in_flight and self._engine_core() and "abort_in_flight" in caps.events:
                 ev["when"] = "in_flight"
             self.events.append(ev)
@@ -519,16 +584,24 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         # added so far are decoding: the machine's calls mostly come before its cursor moves
         # (``step`` is one rule of many), so a reset at the cursor landed before the first
         # decode step (on 0.24.0, two resets while a request decoded came in 1 % of examples)
-        @rule(running=st.sampled_from([False, True, True]), again=st.integers(0, 2),
+        @rule(running=st.sampled_from([False, True, "unconnected"]), again=st.integers(0, 2),
               after=st.integers(0, 8))
         def reset_prefix_cache(self, running, again, after):
             """``EngineCore.reset_prefix_cache`` ``after`` steps from now
             (``reset_running_requests`` where the release takes it), and the same call again on
             each of the ``again`` following steps (an RLHF loop's weight syncs, or
-            ``pause_generation(clear_cache=True)`` retried, come in runs: #46066 needs two
-            while a request decodes)."""
+            ``pause_generation(clear_cache=True)`` retried, come in runs: a second reset while
+            the first one's preempted requests resume meets frames still in flight)."""
             if self._spent():
                 return
+            if running == "unconnected":
+                # under a KV connector a running reset is drawn one time in three, not two:
+                # Scheduler.reset_prefix_cache raises when the preempted requests' blocks are
+                # still held by the connector (an asynchronous load, a finished request's blocks
+                # waiting for the decode side's read), which vLLM documents as "not supported
+                # yet"; on 0.24.0, 23 % of the spec-decode examples with two running resets
+                # ended there, at their first reset, before anything the resets lead to
+                running = self.connector_kind is None
             for k in range(again + 1):
                 ev = {"at_step": self.cursor + after + k, "reset_prefix_cache": True}
                 if running and "reset_running_requests" in caps.events:
@@ -541,51 +614,55 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         # no mode "wait": vLLM 0.33.0's pause_scheduler refuses it in-process ("'wait' mode
         # can't be used in inproc-engine mode"), where the lab's EngineCore runs: a refusal of
         # the call, not a crash under load (59 false findings in a 40 s campaign)
-        @rule(mode=st.sampled_from([None, "abort", "keep"]), steps=st.integers(1, 4))
-        def pause(self, mode, steps):
-            """``EngineCore.pause_scheduler`` now, ``resume_scheduler`` ``steps`` later (an
-            engine left paused never finishes its requests: not a finding)."""
+        # ``after``: a pause lands 0-8 steps after the cursor, as a reset does: at the cursor
+        # alone (until machine version 6) most pauses came before the engine's first step, where
+        # vLLM's default mode (abort, with clear_cache) aborts every request before any was
+        # scheduled and empties the prefix cache: an example's whole story gone at step 1 (a
+        # pause came in 30 % of 0.24.0's examples, two in three of them aborting)
+        @rule(mode=st.sampled_from([None, "abort", "keep"]), steps=st.integers(1, 4),
+              after=st.integers(0, 8))
+        def pause(self, mode, steps, after):
+            """``EngineCore.pause_scheduler`` ``after`` steps from now, ``resume_scheduler``
+            ``steps`` later (an engine left paused never finishes its requests: not a
+            finding)."""
             if self._spent():
                 return
-            ev = {"at_step": self.cursor, "pause": True}
+            at = self.cursor + after
+            ev = {"at_step": at, "pause": True}
             if mode is not None and "pause_mode" in caps.events:
                 ev["mode"] = mode
             self.events.append(ev)
-            self.events.append({"at_step": self.cursor + steps, "resume": True})
+            self.events.append({"at_step": at + steps, "resume": True})
 
-        @precondition(lambda self: profile.empty_outputs and caps.empty_outputs)
-        @rule(rid=requests)
-        def empty_output(self, rid):
-            """The model runner returns no sampled token for ``rid`` at the next step although
-            it was scheduled (what a preempted or aborted request looks like to the runner)."""
+        # what the model returns is one rule, its kind drawn: the fake runner's output is one
+        # concern, and as four rules (empty_output, eos, scripted_output, propose_drafts,
+        # until machine version 6) it was four calls in twelve, each drawn as often as a
+        # request or an engine call, so the engine's own calls (requests, resets, aborts,
+        # pauses, connector answers) were a minority of every example's calls. The kinds are
+        # the release's and the profile's (empty outputs where a ModelRunnerOutput holds
+        # several tokens, drafts where the example decodes speculatively); scripted tokens,
+        # the harmless kind, first: what the kind shrinks towards
+        @rule(rid=requests, kind=st.sampled_from(MODEL_KINDS), at=st.integers(1, 16),
+              tokens=st.lists(st.integers(0, 200), min_size=1, max_size=4))
+        def model_output(self, rid, kind, at, tokens):
+            """The model's behaviour for ``rid``: ``tokens``, the tokens it prefers, one per
+            output position (``model.tokens``); ``eos``, EOS at output length ``at``
+            (``model.eos_at``); ``empty``, no sampled token at the next step although it was
+            scheduled, what a preempted or aborted request looks like to the runner
+            (``model.empty_at``); ``drafts``, what the drafter proposes after each step, at
+            most ``num_speculative_tokens`` (``model.draft_tokens``, every request's)."""
             if self._spent():
                 return
-            steps = self.model.setdefault("empty_at", {}).setdefault(rid, [])
-            if self.cursor not in steps:
-                steps.append(self.cursor)
-
-        @precondition(lambda self: profile.eos)
-        @rule(rid=requests, at=st.integers(1, 16))
-        def eos(self, rid, at):
-            """The model samples EOS for ``rid`` at output length ``at``."""
-            if self._spent():
-                return
-            self.model.setdefault("eos_at", {})[rid] = at
-
-        @rule(rid=requests, tokens=st.lists(st.integers(0, 200), min_size=1, max_size=4))
-        def scripted_output(self, rid, tokens):
-            """The tokens the model prefers for ``rid``, one per output position."""
-            if self._spent():
-                return
-            self.model.setdefault("tokens", {})[rid] = tokens
-
-        @precondition(lambda self: bool(self.config.get("num_speculative_tokens")))
-        @rule(drafts=st.lists(st.integers(0, 200), min_size=1, max_size=4))
-        def propose_drafts(self, drafts):
-            """What the drafter proposes after each step (at most num_speculative_tokens)."""
-            if self._spent():
-                return
-            self.model["draft_tokens"] = drafts[: self.config["num_speculative_tokens"]]
+            if kind == "tokens":
+                self.model.setdefault("tokens", {})[rid] = tokens
+            elif kind == "eos":
+                self.model.setdefault("eos_at", {})[rid] = at
+            elif kind == "empty":
+                steps = self.model.setdefault("empty_at", {}).setdefault(rid, [])
+                if self.cursor not in steps:
+                    steps.append(self.cursor)
+            elif self.config.get("num_speculative_tokens"):  # drafts, where the example drafts
+                self.model["draft_tokens"] = tokens[: self.config["num_speculative_tokens"]]
 
         def teardown(self) -> None:
             if self.reqs:  # none only when build_engine itself failed

@@ -110,6 +110,13 @@ class _Found(Exception):
     pass
 
 
+class _ShrinkBound(BaseException):
+    """Past ``--shrink-runs``: ends hypothesis's shrinker at once. A BaseException, because
+    hypothesis takes any Exception as the test failing, and a candidate that merely passes
+    (not run) lets the shrinker go on through every candidate of its passes: with the machine's
+    examples of 24 calls that was up to two minutes after the bound, no scenario run."""
+
+
 @dataclass
 class Finding:
     """A shrunk failure: its signature, the minimal scenario dict and the run's result."""
@@ -144,7 +151,7 @@ class SearchConfig:
     #: (:mod:`vllm_repro.fuzz.database`); ``use_database=False`` runs without memory
     database: str | None = None
     use_database: bool = True
-    #: stop after this many examples (None: only ``time_s`` bounds the search). A campaign
+    #: stop after this many examples drawn (None: only ``time_s`` bounds the search). A campaign
     #: bounds each task by examples so that the same (release, seed) finds the same thing on
     #: any machine, however loaded (:mod:`vllm_repro.campaign`); ``time_s`` stays a safety cap
     max_examples: int | None = None
@@ -317,7 +324,9 @@ def search_process(index: int, cfg: SearchConfig, env_dict: dict, out: mp.Queue,
 def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> dict:
     """One search: its own engine worker of ``env`` (worker log ``log``), chunks of hypothesis's
     state machine until ``cfg.time_s`` seconds of search have passed or, with
-    ``cfg.max_examples``, that many examples ran. ``emit(kind, payload)`` receives
+    ``cfg.max_examples``, that many examples were drawn (``examples`` in the counts: those
+    run; a scenario the search already ran without failing is not run again).
+    ``emit(kind, payload)`` receives
     ``progress`` (the counts), ``finding`` (a :class:`Finding`), ``error`` (a lab error's
     message, the first three), ``note``, ``input`` (an :class:`InputError`'s message) and
     ``fatal`` (anything else that stopped the search); nothing is raised. Returns the final
@@ -362,9 +371,21 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
             keep_going = bool(cfg.target) and not cfg.target.startswith("violation")
             deadline = time.perf_counter() + cfg.time_s  # search time: from vLLM imported
             seen: set[str] = set()
+            # digests of the scenarios this search ran that did not fail with its target: an
+            # example that builds one of them again is not run again (it passes). The machine
+            # maps many of hypothesis's choice sequences to one scenario (the calls past an
+            # example's count change nothing, lengths are clamped to what the config admits,
+            # and each chunk begins with hypothesis's simplest examples), so a third of the
+            # examples drawn at engine-core level were scenarios the search had already run
+            passed: set[bytes] = set()
+            # examples drawn (run, or skipped as a scenario already run): what bounds an
+            # example-bounded search, as every drawn example ran before the skip existed (the
+            # same --examples searches the same draws; counting runs alone, a search whose
+            # chunks began with an already-run example never reached its bound)
+            drawn = {"n": 0}
             chunk = 0
             while True:
-                if cfg.max_examples is not None and stats["examples"] >= cfg.max_examples:
+                if cfg.max_examples is not None and drawn["n"] >= cfg.max_examples:
                     stats["bound"] = "examples"
                     break
                 if time.perf_counter() >= deadline:
@@ -376,13 +397,14 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                     if (cfg.shrink_runs is not None and state["target"] is not None  # noqa: B023
                             and stats["examples"] - state["first_example"]  # noqa: B023
                             >= cfg.shrink_runs):
-                        # past the shrink bound: a candidate is not run (it passes), so the
-                        # shrinker ends at once; the last failing scenario (its best) is kept,
-                        # and hypothesis's final replay of it fails as it did (no flaky
-                        # report, and the example database keeps it)
-                        last = state["last"]  # noqa: B023
-                        if last is not None and sc == last[0]:
-                            raise _Found(state["target"])  # noqa: B023
+                        # past the shrink bound: no candidate is run, the shrinker stops here
+                        # and the last failing scenario (its best so far) is the finding; the
+                        # example database already holds it (hypothesis saves each smaller
+                        # failing example as it finds it)
+                        raise _ShrinkBound
+                    drawn["n"] += 1  # noqa: B023
+                    digest = hashlib.sha256(json.dumps(sc, sort_keys=True).encode()).digest()
+                    if digest in passed:
                         return
                     payload = parse_scenario(sc, "<fuzz>").child_payload()  # defaults filled in
                     result = worker.run(payload, None, audit=cfg.audit, keep_going=keep_going)
@@ -397,11 +419,14 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                         emit("progress", dict(stats))
                     sig = signature(result) if oc != "refused" else None
                     if sig is None or sig in seen:
+                        passed.add(digest)
                         return
                     if cfg.target and cfg.target not in sig:
+                        passed.add(digest)
                         return
                     if cfg.target_message and not re.search(cfg.target_message,
                                                             failure_message(result)):
+                        passed.add(digest)
                         return
                     # check is called within this iteration (by the machine's teardown), never
                     # later: the loop's `state` is the one it means
@@ -419,10 +444,10 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                 chunk += 1
                 budget = CHUNK  # the last chunk of an example-bounded search: what is left
                 if cfg.max_examples is not None:
-                    budget = max(1, min(CHUNK, cfg.max_examples - stats["examples"]))
+                    budget = max(1, min(CHUNK, cfg.max_examples - drawn["n"]))
                 try:
                     run_state_machine_as_test(machine, settings=_settings(cfg, first, database, budget))
-                except Exception:
+                except (Exception, _ShrinkBound):
                     # _Found, or hypothesis's FlakyFailure around it when the shrunk example
                     # failed once and not on its final replay (engine-core threads): the last
                     # failing scenario (the shrinker's best) is kept either way
