@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -97,6 +98,38 @@ def make_adapter(model_dir: Path):
     return V0Adapter(model_dir)
 
 
+def _held(*_args, **_kwargs) -> None:
+    """``gc.freeze`` / ``gc.unfreeze`` while a run holds the heap frozen: nothing."""
+
+
+@contextmanager
+def heap_kept_frozen():
+    """Hold the process's heap (torch, vLLM's modules, the lab: about 570,000 objects) frozen out
+    of the garbage collector for one run; collections still run, over what the run makes.
+
+    vLLM assumes one engine per process: ``EngineCore.__init__`` ends with
+    ``vllm/utils/gc_utils.py:freeze_gc_heap`` (collect every generation, then ``gc.freeze()``)
+    and ``EngineCore.shutdown`` (0.24.0 ``vllm/v1/engine/core.py``) calls ``gc.unfreeze()`` and
+    then ``cleanup_dist_env_and_memory`` (``vllm/distributed/parallel_state.py``), which
+    collects again, so that an engine deleted in-process is freed. A worker runs one EngineCore
+    per scenario, and that unfreeze put the whole heap back under a full collection at every
+    run's end: 0.32 of a 0.37 s engine-core run of #46066's scenario on 0.24.0 (CPU time,
+    median of 6, load 3). Here the heap alive before the run is frozen (the last run's garbage
+    collected first: only objects made since the last freeze are walked), and ``gc.freeze`` /
+    ``gc.unfreeze`` do nothing while the run lasts, so the engine's own objects are never
+    frozen, and vLLM's collections walk only them (the same run: 0.045 s) and free them as
+    its shutdown means to. The calls are the process's garbage collection, not engine logic:
+    no scheduling or KV decision reads them. Mirrors nothing; restores both on exit."""
+    gc.collect()
+    gc.freeze()
+    held = gc.freeze, gc.unfreeze
+    gc.freeze = gc.unfreeze = _held
+    try:
+        yield
+    finally:
+        gc.freeze, gc.unfreeze = held
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vllm_repro.engine.worker")
     ap.add_argument("--model-dir", required=True)
@@ -136,17 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     from ..records import RunResult
     from .loop import run_scenario
 
-    # The process's heap (torch, vLLM, the lab: ~600,000 objects) is frozen out of the garbage
-    # collector before each run, as `vllm serve` has it frozen after its start-up
-    # (vllm/utils/gc_utils.py:freeze_gc_heap). vLLM's EngineCore collects every generation
-    # when it starts (freeze_gc_heap) and unfreezes and collects again when it shuts down
-    # (cleanup_dist_env_and_memory), assuming a process that serves one engine; a worker runs
-    # one EngineCore per scenario, so without this each run walked the whole heap four times
-    # (gc.collect: 0.31 s of a 0.36 s engine-core run of a one-request scenario on 0.24.0,
-    # under cProfile); with the heap frozen the start-up's collections walk only what the run
-    # made, and the run takes 0.21 s instead of 0.44 s. What vLLM's shutdown unfreezes it
-    # collects, so nothing frozen here stays uncollected past the next run
-    gc.freeze()
     for raw in sys.stdin:
         raw = raw.strip()
         if not raw:
@@ -181,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             observer = WithPlant(ctx, observer)
         try:
-            result = run_scenario(adapter, job["scenario"], out_dir, observer=observer,
-                                  limits=opts.get("limits"))
+            with heap_kept_frozen():
+                result = run_scenario(adapter, job["scenario"], out_dir, observer=observer,
+                                      limits=opts.get("limits"))
         finally:
             if ctx is not None:
                 ctx.restore()
@@ -191,7 +214,6 @@ def main(argv: list[str] | None = None) -> int:
             result.planted = {"plant": opts["plant"], "args": opts.get("plant_args") or {},
                               "notes": ctx.notes}
         _reply(reply, {"id": job.get("id"), "result": result.to_dict()})
-        gc.freeze()
     return 0
 
 
