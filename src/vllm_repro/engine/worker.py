@@ -119,8 +119,11 @@ def heap_kept_frozen():
     ``gc.unfreeze`` do nothing while the run lasts, so the engine's own objects are never
     frozen, and vLLM's collections walk only them (the same run: 0.045 s) and free them as
     its shutdown means to. The calls are the process's garbage collection, not engine logic:
-    no scheduling or KV decision reads them. Mirrors nothing; restores both on exit."""
-    gc.collect()
+    no scheduling or KV decision reads them. Mirrors nothing; restores both on exit. The first
+    run of a process collects nothing first (a forked warm worker's one run would walk the whole
+    heap for nothing)."""
+    if gc.get_freeze_count():  # a run before this one: its garbage, not the heap, is walked
+        gc.collect()
     gc.freeze()
     held = gc.freeze, gc.unfreeze
     gc.freeze = gc.unfreeze = _held
