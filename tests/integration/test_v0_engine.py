@@ -288,6 +288,35 @@ def test_11168_sliding_window_prompt_passes_can_allocate_then_runs_out_of_blocks
            "opt)" in res.stdout + res.stderr
 
 
+def test_chunked_prefill_abort_leaves_uncomputed_blocks_that_count_as_cached(cli, tmp_path):
+    """Found by ``fuzz --level v0-engine`` on 0.10.1.1 (#18957's fixed release; open, not
+    #18957): A's 7 prompt blocks are hashed when allocated, only 4 computed (chunked prefill)
+    before A is aborted, and all 7 go to the evictor, where ``block_is_computed`` says computed;
+    B, A's prompt and a token, is told to skip all 7. The audit names the first block that
+    never held KV. Without chunked prefill the same requests are clean (A computed whole)."""
+    src = ROOT / "scenarios" / "open" / "v0-chunked-prefill-abort-uncomputed-prefix-hit.yaml"
+    d = yaml.safe_load(src.read_text())
+    name = d["name"]
+    plain = {**d, "name": "v0-no-chunking", "config": {**d["config"], "enable_chunked_prefill":
+                                                       False, "max_num_batched_tokens": 320}}
+    plain.pop("expect")
+    plain["vllm"] = {"clean_on": ["0.10.1.1"]}
+    ctl = tmp_path / "v0-no-chunking.yaml"
+    ctl.write_text(yaml.safe_dump(plain, sort_keys=False))
+    reports = tmp_path / "r"
+    res = cli("run", str(src), str(ctl), "--vllm", "0.10.1.1", "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = json.loads((reports / name / "0.10.1.1" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    v = bad["violations"][0]
+    assert (v["code"], v["step"], v["requests"]) == ("KV_PREFIX_MAP", 3, ["B"])
+    assert v["message"].startswith("B (sequence 1): the worker is told to skip GPU block ")
+    assert "(prompt tokens 64 to 79)" in v["message"]
+    assert v["message"].endswith("holds no KV of those tokens (nothing was ever computed into it)")
+    ok = json.loads((reports / "v0-no-chunking" / "0.10.1.1" / "result.json").read_text())
+    assert ok["outcome"] == "clean" and sorted(ok["finished"]) == ["A", "B"]
+
+
 def test_an_abort_while_the_last_output_is_queued_ends_the_request(cli, tmp_path):
     """Found by ``fuzz --level v0-engine`` on 0.8.5: R0 (1 token) is scheduled at step 1 and,
     with async output processing, its output waits in the engine's output queue; aborting it

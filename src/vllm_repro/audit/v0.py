@@ -296,13 +296,15 @@ class KVContent:
                             break
                         tokens = tokens if tokens is not None else data.get_token_ids()
                         want = hash(tuple(tokens[:(i + 1) * bs]))
-                        if self.gpu.get(table[i]) != want:
+                        held = self.gpu.get(table[i], _NEVER)
+                        if held != want:
                             rid = request_of(meta.request_id)
                             found.append(make_violation(
                                 KV_PREFIX_MAP, f"{rid} (sequence {seq_id}): the worker is told "
                                 f"to skip GPU block {table[i]} (prompt tokens {i * bs} to "
                                 f"{(i + 1) * bs - 1}) as a cached prefix (computed_block_nums "
-                                f"{cached[:8]}), but that block holds no KV of those tokens",
+                                f"{cached[:8]}), but that block holds no KV of those tokens "
+                                f"({_HELD.get(held, 'it holds the KV of other tokens')})",
                                 requests=[rid], blocks=[table[i]]))
                 for p in range(start, seq_len):  # the positions computed this step
                     i = p // bs
@@ -314,6 +316,14 @@ class KVContent:
                     elif p % bs == 0 or p == start:
                         self.gpu[table[i]] = None
         return found
+
+
+#: a GPU block no worker request ever wrote (absent from ``KVContent.gpu``)
+_NEVER = object()
+#: what a block skipped as cached holds instead of the tokens' KV, by its ``KVContent`` entry
+#: (anything else: the identity of other tokens): the mechanism differs (#18957: a block
+#: reused for other tokens; a block freed before its prompt chunk was computed: never written)
+_HELD = {_NEVER: "nothing was ever computed into it", None: "it was last written in part and never completed"}
 
 
 class V0Auditor:
