@@ -176,11 +176,11 @@ def test_a_config_field_the_release_lacks_is_exit_2_naming_it(cli, tmp_path):
 def test_a_triaged_start_up_crash_replays_at_engine_core(cli, tmp_path):
     """A user's log of a start-up crash ("No available memory for the cache blocks", 0.8.3) is
     drafted into an engine-core replay that shows the same exception at the same frame."""
-    from ..conftest import CRASHLOGS
+    from ..conftest import CRASHLOGS, SHARED_HINT
 
     log = next(iter(sorted(CRASHLOGS.glob("019-*.log"))), None)
     if log is None:
-        pytest.skip(f"{CRASHLOGS}/019-*.log absent")
+        pytest.skip(f"{CRASHLOGS}/019-*.log absent: {SHARED_HINT}")
     draft = tmp_path / "draft.yaml"
     tri = cli("triage", str(log), "--scenario", str(draft))
     assert tri.returncode == 0, tri.stdout + tri.stderr
