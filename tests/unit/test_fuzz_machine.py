@@ -77,6 +77,8 @@ def test_every_feature_is_drawn_where_the_release_has_it(level):
     assert not [sc for sc in scs if sc["config"]["enable_prefix_caching"] and any(
         g["type"] == "mamba" for g in sc["config"].get("kv_cache_groups", []))], \
         "a Mamba group with prefix caching needs a mamba_cache_mode not every release knows"
+    assert not [r for sc in scs for r in sc["requests"] if "n" in r], \
+        "parallel sampling (n) is drawn at level v0-engine only (V1's engine gets one request each)"
     if level == "engine-core":
         assert common | engine_only <= set(f), f
     else:
@@ -116,6 +118,12 @@ def test_v0_engine_draws_only_what_the_v0_level_runs():
     assert all(sc["config"]["policy"] == "fcfs" and not sc["config"]["long_prefill_token_threshold"]
                and "priority" not in r for sc in scs for r in sc["requests"])
     assert any(sc["config"]["enable_prefix_caching"] for sc in scs)
+    # parallel sampling, V0's child sequences (#14326, #14353): n of 2 and 3, and aborted too
+    ns = Counter(r.get("n", 1) for sc in scs for r in sc["requests"])
+    assert ns[2] and ns[3] and set(ns) <= {1, 2, 3}, ns
+    parallel = {(id(sc), r["id"]) for sc in scs for r in sc["requests"] if r.get("n", 1) > 1}
+    assert any((id(sc), rid) in parallel for sc in scs for e in sc["events"]
+               for rid in e.get("abort") or ()), "an n > 1 request is never aborted"
     with pytest.raises(InputError, match="--spec: fuzz at --level v0-engine"):
         fit_profile(LADDER[-1], {}, spec_forced=True, level="v0-engine")
     with pytest.raises(InputError, match="--policy priority: fuzz at --level v0-engine"):

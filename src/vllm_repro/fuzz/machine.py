@@ -47,7 +47,10 @@ from .strategies import MAX_MODEL_LEN, Profile
 
 #: bump when a rule's meaning changes: the database's stored examples (keyed by it) would
 #: replay as other scenarios
-MACHINE_VERSION = 6
+MACHINE_VERSION = 7
+
+#: a V0 request's parallel samples (``SamplingParams.n``): half the requests one, else 2 or 3
+PARALLEL = st.sampled_from([1, 1, 2, 3])
 #: the last step a call may land at (the machine's cursor); runs stop at ``limits.max_steps``
 MAX_CALL_STEP = 40
 #: constraints a grammar request draws from (the ``structured_outputs`` kinds of the scenario
@@ -311,6 +314,10 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                    + (("empty",) if profile.empty_outputs and caps.empty_outputs else ())
                    + (("drafts",) if profile.spec_decode and caps.spec_decode else ()))
 
+    #: the request rules' extra argument at level v0-engine (a request's ``n`` is drawn from
+    #: it); none at the other levels, whose rules keep the arguments, and so the draws, they had
+    V0_DATA = {"data": st.data()} if level == "v0-engine" else {}
+
     class ScenarioMachine(RuleBasedStateMachine):
         requests = Bundle("requests")
 
@@ -382,9 +389,9 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
         @initialize(target=requests, config=configs(profile, level, caps), long=LONG,
                     prompt=st.integers(1, 900), max_tokens=st.integers(1, 64),
                     priority=st.integers(0, 2), aligned=BOUNDARY, accept=ACCEPTS,
-                    remote=st.booleans(), calls=CALLS)
+                    remote=st.booleans(), calls=CALLS, **V0_DATA)
         def build_engine(self, config, long, prompt, max_tokens, priority, aligned, accept,
-                         remote, calls):
+                         remote, calls, data=None):
             """The engine's configuration (EngineCore is built from it before step 1) and its
             first request (a scenario holds at least one: no example runs nothing). At
             engine-core level the instance's KV connector is drawn with the config
@@ -398,16 +405,16 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             self.config = config
             self.calls_left = calls
             return self._add(long, prompt, max_tokens, priority, None, None, 1, aligned=aligned,
-                             accept=accept, remote=remote)
+                             accept=accept, remote=remote, data=data)
 
         @precondition(_space)
         @rule(target=requests, long=LONG, prompt=st.integers(1, 900),
               max_tokens=st.integers(1, 64), priority=st.integers(0, 2),
               arrival=st.sampled_from([None, None, 0.0, 1.0]),
               prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900),
-              aligned=BOUNDARY, accept=ACCEPTS, remote=st.booleans())
+              aligned=BOUNDARY, accept=ACCEPTS, remote=st.booleans(), **V0_DATA)
         def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                        aligned, accept, remote):
+                        aligned, accept, remote, data=None):
             """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step;
             ``aligned``: where the prompt's length lands against the block size
             (:data:`BOUNDARY`); ``accept``: how many of its drafts the model accepts each step,
@@ -420,7 +427,7 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             if self._spent():
                 return multiple()
             return self._add(long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                             aligned=aligned, accept=accept, remote=remote)
+                             aligned=aligned, accept=accept, remote=remote, data=data)
 
         @precondition(lambda self: self._space() and profile.shared_prefixes)
         # extra 0: the same prompt sent again (a client's retry, the proxy resending a
@@ -453,7 +460,7 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
             return req["id"]
 
         def _add(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                 structured=None, aligned=None, accept=None, remote=False) -> str:
+                 structured=None, aligned=None, accept=None, remote=False, data=None) -> str:
             mml = self.config["max_model_len"]
             lo, hi = (profile.long_prompt if long and profile.long_prompt else profile.short_prompt)
             # within what the config admits (max_model_len - 1, a token left to generate), as
@@ -483,6 +490,14 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                 req["structured_outputs"] = structured
             if self.nixl and remote:
                 self.remote.add(req["id"])
+            if level == "v0-engine" and data is not None:
+                # parallel sampling (SamplingParams.n), which V0 runs as child sequences of
+                # one group (#14326's abort, #14353's finished children); drawn from the rule's
+                # data, an argument only the v0-engine level's rules have (V0_DATA), so the
+                # other levels draw exactly what they drew before
+                n = data.draw(PARALLEL, label="n")
+                if n > 1:
+                    req["n"] = n
             self._accept(req["id"], accept)
             self.reqs.append(req)
             return req["id"]
