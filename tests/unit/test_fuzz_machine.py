@@ -124,6 +124,10 @@ def test_v0_engine_draws_only_what_the_v0_level_runs():
     parallel = {(id(sc), r["id"]) for sc in scs for r in sc["requests"] if r.get("n", 1) > 1}
     assert any((id(sc), rid) in parallel for sc in scs for e in sc["events"]
                for rid in e.get("abort") or ()), "an n > 1 request is never aborted"
+    # prompts over max_model_len (#8881's ground before 0.8.4; the front door refuses them after)
+    over = [r for sc in scs for r in sc["requests"]
+            if r["prompt_len"] > sc["config"]["max_model_len"]]
+    assert over and len(over) < sum(ns.values()) / 4, (len(over), sum(ns.values()))
     with pytest.raises(InputError, match="--spec: fuzz at --level v0-engine"):
         fit_profile(LADDER[-1], {}, spec_forced=True, level="v0-engine")
     with pytest.raises(InputError, match="--policy priority: fuzz at --level v0-engine"):

@@ -79,3 +79,20 @@ def test_the_shrinker_stops_after_shrink_runs_and_keeps_the_smallest_failure(tmp
     assert 'The root rule' in f.result.crash.message
     unbounded, _, _ = _search(target_message="root rule")
     assert unbounded[0].examples - unbounded[0].first_failure_example > 3
+
+
+def test_a_release_refusing_input_is_counted_refused_not_found():
+    """What the release refuses (a config at start-up, a prompt at the front door: V0's
+    ``_validate_model_inputs`` from 0.8.4, the fuzzer's over-long V0 prompts) is ``refused``, never
+    a finding; a ValueError anywhere else, or another exception at the front door, is a crash."""
+    from vllm_repro.fuzz.search import _outcome_kind
+
+    door = Frame(file="vllm/engine/llm_engine.py", function="_validate_model_input")
+
+    def crash(type_, phase):
+        return RunResult("crash", crash=Crash(type_, "x", door, phase=phase))
+
+    assert _outcome_kind(crash("ValueError", "add_request")) == "refused"
+    assert _outcome_kind(crash("ValueError", "engine-build")) == "refused"
+    assert _outcome_kind(crash("ValueError", "schedule")) == "crash"
+    assert _outcome_kind(crash("TypeError", "add_request")) == "crash"  # #29747's kind

@@ -51,6 +51,8 @@ MACHINE_VERSION = 7
 
 #: a V0 request's parallel samples (``SamplingParams.n``): half the requests one, else 2 or 3
 PARALLEL = st.sampled_from([1, 1, 2, 3])
+#: whether a V0 request's prompt is over max_model_len: one in eight
+OVER_LENGTH = st.sampled_from([False] * 7 + [True])
 #: the last step a call may land at (the machine's cursor); runs stop at ``limits.max_steps``
 MAX_CALL_STEP = 40
 #: constraints a grammar request draws from (the ``structured_outputs`` kinds of the scenario
@@ -498,6 +500,12 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                 n = data.draw(PARALLEL, label="n")
                 if n > 1:
                     req["n"] = n
+                # a prompt over max_model_len, one request in eight: V0's front door
+                # (LLMEngine._validate_model_inputs) let it through before 0.8.4 (#8881, with
+                # chunked prefill), refuses it from 0.8.4 (a refusal, not a finding); the
+                # other levels refuse such a scenario as input (exit 2)
+                if data.draw(OVER_LENGTH, label="over max_model_len"):
+                    req["prompt_len"] = mml + data.draw(st.integers(1, 2 * bs), label="over by")
             self._accept(req["id"], accept)
             self.reqs.append(req)
             return req["id"]

@@ -280,12 +280,15 @@ def _outcome_kind(result: RunResult) -> str:
     """The outcome a campaign counts: ``refused`` for a scenario the release refused as input
     (``error`` of kind ``input``: its config validation, a feature it lacks) or at start-up
     (a ValueError from ``EngineCore``'s start-up checks, phase ``engine-build``: what ``vllm
-    serve`` says before it serves anything); else the run's outcome. Neither kind of refusal
-    is a lab error or a finding."""
+    serve`` says before it serves anything), or a request at the front door (a ValueError of
+    phase ``add_request``: V0's ``LLMEngine._validate_model_inputs`` refusing a prompt over
+    ``max_model_len`` from 0.8.4 on, what a server answers with an error while the engine lives
+    on); else the run's outcome. No kind of refusal is a lab error or a finding."""
     oc = result.outcome
     if oc == "error" and result.error is not None and result.error.kind == "input":
         return "refused"
-    if oc == "crash" and result.crash.phase == "engine-build" and result.crash.type == "ValueError":
+    if oc == "crash" and result.crash.phase in ("engine-build", "add_request") \
+            and result.crash.type == "ValueError":
         return "refused"
     return oc
 
