@@ -250,22 +250,32 @@ def test_18957_stale_cached_count_makes_the_worker_skip_fresh_blocks_until_0_9_2
     assert plain["outcome"] == "clean" and sorted(plain["finished"]) == ["R1", "R2", "W"]
 
 
+def _open_with_control(cli, tmp_path, file: str, control: str, config: dict, version: str):
+    """Run ``scenarios/open/<file>`` and its control (named ``control``: the same scenario with
+    ``config`` changed, no expectation, expected clean) on ``version`` in one ``run``, which must
+    exit 0. Returns the open scenario's dict, the control's dict and the reports folder."""
+    src = ROOT / "scenarios" / "open" / file
+    d = yaml.safe_load(src.read_text())
+    plain = {**d, "name": control, "config": {**d["config"], **config}}
+    plain.pop("expect")
+    plain["vllm"] = {"clean_on": [version]}
+    ctl = tmp_path / f"{control}.yaml"
+    ctl.write_text(yaml.safe_dump(plain, sort_keys=False))
+    reports = tmp_path / "r"
+    res = cli("run", str(src), str(ctl), "--vllm", version, "--reports", str(reports))
+    assert res.returncode == 0, res.stdout + res.stderr
+    return d, plain, reports
+
+
 def test_11168_sliding_window_prompt_passes_can_allocate_then_runs_out_of_blocks(cli, tmp_path):
     """Crash log 012 (vLLM #11168, open: never fixed while V0 shipped): with the packaged
     sliding-window Mistral config, 0.8.5's can_allocate caps B's need at the window's 6 blocks,
     allocate takes all 13 and dies in the naive allocator; the same requests on the default OPT
     config (no window) run clean. An unknown config.model is exit 2 naming the packaged ones."""
-    src = ROOT / "scenarios" / "open" / "vllm-11168-v0-swa-prefill-no-free-blocks.yaml"
-    d = yaml.safe_load(src.read_text())
+    d, plain, reports = _open_with_control(
+        cli, tmp_path, "vllm-11168-v0-swa-prefill-no-free-blocks.yaml", "v0-no-window",
+        {"model": "opt"}, "0.8.5")
     name = d["name"]
-    plain = {**d, "name": "v0-no-window", "config": {**d["config"], "model": "opt"}}
-    plain.pop("expect")
-    plain["vllm"] = {"clean_on": ["0.8.5"]}
-    ctl = tmp_path / "v0-no-window.yaml"
-    ctl.write_text(yaml.safe_dump(plain, sort_keys=False))
-    reports = tmp_path / "r"
-    res = cli("run", str(src), str(ctl), "--vllm", "0.8.5", "--reports", str(reports))
-    assert res.returncode == 0, res.stdout + res.stderr
     bad = json.loads((reports / name / "0.8.5" / "result.json").read_text())
     assert bad["verdict"]["ok"] is True, bad["verdict"]
     assert (bad["crash"]["type"], bad["crash"]["step"]) == ("NoFreeBlocksError", 2)
@@ -294,18 +304,10 @@ def test_chunked_prefill_abort_leaves_uncomputed_blocks_that_count_as_cached(cli
     before A is aborted, and all 7 go to the evictor, where ``block_is_computed`` says computed;
     B, A's prompt and a token, is told to skip all 7. The audit names the first block that
     never held KV. Without chunked prefill the same requests are clean (A computed whole)."""
-    src = ROOT / "scenarios" / "open" / "v0-chunked-prefill-abort-uncomputed-prefix-hit.yaml"
-    d = yaml.safe_load(src.read_text())
+    d, _, reports = _open_with_control(
+        cli, tmp_path, "v0-chunked-prefill-abort-uncomputed-prefix-hit.yaml", "v0-no-chunking",
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": 320}, "0.10.1.1")
     name = d["name"]
-    plain = {**d, "name": "v0-no-chunking", "config": {**d["config"], "enable_chunked_prefill":
-                                                       False, "max_num_batched_tokens": 320}}
-    plain.pop("expect")
-    plain["vllm"] = {"clean_on": ["0.10.1.1"]}
-    ctl = tmp_path / "v0-no-chunking.yaml"
-    ctl.write_text(yaml.safe_dump(plain, sort_keys=False))
-    reports = tmp_path / "r"
-    res = cli("run", str(src), str(ctl), "--vllm", "0.10.1.1", "--reports", str(reports))
-    assert res.returncode == 0, res.stdout + res.stderr
     bad = json.loads((reports / name / "0.10.1.1" / "result.json").read_text())
     assert bad["verdict"]["ok"] is True, bad["verdict"]
     v = bad["violations"][0]
