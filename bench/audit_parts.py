@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import workload  # noqa: E402
+from overhead import workload, workload_args  # noqa: E402
 from vllm_repro.engine.host import DEFAULT_MODEL, child_environment  # noqa: E402
 from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 
@@ -138,10 +138,7 @@ def callgrind_counts(folder: Path) -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--vllm", default="0.10.1.1")
-    ap.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
-    ap.add_argument("--no-cache", action="store_true", help="prefix caching off")
-    ap.add_argument("--blocks", type=int, default=2000)
+    workload_args(ap, "0.10.1.1")
     ap.add_argument("--repeat", type=int, default=7, help="rounds (CPU time; best of)")
     ap.add_argument("--callgrind", action="store_true",
                     help="count instructions under valgrind instead of CPU time (minutes)")

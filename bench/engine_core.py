@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import workload  # noqa: E402  (the same stress workload)
+from overhead import workload, workload_args  # noqa: E402  (the same stress workload)
 
 from vllm_repro.engine.host import Worker  # noqa: E402
 from vllm_repro.sources.prepare import prepare_release  # noqa: E402
@@ -33,11 +33,8 @@ from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--vllm", default="0.33.0")
-    ap.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
-    ap.add_argument("--no-cache", action="store_true", help="prefix caching off")
+    workload_args(ap, "0.33.0")
     ap.add_argument("--async-scheduling", action="store_true", help="AsyncScheduler at both levels")
-    ap.add_argument("--blocks", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     levels = ("scheduler", "engine-core")

@@ -30,6 +30,16 @@ from vllm_repro.scenario.schema import Scenario  # noqa: E402
 GOAL = 0.6  # issue 21: steps/s with the audit / without, by CPU time
 
 
+def workload_args(ap, vllm: str) -> None:
+    """The stress workload's options on ``ap`` (the audit and engine-core benches share them):
+    ``--vllm`` (default ``vllm``), ``--policy``, ``--no-cache``, ``--blocks``; read them back with
+    :func:`workload`'s arguments ``args.policy, not args.no_cache, args.blocks``."""
+    ap.add_argument("--vllm", default=vllm)
+    ap.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
+    ap.add_argument("--no-cache", action="store_true", help="prefix caching off")
+    ap.add_argument("--blocks", type=int, default=2000)
+
+
 def workload(policy: str, caching: bool, blocks: int, name: str = "bench-overhead",
              **extra) -> dict:
     """The stress generator's workload (seed 7) on ``blocks`` blocks, as a worker payload;
@@ -48,10 +58,7 @@ def workload(policy: str, caching: bool, blocks: int, name: str = "bench-overhea
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--vllm", default="0.33.0")
-    ap.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
-    ap.add_argument("--no-cache", action="store_true", help="prefix caching off")
-    ap.add_argument("--blocks", type=int, default=2000)
+    workload_args(ap, "0.33.0")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     payload = workload(args.policy, not args.no_cache, args.blocks)

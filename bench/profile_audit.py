@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import workload  # noqa: E402
+from overhead import workload, workload_args  # noqa: E402
 from vllm_repro.engine.host import DEFAULT_MODEL, child_environment  # noqa: E402
 from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 
@@ -55,10 +55,7 @@ print(buf.getvalue().split("ncalls", 1)[-1].join(["ncalls", ""]) if "ncalls" in 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--vllm", default="0.33.0")
-    ap.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
-    ap.add_argument("--no-cache", action="store_true", help="prefix caching off")
-    ap.add_argument("--blocks", type=int, default=2000)
+    workload_args(ap, "0.33.0")
     ap.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"])
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
