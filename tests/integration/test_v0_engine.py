@@ -207,7 +207,8 @@ def test_14353_finished_n2_children_stay_in_seq_id_to_seq_group_until_0_8_0(cli,
     assert bad["verdict"]["ok"] is True, bad["verdict"]
     assert bad["finished"] == {"A": "length", "B": "length"}
     assert {(v["code"], v["step"], v["message"]) for v in bad["violations"]} == {
-        ("REQ_RESIDUE", 6, f"A (its group A_parallel_sample_{i}) left the scheduler by step 6 "
+        ("REQ_RESIDUE", 6, f"A (its group A_parallel_sample_{i}, finished (length)) left the "
+         "scheduler by step 6 "
          "but is still a key of LLMEngine.seq_id_to_seq_group at the end of the run (step 13); "
          "expected the entry dropped when the engine collects the finished request")
         for i in (0, 1)}
@@ -314,7 +315,9 @@ def test_chunked_prefill_abort_leaves_uncomputed_blocks_that_count_as_cached(cli
     assert (v["code"], v["step"], v["requests"]) == ("KV_PREFIX_MAP", 3, ["B"])
     assert v["message"].startswith("B (sequence 1): the worker is told to skip GPU block ")
     assert "(prompt tokens 64 to 79)" in v["message"]
-    assert v["message"].endswith("holds no KV of those tokens (nothing was ever computed into it)")
+    assert v["message"].endswith("holds no KV of those tokens (nothing was ever computed into it); "
+                                 "a prefix-cache hit on a block sequence 0 was given for the same "
+                                 "tokens and never computed")
     ok = json.loads((reports / "v0-no-chunking" / "0.10.1.1" / "result.json").read_text())
     assert ok["outcome"] == "clean" and sorted(ok["finished"]) == ["A", "B"]
 

@@ -183,7 +183,9 @@ def test_an_n_child_left_in_seq_id_to_seq_group_after_its_finish_is_collected_is
     b, gpu, _ = books(running=[("A_parallel_sample_0", 1, [0]), ("B", 2, [1])])
     sched = b.scheduler
     sched._finished_requests_ids = []
-    engine = NS(scheduler=sched, seq_id_to_seq_group={"A_parallel_sample_0": NS(group_id="A")})
+    child = NS(seqs=[NS(status=NS(name="RUNNING"))])
+    group = NS(group_id="A", to_be_finished={"A_parallel_sample_0": child}, finished_reqs={})
+    engine = NS(scheduler=sched, seq_id_to_seq_group={"A_parallel_sample_0": group})
     loop = NS(scheduler=sched, step=4, engine=engine, aborted_ids=set())
     auditor = V0Auditor(NS(), keep_going=True)
     auditor.attach(loop)
@@ -193,6 +195,8 @@ def test_an_n_child_left_in_seq_id_to_seq_group_after_its_finish_is_collected_is
     gpu._refcounter._refcounts[0] = 0
     gpu._free_block_indices.append(0)
     sched._finished_requests_ids.append("A_parallel_sample_0")  # ...its id waits
+    child.seqs[0].status.name = "FINISHED_LENGTH_CAPPED"  # SequenceGroupBase.finish_seq
+    group.finished_reqs["A_parallel_sample_0"] = group.to_be_finished.pop("A_parallel_sample_0")
     loop.step = 5
     assert auditor._check() == [] and auditor.residue_keys(loop) == []
     sched._finished_requests_ids = []  # LLMEngine.step collected it (0.7.3 keeps the key)
@@ -206,8 +210,11 @@ def test_an_n_child_left_in_seq_id_to_seq_group_after_its_finish_is_collected_is
     auditor.finish(loop, "clean")
     assert [(v.code, v.requests, v.step) for v in auditor.violations] == [
         ("REQ_RESIDUE", ["A"], 6)]
-    assert "A (its group A_parallel_sample_0) left the scheduler by step 6" in \
-        auditor.violations[0].message
+    assert "A (its group A_parallel_sample_0, finished (length)) left the scheduler by step 6" \
+        in auditor.violations[0].message
+    child.seqs[0].status.name = "FINISHED_IGNORED"  # #12973's path: the mechanism is named
+    assert "(its group A_parallel_sample_0, ignored by the scheduler)" in \
+        auditor.residue(loop, 9)[0].message
     del engine.seq_id_to_seq_group["A_parallel_sample_0"]  # what 0.8.0's LLMEngine.step does
     fixed = V0Auditor(NS(), keep_going=True)
     fixed.attach(loop)
@@ -224,6 +231,9 @@ class SeqData:
 
     def get_num_computed_tokens(self):
         return self.computed
+
+    def get_prompt_len(self):
+        return len(self.tokens)
 
 
 def prefill(rid, seq_id, tokens, table, cached=(), chunk=None):
@@ -251,6 +261,18 @@ def test_kv_content_a_skipped_block_must_hold_the_sequences_kv():
                                                            cached=[5, 6])]), str)
     assert [(v.code, v.requests, v.blocks) for v in found] == [
         ("KV_PREFIX_MAP", ["W"], [5]), ("KV_PREFIX_MAP", ["W"], [6])]
+    assert found[0].message.endswith("(it holds the KV of other tokens); not a prefix-cache "
+                                     "hit on these tokens: a fresh block counted as cached")
+    # chunked prefill: A's table lists 3 full blocks, its first chunk computes one; B (the same
+    # prompt) is told to skip all three: a prefix-cache hit on KV never computed (not #18957)
+    a = [200 + i for i in range(12)]
+    kv.execute(NS(seq_group_metadata_list=[prefill("A", 5, a, [8, 9, 10], chunk=4)]), str)
+    found = kv.execute(NS(seq_group_metadata_list=[prefill("B", 6, a + [7], [8, 9, 10, 11],
+                                                           cached=[8, 9, 10])]), str)
+    assert [v.blocks for v in found] == [[9], [10]]
+    assert found[0].message.endswith("(nothing was ever computed into it); a prefix-cache hit "
+                                     "on a block sequence 5 was given for the same tokens and "
+                                     "never computed")
     kv2 = KVContent(4)
     kv2.execute(NS(seq_group_metadata_list=[prefill("P", 1, p, [5, 6, 7])]), str)
     kv2.execute(NS(blocks_to_swap_out=[(5, 0), (6, 1)], seq_group_metadata_list=[]), str)

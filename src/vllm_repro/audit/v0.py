@@ -255,6 +255,11 @@ class KVContent:
     ``content[block id]`` is the identity of the tokens a full block's KV was computed from (a
     hash of the whole token prefix up to the block's end, as KV depends on every earlier token),
     ``None`` for a block being written; swaps and copies move it between pools.
+    ``meant[block id]`` is ``(sequence id, token ids, block index)`` for a full prompt block a
+    prefill step's block table lists but did not compute (chunked prefill), dropped when
+    anything is written into the block: a later sequence told to skip that block as cached
+    with the same tokens is on a prefix-cache hit on KV that was never computed, not on a
+    fresh block counted as cached (the finding says which).
     :meth:`execute` returns ``KV_PREFIX_MAP`` findings for blocks skipped as cached whose
     content is not the sequence's."""
 
@@ -262,6 +267,7 @@ class KVContent:
         self.bs = block_size
         self.gpu: dict[int, int | None] = {}
         self.cpu: dict[int, int | None] = {}
+        self.meant: dict[int, tuple[int, list, int]] = {}
 
     def execute(self, req, request_of) -> list[Violation]:
         bs = self.bs
@@ -304,7 +310,8 @@ class KVContent:
                                 f"to skip GPU block {table[i]} (prompt tokens {i * bs} to "
                                 f"{(i + 1) * bs - 1}) as a cached prefix (computed_block_nums "
                                 f"{cached[:8]}), but that block holds no KV of those tokens "
-                                f"({_HELD.get(held, 'it holds the KV of other tokens')})",
+                                f"({_HELD.get(held, 'it holds the KV of other tokens')}); "
+                                + self._how_skipped(table[i], seq_id, want),
                                 requests=[rid], blocks=[table[i]]))
                 for p in range(start, seq_len):  # the positions computed this step
                     i = p // bs
@@ -313,9 +320,30 @@ class KVContent:
                     if p % bs == bs - 1:
                         tokens = tokens if tokens is not None else data.get_token_ids()
                         self.gpu[table[i]] = hash(tuple(tokens[:p + 1]))
+                        self.meant.pop(table[i], None)
                     elif p % bs == 0 or p == start:
                         self.gpu[table[i]] = None
+                        self.meant.pop(table[i], None)
+                if prompt:  # full prompt blocks this chunk did not reach
+                    full = min(len(table), data.get_prompt_len() // bs)
+                    if -(-seq_len // bs) < full:
+                        tokens = tokens if tokens is not None else data.get_token_ids()
+                        for i in range(-(-seq_len // bs), full):
+                            self.meant[table[i]] = (seq_id, tokens, i)
         return found
+
+    def _how_skipped(self, block: int, seq_id: int, want: int) -> str:
+        """The mechanism's half of a ``KV_PREFIX_MAP`` sentence: whether ``block`` was last
+        listed, uncomputed, in another sequence's prefill for the same tokens (a prefix-cache
+        hit on a block freed before its KV was computed) or not (a fresh block counted as
+        cached, as with #18957's stale ``ComputedBlocksTracker`` count)."""
+        meant = self.meant.get(block)
+        if meant is not None and meant[0] != seq_id:
+            other, tokens, i = meant
+            if hash(tuple(tokens[:(i + 1) * self.bs])) == want:
+                return (f"a prefix-cache hit on a block sequence {other} was given for the same "
+                        "tokens and never computed")
+        return "not a prefix-cache hit on these tokens: a fresh block counted as cached"
 
 
 #: a GPU block no worker request ever wrote (absent from ``KVContent.gpu``)
@@ -324,6 +352,28 @@ _NEVER = object()
 #: (anything else: the identity of other tokens): the mechanism differs (#18957: a block
 #: reused for other tokens; a block freed before its prompt chunk was computed: never written)
 _HELD = {_NEVER: "nothing was ever computed into it", None: "it was last written in part and never completed"}
+
+
+#: how a child group of an ``n > 1`` request ended, by its sequence's status
+#: (``vllm/sequence.py:SequenceStatus``): the residue's mechanism differs (#14353: a child that
+#: finished and was collected; #12973: a child the scheduler ignored, never collected)
+_ENDED = {"FINISHED_STOPPED": "finished (stop)", "FINISHED_LENGTH_CAPPED": "finished (length)",
+          "FINISHED_ABORTED": "aborted", "FINISHED_IGNORED": "ignored by the scheduler"}
+
+
+def _how_child_ended(group, key: str) -> str:
+    """``finished (length)``, ``ignored by the scheduler`` ...: the status of the child
+    ``SequenceGroup`` ``key`` that its ``SequenceGroupBase`` (``vllm/sequence.py``) holds in
+    ``finished_reqs`` or ``to_be_finished``; ``status unknown`` where neither holds it."""
+    child = None
+    for attr in ("finished_reqs", "to_be_finished"):
+        child = (getattr(group, attr, None) or {}).get(key) or child
+    seqs = getattr(child, "seqs", None) or ()
+    names = {getattr(getattr(s, "status", None), "name", None) for s in seqs} - {None}
+    if len(names) != 1:
+        return "status unknown"
+    name = names.pop()
+    return _ENDED.get(name, f"still {name}")
 
 
 class V0Auditor:
@@ -473,11 +523,13 @@ class V0Auditor:
         mapping = getattr(getattr(loop, "engine", None), "seq_id_to_seq_group", None) or {}
         for key in self.residue_keys(loop):
             at = self._residue_since.get(key, end_step)
-            parent = getattr(mapping.get(key), "group_id", None) or key
+            group = mapping.get(key)
+            parent = getattr(group, "group_id", None) or key
             out.append(make_violation(REQ_RESIDUE, (
-                f"{parent} (its group {key}) left the scheduler by step {at} but is still a key "
-                f"of LLMEngine.seq_id_to_seq_group at the end of the run (step {end_step}); "
-                "expected the entry dropped when the engine collects the finished request"),
+                f"{parent} (its group {key}, {_how_child_ended(group, key)}) left the scheduler "
+                f"by step {at} but is still a key of LLMEngine.seq_id_to_seq_group at the end of "
+                f"the run (step {end_step}); expected the entry dropped when the engine collects "
+                "the finished request"),
                 requests=[parent], step=at))
         return out
 
