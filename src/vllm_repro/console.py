@@ -85,6 +85,28 @@ def stall_lines(items, most: int = 10) -> list[str]:
     return lines
 
 
+def input_error_lines(items) -> list[str]:
+    """One line per input error a release refused the scenario with (a config field it lacks,
+    ...), naming the file as a schema error at load does (``FILE: FIELD: problem; fix``); the
+    same error on several releases (its text the same but for the release) is one line naming
+    them all: ``x.yaml: config.blok_size: vLLM 0.10.1.1, 0.10.2 has no such field ...``."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for i in items:
+        v = i.verdict
+        error = i.result.error if i.result is not None else None
+        if v.error_kind != "input" or error is None:
+            continue
+        where = i.scenario.source_path or v.scenario
+        text = (error.message or "").replace(f"vLLM {v.vllm}", "vLLM \0")
+        groups.setdefault((str(where), text), []).append(v.vllm)
+    lines = []
+    for (where, text), versions in groups.items():
+        if "\0" not in text and len(versions) > 1:
+            text += f" (on {', '.join(versions)})"
+        lines.append(f"{where}: {text.replace(chr(0), ', '.join(versions))}")
+    return lines
+
+
 def print_results(items, as_json: bool, sched_log: bool) -> int:
     """Print the results of run items (:class:`vllm_repro.lab.RunItem`): with ``sched_log``
     each run's [SCHED] lines first; then the verdicts as JSON, or the verdict table, the
@@ -109,15 +131,10 @@ def print_results(items, as_json: bool, sched_log: bool) -> int:
             out.print(line, highlight=False, markup=False)
         for line in stall_lines(items):
             out.print(line, highlight=False, markup=False)
-        for i, v in zip(items, verdicts):
-            error = i.result.error if i.result is not None else None
-            if v.error_kind == "input" and error is not None:
-                # the release refused the scenario (a config field it lacks, ...): one line
-                # naming the file, as a schema error at load does (FILE: FIELD: problem; fix)
-                where = i.scenario.source_path or f"{v.scenario} on {v.vllm}"
-                err.print(f"{where}: {error.message}", style="red", highlight=False,
-                          markup=False, soft_wrap=True)
-            elif v.reason and v.ok is False:
+        for line in input_error_lines(items):
+            err.print(line, style="red", highlight=False, markup=False, soft_wrap=True)
+        for v in verdicts:  # input errors: above, once for the releases refusing alike
+            if v.error_kind != "input" and v.reason and v.ok is False:
                 err.print(f"{v.scenario} on {v.vllm}: {v.reason}", style="red", highlight=False,
                           markup=False, soft_wrap=True)
             if v.error_kind != "input" and len(str(v.observed)) > OBSERVED_WIDTH:

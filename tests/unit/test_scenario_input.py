@@ -299,3 +299,15 @@ def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, caps
                     "SchedulerConfig, CacheConfig, ParallelConfig, SpeculativeConfig; did you mean "
                     "max_num_partial_prefills? check the name against that release's vllm/config, "
                     "or drop it for this release"], said
+    # the same refusal from two releases is one line naming both, not the line twice
+    items = []
+    for version in ("9.9.8", "9.9.9"):
+        item = RunItem(sc, version)
+        refusal = unknown_passthrough(sc.config, version, tree(tmp_path / f"tree-{version}"))
+        item.result = RunResult.failed("input", refusal, scenario=sc.name, vllm=version)
+        item.verdict = judge(sc, version, item.result)
+        items.append(item)
+    assert print_results(items, as_json=False, sched_log=False) == 2
+    said = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(said) == 1 and said[0].startswith(
+        f"{p}: config.max_num_partial_prefils: vLLM 9.9.8, 9.9.9 has no such field in "), said

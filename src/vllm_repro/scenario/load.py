@@ -160,11 +160,26 @@ def load_scenario(path: str | Path) -> Scenario:
     or too deeply nested YAML, or any schema violation."""
     p = Path(path)
     text = read_text(p, "scenario file", "give a scenario file such as scenarios/<name>.yaml")
-    data = load_yaml(text, p)
+    try:
+        data = load_yaml(text, p)
+        if _looks_like_a_crash_log(p, text) and not isinstance(data, dict):
+            raise InputError(f"{p}: not a scenario (YAML mapping)")
+    except InputError as exc:
+        if _looks_like_a_crash_log(p, text):
+            raise InputError(f"{p}: a crash log, not a scenario file; read it with `vllm-repro "
+                             f"triage {p}` (with `--scenario FILE.yaml` to draft a replay from "
+                             "its crash dump)") from exc
+        raise
     scenario = parse_scenario(data, p)
     scenario._source_text = text
     scenario._source_path = str(p)
     return scenario
+
+
+def _looks_like_a_crash_log(path: Path, text: str) -> bool:
+    """A file given as a scenario that is a vLLM crash log (a Python traceback, or named
+    ``.log``): its YAML error would not say what to do with it."""
+    return path.suffix in (".log", ".txt") or "Traceback (most recent call last)" in text
 
 
 def unique_scenarios(paths: list[Path]) -> list[Scenario]:
