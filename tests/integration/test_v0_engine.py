@@ -322,6 +322,30 @@ def test_chunked_prefill_abort_leaves_uncomputed_blocks_that_count_as_cached(cli
     assert ok["outcome"] == "clean" and sorted(ok["finished"]) == ["A", "B"]
 
 
+def test_chunked_prefill_preemption_leaves_uncomputed_blocks_that_count_as_cached(cli, tmp_path):
+    """The same V0 mechanism without an abort (found by the fuzzer on 0.10.1.1 once the finding
+    told a prefix-cache hit from #18957's fresh block): R2's 7 prompt blocks are hashed when
+    allocated, 3 computed at step 1, R2 is preempted at step 2 (the pool is full) and its
+    blocks go to the evictor; rescheduled at step 3, R2 hits its own blocks and is told to skip
+    all 7. Without chunked prefill its prompt is computed whole at step 1: clean."""
+    d, _, reports = _open_with_control(
+        cli, tmp_path, "v0-chunked-prefill-preempt-uncomputed-prefix-hit.yaml", "v0-no-chunking",
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": 144}, "0.10.1.1")
+    bad = json.loads((reports / d["name"] / "0.10.1.1" / "result.json").read_text())
+    assert bad["verdict"]["ok"] is True, bad["verdict"]
+    v = bad["violations"][0]
+    assert (v["code"], v["step"], v["requests"]) == ("KV_PREFIX_MAP", 3, ["R2"])
+    assert "(prompt tokens 48 to 63)" in v["message"]
+    assert v["message"].endswith("(nothing was ever computed into it); a prefix-cache hit on a "
+                                 "block this sequence was given before (preempted or rescheduled "
+                                 "since) for the same tokens and never computed")
+    lines = [json.loads(x) for x in
+             (reports / d["name"] / "0.10.1.1" / "trace.jsonl").read_text().splitlines()]
+    assert lines[0]["scheduled"]["R2"] == 48 and lines[1]["waiting"] == ["R2"]
+    ok = json.loads((reports / "v0-no-chunking" / "0.10.1.1" / "result.json").read_text())
+    assert ok["outcome"] == "clean" and sorted(ok["finished"]) == ["R0", "R1", "R2"]
+
+
 def test_an_abort_while_the_last_output_is_queued_ends_the_request(cli, tmp_path):
     """Found by ``fuzz --level v0-engine`` on 0.8.5: R0 (1 token) is scheduled at step 1 and,
     with async output processing, its output waits in the engine's output queue; aborting it

@@ -273,6 +273,14 @@ def test_kv_content_a_skipped_block_must_hold_the_sequences_kv():
     assert found[0].message.endswith("(nothing was ever computed into it); a prefix-cache hit "
                                      "on a block sequence 5 was given for the same tokens and "
                                      "never computed")
+    # preempted (recompute) and rescheduled: the sequence hits its own uncomputed blocks
+    c = [300 + i for i in range(12)]
+    kv.execute(NS(seq_group_metadata_list=[prefill("C", 7, c, [12, 13, 14], chunk=4)]), str)
+    found = kv.execute(NS(seq_group_metadata_list=[prefill("C", 7, c, [12, 13, 14],
+                                                           cached=[12, 13])]), str)
+    assert [v.blocks for v in found] == [[13]] and found[0].message.endswith(
+        "a prefix-cache hit on a block this sequence was given before (preempted or rescheduled "
+        "since) for the same tokens and never computed")
     kv2 = KVContent(4)
     kv2.execute(NS(seq_group_metadata_list=[prefill("P", 1, p, [5, 6, 7])]), str)
     kv2.execute(NS(blocks_to_swap_out=[(5, 0), (6, 1)], seq_group_metadata_list=[]), str)

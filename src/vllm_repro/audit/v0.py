@@ -338,11 +338,12 @@ class KVContent:
         hit on a block freed before its KV was computed) or not (a fresh block counted as
         cached, as with #18957's stale ``ComputedBlocksTracker`` count)."""
         meant = self.meant.get(block)
-        if meant is not None and meant[0] != seq_id:
+        if meant is not None:
             other, tokens, i = meant
             if hash(tuple(tokens[:(i + 1) * self.bs])) == want:
-                return (f"a prefix-cache hit on a block sequence {other} was given for the same "
-                        "tokens and never computed")
+                who = ("this sequence was given before (preempted or rescheduled since)"
+                       if other == seq_id else f"sequence {other} was given")
+                return f"a prefix-cache hit on a block {who} for the same tokens and never computed"
         return "not a prefix-cache hit on these tokens: a fresh block counted as cached"
 
 
