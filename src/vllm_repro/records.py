@@ -206,7 +206,10 @@ class Violation(Record):
     ``blocks`` KV block ids; ``step`` the engine step, ``phase`` the vLLM call it was found in or
     after (``after schedule``, ``in free_blocks``...), ``stack`` the caller's stack for one caught
     inside a call (block-pool hooks); ``repeats`` and ``last_step`` count later findings of the
-    same violation (same code, requests and blocks)."""
+    same violation (same code, requests and blocks); ``mechanism``, where the audit tells two
+    ways to the same code apart, a short tag of the way (V0 ``KV_PREFIX_MAP``: ``fresh-block``
+    or ``uncomputed-hit``; ``REQ_RESIDUE``: ``finished``, ``aborted`` or ``ignored``), part of
+    the fuzzer's failure signature (``violation:KV_PREFIX_MAP/fresh-block``)."""
 
     code: str
     message: str = ""
@@ -217,11 +220,12 @@ class Violation(Record):
     stack: list[str] | None = None
     repeats: int | None = None
     last_step: int | None = None
+    mechanism: str | None = None
 
     def brief(self) -> "Violation":
-        """The trace line's copy: code, phase, message, requests and blocks."""
+        """The trace line's copy: code, phase, message, requests, blocks and mechanism."""
         return Violation(self.code, self.message, None, self.phase, list(self.requests),
-                         list(self.blocks))
+                         list(self.blocks), mechanism=self.mechanism)
 
     def at(self) -> str:
         """``KV_LEAK @9``."""

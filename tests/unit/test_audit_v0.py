@@ -212,9 +212,10 @@ def test_an_n_child_left_in_seq_id_to_seq_group_after_its_finish_is_collected_is
         ("REQ_RESIDUE", ["A"], 6)]
     assert "A (its group A_parallel_sample_0, finished (length)) left the scheduler by step 6" \
         in auditor.violations[0].message
+    assert auditor.violations[0].mechanism == "finished"
     child.seqs[0].status.name = "FINISHED_IGNORED"  # #12973's path: the mechanism is named
     assert "(its group A_parallel_sample_0, ignored by the scheduler)" in \
-        auditor.residue(loop, 9)[0].message
+        auditor.residue(loop, 9)[0].message and auditor.residue(loop, 9)[0].mechanism == "ignored"
     del engine.seq_id_to_seq_group["A_parallel_sample_0"]  # what 0.8.0's LLMEngine.step does
     fixed = V0Auditor(NS(), keep_going=True)
     fixed.attach(loop)
@@ -263,6 +264,7 @@ def test_kv_content_a_skipped_block_must_hold_the_sequences_kv():
         ("KV_PREFIX_MAP", ["W"], [5]), ("KV_PREFIX_MAP", ["W"], [6])]
     assert found[0].message.endswith("(it holds the KV of other tokens); not a prefix-cache "
                                      "hit on these tokens: a fresh block counted as cached")
+    assert {v.mechanism for v in found} == {"fresh-block"}
     # chunked prefill: A's table lists 3 full blocks, its first chunk computes one; B (the same
     # prompt) is told to skip all three: a prefix-cache hit on KV never computed (not #18957)
     a = [200 + i for i in range(12)]
@@ -270,6 +272,7 @@ def test_kv_content_a_skipped_block_must_hold_the_sequences_kv():
     found = kv.execute(NS(seq_group_metadata_list=[prefill("B", 6, a + [7], [8, 9, 10, 11],
                                                            cached=[8, 9, 10])]), str)
     assert [v.blocks for v in found] == [[9], [10]]
+    assert {v.mechanism for v in found} == {"uncomputed-hit"}
     assert found[0].message.endswith("(nothing was ever computed into it); a prefix-cache hit "
                                      "on a block sequence 5 was given for the same tokens and "
                                      "never computed")

@@ -41,6 +41,13 @@ def test_signatures():
     assert slug(signature(crash)) == "crash-AssertionError-scheduler.schedule"
     assert signature(make_result("violation", violations=[{"code": "KV_DOUBLE_FREE", "step": 3}])) \
         == "violation:KV_DOUBLE_FREE"
+    # two ways to one code (V0: #18957's fresh block, the open uncomputed prefix hit) stay apart
+    fresh = signature(make_result("violation", violations=[
+        {"code": "KV_PREFIX_MAP", "step": 47, "mechanism": "fresh-block"}]))
+    assert fresh == "violation:KV_PREFIX_MAP/fresh-block" and "violation:KV_PREFIX_MAP" in fresh
+    assert slug(fresh) == "violation-KV_PREFIX_MAP-fresh-block"
+    assert signature(make_result("violation", violations=[
+        {"code": "KV_PREFIX_MAP", "mechanism": "uncomputed-hit"}])) != fresh
     assert signature(make_result("stall", stall={"step": 9, "since": 1})) == "stall"
     assert signature(make_result("clean")) is None
     assert signature(make_result("error", error={"kind": "lab", "message": "x"})) is None, \

@@ -67,18 +67,20 @@ KV_CODES = (KV_DOUBLE_FREE, KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP)
 
 
 def make_violation(code: str, message: str, *, requests=(), blocks=(), step: int | None = None,
-                   phase: str = "", stack: list[str] | None = None) -> Violation:
+                   phase: str = "", stack: list[str] | None = None,
+                   mechanism: str | None = None) -> Violation:
     """A :class:`~vllm_repro.records.Violation` (``result.json``'s ``violations[i]``).
 
     ``message`` says what was expected and what was found, e.g. ``block 7 ref_cnt 0 but held by
     A and B (expected 2)``; ``requests`` are request ids, ``blocks`` block ids (ints);
     ``phase`` the vLLM call it was found in or after (``schedule``, ``after schedule``...);
-    ``stack`` the Python stack of the caller for violations caught inside a call (hooks).
+    ``stack`` the Python stack of the caller for violations caught inside a call (hooks);
+    ``mechanism`` a short tag telling apart two ways to the same code (see the record).
     """
     if code not in CODES:
         raise ValueError(f"unknown violation code {code!r}")
     return Violation(code, message, step, phase, sorted(set(map(str, requests))),
-                     sorted(set(int(b) for b in blocks)), stack)
+                     sorted(set(int(b) for b in blocks)), stack, mechanism=mechanism)
 
 
 def names(ids) -> str:

@@ -305,14 +305,14 @@ class KVContent:
                         held = self.gpu.get(table[i], _NEVER)
                         if held != want:
                             rid = request_of(meta.request_id)
+                            how, mech = self._how_skipped(table[i], seq_id, want)
                             found.append(make_violation(
                                 KV_PREFIX_MAP, f"{rid} (sequence {seq_id}): the worker is told "
                                 f"to skip GPU block {table[i]} (prompt tokens {i * bs} to "
                                 f"{(i + 1) * bs - 1}) as a cached prefix (computed_block_nums "
                                 f"{cached[:8]}), but that block holds no KV of those tokens "
                                 f"({_HELD.get(held, 'it holds the KV of other tokens')}); "
-                                + self._how_skipped(table[i], seq_id, want),
-                                requests=[rid], blocks=[table[i]]))
+                                + how, requests=[rid], blocks=[table[i]], mechanism=mech))
                 for p in range(start, seq_len):  # the positions computed this step
                     i = p // bs
                     if i >= len(table):
@@ -332,19 +332,23 @@ class KVContent:
                             self.meant[table[i]] = (seq_id, tokens, i)
         return found
 
-    def _how_skipped(self, block: int, seq_id: int, want: int) -> str:
-        """The mechanism's half of a ``KV_PREFIX_MAP`` sentence: whether ``block`` was last
-        listed, uncomputed, in another sequence's prefill for the same tokens (a prefix-cache
-        hit on a block freed before its KV was computed) or not (a fresh block counted as
-        cached, as with #18957's stale ``ComputedBlocksTracker`` count)."""
+    def _how_skipped(self, block: int, seq_id: int, want: int) -> tuple[str, str]:
+        """The mechanism of a ``KV_PREFIX_MAP`` finding, as (the sentence's second half, the
+        record's ``mechanism`` tag): whether ``block`` was last listed, uncomputed, in a
+        sequence's prefill for the same tokens (another's, or this one's before a preemption: a
+        prefix-cache hit on a block freed before its KV was computed, ``uncomputed-hit``) or not
+        (a fresh block counted as cached, as with #18957's stale ``ComputedBlocksTracker``
+        count, ``fresh-block``)."""
         meant = self.meant.get(block)
         if meant is not None:
             other, tokens, i = meant
             if hash(tuple(tokens[:(i + 1) * self.bs])) == want:
                 who = ("this sequence was given before (preempted or rescheduled since)"
                        if other == seq_id else f"sequence {other} was given")
-                return f"a prefix-cache hit on a block {who} for the same tokens and never computed"
-        return "not a prefix-cache hit on these tokens: a fresh block counted as cached"
+                return (f"a prefix-cache hit on a block {who} for the same tokens and never "
+                        "computed", "uncomputed-hit")
+        return ("not a prefix-cache hit on these tokens: a fresh block counted as cached",
+                "fresh-block")
 
 
 #: a GPU block no worker request ever wrote (absent from ``KVContent.gpu``)
@@ -356,25 +360,29 @@ _HELD = {_NEVER: "nothing was ever computed into it", None: "it was last written
 
 
 #: how a child group of an ``n > 1`` request ended, by its sequence's status
-#: (``vllm/sequence.py:SequenceStatus``): the residue's mechanism differs (#14353: a child that
-#: finished and was collected; #12973: a child the scheduler ignored, never collected)
-_ENDED = {"FINISHED_STOPPED": "finished (stop)", "FINISHED_LENGTH_CAPPED": "finished (length)",
-          "FINISHED_ABORTED": "aborted", "FINISHED_IGNORED": "ignored by the scheduler"}
+#: (``vllm/sequence.py:SequenceStatus``), as (the sentence's words, the record's ``mechanism``):
+#: the residue's mechanism differs (#14353: a child that finished and was collected; #12973: a
+#: child the scheduler ignored, never collected)
+_ENDED = {"FINISHED_STOPPED": ("finished (stop)", "finished"),
+          "FINISHED_LENGTH_CAPPED": ("finished (length)", "finished"),
+          "FINISHED_ABORTED": ("aborted", "aborted"),
+          "FINISHED_IGNORED": ("ignored by the scheduler", "ignored")}
 
 
-def _how_child_ended(group, key: str) -> str:
-    """``finished (length)``, ``ignored by the scheduler`` ...: the status of the child
-    ``SequenceGroup`` ``key`` that its ``SequenceGroupBase`` (``vllm/sequence.py``) holds in
-    ``finished_reqs`` or ``to_be_finished``; ``status unknown`` where neither holds it."""
+def _how_child_ended(group, key: str) -> tuple[str, str | None]:
+    """(``finished (length)``, ``finished``), (``ignored by the scheduler``, ``ignored``) ...:
+    the status of the child ``SequenceGroup`` ``key`` that its ``SequenceGroupBase``
+    (``vllm/sequence.py``) holds in ``finished_reqs`` or ``to_be_finished``; (``status
+    unknown``, None) where neither holds it."""
     child = None
     for attr in ("finished_reqs", "to_be_finished"):
         child = (getattr(group, attr, None) or {}).get(key) or child
     seqs = getattr(child, "seqs", None) or ()
     names = {getattr(getattr(s, "status", None), "name", None) for s in seqs} - {None}
     if len(names) != 1:
-        return "status unknown"
+        return "status unknown", None
     name = names.pop()
-    return _ENDED.get(name, f"still {name}")
+    return _ENDED.get(name, (f"still {name}", None))
 
 
 class V0Auditor:
@@ -526,12 +534,13 @@ class V0Auditor:
             at = self._residue_since.get(key, end_step)
             group = mapping.get(key)
             parent = getattr(group, "group_id", None) or key
+            how, mech = _how_child_ended(group, key)
             out.append(make_violation(REQ_RESIDUE, (
-                f"{parent} (its group {key}, {_how_child_ended(group, key)}) left the scheduler "
+                f"{parent} (its group {key}, {how}) left the scheduler "
                 f"by step {at} but is still a key of LLMEngine.seq_id_to_seq_group at the end of "
                 f"the run (step {end_step}); expected the entry dropped when the engine collects "
                 "the finished request"),
-                requests=[parent], step=at))
+                requests=[parent], step=at, mechanism=mech))
         return out
 
     def _check_aborted(self, b: V0Books) -> list[Violation]:

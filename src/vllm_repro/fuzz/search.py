@@ -62,15 +62,20 @@ def signature(result: RunResult) -> str | None:
     """The failure signature of a run, or None for ``clean`` and ``error``.
 
     ``crash:AssertionError@vllm/v1/core/sched/scheduler.py:schedule``,
-    ``violation:REQ_STATE``, ``stall``.
+    ``violation:REQ_STATE``, ``stall``; a violation whose record names its mechanism (two ways
+    to one code: :attr:`~vllm_repro.records.Violation.mechanism`) carries it,
+    ``violation:KV_PREFIX_MAP/fresh-block``, so that a search, its database and a campaign's
+    table keep the two apart (``--target violation:KV_PREFIX_MAP`` still matches both).
     """
     outcome = result.outcome
     if outcome == "crash":
         c = result.crash
         return f"crash:{c.type}@{c.where.where() if c.where else '<no vLLM frame>'}"
     if outcome == "violation":
-        codes = [v.code for v in result.all_violations()]
-        return f"violation:{codes[0]}" if codes else "violation"
+        vs = result.all_violations()
+        if not vs:
+            return "violation"
+        return f"violation:{vs[0].code}" + (f"/{vs[0].mechanism}" if vs[0].mechanism else "")
     if outcome == "stall":
         return "stall"
     return None
