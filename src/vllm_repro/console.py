@@ -103,6 +103,8 @@ def input_error_lines(items) -> list[str]:
     for (where, text), versions in groups.items():
         if "\0" not in text and len(versions) > 1:
             text += f" (on {', '.join(versions)})"
+        if len(versions) > 1:
+            text = text.replace("\0 has ", "\0 have ")
         lines.append(f"{where}: {text.replace(chr(0), ', '.join(versions))}")
     return lines
 

@@ -190,6 +190,11 @@ ROWS = [
      "engine.log: a crash log, not a scenario file; read it with `vllm-repro triage "),
     ("crash-log-pasted-into-yaml", lambda c: c.run(c.file("s.yaml", "Error: x\n" + LOG)), 2,
      "s.yaml: a crash log, not a scenario file"),
+    ("crash-log-read-as-a-mapping", lambda c: c.run(c.file("one.log", "ERROR 01-01 core.py:1] "
+                                                              "EngineCore failed\n")), 2,
+     "one.log: a crash log, not a scenario file"),
+    ("field-at-the-wrong-level", lambda c: c.run(c.scenario("issue: vllm-project/vllm#1\n" + GOOD)),
+     2, "issue: not a field here; issue goes under vllm: (vllm.issue)"),
     ("yaml-tab-indent", lambda c: c.run(c.scenario("name: t\nconfig:\n\tnum_gpu_blocks: 8\n")), 2,
      "invalid YAML"),
     ("yaml-python-tag", lambda c: c.run(c.scenario("name: !!python/object/apply:os.system [id]\n")),

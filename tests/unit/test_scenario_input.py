@@ -310,4 +310,4 @@ def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, caps
     assert print_results(items, as_json=False, sched_log=False) == 2
     said = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(said) == 1 and said[0].startswith(
-        f"{p}: config.max_num_partial_prefils: vLLM 9.9.8, 9.9.9 has no such field in "), said
+        f"{p}: config.max_num_partial_prefils: vLLM 9.9.8, 9.9.9 have no such field in "), said

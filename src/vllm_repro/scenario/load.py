@@ -81,6 +81,39 @@ def _all_field_names() -> set[str]:
     return names
 
 
+def _homes(name: str) -> list[str]:
+    """Where a field of the format lives, as dotted paths from the scenario's top level
+    (``issue`` -> ``["vllm.issue"]``, ``prompt_len`` -> ``["requests[].prompt_len"]``): for a
+    field written at the wrong level, the fix is where it goes, not its own name."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from .schema import Scenario
+
+    def models(tp) -> list[type]:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            return [tp]
+        return [m for a in typing.get_args(tp) for m in models(a)]
+
+    out: list[str] = []
+    todo: list[tuple[type, str]] = [(Scenario, "")]
+    seen: set[type] = set()
+    while todo:
+        model, prefix = todo.pop(0)
+        if model in seen:
+            continue
+        seen.add(model)
+        for fname, f in model.model_fields.items():
+            path = f"{prefix}{fname}"
+            if fname == name:
+                out.append(path)
+            listy = typing.get_origin(f.annotation) is list or any(
+                typing.get_origin(a) is list for a in typing.get_args(f.annotation))
+            todo += [(m, f"{path}{'[]' if listy else ''}.") for m in models(f.annotation)]
+    return out
+
+
 def _typo(errs: list[dict]) -> tuple[dict, str, str | None] | None:
     """An unknown field that misspells a field of the format: ``(its error, the field it
     misspells, the missing required field it stands for or None)``."""
@@ -129,8 +162,14 @@ def validation_lines(path: str | Path, exc: ValidationError) -> list[str]:
     typo = _typo(errs)
     if typo is not None:
         err, near, required = typo
-        lines.append(_line(path, err, f"unknown field; did you mean {near}?"
-                           + (f" ({near} is required)" if required else ""), ""))
+        homes = _homes(near) if near == tuple(err.get("loc", ()))[-1] else []
+        if homes:  # a field of the format, at the wrong level
+            lines.append(_line(path, err, f"not a field here; {near} goes under "
+                               + " or ".join(h.rsplit(".", 1)[0] + ":" for h in homes)
+                               + f" ({', '.join(homes)})", ""))
+        else:
+            lines.append(_line(path, err, f"unknown field; did you mean {near}?"
+                               + (f" ({near} is required)" if required else ""), ""))
         errs = [e for e in errs if e is not err and not (
             required and e.get("type") == "missing" and tuple(e.get("loc", ()))[-1] == required)]
     lines.extend(_line(path, e) for e in errs)
@@ -162,8 +201,10 @@ def load_scenario(path: str | Path) -> Scenario:
     text = read_text(p, "scenario file", "give a scenario file such as scenarios/<name>.yaml")
     try:
         data = load_yaml(text, p)
-        if _looks_like_a_crash_log(p, text) and not isinstance(data, dict):
-            raise InputError(f"{p}: not a scenario (YAML mapping)")
+        if _looks_like_a_crash_log(p, text) and not (
+                isinstance(data, dict) and _SCENARIO_KEYS & set(map(str, data))):
+            # (a log line such as "ERROR 01-01 engine.py: x" reads as a one-key mapping)
+            raise InputError(f"{p}: not a scenario (a mapping with name:, requests: ...)")
     except InputError as exc:
         if _looks_like_a_crash_log(p, text):
             raise InputError(f"{p}: a crash log, not a scenario file; read it with `vllm-repro "
@@ -174,6 +215,10 @@ def load_scenario(path: str | Path) -> Scenario:
     scenario._source_text = text
     scenario._source_path = str(p)
     return scenario
+
+
+#: top-level keys of which a scenario has some and a crash log that YAML reads as a mapping none
+_SCENARIO_KEYS = {"name", "requests", "config", "vllm", "level", "expect", "events"}
 
 
 def _looks_like_a_crash_log(path: Path, text: str) -> bool:
