@@ -101,10 +101,9 @@ def input_error_lines(items) -> list[str]:
         groups.setdefault((str(where), text), []).append(v.vllm)
     lines = []
     for (where, text), versions in groups.items():
-        if "\0" not in text and len(versions) > 1:
-            text += f" (on {', '.join(versions)})"
         if len(versions) > 1:
-            text = text.replace("\0 has ", "\0 have ")
+            text = (text.replace("\0 has ", "\0 have ") if "\0" in text
+                    else f"{text} (on {', '.join(versions)})")
         lines.append(f"{where}: {text.replace(chr(0), ', '.join(versions))}")
     return lines
 

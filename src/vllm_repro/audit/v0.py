@@ -325,10 +325,11 @@ class KVContent:
                         self.gpu[table[i]] = None
                         self.meant.pop(table[i], None)
                 if prompt:  # full prompt blocks this chunk did not reach
+                    reached = -(-seq_len // bs)
                     full = min(len(table), data.get_prompt_len() // bs)
-                    if -(-seq_len // bs) < full:
+                    if reached < full:
                         tokens = tokens if tokens is not None else data.get_token_ids()
-                        for i in range(-(-seq_len // bs), full):
+                        for i in range(reached, full):
                             self.meant[table[i]] = (seq_id, tokens, i)
         return found
 

@@ -316,8 +316,9 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                    + (("empty",) if profile.empty_outputs and caps.empty_outputs else ())
                    + (("drafts",) if profile.spec_decode and caps.spec_decode else ()))
 
-    #: the request rules' extra argument at level v0-engine (a request's ``n`` is drawn from
-    #: it); none at the other levels, whose rules keep the arguments, and so the draws, they had
+    #: the request rules' extra argument at level v0-engine (a request's ``n`` and an over-long
+    #: prompt are drawn from it); none at the other levels, whose rules keep the arguments, and
+    #: so the draws, they had
     V0_DATA = {"data": st.data()} if level == "v0-engine" else {}
 
     class ScenarioMachine(RuleBasedStateMachine):
@@ -492,7 +493,7 @@ def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], No
                 req["structured_outputs"] = structured
             if self.nixl and remote:
                 self.remote.add(req["id"])
-            if level == "v0-engine" and data is not None:
+            if data is not None:  # (level v0-engine only: V0_DATA)
                 # parallel sampling (SamplingParams.n), which V0 runs as child sequences of
                 # one group (#14326's abort, #14353's finished children); drawn from the rule's
                 # data, an argument only the v0-engine level's rules have (V0_DATA), so the

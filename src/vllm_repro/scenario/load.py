@@ -6,6 +6,7 @@ the field (``requests[1].prompt_len``) and what to do.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -68,35 +69,22 @@ def _fix_hint(err: dict) -> str:
     return ""
 
 
-def _all_field_names() -> set[str]:
-    """Every field name of the scenario format (the candidates a misspelling is matched to)."""
-    from pydantic import BaseModel
-
-    from . import schema
-
-    names: set[str] = set()
-    for obj in vars(schema).values():
-        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj is not BaseModel:
-            names |= set(obj.model_fields)
-    return names
-
-
-def _homes(name: str) -> list[str]:
-    """Where a field of the format lives, as dotted paths from the scenario's top level
-    (``issue`` -> ``["vllm.issue"]``, ``prompt_len`` -> ``["requests[].prompt_len"]``): for a
-    field written at the wrong level, the fix is where it goes, not its own name."""
+@functools.cache
+def _field_homes() -> dict[str, list[str]]:
+    """Every field name of the scenario format (the candidates a misspelling is matched to),
+    with where it lives, as dotted paths from the scenario's top level (``issue`` ->
+    ``["vllm.issue"]``, ``prompt_len`` -> ``["requests[].prompt_len"]``): for a field written
+    at the wrong level, the fix is where it goes, not its own name."""
     import typing
 
     from pydantic import BaseModel
-
-    from .schema import Scenario
 
     def models(tp) -> list[type]:
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             return [tp]
         return [m for a in typing.get_args(tp) for m in models(a)]
 
-    out: list[str] = []
+    homes: dict[str, list[str]] = {}
     todo: list[tuple[type, str]] = [(Scenario, "")]
     seen: set[type] = set()
     while todo:
@@ -106,12 +94,11 @@ def _homes(name: str) -> list[str]:
         seen.add(model)
         for fname, f in model.model_fields.items():
             path = f"{prefix}{fname}"
-            if fname == name:
-                out.append(path)
+            homes.setdefault(fname, []).append(path)
             listy = typing.get_origin(f.annotation) is list or any(
                 typing.get_origin(a) is list for a in typing.get_args(f.annotation))
             todo += [(m, f"{path}{'[]' if listy else ''}.") for m in models(f.annotation)]
-    return out
+    return homes
 
 
 def _typo(errs: list[dict]) -> tuple[dict, str, str | None] | None:
@@ -128,7 +115,7 @@ def _typo(errs: list[dict]) -> tuple[dict, str, str | None] | None:
         near = close_field(loc[-1], siblings) if siblings else None
         if near:
             return e, near, near
-        near = close_field(loc[-1], _all_field_names())
+        near = close_field(loc[-1], _field_homes().keys())
         if near:
             return e, near, None
     return None
@@ -162,7 +149,7 @@ def validation_lines(path: str | Path, exc: ValidationError) -> list[str]:
     typo = _typo(errs)
     if typo is not None:
         err, near, required = typo
-        homes = _homes(near) if near == tuple(err.get("loc", ()))[-1] else []
+        homes = _field_homes()[near] if near == tuple(err.get("loc", ()))[-1] else []
         if homes:  # a field of the format, at the wrong level
             lines.append(_line(path, err, f"not a field here; {near} goes under "
                                + " or ".join(h.rsplit(".", 1)[0] + ":" for h in homes)
@@ -199,18 +186,19 @@ def load_scenario(path: str | Path) -> Scenario:
     or too deeply nested YAML, or any schema violation."""
     p = Path(path)
     text = read_text(p, "scenario file", "give a scenario file such as scenarios/<name>.yaml")
+    crash_log = InputError(f"{p}: a crash log, not a scenario file; read it with `vllm-repro "
+                           f"triage {p}` (with `--scenario FILE.yaml` to draft a replay from its "
+                           "crash dump)")
     try:
         data = load_yaml(text, p)
-        if _looks_like_a_crash_log(p, text) and not (
-                isinstance(data, dict) and _SCENARIO_KEYS & set(map(str, data))):
-            # (a log line such as "ERROR 01-01 engine.py: x" reads as a one-key mapping)
-            raise InputError(f"{p}: not a scenario (a mapping with name:, requests: ...)")
     except InputError as exc:
         if _looks_like_a_crash_log(p, text):
-            raise InputError(f"{p}: a crash log, not a scenario file; read it with `vllm-repro "
-                             f"triage {p}` (with `--scenario FILE.yaml` to draft a replay from "
-                             "its crash dump)") from exc
+            raise crash_log from exc
         raise
+    # (a log line such as "ERROR 01-01 engine.py: x" reads as a one-key mapping)
+    if not (isinstance(data, dict) and _SCENARIO_KEYS & set(map(str, data))) \
+            and _looks_like_a_crash_log(p, text):
+        raise crash_log
     scenario = parse_scenario(data, p)
     scenario._source_text = text
     scenario._source_path = str(p)
