@@ -147,15 +147,15 @@ class Books:
         for t, (lst, cpy, idl) in zip(self.tables(), cache):
             rids = list(t)
             bls = list(t.values())
-            if len(rids) == len(lst) and all(map(is_, map(lst.get, rids), bls)) \
-                    and list(map(cpy.get, rids)) == bls:
-                # every list as at the last read (the same object, equal to its copy: what
-                # `same` below tells one by one), and no request gone (same count, all found)
+            # per list: the same object as at the last read and equal to its copy (one pass
+            # over every list's blocks, identity first)
+            same = list(map(and_, map(is_, map(lst.get, rids), bls),
+                            map(eq, map(cpy.get, rids), bls)))
+            if len(rids) == len(lst) and all(same):
+                # every list as at the last read, and no request gone (same count, all found)
                 if want:
                     seqs += map(idl.__getitem__, rids)
                 continue
-            same = list(map(and_, map(is_, map(lst.get, rids), bls),
-                            map(eq, map(cpy.get, rids), bls)))
             for rid, bl in compress(zip(rids, bls), map(not_, same)):
                 c1 = cpy.get(rid)
                 if c1 is not None and lst[rid] is bl:
@@ -470,11 +470,12 @@ class BlockMirror:
             # the dataclass __eq__ compares only instances of exactly one class: keep a tracked
             # block equal to an untracked one (another pool's) with the same fields
             keys = tuple(f.name for f in dataclasses.fields(base) if f.compare)
+            # (the fields read at C speed: releases that compare blocks do it in pool calls)
+            fields = attrgetter(*keys) if keys else (lambda obj: ())
 
             def __eq__(self, other):
                 if isinstance(other, base):
-                    return tuple(getattr(self, k) for k in keys) == \
-                        tuple(getattr(other, k) for k in keys)
+                    return fields(self) == fields(other)
                 return NotImplemented
 
             ns["__eq__"] = __eq__
