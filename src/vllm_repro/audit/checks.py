@@ -555,8 +555,8 @@ class RequestChecks:
                 npre = list(map(self._npre, reqs))
             except AttributeError:
                 absent.add("num_preemptions")
-        if "num_preemptions" in absent:
-            npre = list(map(getattr, reqs, repeat("num_preemptions"), repeat(0)))
+        if "num_preemptions" in absent:  # (the release's Request has no such field: 0 each)
+            npre = [0] * len(reqs)
         return list(zip(three, npre, map(where.get, rids)))
 
     def where(self) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -625,7 +625,7 @@ class RequestChecks:
             # this step's schedule(), as a rule: update_from_output appends tokens but moves
             # no count, status or queue of a request it does not finish), which found nothing
             # wrong with it then, has nothing to find now; only the others are looked at
-            rids = [rid for rid in nst if rid in requests]
+            rids = list(filter(requests.__contains__, nst))
             reqs = list(map(requests.__getitem__, rids))
             cur = self._looks(reqs, rids, where)
             moved = list(map(ne, map(seen.get, rids), cur))
