@@ -227,9 +227,14 @@ class Violation(Record):
         return Violation(self.code, self.message, None, self.phase, list(self.requests),
                          list(self.blocks), mechanism=self.mechanism)
 
+    def label(self) -> str:
+        """The code with its mechanism where it has one: ``KV_PREFIX_MAP/fresh-block``,
+        ``KV_LEAK`` (the fuzz signature's form, ``violation:LABEL``)."""
+        return f"{self.code}/{self.mechanism}" if self.mechanism else self.code
+
     def at(self) -> str:
-        """``KV_LEAK @9``."""
-        return f"{self.code} @{self.step}"
+        """``KV_LEAK @9``, ``REQ_RESIDUE/finished @6``: :meth:`label` and step."""
+        return f"{self.label()} @{self.step}"
 
 
 @dataclass

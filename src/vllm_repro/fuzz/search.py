@@ -75,7 +75,7 @@ def signature(result: RunResult) -> str | None:
         vs = result.all_violations()
         if not vs:
             return "violation"
-        return f"violation:{vs[0].code}" + (f"/{vs[0].mechanism}" if vs[0].mechanism else "")
+        return f"violation:{vs[0].label()}"
     if outcome == "stall":
         return "stall"
     return None
