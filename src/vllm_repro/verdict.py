@@ -87,13 +87,20 @@ def audit_keeps_going(scenario: Scenario, version: str) -> bool:
     return kind == "reproduce" and exp is not None and exp.outcome != "violation"
 
 
+def _is_expected_kind(exp, x: Violation) -> bool:
+    """Whether violation ``x`` has the ``code`` and ``mechanism`` an ``Expect`` gives (either
+    left out matches any)."""
+    return ((not exp.code or x.code == exp.code)
+            and (not getattr(exp, "mechanism", None) or x.mechanism == exp.mechanism))
+
+
 def _signature(scenario: Scenario, violations: list[Violation]) -> list[Violation]:
     """The violations that are the scenario's own bug: its ``expect`` is a violation (with
-    ``code``, ``message``, ``step`` where given)."""
+    ``code``, ``mechanism``, ``message`` where given)."""
     exp = scenario.expect
     if exp is None or exp.outcome != "violation":
         return []
-    return [x for x in violations if (not exp.code or x.code == exp.code)
+    return [x for x in violations if _is_expected_kind(exp, x)
             and (not exp.message or re.search(exp.message, x.message or ""))]
 
 
@@ -287,8 +294,10 @@ def _compare(exp, result: RunResult) -> list[str]:
         codes = [x.code for x in found]
         if exp.code and exp.code not in codes:
             reasons.append(f"violation codes {codes} lack {exp.code}")
-        if exp.step and not any(x.step == exp.step for x in found
-                                if not exp.code or x.code == exp.code):
+        elif exp.mechanism and not any(_is_expected_kind(exp, x) for x in found):
+            seen = sorted({x.label() for x in found if x.code == exp.code})
+            reasons.append(f"{exp.code} violations {seen} lack mechanism {exp.mechanism}")
+        if exp.step and not any(x.step == exp.step for x in found if _is_expected_kind(exp, x)):
             reasons.append(f"no violation at step {exp.step}")
     elif outcome == "stall":
         if exp.step and result.stall.step != exp.step:
