@@ -87,9 +87,10 @@ def stall_lines(items, most: int = 10) -> list[str]:
 
 def input_error_lines(items) -> list[str]:
     """One line per input error a release refused the scenario with (a config field it lacks,
-    ...), naming the file as a schema error at load does (``FILE: FIELD: problem; fix``); the
-    same error on several releases (its text the same but for the release) is one line naming
-    them all: ``x.yaml: config.blok_size: vLLM 0.10.1.1, 0.10.2 has no such field ...``."""
+    ...), naming the file as a schema error at load does (``FILE: FIELD: problem; fix``, which
+    :func:`print_results` prints as :func:`error` prints a load error: ``error: FILE: ...``);
+    the same error on several releases (its text the same but for the release) is one line
+    naming them all: ``x.yaml: config.blok_size: vLLM 0.10.1.1, 0.10.2 have no such field ...``."""
     groups: dict[tuple[str, str], list[str]] = {}
     for i in items:
         v = i.verdict
@@ -132,8 +133,8 @@ def print_results(items, as_json: bool, sched_log: bool) -> int:
             out.print(line, highlight=False, markup=False)
         for line in stall_lines(items):
             out.print(line, highlight=False, markup=False)
-        for line in input_error_lines(items):
-            err.print(line, style="red", highlight=False, markup=False, soft_wrap=True)
+        for line in input_error_lines(items):  # as a load error is said: exit 2 either way
+            error(line)
         for v in verdicts:  # input errors: above, once for the releases refusing alike
             if v.error_kind != "input" and v.reason and v.ok is False:
                 err.print(f"{v.scenario} on {v.vllm}: {v.reason}", style="red", highlight=False,

@@ -254,8 +254,10 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
     if result.outcome == "violation" and also and getattr(verdict, "ok", None) is True:
         # a clean_on release whose run went to its end without the scenario's own bug: clean,
         # as `vllm-repro run` judges it, with the audit's other findings said (verdict.py)
+        from .verdict import violations_at
+
         n = len(also)
-        shown = ", ".join(v.at() for v in also[:3]) + (f" (+{n - 3})" if n > 3 else "")
+        shown = violations_at(also)
         cause = (f"{n} audit finding{'s' if n > 1 else ''} outside the scenario's own bug: "
                  f"{shown}; {also[0].code}: {also[0].message}")
         return MatrixCell(release, mode, "clean", EXIT_OK, _one_line(cause), observed, where,

@@ -198,6 +198,14 @@ class Stall(Record):
     message: str = ""
 
 
+#: the mechanism tags the audit gives, by violation code (:attr:`Violation.mechanism`): what a
+#: scenario's ``expect.mechanism`` may name
+MECHANISMS: dict[str, tuple[str, ...]] = {
+    "KV_PREFIX_MAP": ("fresh-block", "uncomputed-hit"),
+    "REQ_RESIDUE": ("finished", "aborted", "ignored"),
+}
+
+
 @dataclass
 class Violation(Record):
     """One broken invariant (codes: :mod:`vllm_repro.audit.codes`, docs/audit.md).
@@ -208,8 +216,10 @@ class Violation(Record):
     inside a call (block-pool hooks); ``repeats`` and ``last_step`` count later findings of the
     same violation (same code, requests and blocks); ``mechanism``, where the audit tells two
     ways to the same code apart, a short tag of the way (V0 ``KV_PREFIX_MAP``: ``fresh-block``
-    or ``uncomputed-hit``; ``REQ_RESIDUE``: ``finished``, ``aborted`` or ``ignored``), part of
-    the fuzzer's failure signature (``violation:KV_PREFIX_MAP/fresh-block``)."""
+    or ``uncomputed-hit``; ``REQ_RESIDUE``: ``finished``, ``aborted`` or ``ignored``:
+    :data:`MECHANISMS`), part of the fuzzer's failure signature
+    (``violation:KV_PREFIX_MAP/fresh-block``), of the verdict table's ``observed`` text
+    (``KV_PREFIX_MAP/fresh-block @12``) and matched by a scenario's ``expect.mechanism``."""
 
     code: str
     message: str = ""
@@ -227,9 +237,14 @@ class Violation(Record):
         return Violation(self.code, self.message, None, self.phase, list(self.requests),
                          list(self.blocks), mechanism=self.mechanism)
 
+    def label(self) -> str:
+        """The code with its mechanism where it has one: ``KV_PREFIX_MAP/fresh-block``,
+        ``KV_LEAK`` (the fuzz signature's form, ``violation:LABEL``)."""
+        return f"{self.code}/{self.mechanism}" if self.mechanism else self.code
+
     def at(self) -> str:
-        """``KV_LEAK @9``."""
-        return f"{self.code} @{self.step}"
+        """``KV_LEAK @9``, ``REQ_RESIDUE/finished @6``: :meth:`label` and step."""
+        return f"{self.label()} @{self.step}"
 
 
 @dataclass

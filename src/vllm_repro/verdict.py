@@ -6,7 +6,8 @@ the expectation is ``clean``; elsewhere there is none (observed only, ``ok`` is 
 Audit findings that are not the scenario's bug (issue #3): ``clean_on`` requires no crash, no
 stall, a run to its end and none of the expected signature (``expect.code`` when the scenario
 expects a violation); other violations do not flip ``ok``: they are shown as ``also: CODE @step``
-in the observed column, listed in ``result.json`` and counted in a summary line under the table
+(each distinct finding once, with its mechanism and a count: :func:`violations_at`) in the
+observed column, listed in ``result.json`` and counted in a summary line under the table
 (:func:`findings_lines`). Likewise a crash or stall expected on ``reproduces_on`` is judged on
 the crash or stall, with the audit's earlier findings shown as ``also``. For these verdicts the
 lab audits in keep-going mode (:func:`audit_keeps_going`): a verdict about the end of a run needs
@@ -49,14 +50,22 @@ class Verdict:
              "reason": self.reason}
         if self.also:
             d["also"] = [{"code": v.code, "step": v.step, "requests": v.requests,
-                          "blocks": v.blocks, "message": v.message} for v in self.also]
+                          "blocks": v.blocks, "message": v.message}
+                         | ({"mechanism": v.mechanism} if v.mechanism else {})
+                         for v in self.also]
         return d
 
 
-def _at(violations: list[Violation], limit: int = 3) -> str:
-    """``REQ_STATE @3, KV_LEAK @9 (+2)``: the first findings, by code and step."""
-    shown = ", ".join(v.at() for v in violations[:limit])
-    extra = f" (+{len(violations) - limit})" if len(violations) > limit else ""
+def violations_at(violations: list[Violation], limit: int = 3) -> str:
+    """The findings as the ``observed`` column says them: each distinct (code, mechanism,
+    step) once, in the order found, with ``×N`` when N records share it (the children of one
+    request, several blocks), at most ``limit`` of them and ``(+M)`` counting the distinct ones
+    left out: ``REQ_RESIDUE/finished @6 ×2, KV_LEAK @9 (+2)``. Empty for no violations."""
+    groups: dict[str, int] = {}
+    for v in violations:
+        groups[v.at()] = groups.get(v.at(), 0) + 1
+    shown = ", ".join(at + (f" ×{n}" if n > 1 else "") for at, n in list(groups.items())[:limit])
+    extra = f" (+{len(groups) - limit})" if len(groups) > limit else ""
     return shown + extra
 
 
@@ -78,13 +87,20 @@ def audit_keeps_going(scenario: Scenario, version: str) -> bool:
     return kind == "reproduce" and exp is not None and exp.outcome != "violation"
 
 
+def _is_expected_kind(exp, x: Violation) -> bool:
+    """Whether violation ``x`` has the ``code`` and ``mechanism`` an ``Expect`` gives (either
+    left out matches any)."""
+    return ((not exp.code or x.code == exp.code)
+            and (not getattr(exp, "mechanism", None) or x.mechanism == exp.mechanism))
+
+
 def _signature(scenario: Scenario, violations: list[Violation]) -> list[Violation]:
     """The violations that are the scenario's own bug: its ``expect`` is a violation (with
-    ``code``, ``message``, ``step`` where given)."""
+    ``code``, ``mechanism``, ``message`` where given)."""
     exp = scenario.expect
     if exp is None or exp.outcome != "violation":
         return []
-    return [x for x in violations if (not exp.code or x.code == exp.code)
+    return [x for x in violations if _is_expected_kind(exp, x)
             and (not exp.message or re.search(exp.message, x.message or ""))]
 
 
@@ -99,7 +115,7 @@ def findings_lines(verdicts: list["Verdict"]) -> list[str]:
              "bugs (reported, not counted against ok; see result.json):"]
     for v in runs:
         for x in v.also[:5]:
-            lines.append(f"  {v.scenario} on {v.vllm}: {x.code} @{x.step}: {x.message}")
+            lines.append(f"  {v.scenario} on {v.vllm}: {x.at()}: {x.message}")
         if len(v.also) > 5:
             lines.append(f"  {v.scenario} on {v.vllm}: ... {len(v.also) - 5} more")
     return lines
@@ -115,10 +131,7 @@ def describe_observed(result: RunResult) -> str:
         return f"crash {c.type} {loc} @{c.step}"
     if outcome == "violation":
         vs = result.all_violations()
-        if vs:
-            extra = f" (+{len(vs) - 1})" if len(vs) > 1 else ""
-            return f"violation {vs[0].at()}{extra}"
-        return "violation"
+        return f"violation {violations_at(vs, 1)}" if vs else "violation"
     if outcome == "stall":
         s = result.stall
         return f"stall @{s.step} ({len(s.unfinished)} unfinished)"
@@ -181,7 +194,7 @@ def _judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
     if outcome == "violation" and result.violations and not result.stopped:
         # the audit collected violations and the run went on to its end
         end = "did not finish" if result.unfinished else "ran to the end"
-        v.observed = f"violation {_at(result.violations)}, {end} ({_ran(result)})"
+        v.observed = f"violation {violations_at(result.violations)}, {end} ({_ran(result)})"
     if kind is None:
         if outcome != "clean":
             v.reason = (f"{version} is in neither vllm.reproduces_on nor clean_on, so the "
@@ -213,11 +226,12 @@ def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult
     if outcome == "violation" and not stopped and not sig and not result.unfinished:
         v.ok = True
         v.also = violations
-        v.observed = f"ran to the end ({_ran(result)}); also: {_at(violations)}"
+        v.observed = f"ran to the end ({_ran(result)}); also: {violations_at(violations)}"
         return v
     v.ok = False
     if outcome == "violation" and sig:
-        v.reason = f"the scenario's own bug ({_at(sig)}) shows on {version}, a clean_on release"
+        v.reason = (f"the scenario's own bug ({violations_at(sig)}) shows on {version}, a "
+                    "clean_on release")
     elif outcome == "violation" and stopped:
         v.reason = (f"the audit stopped the run at step {stopped['step']} ({stopped['code']}) "
                     "before its end; a clean verdict needs the whole run (--keep-going)")
@@ -227,7 +241,7 @@ def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult
         v.reason = f"expected clean on {version}, observed {outcome}"
     if violations and outcome != "violation":
         v.also = violations
-        v.observed = f"{v.observed}; also: {_at(violations)}"
+        v.observed = f"{v.observed}; also: {violations_at(violations)}"
     return v
 
 
@@ -253,7 +267,7 @@ def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdi
         violations = [x for x in violations if x.code != "NO_PROGRESS"]
     if exp.outcome != "violation" and violations and outcome != "violation":
         v.also = violations
-        v.observed = f"{v.observed}; also: {_at(violations)}"
+        v.observed = f"{v.observed}; also: {violations_at(violations)}"
     reasons = _compare(exp, result)
     v.ok = not reasons
     v.reason = "; ".join(reasons)
@@ -280,8 +294,10 @@ def _compare(exp, result: RunResult) -> list[str]:
         codes = [x.code for x in found]
         if exp.code and exp.code not in codes:
             reasons.append(f"violation codes {codes} lack {exp.code}")
-        if exp.step and not any(x.step == exp.step for x in found
-                                if not exp.code or x.code == exp.code):
+        elif exp.mechanism and not any(_is_expected_kind(exp, x) for x in found):
+            seen = sorted({x.label() for x in found if x.code == exp.code})
+            reasons.append(f"{exp.code} violations {seen} lack mechanism {exp.mechanism}")
+        if exp.step and not any(x.step == exp.step for x in found if _is_expected_kind(exp, x)):
             reasons.append(f"no violation at step {exp.step}")
     elif outcome == "stall":
         if exp.step and result.stall.step != exp.step:

@@ -4,7 +4,7 @@ of the scenario's own signature; other violations are reported as 'also', never 
 from __future__ import annotations
 
 from vllm_repro.scenario import load_scenario
-from vllm_repro.verdict import audit_keeps_going, exit_code, findings_lines, judge
+from vllm_repro.verdict import audit_keeps_going, exit_code, findings_lines, judge, violations_at
 
 from ..conftest import FLAGSHIP
 from .builders import make_result, make_scenario, make_violation
@@ -121,3 +121,36 @@ def test_an_unfinished_run_without_an_expectation_is_not_a_finding_of_a_bug():
     assert v.expected == "clean" and v.ok is False and exit_code([v]) == 1
     other = judge(sc, "0.9.0", res)  # a release the scenario says nothing about
     assert other.ok is None and exit_code([other]) == 1
+
+
+def residue(rid: str, step: int = 6, mechanism: str | None = "finished"):
+    v = violation("REQ_RESIDUE", step, f"{rid} (its group A, finished (length)) left the scheduler")
+    v.requests, v.mechanism = [rid], mechanism
+    return v
+
+
+def test_observed_says_each_distinct_finding_once_with_its_mechanism_and_a_count():
+    """#14353's two children, each its own REQ_RESIDUE record at one step, read
+    ``REQ_RESIDUE/finished @6 ×2`` (the fuzz signature's ``CODE/mechanism``), not the code
+    twice; the verdict (ok) is the same as with the plain code."""
+    sc = make_scenario(expect={"outcome": "violation", "code": "REQ_RESIDUE"})
+    found = [residue("A_parallel_sample_0"), residue("A_parallel_sample_1")]
+    v = judge(sc, "0.10.1.1", ran_to_end(found))
+    assert v.ok is True
+    assert v.observed == "violation REQ_RESIDUE/finished @6 ×2, ran to the end (2 finished, 31 steps)"
+    stopped = ran_to_end(found, stopped={"step": 6, "code": "REQ_RESIDUE", "phase": "end"})
+    assert judge(sc, "0.10.1.1", stopped).observed == "violation REQ_RESIDUE/finished @6 ×2"
+    # distinct mechanisms or steps stay apart; past three distinct ones, (+N) counts the rest
+    many = found + [residue("C", 6, "ignored"), violation("KV_LEAK", 9), violation("KV_LEAK", 9),
+                    violation("REQ_STATE", 12)]
+    assert violations_at(many) == ("REQ_RESIDUE/finished @6 ×2, REQ_RESIDUE/ignored @6, "
+                                   "KV_LEAK @9 ×2 (+1)")
+
+
+def test_findings_outside_the_bug_carry_their_mechanism_in_the_summary_and_result_json():
+    v = judge(flagship(), "0.10.2", ran_to_end([residue("A_parallel_sample_0"),
+                                                residue("A_parallel_sample_1")]))
+    assert v.ok is True
+    assert v.observed == "ran to the end (2 finished, 31 steps); also: REQ_RESIDUE/finished @6 ×2"
+    assert [a["mechanism"] for a in v.as_dict()["also"]] == ["finished", "finished"]
+    assert "on 0.10.2: REQ_RESIDUE/finished @6: A_parallel_sample_1 (its group" in findings_lines([v])[2]

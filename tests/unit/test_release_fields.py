@@ -80,6 +80,18 @@ def test_a_misspelled_field_is_named_with_the_one_it_likely_means(tmp_path):
                                tree(tmp_path / "b")) is None
 
 
+def test_every_unknown_field_is_named_in_one_line_each_with_its_likely_misspelling(tmp_path):
+    msg = unknown_passthrough(scenario(max_num_partial_prefils=2, foo_bar=1, blok_size=8).config,
+                              "9.9.9", tree(tmp_path))
+    assert msg == ("config: vLLM 9.9.9 has no fields max_num_partial_prefils (did you mean "
+                   "max_num_partial_prefills?), foo_bar, blok_size (did you mean block_size?) in "
+                   "SchedulerConfig, CacheConfig, ParallelConfig, SpeculativeConfig; check the "
+                   "names against that release's vllm/config, or drop them for this release")
+    # the known ones among them are not named
+    assert "max_num_seqs" not in unknown_passthrough(
+        scenario(max_num_seqs=2, foo_bar=1, baz=2).config, "9.9.9", tree(tmp_path / "b"))
+
+
 def refused_without_a_worker(monkeypatch, env: ReleaseEnv, sc, tmp_path: Path) -> str:
     """``run_matrix`` of ``sc`` on ``env``: the refusal's message, with no worker started
     (vLLM never imported) and exit 2."""
@@ -147,6 +159,19 @@ def test_v0_a_misspelled_engine_arg_is_refused_from_the_source_with_the_one_it_m
                                "0.6.3.post1", t, "v0-engine") is None
 
 
+def test_v0_every_unknown_engine_arg_is_named_in_one_line(tmp_path):
+    t = v0_tree(tmp_path)
+    msg = unknown_passthrough(v0_scenario(preemtion_mode="swap", kv_connector="x", swap_space=1)
+                              .config, "0.6.3.post1", t, "v0-engine")
+    assert msg == ("config: vLLM 0.6.3.post1's EngineArgs has no fields preemtion_mode (did you "
+                   "mean preemption_mode?), kv_connector at level: v0-engine; correct the "
+                   "misspelt names, drop the others for this release")
+    both = unknown_passthrough(v0_scenario(kv_connector="x", foo=1).config, "0.6.3.post1", t,
+                               "v0-engine")
+    assert both.endswith("has no fields kv_connector, foo at level: v0-engine; drop them for "
+                         "this release")
+
+
 def test_v0_the_source_does_not_settle_it_so_the_worker_decides(tmp_path):
     assert unknown_passthrough(v0_scenario(preemtion_mode="swap").config, "0.6.3.post1",
                                tmp_path / "no-tree", "v0-engine") is None
@@ -160,3 +185,33 @@ def test_run_matrix_refuses_a_v0_typo_without_starting_a_worker(tmp_path, monkey
     msg = refused_without_a_worker(monkeypatch, env, v0_scenario(disable_async_output_procs=True),
                                    tmp_path)
     assert "did you mean disable_async_output_proc?" in msg
+
+
+def test_the_workers_own_check_names_every_unknown_field_too():
+    """Where the source does not settle it, the worker refuses after importing vLLM: in the same
+    words, every unknown field named."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from vllm_repro.engine.adapter.build import BuildMixin
+    from vllm_repro.engine.adapter.probes import RefusedByRelease
+
+    @dataclass
+    class SchedulerConfig:
+        max_num_seqs: int = 128
+
+    @dataclass
+    class CacheConfig:
+        block_size: int = 16
+
+    adapter = BuildMixin()
+    adapter.version, adapter.config_mod = "9.9.9", SimpleNamespace(SchedulerConfig=SchedulerConfig,
+                                                                   CacheConfig=CacheConfig)
+    assert adapter.route_passthrough({"passthrough": {"max_num_seqs": 4}}) == {
+        "SchedulerConfig": {"max_num_seqs": 4}}
+    with pytest.raises(RefusedByRelease) as err:
+        adapter.route_passthrough({"passthrough": {"max_num_seqz": 4, "blok_size": 8,
+                                                   "block_size": 8}})
+    assert str(err.value).startswith(
+        "config: vLLM 9.9.9 has no fields max_num_seqz (did you mean max_num_seqs?), blok_size "
+        "(did you mean block_size?) in SchedulerConfig, CacheConfig, ")

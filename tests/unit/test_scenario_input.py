@@ -277,7 +277,9 @@ def test_a_choice_far_from_every_value_lists_them_without_a_guess(tmp_path):
 def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, capsys):
     """`config: {max_num_seq: 4}` passes the schema (config passes vLLM's own fields through)
     and is refused per release at run time: the line under the table names the file, the field
-    and the fix, as a schema error at load does, instead of 'the lab or the input failed'."""
+    and the fix, and reads as a schema error at load does (`error: FILE: FIELD: ...`), instead
+    of 'the lab or the input failed'."""
+    from vllm_repro.cli import main
     from vllm_repro.console import print_results
     from vllm_repro.lab import RunItem
     from vllm_repro.records import RunResult
@@ -295,7 +297,7 @@ def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, caps
     item.verdict = judge(sc, "9.9.9", item.result)
     assert print_results([item], as_json=False, sched_log=False) == 2
     said = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert said == [f"{p}: config.max_num_partial_prefils: vLLM 9.9.9 has no such field in "
+    assert said == [f"error: {p}: config.max_num_partial_prefils: vLLM 9.9.9 has no such field in "
                     "SchedulerConfig, CacheConfig, ParallelConfig, SpeculativeConfig; did you mean "
                     "max_num_partial_prefills? check the name against that release's vllm/config, "
                     "or drop it for this release"], said
@@ -310,4 +312,11 @@ def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, caps
     assert print_results(items, as_json=False, sched_log=False) == 2
     said = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(said) == 1 and said[0].startswith(
-        f"{p}: config.max_num_partial_prefils: vLLM 9.9.8, 9.9.9 have no such field in "), said
+        f"error: {p}: config.max_num_partial_prefils: vLLM 9.9.8, 9.9.9 have no such field in "), said
+    # the prefix a load error has: the same file with a schema error, through the entry point
+    bad = write(tmp_path, GOOD.replace("prompt_len: 10", "prompt_len: -4"))
+    with pytest.raises(SystemExit) as out:
+        main(["run", str(bad)], signals=False)
+    assert out.value.code == 2
+    load_line = " ".join(capsys.readouterr().err.split())
+    assert load_line.startswith(f"error: {bad}: requests[0].prompt_len: "), load_line

@@ -26,13 +26,58 @@ NGRAM_FLAT_FIELDS = ("speculative_model", "num_speculative_tokens", "ngram_promp
                      "ngram_prompt_lookup_min")
 
 
-def engine_arg_refusal(key: str, version: str, known) -> str:
-    """The one-line refusal of ``config.<key>``, a field vLLM ``version``'s ``EngineArgs``
-    (field names ``known``) lacks: the field it likely misspells, else drop it."""
+def _near(key: str, known) -> str | None:
+    """The one of ``known`` that ``key`` likely misspells, or None."""
     near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
-    fix = f"did you mean {near[0]}?" if near else "drop it for this release"
-    return (f"config.{key}: vLLM {version}'s EngineArgs has no field {key!r} (level: "
-            f"v0-engine); {fix}")
+    return near[0] if near else None
+
+
+def _listed(keys: list[str], known) -> str:
+    """``foo, max_num_seqz (did you mean max_num_seqs?)``: each key with the field it likely
+    misspells."""
+    return ", ".join(k + (f" (did you mean {near}?)" if (near := _near(k, known)) else "")
+                     for k in keys)
+
+
+def engine_arg_refusal(keys: str | list[str], version: str, known) -> str:
+    """The one-line refusal of the ``config:`` field(s) ``keys`` vLLM ``version``'s
+    ``EngineArgs`` (field names ``known``) lacks: each with the field it likely misspells, else
+    drop it. One key: ``config.preemtion_mode: vLLM 0.6.3.post1's EngineArgs has no field
+    'preemtion_mode' (level: v0-engine); did you mean preemption_mode?``; several: ``config:
+    vLLM 0.7.3's EngineArgs has no fields foo, enable_chunked_prefil (did you mean
+    enable_chunked_prefill?) at level: v0-engine; correct the misspelt names, drop the others
+    for this release``."""
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    if len(keys) == 1:
+        key = keys[0]
+        near = _near(key, known)
+        fix = f"did you mean {near}?" if near else "drop it for this release"
+        return (f"config.{key}: vLLM {version}'s EngineArgs has no field {key!r} (level: "
+                f"v0-engine); {fix}")
+    guessed = sum(1 for k in keys if _near(k, known))
+    fix = ("drop them for this release" if not guessed else "correct the misspelt names"
+           if guessed == len(keys) else "correct the misspelt names, drop the others for this "
+           "release")
+    return (f"config: vLLM {version}'s EngineArgs has no fields {_listed(keys, known)} at level: "
+            f"v0-engine; {fix}")
+
+
+def passthrough_refusal(keys: list[str], version: str, classes, known) -> str:
+    """The one-line refusal of the pass-through ``config:`` field(s) ``keys`` that none of the
+    release's config ``classes`` (``SchedulerConfig``, ...; their field names and the lab's
+    ``known``, for the likely misspelling) has, at the V1 levels. One key: ``config.blok_size:
+    vLLM 0.10.2 has no such field in SchedulerConfig, ...; did you mean block_size? check the
+    name against that release's vllm/config, or drop it for this release``; several:
+    ``config: vLLM 0.10.2 has no fields foo, blok_size (did you mean block_size?) in
+    SchedulerConfig, ...; check the names ...``."""
+    where = ", ".join(classes)
+    if len(keys) == 1:
+        near = _near(keys[0], known)
+        guess = f"did you mean {near}? " if near else ""
+        return (f"config.{keys[0]}: vLLM {version} has no such field in {where}; {guess}check "
+                "the name against that release's vllm/config, or drop it for this release")
+    return (f"config: vLLM {version} has no fields {_listed(keys, known)} in {where}; check the "
+            "names against that release's vllm/config, or drop them for this release")
 
 
 def _accepts(value, annotation) -> tuple[bool, list[str]] | None:

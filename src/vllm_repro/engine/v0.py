@@ -250,9 +250,9 @@ class V0Adapter:
         model = cfg.get("model", (cfg.get("passthrough") or {}).get("model"))
         kw["model"] = str(self.model_dir if model is None else self.packaged_model(model))
         self._fold_speculative(kw)
-        for key in kw:
-            if key not in self.engine_args_fields:
-                raise RefusedByRelease(engine_arg_refusal(key, v, self.engine_args_fields))
+        missing = [key for key in kw if key not in self.engine_args_fields]
+        if missing:
+            raise RefusedByRelease(engine_arg_refusal(missing, v, self.engine_args_fields))
         hints = self.engine_args_types
         for key, value in kw.items():  # what the command line's argparse types would have made
             if key not in ("model", "skip_tokenizer_init", "disable_log_stats") and key in hints:

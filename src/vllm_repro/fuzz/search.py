@@ -75,7 +75,7 @@ def signature(result: RunResult) -> str | None:
         vs = result.all_violations()
         if not vs:
             return "violation"
-        return f"violation:{vs[0].code}" + (f"/{vs[0].mechanism}" if vs[0].mechanism else "")
+        return f"violation:{vs[0].label()}"
     if outcome == "stall":
         return "stall"
     return None
@@ -553,8 +553,10 @@ def run_campaign(cfg: SearchConfig, env, workers: int, log_dir: Path, on_update=
 
 
 def write_finding(finding: Finding, version: str, out_dir: Path) -> tuple[Path, Path]:
-    """Write ``<out_dir>/<slug>.yaml`` (catalog-ready, ``reproduces_on`` set) and a pytest
-    regression file beside it; returns both paths."""
+    """Write ``<out_dir>/<slug>.yaml`` (catalog-ready, ``reproduces_on`` set, ``expect`` what
+    re-matches the finding's signature: a crash's exception and frame, a violation's code and
+    its mechanism where it has one) and a pytest regression file beside it; returns both
+    paths."""
     import yaml
 
     from ..scenario import parse_scenario
@@ -570,6 +572,8 @@ def write_finding(finding: Finding, version: str, out_dir: Path) -> tuple[Path, 
             expect["where"] = res.crash.where.where()
     elif res.outcome == "violation":
         expect["code"] = res.violations[0].code
+        if res.violations[0].mechanism:  # the signature's /mechanism: the same way to the code
+            expect["mechanism"] = res.violations[0].mechanism
     sc["expect"] = expect
     sc["vllm"] = {"reproduces_on": [version]}
     level = sc.get("level", "scheduler")

@@ -68,7 +68,9 @@ def write_index(reports: Path) -> Path | None:
         release_cell = html.escape(rel.parts[1])
         if page:
             release_cell = f'<a href="{href(PAGE)}">{release_cell}</a>'
-        also = "".join(f"<div class='also'>{html.escape(str(a.get('code')))} @{a.get('step')}: "
+        also = "".join(f"<div class='also'>{html.escape(str(a.get('code')))}"
+                       + (f"/{html.escape(str(a['mechanism']))}" if a.get("mechanism") else "")
+                       + f" @{a.get('step')}: "
                        f"{html.escape(str(a.get('message', '')))}</div>"
                        for a in verdict.get("also") or ())
         if data.outcome == "error" and data.error is not None:

@@ -43,7 +43,7 @@ def marks(trace: list[TraceLine], result: RunResult | None = None) -> list[tuple
         for v in line.violations or ():
             if (step, v.code) not in seen:
                 seen.add((step, v.code))
-                out.append((step, "violation", f"{v.code} @{step}"))
+                out.append((step, "violation", f"{v.label()} @{step}"))
     if result is None:
         return sorted(out, key=lambda m: (m[0], m[1] != "crash"))
     for v in result.all_violations():

@@ -18,8 +18,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ..engine.engine_args import NGRAM_FLAT_FIELDS, engine_arg_refusal
-from .schema import SchedulerSettings, close_field
+from ..engine.engine_args import NGRAM_FLAT_FIELDS, engine_arg_refusal, passthrough_refusal
+from .schema import SchedulerSettings
 
 #: the classes a pass-through field may belong to (engine/adapter/build.py's lookup order)
 PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig")
@@ -108,9 +108,10 @@ def release_engine_args_fields(tree: Path) -> set[str] | None:
 
 def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | None,
                         level: str = "scheduler") -> str | None:
-    """The one-line refusal of the first pass-through key of ``config`` that the release in
-    ``tree`` has in none of :data:`PASSTHROUGH_CLASSES` (with the field it likely misspells),
-    or None when every key is there or the source does not settle it. At ``level: v0-engine``
+    """The one-line refusal naming every pass-through key of ``config`` that the release in
+    ``tree`` has in none of :data:`PASSTHROUGH_CLASSES` (each with the field it likely
+    misspells: :func:`~vllm_repro.engine.engine_args.passthrough_refusal`), or None when every
+    key is there or the source does not settle it. At ``level: v0-engine``
     the keys go to the release's ``EngineArgs`` (:func:`release_engine_args_fields`; the
     n-gram drafter's ``NGRAM_FLAT_FIELDS`` are left to the worker, which may fold them)."""
     extra = list(config.model_extra or {})
@@ -121,26 +122,19 @@ def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | No
     known = release_config_fields(tree)
     if known is None:
         return None
-    for key in extra:
-        if key in known:
-            continue
-        near = close_field(key, set(SchedulerSettings.model_fields) | known)
-        guess = f"did you mean {near}? " if near else ""
-        return (f"config.{key}: vLLM {version} has no such field in "
-                f"{', '.join(PASSTHROUGH_CLASSES)}; {guess}check the name against that "
-                "release's vllm/config, or drop it for this release")
-    return None
+    missing = [key for key in extra if key not in known]
+    if not missing:
+        return None
+    return passthrough_refusal(missing, version, PASSTHROUGH_CLASSES,
+                               set(SchedulerSettings.model_fields) | known)
 
 
 def _unknown_engine_arg(extra: list[str], version: str, tree: Path) -> str | None:
-    """:func:`unknown_passthrough` at ``level: v0-engine``: the first of ``extra`` the release's
-    ``EngineArgs`` lacks, in the worker's words (``engine/v0.py:V0Adapter.engine_args``)."""
+    """:func:`unknown_passthrough` at ``level: v0-engine``: every one of ``extra`` the
+    release's ``EngineArgs`` lacks, in the worker's words (``engine/v0.py:V0Adapter.engine_args``)."""
     known = release_engine_args_fields(tree)
     if known is None:
         return None
-    for key in extra:
-        if key in known or key in NGRAM_FLAT_FIELDS:
-            continue
-        return engine_arg_refusal(key, version, known | set(NGRAM_FLAT_FIELDS))
-    return None
+    missing = [key for key in extra if key not in known and key not in NGRAM_FLAT_FIELDS]
+    return engine_arg_refusal(missing, version, known | set(NGRAM_FLAT_FIELDS)) if missing else None
 

@@ -560,13 +560,20 @@ class Limits(Strict):
 class Expect(Strict):
     """What the buggy releases (``reproduces_on``) show. ``where`` is a vLLM file, optionally with
     ``:function`` (``vllm/v1/core/sched/scheduler.py:schedule``), matched against the innermost
-    vLLM frame; ``code`` a violation code; ``message`` a regular expression; ``step`` exact."""
+    vLLM frame; ``code`` a violation code; ``mechanism`` which of the code's ways
+    (:data:`vllm_repro.records.MECHANISMS`, e.g. ``KV_PREFIX_MAP``'s ``fresh-block``), matched
+    against :attr:`~vllm_repro.records.Violation.mechanism`; ``message`` a regular expression;
+    ``step`` exact. Raises ``ValueError`` (a schema error naming the field) for a field that does
+    not apply to ``outcome``, a ``mechanism`` without ``code`` or not one of the code's, and a
+    ``message`` that is no regular expression."""
 
     outcome: Outcome
     exception: str | None = None
     where: str | None = None
     message: str | None = None
     code: str | None = None
+    #: which of ``code``'s ways the violation came about (``outcome: violation`` with ``code``)
+    mechanism: str | None = None
     step: PosInt | None = None
     #: where the crash happened: ``engine-build`` (vLLM's start-up: config checks, KV cache
     #: sizing), ``add_request``, ``schedule``, ``update_from_output``, ``step`` ...
@@ -584,6 +591,29 @@ class Expect(Strict):
             except re.error as exc:
                 raise ValueError(f"`message` is not a valid regular expression: {exc}") from exc
         return self
+
+    @field_validator("mechanism")
+    @classmethod
+    def _one_of_the_codes_ways(cls, mechanism: str | None, info):
+        """``mechanism`` names one of ``code``'s ways (:data:`~vllm_repro.records.MECHANISMS`);
+        ``outcome`` and ``code`` are validated before it (declared first)."""
+        from ..records import MECHANISMS
+
+        if mechanism is None:
+            return mechanism
+        code = info.data.get("code")
+        if info.data.get("outcome") != "violation" or not code:
+            raise ValueError("only applies to outcome: violation with its code; add the code "
+                             f"({' or '.join(MECHANISMS)}) or drop mechanism")
+        known = MECHANISMS.get(code)
+        if not known:
+            raise ValueError(f"the audit tells no mechanisms of {code} apart (only of "
+                             f"{', '.join(MECHANISMS)}); drop mechanism")
+        if mechanism not in known:
+            near = close_field(mechanism, known, cutoff=0.6)
+            raise ValueError(f"{mechanism!r} is not one of {code}'s: {', '.join(known)}"
+                             + (f"; did you mean {near}?" if near else "; use one of them"))
+        return mechanism
 
 
 #: what a scenario may not be named: the lab's own entries in a reports folder (the index page,

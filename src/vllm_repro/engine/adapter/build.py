@@ -46,18 +46,23 @@ class BuildMixin:
 
     def route_passthrough(self, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Which vLLM config class takes each pass-through field: ``{class name: {field: value}}``.
-        Raises :class:`RefusedByRelease` for a field none of :data:`PASSTHROUGH_CLASSES` has."""
+        Raises :class:`RefusedByRelease` naming every field none of :data:`PASSTHROUGH_CLASSES`
+        has (:func:`~vllm_repro.engine.engine_args.passthrough_refusal`)."""
+        from ..engine_args import passthrough_refusal
+
         routed: dict[str, dict[str, Any]] = {}
+        missing = []
         for key, value in (cfg.get("passthrough") or {}).items():
             for cls_name in self.PASSTHROUGH_CLASSES:
                 if key in self.config_fields(cls_name):
                     routed.setdefault(cls_name, {})[key] = value
                     break
             else:
-                raise RefusedByRelease(
-                    f"config.{key}: vLLM {self.version} has no such field in "
-                    f"{', '.join(self.PASSTHROUGH_CLASSES)}; check the name against that "
-                    "release's vllm/config, or drop it for this release")
+                missing.append(key)
+        if missing:
+            known = set().union(*(self.config_fields(c) for c in self.PASSTHROUGH_CLASSES))
+            raise RefusedByRelease(passthrough_refusal(missing, self.version,
+                                                       self.PASSTHROUGH_CLASSES, known))
         return routed
 
     def build_vllm_config(self, cfg: dict[str, Any], load_tokenizer: bool = False) -> tuple[Any, type]:
