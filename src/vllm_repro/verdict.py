@@ -293,10 +293,11 @@ def _compare(exp, result: RunResult) -> list[str]:
         found = result.all_violations()
         codes = [x.code for x in found]
         if exp.code and exp.code not in codes:
-            reasons.append(f"violation codes {codes} lack {exp.code}")
+            reasons.append(f"no {exp.code} among the violations ({violations_at(found)})")
         elif exp.mechanism and not any(_is_expected_kind(exp, x) for x in found):
-            seen = sorted({x.label() for x in found if x.code == exp.code})
-            reasons.append(f"{exp.code} violations {seen} lack mechanism {exp.mechanism}")
+            seen = [x for x in found if x.code == exp.code]
+            reasons.append(f"no {exp.code}/{exp.mechanism} among the violations "
+                           f"({violations_at(seen)})")
         if exp.step and not any(x.step == exp.step for x in found if _is_expected_kind(exp, x)):
             reasons.append(f"no violation at step {exp.step}")
     elif outcome == "stall":

@@ -46,8 +46,8 @@ def test_a_written_finding_round_trips_and_re_matches_its_own_mechanism_only(tmp
     # the code's other way is another finding: not this scenario's bug
     other = judge(sc, "0.8.4", prefix_map("uncomputed-hit"))
     assert other.ok is False
-    assert other.reason == ("KV_PREFIX_MAP violations ['KV_PREFIX_MAP/uncomputed-hit'] lack "
-                            "mechanism fresh-block")
+    assert other.reason == ("no KV_PREFIX_MAP/fresh-block among the violations "
+                            "(KV_PREFIX_MAP/uncomputed-hit @12)")
 
 
 def test_a_finding_without_a_mechanism_writes_the_code_alone(tmp_path):
@@ -86,10 +86,23 @@ def test_on_a_clean_on_release_only_the_expected_mechanism_is_the_scenarios_bug(
      "expect.mechanism: 'fresh_block' is not one of KV_PREFIX_MAP's: fresh-block, "
      "uncomputed-hit; did you mean fresh-block?"),
     ("{outcome: violation, mechanism: finished}",
-     "expect.mechanism: only applies to outcome: violation with its code; add the code "
-     "(KV_PREFIX_MAP or REQ_RESIDUE) or drop mechanism"),
+     "expect.mechanism: needs the violation's code: add code (KV_PREFIX_MAP or REQ_RESIDUE) or "
+     "drop mechanism"),
     ("{outcome: violation, code: KV_LEAK, mechanism: finished}",
      "expect.mechanism: the audit tells no mechanisms of KV_LEAK apart"),
+    # the outcome is what is wrong, not the code
+    ("{outcome: crash, code: REQ_RESIDUE, mechanism: finished}",
+     "expect.mechanism: only applies to outcome: violation; drop mechanism"),
+    # a number or a boolean: the tags, not a hint to quote it
+    ("{outcome: violation, code: REQ_RESIDUE, mechanism: 3}",
+     "expect.mechanism: 3 is no mechanism tag; use one of finished, aborted, ignored"),
+    ("{outcome: violation, code: REQ_RESIDUE, mechanism: FINISHED}",
+     "did you mean finished?"),
+    # a misspelt code is refused at load (it could only show as a failed reproduction), and
+    # the mechanism's own check does not point the other way
+    ("{outcome: violation, code: REQ_RESIDU, mechanism: finished}",
+     "expect.code: 'REQ_RESIDU' is no violation code of the audit; did you mean REQ_RESIDUE?"),
+    ("{outcome: violation, code: req_residue}", "did you mean REQ_RESIDUE?"),
 ])
 def test_a_bad_mechanism_is_one_line_naming_the_field_and_the_fix(tmp_path, expect, words):
     p = tmp_path / "s.yaml"

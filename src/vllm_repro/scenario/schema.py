@@ -592,6 +592,33 @@ class Expect(Strict):
                 raise ValueError(f"`message` is not a valid regular expression: {exc}") from exc
         return self
 
+    @field_validator("code")
+    @classmethod
+    def _a_violation_code(cls, code: str | None):
+        """``code`` is one of the audit's codes (:data:`vllm_repro.audit.codes.CODES`): a
+        misspelt code would otherwise only show as a failed reproduction."""
+        from ..audit.codes import CODES
+
+        if code is None or code in CODES:
+            return code
+        near = code.upper() if code.upper() in CODES else close_field(code, CODES, cutoff=0.6)
+        raise ValueError(f"{code!r} is no violation code of the audit"
+                         + (f"; did you mean {near}?" if near else
+                            f"; use one of {', '.join(CODES)} (docs/audit.md)"))
+
+    @field_validator("mechanism", mode="before")
+    @classmethod
+    def _a_tag(cls, mechanism, info):
+        """A ``mechanism`` that YAML read as no string (``3``, ``true``) is refused with the
+        tags themselves, not a hint to quote it."""
+        if mechanism is None or isinstance(mechanism, str):
+            return mechanism
+        from ..records import MECHANISMS
+
+        known = MECHANISMS.get(info.data.get("code") or "") or \
+            tuple(t for tags in MECHANISMS.values() for t in tags)
+        raise ValueError(f"{mechanism!r} is no mechanism tag; use one of {', '.join(known)}")
+
     @field_validator("mechanism")
     @classmethod
     def _one_of_the_codes_ways(cls, mechanism: str | None, info):
@@ -601,16 +628,21 @@ class Expect(Strict):
 
         if mechanism is None:
             return mechanism
+        if "outcome" in info.data and info.data["outcome"] != "violation":
+            raise ValueError("only applies to outcome: violation; drop mechanism")
+        if "code" not in info.data:  # (the code itself was refused: that error says why)
+            return mechanism
         code = info.data.get("code")
-        if info.data.get("outcome") != "violation" or not code:
-            raise ValueError("only applies to outcome: violation with its code; add the code "
+        if not code:
+            raise ValueError("needs the violation's code: add code "
                              f"({' or '.join(MECHANISMS)}) or drop mechanism")
         known = MECHANISMS.get(code)
         if not known:
             raise ValueError(f"the audit tells no mechanisms of {code} apart (only of "
                              f"{', '.join(MECHANISMS)}); drop mechanism")
         if mechanism not in known:
-            near = close_field(mechanism, known, cutoff=0.6)
+            near = mechanism.strip().lower() if mechanism.strip().lower() in known \
+                else close_field(mechanism, known, cutoff=0.6)
             raise ValueError(f"{mechanism!r} is not one of {code}'s: {', '.join(known)}"
                              + (f"; did you mean {near}?" if near else "; use one of them"))
         return mechanism
