@@ -112,7 +112,7 @@ def test_a_configuration_vllms_own_validators_refuse_is_an_input_error(cli, tmp_
     # the table's cell begins the sentence; the whole of it is the line under the table
     assert ("vLLM 0.33.0 refuses this configuration: ValidationError: 1 validation error for "
             "SchedulerConfig") in proc.stdout
-    line = next(x for x in proc.stderr.splitlines() if x.startswith(f"{bad}: "))
+    line = next(x for x in proc.stderr.splitlines() if x.startswith(f"error: {bad}: "))
     assert "long_prefill_token_threshold (64) cannot be greater than the max_model_len (48)" in line
 
 
