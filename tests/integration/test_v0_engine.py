@@ -99,9 +99,10 @@ def test_v0_field_the_release_lacks_is_exit_2_naming_field_and_release(cli, tmp_
     res = cli("run", bad, quoted, multi, spec, ignored, "--vllm", RELEASE, "--reports", str(reports))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "config.max_num_partial_prefills" in res.stdout + res.stderr
-    assert f"vLLM {RELEASE}'s EngineArgs has no field" in res.stdout + res.stderr
-    assert (f"config.disable_async_output_proc: 'no' does not fit vLLM {RELEASE}'s "
-            "EngineArgs.disable_async_output_proc (bool); write true or false (without quotes)"
+    assert f"vLLM {RELEASE} has no EngineArgs field" in res.stdout + res.stderr
+    assert ("config.disable_async_output_proc: 'no' does not fit "
+            f"EngineArgs.disable_async_output_proc (bool) of vLLM {RELEASE}; write true or false "
+            "(without quotes)"
             in res.stderr), res.stderr
     clean = json.loads((reports / "v0-multi-step" / RELEASE / "result.json").read_text())
     assert clean["outcome"] == "clean", clean

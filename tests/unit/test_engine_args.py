@@ -25,7 +25,10 @@ BlockSize = Literal[1, 8, 16, 32, 64, 128]
 ])
 def test_a_value_the_annotation_does_not_take_is_refused_in_one_line(key, value, annotation, want):
     msg = engine_arg_type_error(key, value, annotation, "0.8.5")
-    assert msg.startswith(f"config.{key}: {value!r} does not fit vLLM 0.8.5's EngineArgs.{key} (")
+    shown = {True: "true", False: "false"}.get(value, repr(value)) if isinstance(value, bool) \
+        else repr(value)  # (as the scenario's YAML wrote it)
+    assert msg.startswith(f"config.{key}: {shown} does not fit EngineArgs.{key} (")
+    assert " of vLLM 0.8.5; " in msg
     assert msg.endswith(want) and "\n" not in msg
 
 

@@ -147,7 +147,7 @@ def v0_scenario(**extra):
 def test_v0_a_misspelled_engine_arg_is_refused_from_the_source_with_the_one_it_means(tmp_path):
     t = v0_tree(tmp_path)
     msg = unknown_passthrough(v0_scenario(preemtion_mode="swap").config, "0.6.3.post1", t, "v0-engine")
-    assert msg == ("config.preemtion_mode: vLLM 0.6.3.post1's EngineArgs has no field "
+    assert msg == ("config.preemtion_mode: vLLM 0.6.3.post1 has no EngineArgs field "
                    "'preemtion_mode' (level: v0-engine); did you mean preemption_mode?")
     far = unknown_passthrough(v0_scenario(kv_connector="x").config, "0.6.3.post1", t, "v0-engine")
     assert far.endswith("; drop it for this release")
@@ -163,12 +163,12 @@ def test_v0_every_unknown_engine_arg_is_named_in_one_line(tmp_path):
     t = v0_tree(tmp_path)
     msg = unknown_passthrough(v0_scenario(preemtion_mode="swap", kv_connector="x", swap_space=1)
                               .config, "0.6.3.post1", t, "v0-engine")
-    assert msg == ("config: vLLM 0.6.3.post1's EngineArgs has no fields preemtion_mode (did you "
+    assert msg == ("config: vLLM 0.6.3.post1 has no EngineArgs fields preemtion_mode (did you "
                    "mean preemption_mode?), kv_connector at level: v0-engine; correct the "
                    "misspelt names, drop the others for this release")
     both = unknown_passthrough(v0_scenario(kv_connector="x", foo=1).config, "0.6.3.post1", t,
                                "v0-engine")
-    assert both.endswith("has no fields kv_connector, foo at level: v0-engine; drop them for "
+    assert both.endswith("has no EngineArgs fields kv_connector, foo at level: v0-engine; drop them for "
                          "this release")
 
 

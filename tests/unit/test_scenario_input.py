@@ -299,7 +299,7 @@ def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, caps
     said = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert said == [f"error: {p}: config.max_num_partial_prefils: vLLM 9.9.9 has no such field in "
                     "SchedulerConfig, CacheConfig, ParallelConfig, SpeculativeConfig; did you mean "
-                    "max_num_partial_prefills? check the name against that release's vllm/config, "
+                    "max_num_partial_prefills? If not, check the name against that release's vllm/config, "
                     "or drop it for this release"], said
     # the same refusal from two releases is one line naming both, not the line twice
     items = []

@@ -42,9 +42,9 @@ def _listed(keys: list[str], known) -> str:
 def engine_arg_refusal(keys: str | list[str], version: str, known) -> str:
     """The one-line refusal of the ``config:`` field(s) ``keys`` vLLM ``version``'s
     ``EngineArgs`` (field names ``known``) lacks: each with the field it likely misspells, else
-    drop it. One key: ``config.preemtion_mode: vLLM 0.6.3.post1's EngineArgs has no field
+    drop it. One key: ``config.preemtion_mode: vLLM 0.6.3.post1 has no EngineArgs field
     'preemtion_mode' (level: v0-engine); did you mean preemption_mode?``; several: ``config:
-    vLLM 0.7.3's EngineArgs has no fields foo, enable_chunked_prefil (did you mean
+    vLLM 0.7.3 has no EngineArgs fields foo, enable_chunked_prefil (did you mean
     enable_chunked_prefill?) at level: v0-engine; correct the misspelt names, drop the others
     for this release``."""
     keys = [keys] if isinstance(keys, str) else list(keys)
@@ -52,13 +52,13 @@ def engine_arg_refusal(keys: str | list[str], version: str, known) -> str:
         key = keys[0]
         near = _near(key, known)
         fix = f"did you mean {near}?" if near else "drop it for this release"
-        return (f"config.{key}: vLLM {version}'s EngineArgs has no field {key!r} (level: "
+        return (f"config.{key}: vLLM {version} has no EngineArgs field {key!r} (level: "
                 f"v0-engine); {fix}")
     guessed = sum(1 for k in keys if _near(k, known))
     fix = ("drop them for this release" if not guessed else "correct the misspelt names"
            if guessed == len(keys) else "correct the misspelt names, drop the others for this "
            "release")
-    return (f"config: vLLM {version}'s EngineArgs has no fields {_listed(keys, known)} at level: "
+    return (f"config: vLLM {version} has no EngineArgs fields {_listed(keys, known)} at level: "
             f"v0-engine; {fix}")
 
 
@@ -66,14 +66,14 @@ def passthrough_refusal(keys: list[str], version: str, classes, known) -> str:
     """The one-line refusal of the pass-through ``config:`` field(s) ``keys`` that none of the
     release's config ``classes`` (``SchedulerConfig``, ...; their field names and the lab's
     ``known``, for the likely misspelling) has, at the V1 levels. One key: ``config.blok_size:
-    vLLM 0.10.2 has no such field in SchedulerConfig, ...; did you mean block_size? check the
+    vLLM 0.10.2 has no such field in SchedulerConfig, ...; did you mean block_size? If not, check the
     name against that release's vllm/config, or drop it for this release``; several:
     ``config: vLLM 0.10.2 has no fields foo, blok_size (did you mean block_size?) in
     SchedulerConfig, ...; check the names ...``."""
     where = ", ".join(classes)
     if len(keys) == 1:
         near = _near(keys[0], known)
-        guess = f"did you mean {near}? " if near else ""
+        guess = f"did you mean {near}? If not, " if near else ""
         return (f"config.{keys[0]}: vLLM {version} has no such field in {where}; {guess}check "
                 "the name against that release's vllm/config, or drop it for this release")
     return (f"config: vLLM {version} has no fields {_listed(keys, known)} in {where}; check the "
@@ -139,5 +139,12 @@ def engine_arg_type_error(key: str, value, annotation, version: str) -> str | No
     name = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
     takes_text = "a string" in words or any("'" in w for w in words)  # a Literal of strings
     quoted = " (without quotes)" if isinstance(value, str) and not takes_text else ""
-    return (f"config.{key}: {value!r} does not fit vLLM {version}'s EngineArgs.{key} ({name}); "
-            f"write {want}{quoted}")
+    return (f"config.{key}: {_yaml(value)} does not fit EngineArgs.{key} ({name}) of vLLM "
+            f"{version}; write {want}{quoted}")
+
+
+def _yaml(value) -> str:
+    """``value`` as the scenario wrote it: ``true``, ``null``, ``'no'``, ``7``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else repr(value)
