@@ -96,3 +96,37 @@ def test_a_release_refusing_input_is_counted_refused_not_found():
     assert _outcome_kind(crash("ValueError", "engine-build")) == "refused"
     assert _outcome_kind(crash("ValueError", "schedule")) == "crash"
     assert _outcome_kind(crash("TypeError", "add_request")) == "crash"  # #29747's kind
+
+
+class TwoBugWorker(GrammarWorker):
+    """An empty grammar crashes with RuntimeError, a list as ``items`` with TypeError: two
+    signatures, so a search shrinking one meets the other."""
+
+    def run(self, payload, _trace, audit=True, keep_going=False):
+        res = super().run(payload, _trace, audit, keep_going)
+        if res.outcome == "crash" and res.crash.message.startswith("items"):
+            res.crash.type = "TypeError"
+        return res
+
+
+def test_a_failure_met_while_shrinking_another_is_said_not_dropped():
+    from vllm_repro.fuzz.search import Campaign
+
+    found = []
+    cfg = SearchConfig(version="9.9", profile=replace(DEFAULT, kv_connectors=False), seed=3,
+                       time_s=60, stop_on_first=True, target=None, audit=False,
+                       level="engine-core", use_database=False)
+    stats = search(0, cfg, None, None,
+                   lambda kind, p: found.append(p) if kind == "finding" else None,
+                   worker=TwoBugWorker())
+    assert len(found) == 1
+    sigs = {f"crash:{t}@{WHERE.file}:compile_grammar" for t in ("RuntimeError", "TypeError")}
+    assert found[0].signature in sigs
+    # what the search met besides its finding: the other bug, and only that
+    assert set(stats["others"]) == sigs - {found[0].signature}, stats["others"]
+    camp = Campaign(findings={found[0].signature: found[0]}, others=stats["others"])
+    line = camp.unshrunk()
+    assert line.startswith("also failed, not shrunk") and (sigs - {found[0].signature}).pop() in line
+    assert "--target" in line
+    # a signature that is a finding too is not said again
+    assert Campaign(findings={s: found[0] for s in sigs}, others=stats["others"]).unshrunk() is None

@@ -121,6 +121,9 @@ def fuzz(
                          if f.first_failure_s is not None else "")
                       + f" -> {path} (+ {test.name})")
             found_any = True
+        unshrunk = camp.unshrunk()
+        if unshrunk:
+            say(unshrunk)
         if ladder:
             if camp.findings:
                 out.print(f"ladder: level [bold]{profile.name}[/bold] fails; stopping there")

@@ -338,8 +338,10 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
     ``progress`` (the counts), ``finding`` (a :class:`Finding`), ``error`` (a lab error's
     message, the first three), ``note``, ``input`` (an :class:`InputError`'s message) and
     ``fatal`` (anything else that stopped the search); nothing is raised. Returns the final
-    counts ``{"examples", "errors", "by_outcome", "bound"}`` (``bound``: ``examples`` or
-    ``time``, whichever ended the search; None when it did not start). ``worker``: an engine
+    counts ``{"examples", "errors", "by_outcome", "bound", "others"}`` (``bound``: ``examples``
+    or ``time``, whichever ended the search; None when it did not start; ``others``: signature
+    -> runs, the failures seen while the search was shrinking another one, never shrunk
+    themselves unless a later chunk found them again). ``worker``: an engine
     worker of ``env`` already started (left running), instead of starting one here.
 
     Each chunk of :data:`CHUNK` examples is one run of :func:`machine.machine_class`'s state
@@ -352,7 +354,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
 
     _without_local_constants()
     t0 = time.perf_counter()
-    stats = {"examples": 0, "errors": 0, "by_outcome": {}, "bound": None}
+    stats = {"examples": 0, "errors": 0, "by_outcome": {}, "bound": None, "others": {}}
     try:
         database = cfg.example_database()
         with nullcontext(worker) if worker is not None else Worker(env, log) as worker:
@@ -445,6 +447,8 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
                     if sig == state["target"]:  # noqa: B023
                         state["last"] = (sc, result)  # noqa: B023
                         raise _Found(sig)
+                    # another failure while shrinking this one: not followed now, but said
+                    stats["others"][sig] = stats["others"].get(sig, 0) + 1
 
                 machine = seed(_chunk_seed(cfg.seed, index, chunk))(
                     machine_class(profile, cfg.level, worker.capabilities, check, cfg.version))
@@ -489,6 +493,19 @@ class Campaign:
     input_errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    #: signature -> runs: failures seen while shrinking another (``search``'s ``others``)
+    others: dict[str, int] = field(default_factory=dict)
+
+    def unshrunk(self) -> str | None:
+        """The line for the failures seen but not shrunk (none of them a finding): ``also
+        failed, not shrunk: crash:AssertionError@scheduler.py:schedule (2 runs), stall (1 run);
+        run again with --target SIGNATURE to search for one``; None when there are none."""
+        left = {s: n for s, n in self.others.items() if s not in self.findings}
+        if not left:
+            return None
+        listed = ", ".join(f"{s} ({n} run{'s' if n > 1 else ''})" for s, n in sorted(left.items()))
+        return (f"also failed, not shrunk (seen while shrinking another finding): {listed}; run "
+                "again with --target SIGNATURE to search for one")
 
 
 def run_campaign(cfg: SearchConfig, env, workers: int, log_dir: Path, on_update=None) -> Campaign:
@@ -537,10 +554,12 @@ def run_campaign(cfg: SearchConfig, env, workers: int, log_dir: Path, on_update=
         elif kind == "done":
             waiting.discard(idx)
         camp.examples = sum(st["examples"] for st in per_worker.values())
-        camp.by_outcome = {}
+        camp.by_outcome, camp.others = {}, {}
         for st in per_worker.values():
             for k, v in st["by_outcome"].items():
                 camp.by_outcome[k] = camp.by_outcome.get(k, 0) + v
+            for k, v in st.get("others", {}).items():
+                camp.others[k] = camp.others.get(k, 0) + v
         camp.elapsed_s = time.perf_counter() - t0
         if on_update:
             on_update(camp)
