@@ -232,7 +232,7 @@ class V0Adapter:
         policy = cfg.get("policy", "fcfs")
         if policy != "fcfs":
             if "scheduling_policy" not in self.engine_args_fields:
-                raise RefusedByRelease(f"config.policy: vLLM {v}'s EngineArgs has no "
+                raise RefusedByRelease(f"config.policy: vLLM {v} has no EngineArgs field "
                                        "scheduling_policy (FCFS only); use policy: fcfs")
             kw["scheduling_policy"] = policy
         if cfg.get("long_prefill_token_threshold"):
