@@ -105,6 +105,8 @@ def input_error_lines(items) -> list[str]:
         if len(versions) > 1:
             text = (text.replace("\0 has ", "\0 have ") if "\0" in text
                     else f"{text} (on {', '.join(versions)})")
+            text = text.replace("that release's", "those releases'") \
+                .replace("for this release", "for these releases")
         lines.append(f"{where}: {text.replace(chr(0), ', '.join(versions))}")
     return lines
 

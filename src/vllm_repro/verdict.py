@@ -299,7 +299,8 @@ def _compare(exp, result: RunResult) -> list[str]:
             reasons.append(f"no {exp.code}/{exp.mechanism} among the violations "
                            f"({violations_at(seen)})")
         if exp.step and not any(x.step == exp.step for x in found if _is_expected_kind(exp, x)):
-            reasons.append(f"no violation at step {exp.step}")
+            kind = exp.code and (f"{exp.code}/{exp.mechanism}" if exp.mechanism else exp.code)
+            reasons.append(f"no {kind or 'violation'} at step {exp.step}")
     elif outcome == "stall":
         if exp.step and result.stall.step != exp.step:
             reasons.append(f"stall step {result.stall.step} != {exp.step}")

@@ -167,11 +167,17 @@ def test_async_scheduling_at_scheduler_level_is_no_lab_error(cli, tmp_path):
 def test_a_config_field_the_release_lacks_is_exit_2_naming_it(cli, tmp_path):
     sc = at_engine_core(CATALOG / "vllm-29747-priority-equal-arrival.yaml", tmp_path,
                         max_num_partial_prefillz=2)
-    proc = cli("run", str(sc), "--vllm", "0.33.0", "--reports", str(tmp_path / "r"))
+    proc = cli("run", str(sc), "--vllm", "0.33.0", "--reports", str(tmp_path / "r" / "a"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "config.max_num_partial_prefillz: vLLM 0.33.0 has no such field" in proc.stdout + proc.stderr
-    # as a load error, a refused run leaves no reports folder behind, and says so
+    # as a load error, a refused run leaves no reports folder behind (nor the folders it would
+    # have made above it), and says so
     assert not (tmp_path / "r").exists() and "no reports (every run refused its input)" in proc.stderr
+    # a folder already there is left as it was, its index not rewritten
+    (tmp_path / "old").mkdir()
+    proc = cli("run", str(sc), "--vllm", "0.33.0", "--reports", str(tmp_path / "old"))
+    assert proc.returncode == 2 and "no reports (every run refused" in proc.stderr
+    assert not (tmp_path / "old" / "index.html").exists()
 
 
 def test_a_triaged_start_up_crash_replays_at_engine_core(cli, tmp_path):

@@ -86,13 +86,17 @@ def test_on_a_clean_on_release_only_the_expected_mechanism_is_the_scenarios_bug(
      "expect.mechanism: 'fresh_block' is not one of KV_PREFIX_MAP's: fresh-block, "
      "uncomputed-hit; did you mean fresh-block?"),
     ("{outcome: violation, mechanism: finished}",
-     "expect.mechanism: needs the violation's code: add code (KV_PREFIX_MAP or REQ_RESIDUE) or "
-     "drop mechanism"),
+     "expect.mechanism: needs the violation's code: add code (REQ_RESIDUE) or drop mechanism"),
     ("{outcome: violation, code: KV_LEAK, mechanism: finished}",
      "expect.mechanism: the audit tells no mechanisms of KV_LEAK apart"),
     # the outcome is what is wrong, not the code
     ("{outcome: crash, code: REQ_RESIDUE, mechanism: finished}",
-     "expect.mechanism: only applies to outcome: violation; drop mechanism"),
+     "expect: code and mechanism only apply to outcome: violation (this one expects crash); "
+     "drop code and mechanism, or set outcome: violation"),
+    ("{outcome: violation, mechanism: fresh-block}", "add code (KV_PREFIX_MAP) or drop mechanism"),
+    ("{outcome: violation, code: REQ_RESIDUE, mechanism: true}",
+     "expect.mechanism: true is no mechanism tag; use one of finished, aborted, ignored"),
+    ("{outcome: violation, code: 42}", "expect.code: 42 is no violation code; use one of KV_"),
     # a number or a boolean: the tags, not a hint to quote it
     ("{outcome: violation, code: REQ_RESIDUE, mechanism: 3}",
      "expect.mechanism: 3 is no mechanism tag; use one of finished, aborted, ignored"),
@@ -126,3 +130,16 @@ def test_the_mechanisms_a_scenario_may_name_are_the_ones_the_audit_gives():
     src = Path(v0.__file__).read_text()
     skipped = src[src.index("def _how_skipped"):src.index("#: a GPU block no worker")]
     assert set(re.findall(r'"([a-z]+-[a-z]+)"\)', skipped)) == set(MECHANISMS["KV_PREFIX_MAP"])
+
+
+def test_a_missing_step_names_the_expected_kind_not_any_violation(tmp_path):
+    """A violation at the expected step, of another way: the reason says which is missing there
+    (before, "no violation at step 12" beside a table showing one at step 12)."""
+    p = tmp_path / "s.yaml"
+    p.write_text("name: t\nlevel: v0-engine\nvllm: {reproduces_on: ['0.8.4']}\n"
+                 "config: {num_gpu_blocks: 32, num_cpu_blocks: 0, block_size: 16}\n"
+                 "requests: [{id: R1, prompt_len: 32}]\n"
+                 "expect: {outcome: violation, code: KV_PREFIX_MAP, mechanism: fresh-block, step: 12}\n")
+    v = judge(load_scenario(p), "0.8.4", prefix_map("uncomputed-hit", step=12))
+    assert v.ok is False
+    assert v.reason.endswith("; no KV_PREFIX_MAP/fresh-block at step 12"), v.reason

@@ -57,7 +57,9 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
      "fcfs"),
     # a wrong type is refused, not coerced (true would become max_num_seqs 1)
     (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, max_num_seqs: true}"),
-     "config.max_num_seqs", "write a plain int value"),
+     "config.max_num_seqs", "write a whole number (no quotes)"),
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, enable_prefix_caching: yes_please}"),
+     "config.enable_prefix_caching", "write true or false (no quotes)"),
     (("config: {num_gpu_blocks: 8}", 'config: {num_gpu_blocks: 8, max_num_seqs: "2"}'),
      "config.max_num_seqs", "valid integer"),
     # a quoted number passed through to vLLM would meet a bare TypeError there (newcomer P6)
@@ -222,7 +224,7 @@ def test_every_problem_is_listed_one_line_each_and_exit_2(tmp_path, cli):
     p, lines = run_refused(tmp_path, cli, text)
     assert len(lines) == 3, lines
     fields = ["config.max_num_seqs", "config.policy", "requests[0].prompt_len"]
-    fixes = ["write a plain int value", "use one of the values listed", "at least 1"]
+    fixes = ["write a whole number (no quotes)", "use one of the values listed", "at least 1"]
     for field, fix in zip(fields, fixes):
         (line,) = [ln for ln in lines if f": {field}: " in ln]
         assert line.startswith(f"error: {p}: ") and fix in line, line
@@ -313,6 +315,9 @@ def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, caps
     said = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(said) == 1 and said[0].startswith(
         f"error: {p}: config.max_num_partial_prefils: vLLM 9.9.8, 9.9.9 have no such field in "), said
+    # and its fix speaks of those releases, not of one
+    assert said[0].endswith("check the name against those releases' vllm/config, or drop it for "
+                            "these releases"), said
     # the prefix a load error has: the same file with a schema error, through the entry point
     bad = write(tmp_path, GOOD.replace("prompt_len: 10", "prompt_len: -4"))
     with pytest.raises(SystemExit) as out:

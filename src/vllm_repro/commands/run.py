@@ -44,18 +44,24 @@ def run(
     vllm = checked_releases(vllm, "--vllm")
     items = [RunItem(sc, v) for sc in loaded for v in releases_for(sc, vllm)]
     check_tree(tree)
-    made = not reports.exists()
+    # what this run makes, removed again if every run refuses its input: the outermost missing
+    # folder of --reports (in a folder already there, nothing is removed: another run may be
+    # using its engine locks; the index is then left as it was)
+    made = Path(reports).absolute()
+    while not made.parent.exists():
+        made = made.parent
+    made = None if made.exists() else made
     reports = reports_dir(reports)
     run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=say, tree=tree)
     refused = bool(items) and all(i.verdict.error_kind == "input" for i in items)
-    if refused and made:
+    if refused:
         # every run refused its input (a config field the release lacks...): as a load error,
-        # a refused run leaves no folder behind (docs/inputs.md), only its lines below
-        shutil.rmtree(reports, ignore_errors=True)
+        # a refused run leaves nothing behind (docs/inputs.md), only its lines below
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
     else:
         write_index(reports)
     code = print_results(items, as_json, sched_log)
-    said = "no reports (every run refused its input)" if refused and made \
-        else f"reports in {reports}/"
+    said = "no reports (every run refused its input)" if refused else f"reports in {reports}/"
     say(f"done in {time.perf_counter() - t0:.1f}s; {said}")
     raise typer.Exit(code)

@@ -63,6 +63,10 @@ def _fix_hint(err: dict) -> str:
                 else ("null" if got is None else got)
             return f'write it in quotes ("{text}") so YAML reads it as a string'
         return "write a string value"
+    if kind.startswith("bool_"):
+        return "write true or false (no quotes)"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return "write a whole number (no quotes)"
     if kind.endswith("_type"):
         plain = kind.removesuffix('_type').replace('_', ' ')
         return f"write a plain {plain} value (no quotes, no true/false for numbers)"

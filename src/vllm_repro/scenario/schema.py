@@ -520,6 +520,19 @@ class KVTransferConfig(Strict):
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
     requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _violation_fields(cls, data):
+        """``code`` and ``mechanism`` apply to ``outcome: violation`` only: said once, naming
+        every one of them given, so that the fix it gives is the whole fix."""
+        if isinstance(data, dict) and data.get("outcome") not in (None, "violation"):
+            given = [k for k in ("code", "mechanism") if data.get(k) is not None]
+            if given:
+                raise ValueError(f"{' and '.join(given)} only appl{'y' if len(given) > 1 else 'ies'}"
+                                 f" to outcome: violation (this one expects {data['outcome']}); "
+                                 f"drop {' and '.join(given)}, or set outcome: violation")
+        return data
+
     @model_validator(mode="after")
     def _consistent(self):
         for rid, e in self.requests.items():
@@ -579,12 +592,23 @@ class Expect(Strict):
     #: sizing), ``add_request``, ``schedule``, ``update_from_output``, ``step`` ...
     phase: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _violation_fields(cls, data):
+        """``code`` and ``mechanism`` apply to ``outcome: violation`` only: said once, naming
+        every one of them given, so that the fix it gives is the whole fix."""
+        if isinstance(data, dict) and data.get("outcome") not in (None, "violation"):
+            given = [k for k in ("code", "mechanism") if data.get(k) is not None]
+            if given:
+                raise ValueError(f"{' and '.join(given)} only appl{'y' if len(given) > 1 else 'ies'}"
+                                 f" to outcome: violation (this one expects {data['outcome']}); "
+                                 f"drop {' and '.join(given)}, or set outcome: violation")
+        return data
+
     @model_validator(mode="after")
     def _consistent(self):
         if self.outcome != "crash" and (self.exception or self.where or self.phase):
             raise ValueError("`exception`, `where` and `phase` only apply to outcome: crash")
-        if self.outcome != "violation" and self.code:
-            raise ValueError("`code` only applies to outcome: violation")
         if self.message:
             try:
                 re.compile(self.message)
@@ -592,14 +616,20 @@ class Expect(Strict):
                 raise ValueError(f"`message` is not a valid regular expression: {exc}") from exc
         return self
 
-    @field_validator("code")
+    @field_validator("code", mode="before")
     @classmethod
-    def _a_violation_code(cls, code: str | None):
-        """``code`` is one of the audit's codes (:data:`vllm_repro.audit.codes.CODES`): a
-        misspelt code would otherwise only show as a failed reproduction."""
+    def _a_violation_code(cls, code, info):
+        """``code`` applies to ``outcome: violation`` and is one of the audit's codes
+        (:data:`vllm_repro.audit.codes.CODES`): a misspelt code would otherwise only show as a
+        failed reproduction. Anything YAML read as no string is answered with the codes."""
         from ..audit.codes import CODES
 
-        if code is None or code in CODES:
+        if code is None:
+            return code
+        if not isinstance(code, str):
+            raise ValueError(f"{_yaml_word(code)} is no violation code; use one of "
+                             f"{', '.join(CODES)} (docs/audit.md)")
+        if code in CODES:
             return code
         near = code.upper() if code.upper() in CODES else close_field(code, CODES, cutoff=0.6)
         raise ValueError(f"{code!r} is no violation code of the audit"
@@ -617,7 +647,8 @@ class Expect(Strict):
 
         known = MECHANISMS.get(info.data.get("code") or "") or \
             tuple(t for tags in MECHANISMS.values() for t in tags)
-        raise ValueError(f"{mechanism!r} is no mechanism tag; use one of {', '.join(known)}")
+        raise ValueError(f"{_yaml_word(mechanism)} is no mechanism tag; use one of "
+                         f"{', '.join(known)}")
 
     @field_validator("mechanism")
     @classmethod
@@ -628,14 +659,13 @@ class Expect(Strict):
 
         if mechanism is None:
             return mechanism
-        if "outcome" in info.data and info.data["outcome"] != "violation":
-            raise ValueError("only applies to outcome: violation; drop mechanism")
         if "code" not in info.data:  # (the code itself was refused: that error says why)
             return mechanism
         code = info.data.get("code")
         if not code:
+            owners = [c for c, tags in MECHANISMS.items() if mechanism in tags] or list(MECHANISMS)
             raise ValueError("needs the violation's code: add code "
-                             f"({' or '.join(MECHANISMS)}) or drop mechanism")
+                             f"({' or '.join(owners)}) or drop mechanism")
         known = MECHANISMS.get(code)
         if not known:
             raise ValueError(f"the audit tells no mechanisms of {code} apart (only of "
@@ -646,6 +676,13 @@ class Expect(Strict):
             raise ValueError(f"{mechanism!r} is not one of {code}'s: {', '.join(known)}"
                              + (f"; did you mean {near}?" if near else "; use one of them"))
         return mechanism
+
+
+def _yaml_word(value) -> str:
+    """``value`` as YAML wrote it: ``true``, ``false``, ``null``, ``3``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
 
 
 #: what a scenario may not be named: the lab's own entries in a reports folder (the index page,
