@@ -53,10 +53,12 @@ def run(
     made = None if made.exists() else made
     reports = reports_dir(reports)
     run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=say, tree=tree)
-    refused = bool(items) and all(i.verdict.error_kind == "input" for i in items)
+    # every run refused its input before it started (a config field the release lacks...): as
+    # a load error, a refused run leaves nothing behind (docs/inputs.md), only its lines below;
+    # a run stopped by an input error once started (a trace over its limit) keeps its reports
+    refused = bool(items) and all(i.verdict.error_kind == "input" and not (
+        i.report_dir is not None and i.report_dir.exists()) for i in items)
     if refused:
-        # every run refused its input (a config field the release lacks...): as a load error,
-        # a refused run leaves nothing behind (docs/inputs.md), only its lines below
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
     else:
