@@ -520,19 +520,6 @@ class KVTransferConfig(Strict):
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
     requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _violation_fields(cls, data):
-        """``code`` and ``mechanism`` apply to ``outcome: violation`` only: said once, naming
-        every one of them given, so that the fix it gives is the whole fix."""
-        if isinstance(data, dict) and data.get("outcome") not in (None, "violation"):
-            given = [k for k in ("code", "mechanism") if data.get(k) is not None]
-            if given:
-                raise ValueError(f"{' and '.join(given)} only appl{'y' if len(given) > 1 else 'ies'}"
-                                 f" to outcome: violation (this one expects {data['outcome']}); "
-                                 f"drop {' and '.join(given)}, or set outcome: violation")
-        return data
-
     @model_validator(mode="after")
     def _consistent(self):
         for rid, e in self.requests.items():
