@@ -206,6 +206,12 @@ MECHANISMS: dict[str, tuple[str, ...]] = {
 }
 
 
+def violation_label(code: str, mechanism: str | None = None) -> str:
+    """A violation code with its mechanism where it has one: ``KV_PREFIX_MAP/fresh-block``,
+    ``KV_LEAK`` (the fuzz signature's form, ``violation:LABEL``; the verdict table's)."""
+    return f"{code}/{mechanism}" if mechanism else code
+
+
 @dataclass
 class Violation(Record):
     """One broken invariant (codes: :mod:`vllm_repro.audit.codes`, docs/audit.md).
@@ -238,9 +244,8 @@ class Violation(Record):
                          list(self.blocks), mechanism=self.mechanism)
 
     def label(self) -> str:
-        """The code with its mechanism where it has one: ``KV_PREFIX_MAP/fresh-block``,
-        ``KV_LEAK`` (the fuzz signature's form, ``violation:LABEL``)."""
-        return f"{self.code}/{self.mechanism}" if self.mechanism else self.code
+        """:func:`violation_label` of this violation."""
+        return violation_label(self.code, self.mechanism)
 
     def at(self) -> str:
         """``KV_LEAK @9``, ``REQ_RESIDUE/finished @6``: :meth:`label` and step."""

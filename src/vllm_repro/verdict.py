@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import EXIT_ENV, EXIT_INPUT, EXIT_MISMATCH, EXIT_OK
-from .records import Crash, Frame, RunResult, Violation
+from .records import Crash, Frame, RunResult, Violation, violation_label
 from .scenario.schema import Scenario
 
 
@@ -91,7 +91,7 @@ def _is_expected_kind(exp, x: Violation) -> bool:
     """Whether violation ``x`` has the ``code`` and ``mechanism`` an ``Expect`` gives (either
     left out matches any)."""
     return ((not exp.code or x.code == exp.code)
-            and (not getattr(exp, "mechanism", None) or x.mechanism == exp.mechanism))
+            and (not exp.mechanism or x.mechanism == exp.mechanism))
 
 
 def _signature(scenario: Scenario, violations: list[Violation]) -> list[Violation]:
@@ -296,11 +296,11 @@ def _compare(exp, result: RunResult) -> list[str]:
             reasons.append(f"no {exp.code} among the violations ({violations_at(found)})")
         elif exp.mechanism and not any(_is_expected_kind(exp, x) for x in found):
             seen = [x for x in found if x.code == exp.code]
-            reasons.append(f"no {exp.code}/{exp.mechanism} among the violations "
+            reasons.append(f"no {violation_label(exp.code, exp.mechanism)} among the violations "
                            f"({violations_at(seen)})")
         if exp.step and not any(x.step == exp.step for x in found if _is_expected_kind(exp, x)):
-            kind = exp.code and (f"{exp.code}/{exp.mechanism}" if exp.mechanism else exp.code)
-            reasons.append(f"no {kind or 'violation'} at step {exp.step}")
+            kind = violation_label(exp.code, exp.mechanism) if exp.code else "violation"
+            reasons.append(f"no {kind} at step {exp.step}")
     elif outcome == "stall":
         if exp.step and result.stall.step != exp.step:
             reasons.append(f"stall step {result.stall.step} != {exp.step}")

@@ -139,12 +139,13 @@ def engine_arg_type_error(key: str, value, annotation, version: str) -> str | No
     name = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
     takes_text = "a string" in words or any("'" in w for w in words)  # a Literal of strings
     quoted = " (without quotes)" if isinstance(value, str) and not takes_text else ""
-    return (f"config.{key}: {_yaml(value)} does not fit EngineArgs.{key} ({name}) of vLLM "
+    return (f"config.{key}: {yaml_word(value)} does not fit EngineArgs.{key} ({name}) of vLLM "
             f"{version}; write {want}{quoted}")
 
 
-def _yaml(value) -> str:
-    """``value`` as the scenario wrote it: ``true``, ``null``, ``'no'``, ``7``."""
+def yaml_word(value) -> str:
+    """``value`` as the scenario's YAML wrote it, for a message: ``true``, ``null``, ``7``,
+    ``'no'`` (a string quoted)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     return "null" if value is None else repr(value)

@@ -11,7 +11,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from .. import __version__
-from ..records import RecordError, ReportDir, RunResult
+from ..records import RecordError, ReportDir, RunResult, violation_label
 from .pages import PAGE, SCENARIO_FILE
 
 STYLE = (
@@ -68,10 +68,9 @@ def write_index(reports: Path) -> Path | None:
         release_cell = html.escape(rel.parts[1])
         if page:
             release_cell = f'<a href="{href(PAGE)}">{release_cell}</a>'
-        also = "".join(f"<div class='also'>{html.escape(str(a.get('code')))}"
-                       + (f"/{html.escape(str(a['mechanism']))}" if a.get("mechanism") else "")
-                       + f" @{a.get('step')}: "
-                       f"{html.escape(str(a.get('message', '')))}</div>"
+        also = "".join(f"<div class='also'>"
+                       f"{html.escape(violation_label(str(a.get('code')), a.get('mechanism')))}"
+                       f" @{a.get('step')}: {html.escape(str(a.get('message', '')))}</div>"
                        for a in verdict.get("also") or ())
         if data.outcome == "error" and data.error is not None:
             also += f"<div class='also'>{html.escape(data.error.message)}</div>"

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from ..errors import InputError
 from ..inputs import load_yaml, read_text
+from ..engine.engine_args import yaml_word
 from .schema import Scenario
 
 
@@ -59,9 +60,7 @@ def _fix_hint(err: dict) -> str:
         got = err.get("input")
         if got is None or isinstance(got, (bool, int, float)):
             # YAML read 1, 1.5, true or null: the same text in quotes is the string
-            text = {True: "true", False: "false"}.get(got, got) if isinstance(got, bool) \
-                else ("null" if got is None else got)
-            return f'write it in quotes ("{text}") so YAML reads it as a string'
+            return f'write it in quotes ("{yaml_word(got)}") so YAML reads it as a string'
         return "write a string value"
     if kind.startswith("bool_"):
         return "write true or false (no quotes)"

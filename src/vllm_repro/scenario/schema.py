@@ -19,6 +19,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from ..engine.engine_args import yaml_word
+
 Outcome = Literal["clean", "crash", "violation", "stall"]
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -614,7 +616,7 @@ class Expect(Strict):
         if code is None:
             return code
         if not isinstance(code, str):
-            raise ValueError(f"{_yaml_word(code)} is no violation code; use one of "
+            raise ValueError(f"{yaml_word(code)} is no violation code; use one of "
                              f"{', '.join(CODES)} (docs/audit.md)")
         if code in CODES:
             return code
@@ -634,7 +636,7 @@ class Expect(Strict):
 
         known = MECHANISMS.get(info.data.get("code") or "") or \
             tuple(t for tags in MECHANISMS.values() for t in tags)
-        raise ValueError(f"{_yaml_word(mechanism)} is no mechanism tag; use one of "
+        raise ValueError(f"{yaml_word(mechanism)} is no mechanism tag; use one of "
                          f"{', '.join(known)}")
 
     @field_validator("mechanism")
@@ -663,13 +665,6 @@ class Expect(Strict):
             raise ValueError(f"{mechanism!r} is not one of {code}'s: {', '.join(known)}"
                              + (f"; did you mean {near}?" if near else "; use one of them"))
         return mechanism
-
-
-def _yaml_word(value) -> str:
-    """``value`` as YAML wrote it: ``true``, ``false``, ``null``, ``3``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else str(value)
 
 
 #: what a scenario may not be named: the lab's own entries in a reports folder (the index page,
