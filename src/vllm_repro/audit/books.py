@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections import Counter
-from itertools import chain, compress
-from operator import and_, attrgetter, eq, is_, not_
+from itertools import chain, compress, filterfalse
+from operator import attrgetter, is_, ne
 
 from ..engine import state
 from ..engine.state import WAITING_QUEUES, block_hash_of  # noqa: F401 - re-exported
@@ -52,7 +52,7 @@ class Books:
         #: the :class:`BlockMirror` while installed and exact (None: read the blocks)
         self.mirror: BlockMirror | None = None
         #: per KV cache group: (request id -> its table list, -> a copy, -> the copy's block ids)
-        self._id_cache: list[tuple[dict[str, list], dict[str, list], dict[str, list[int]]]] = []
+        self._id_cache: list[tuple[dict[str, list], dict[str, list[int]]]] = []
         self._dense: list[int] = [0] * self.num_blocks
         self._foreign: Counter = Counter()
         self._extra_ids: list[int] | None = None
@@ -122,14 +122,17 @@ class Books:
         read holds the same block ids (block ids are never written while the mirror is exact):
         only the lists that changed are read block by block, only their ids counted again.
 
-        Per KV cache group the last read is kept as three dicts by request id (the table list
-        object, its copy, its block ids), updated in place for the lists that changed and the
-        requests gone; which lists are the same object and equal to their copy is worked out
-        for all requests at once with C-level ``map``, and only the others (and the requests
-        gone) go through the Python loop. ``seqs`` False: the counts only (an empty list)."""
+        Per KV cache group the last read is kept as two dicts by request id (a copy of its
+        table list, its block ids), updated in place for the lists that changed and the
+        requests gone. A group whose tables equal the copies (one C-level dict comparison: the
+        same requests, every list equal to its copy) is done; otherwise the lists that differ
+        from their copy are found for all requests at once with C-level ``map``, and only they
+        (and the requests gone, taken out first) go through the Python loop. Whether a list is the same object
+        does not matter: only its content is counted. ``seqs`` False: the counts only (an
+        empty list)."""
         cache = self._id_cache
         if len(cache) != len(self.managers):
-            cache = self._id_cache = [({}, {}, {}) for _ in self.managers]
+            cache = self._id_cache = [({}, {}) for _ in self.managers]
         dense, foreign, n = self._dense, self._foreign, self.num_blocks
         touched = self._touched
 
@@ -144,21 +147,23 @@ class Books:
                         del foreign[i]
 
         want, seqs = seqs, []
-        for t, (lst, cpy, idl) in zip(self.tables(), cache):
+        for t, (cpy, idl) in zip(self.tables(), cache):
+            if len(cpy) > len(t):  # requests gone (a free pops the table before free_blocks)
+                for rid in list(filterfalse(t.__contains__, cpy)):
+                    count(idl.pop(rid), -1)
+                    del cpy[rid]
+            if t == cpy:
+                # every list equal to its copy, and the same requests (at C speed: the rule
+                # between two pool calls that changed no table)
+                if want:
+                    seqs += map(idl.__getitem__, t)
+                continue
             rids = list(t)
             bls = list(t.values())
-            # per list: the same object as at the last read and equal to its copy (one pass
-            # over every list's blocks, identity first)
-            same = list(map(and_, map(is_, map(lst.get, rids), bls),
-                            map(eq, map(cpy.get, rids), bls)))
-            if len(rids) == len(lst) and all(same):
-                # every list as at the last read, and no request gone (same count, all found)
-                if want:
-                    seqs += map(idl.__getitem__, rids)
-                continue
-            for rid, bl in compress(zip(rids, bls), map(not_, same)):
+            # per list: whether it differs from its copy (None for a new request)
+            for rid, bl in compress(zip(rids, bls), map(ne, map(cpy.get, rids), bls)):
                 c1 = cpy.get(rid)
-                if c1 is not None and lst[rid] is bl:
+                if c1 is not None:
                     m = len(c1)
                     if m < len(bl) and bl[:m] == c1:  # blocks appended
                         more = list(map(_bid, bl[m:]))
@@ -166,17 +171,15 @@ class Books:
                         cpy[rid] = list(bl)
                         idl[rid] = idl[rid] + more  # (a new list: HeldIds keep the old one)
                         continue
-                if c1 is not None:
                     count(idl[rid], -1)
                 ids = list(map(_bid, bl))
                 count(ids, 1)
-                lst[rid] = bl
                 cpy[rid] = list(bl)
                 idl[rid] = ids
-            if len(lst) != len(rids):  # (every id in rids is a key now) tables gone
-                for rid in lst.keys() - t.keys():
+            if len(cpy) != len(rids):  # (every id in rids is a key now) tables gone
+                for rid in cpy.keys() - t.keys():
                     count(idl.pop(rid), -1)
-                    del lst[rid], cpy[rid]
+                    del cpy[rid]
             if want:
                 seqs += map(idl.__getitem__, rids)
         return seqs
