@@ -529,6 +529,8 @@ class RequestChecks:
         self._seen: dict[str, tuple] = {}
         self._flagged: set[str] = set()  # rids a check of its own found wrong at the last look
         self._absent: set[str] = set()  # fields a request lacked (read with a default since)
+        self._last_queues: list | None = None  # the queues where() last read, and its answer
+        self._last_where: tuple[dict, dict] = ({}, {})
 
     _status = attrgetter("status")
     _nct = attrgetter("num_computed_tokens")
@@ -561,9 +563,12 @@ class RequestChecks:
 
     def where(self) -> tuple[dict[str, str], dict[str, list[str]]]:
         """(request id -> its queue, request id -> every queue it is in, for ids in more than
-        one place)."""
-        where: dict[str, str] = {}
+        one place). Queues holding the same request objects as at the last call (compared at
+        C speed) give the same answer, which is then reused (callers only read it)."""
         queues = self.books.queues()
+        if queues == self._last_queues:
+            return self._last_where
+        where: dict[str, str] = {}
         listed = [(name, list(map(_rid, reqs))) for name, reqs in queues]
         total = sum(len(ids) for _, ids in listed)
         for name, ids in reversed(listed):  # earlier queues overwrite: running wins
@@ -575,6 +580,7 @@ class RequestChecks:
                 for r in reqs:
                     seen.setdefault(r.request_id, []).append(name)
             dups = {rid: qs for rid, qs in seen.items() if len(qs) > 1}
+        self._last_queues, self._last_where = queues, (where, dups)
         return where, dups
 
     def _name(self, status) -> str:
@@ -726,12 +732,12 @@ class RequestChecks:
         out = []
         nst = so.num_scheduled_tokens
         new_ids = [nr.req_id for nr in so.scheduled_new_reqs]
-        cached_ids = state.cached_req_ids(so)
-        listed = Counter(new_ids + cached_ids)
+        ids = new_ids + state.cached_req_ids(so)
+        listed = set(ids)
         # (at C speed: as a rule every listed id is listed once and has a count, and the loop
         # below, which reports the others, has nothing to report)
-        if len(listed) != len(new_ids) + len(cached_ids) or not listed.keys() <= nst.keys():
-            for rid, c in listed.items():
+        if len(listed) != len(ids) or not listed <= nst.keys():
+            for rid, c in Counter(ids).items():
                 if c > 1:
                     by_rid.setdefault(rid, []).append(
                         f"{rid} is listed {c} times in one scheduler output (scheduled_new_reqs + "
