@@ -336,8 +336,10 @@ class HeldIds:
 class BlockMirror:
     """``ref_cnt`` and ``_block_hash`` of every block of a pool, kept as they are written: each
     block's class is swapped, for the run, for a subclass of the release's ``KVCacheBlock``
-    (same name, fields, methods and equality) whose ``__setattr__`` also stores those two
-    fields into ``refs`` / ``hashes`` by block id. Any write by any code goes through it, so
+    (same name, fields, methods and equality) whose ``ref_cnt`` and ``_block_hash`` are data
+    descriptors that also store those two fields into ``refs`` / ``hashes`` by block id (see
+    :meth:`_subclass`; a block with an instance dict also gets a copy of it, the same fields,
+    so that reads of the other fields specialize). Any write by any code goes through them, so
     the lists equal what reading every block gives (what the audit did at every check before),
     at the cost of a Python call per write instead of a read of every block per check.
 
