@@ -120,21 +120,38 @@ ensure-image:
 # ---- images -------------------------------------------------------------------------------
 images: image-cpu
 
-# A build argument cannot read a host path: the CA bundle and the torch wheel are staged into
-# images/stage/ (hardlinked when possible) and passed as folders of the build context.
+# A build argument cannot read a host path: the CA bundle is staged into images/stage/ca and
+# passed as a folder of the build context. The torch wheel of TORCH_WHEEL_DIR is staged (hardlinked
+# when possible) into images/stage/index/torch, outside the build context: image-cpu serves that
+# folder on 127.0.0.1 as a package index for the build (--network host), so the wheel is read by
+# the step that installs it and never lands in a layer of its own (a COPY of it stayed in the
+# image: 192 MB). images/stage/wheels is still copied in, for a wheel put there by hand.
+STAGED_INDEX = images/stage/index
+# a fixed port keeps the build argument, and so the releases layer's cache, the same from one
+# build to the next; a random free one when it is taken
+STAGED_INDEX_PORT ?= 47615
 stage-images:
-	@rm -f images/stage/ca/*.pem images/stage/wheels/*.whl
+	@rm -f images/stage/ca/*.pem images/stage/wheels/*.whl $(STAGED_INDEX)/torch/*.whl
 	@if [ -n "$(EXTRA_CA_CERT)" ]; then \
 	  [ -f "$(EXTRA_CA_CERT)" ] || { echo "images: EXTRA_CA_CERT=$(EXTRA_CA_CERT): no such file" >&2; exit 2; }; \
 	  cp "$(EXTRA_CA_CERT)" images/stage/ca/extra-ca.pem; echo "images: trusting $(EXTRA_CA_CERT)"; fi
 	@if [ -n "$(TORCH_WHEEL_DIR)" ]; then \
 	  for w in "$(TORCH_WHEEL_DIR)"/torch-$(TORCH_VERSION)+cpu-*.whl; do [ -f "$$w" ] || continue; \
-	    ln -f "$$w" images/stage/wheels/ 2>/dev/null || cp "$$w" images/stage/wheels/; \
-	    echo "images: torch from $$w"; done; fi
+	    mkdir -p $(STAGED_INDEX)/torch; \
+	    ln -f "$$w" $(STAGED_INDEX)/torch/ 2>/dev/null || cp "$$w" $(STAGED_INDEX)/torch/; \
+	    echo "images: torch from $$w (served to the build on 127.0.0.1)"; done; fi
 
 image-cpu: stage-images
-	@start=$$(date +%s); \
-	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
+	@start=$$(date +%s); build_index=; net=; \
+	if ls $(STAGED_INDEX)/torch/torch-*.whl >/dev/null 2>&1; then \
+	  port=$(STAGED_INDEX_PORT); \
+	  python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' $$port 2>/dev/null || \
+	    port=$$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	  python3 -m http.server --bind 127.0.0.1 --directory $(STAGED_INDEX) $$port >/dev/null 2>&1 & server=$$!; \
+	  trap 'kill $$server 2>/dev/null' EXIT; \
+	  build_index="--build-arg TORCH_BUILD_INDEX_URL=http://127.0.0.1:$$port"; net="--network host"; \
+	fi; \
+	$(DOCKER) build $(DOCKER_BUILD_FLAGS) $$net $$build_index -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
 	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \

@@ -121,8 +121,8 @@ def main() -> None:
         size = image_size(image)
         met = "met" if size <= goal * 1e9 else "NOT met"
         rows = layers(image)
-        # the torch wheel staged from TORCH_WHEEL_DIR is a layer of its own (COPY), which a
-        # build from TORCH_INDEX_URL does not have
+        # a torch wheel copied in from images/stage/wheels is a layer of its own (COPY), which a
+        # build from an index does not have (make images serves TORCH_WHEEL_DIR's instead: 0)
         staged = sum(n for n, what in rows if "COPY" in what and "/tmp/wheels" in what)
         sizes.append(f"{name} image {image}: {size / 1e9:.2f} GB (goal <= {goal} GB: {met}); "
                      f"less the base and the staged torch wheel ({staged / 1e9:.2f} GB): "
