@@ -111,3 +111,21 @@ def test_without_the_mirror_a_planted_refcount_is_still_recorded():
     aud.after_schedule(2, make_output({}), None)
     v = [v for v in aud.violations if vf(v, "code") == KV_REFCOUNT]
     assert v and vf(v[0], "step") == 2 and vf(v[0], "blocks") == [2]
+
+
+def test_a_request_put_in_a_second_queue_between_two_checks_is_reported():
+    # the queues' answer is reused while they hold the same requests: a request added to another
+    # queue after a clean check must still be found at the next one
+    aud, books, s, loop = attached(num_gpu_blocks=8, tables={"A": [1]})
+    so = make_output({"A": 4}, cached={"A": 0})
+    s.requests["A"].num_computed_tokens = 4
+    aud.after_schedule(1, so, None)
+    aud.after_update(1, so, TraceLine(1, scheduled={"A": 4}))
+    assert aud.violations == []
+    s.waiting.append(s.running[0])  # A in running and in waiting
+    so = make_output({"A": 1}, cached={"A": 4})
+    s.requests["A"].num_computed_tokens = 5
+    aud.after_schedule(2, so, None)
+    found = [v for v in aud.violations if "expected in exactly one queue" in vf(v, "message")]
+    assert found and vf(found[0], "requests") == ["A"] and vf(found[0], "step") == 2
+
