@@ -125,10 +125,12 @@ images: image-cpu
 # when possible) into images/stage/index/torch, outside the build context: image-cpu serves that
 # folder on 127.0.0.1 as a package index for the build (--network host), so the wheel is read by
 # the step that installs it and never lands in a layer of its own (a COPY of it stayed in the
-# image: 192 MB). images/stage/wheels is still copied in, for a wheel put there by hand.
+# image: 192 MB). The Dockerfile still takes a wheel from images/stage/wheels (a folder of the
+# context, for `docker build` by hand); make images leaves it empty.
 STAGED_INDEX = images/stage/index
 # a fixed port keeps the build argument, and so the releases layer's cache, the same from one
-# build to the next; a random free one when it is taken
+# build to the next; a random free one when something listens on it (a port in TIME_WAIT after
+# the last build's downloads is reused, as http.server does)
 STAGED_INDEX_PORT ?= 47615
 stage-images:
 	@rm -f images/stage/ca/*.pem images/stage/wheels/*.whl $(STAGED_INDEX)/torch/*.whl
@@ -145,10 +147,15 @@ image-cpu: stage-images
 	@start=$$(date +%s); build_index=; net=; \
 	if ls $(STAGED_INDEX)/torch/torch-*.whl >/dev/null 2>&1; then \
 	  port=$(STAGED_INDEX_PORT); \
-	  python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' $$port 2>/dev/null || \
+	  python3 -c 'import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1])))' $$port 2>/dev/null || \
 	    port=$$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
-	  python3 -m http.server --bind 127.0.0.1 --directory $(STAGED_INDEX) $$port >/dev/null 2>&1 & server=$$!; \
+	  python3 -m http.server --bind 127.0.0.1 --directory $(STAGED_INDEX) $$port >$(STAGED_INDEX)/.server.log 2>&1 & server=$$!; \
 	  trap 'kill $$server 2>/dev/null' EXIT; \
+	  up=0; for i in $$(seq 50); do \
+	    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' http://127.0.0.1:$$port/torch/ 2>/dev/null && { up=1; break; }; \
+	    sleep 0.1; done; \
+	  if [ "$$up" != 1 ]; then \
+	    echo "images: the torch wheel's index on 127.0.0.1:$$port did not answer:" >&2; tail -5 $(STAGED_INDEX)/.server.log >&2; exit 3; fi; \
 	  build_index="--build-arg TORCH_BUILD_INDEX_URL=http://127.0.0.1:$$port"; net="--network host"; \
 	fi; \
 	$(DOCKER) build $(DOCKER_BUILD_FLAGS) $$net $$build_index -f images/cpu/Dockerfile -t $(CPU_IMAGE) \

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from overhead import workload, workload_args  # noqa: E402
 from vllm_repro.engine.host import DEFAULT_MODEL, child_environment  # noqa: E402
+from vllm_repro.errors import LabError  # noqa: E402
 from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 
 # runs in the release's environment: argv = payload file, model folder, rounds
@@ -63,23 +64,37 @@ print("RESULT " + json.dumps(best))
 """
 
 
+def _rounds(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text}: at least 1")
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     workload_args(ap, "0.10.1.1")
     ap.add_argument("--base", default="HEAD", help="the git revision to compare with (HEAD)")
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=_rounds, default=10, help="rounds of three runs (10)")
     args = ap.parse_args()
-    env = prepare_release(args.vllm)
     with tempfile.TemporaryDirectory(prefix="bench-audit-ab-") as tmp:
         tmp = Path(tmp)
+        # the revision first: a bad one is said before minutes spent preparing the release
         archive = subprocess.run(["git", "archive", args.base, "src/vllm_repro"], cwd=ROOT,
                                  capture_output=True, check=False)
         if archive.returncode != 0:
-            sys.exit(f"git archive {args.base}: {archive.stderr.decode().strip()}")
+            sys.exit(f"error: git archive {args.base}: {archive.stderr.decode().strip()}")
         subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+        if not (tmp / "src" / "vllm_repro" / "audit" / "auditor.py").is_file():
+            sys.exit(f"error: {args.base} has no audit (src/vllm_repro/audit/auditor.py); "
+                     "give a later revision")
         pkg = tmp / "pkg"
         pkg.mkdir()
         (tmp / "src" / "vllm_repro").rename(pkg / "vllm_repro_base")
+        try:
+            env = prepare_release(args.vllm)
+        except LabError as exc:  # (an unknown release, no index, a failed build: one line)
+            sys.exit(f"error: {exc}".splitlines()[0])
         payload = tmp / "payload.json"
         payload.write_text(json.dumps(workload(args.policy, not args.no_cache, args.blocks)))
         child = child_environment(env, extra_path=(str(pkg),))
@@ -91,7 +106,8 @@ def main() -> None:
     best = json.loads(line[len("RESULT "):])
     plain = best["plain"]
     print(f"vLLM {args.vllm}, {args.policy}, prefix caching {'off' if args.no_cache else 'on'}, "
-          f"{args.blocks} blocks, best of {args.rounds} rounds, CPU time of the step loop:")
+          f"{args.blocks} blocks, best of {args.rounds} round{'s' if args.rounds > 1 else ''}, "
+          "CPU time of the step loop:")
     print(f"  without audit:              {plain * 1e3:7.1f} ms")
     for kind, label in (("base", f"audit of {args.base}"), ("new", "audit of the working tree")):
         cost = best[kind] - plain

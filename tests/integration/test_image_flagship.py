@@ -54,8 +54,9 @@ def test_the_flagship_image_bakes_its_two_releases_as_slices(flagship_image):
         ["docker", "run", "--rm", "--entrypoint", "cat", IMAGE, "/opt/vllm-repro/cache/baked.json"],
         capture_output=True, text=True, check=True).stdout)
     assert {v: b["kind"] for v, b in baked.items()} == {"0.10.1.1": "slice", "0.10.2": "slice"}
-    # its own layers (less the base image's and the staged torch wheel's, a copy that only a
-    # build from TORCH_WHEEL_DIR makes) within the goal of 1.5 GB; bench/image.py prints the rest
+    # its own layers (less the base image's and a torch wheel copied in from images/stage/wheels,
+    # which make images leaves empty: it serves TORCH_WHEEL_DIR's) within the goal of 1.5 GB;
+    # bench/image.py prints the rest
     base = os.environ.get("BASE_IMAGE") or flagship_image.get("BASE_IMAGE")
     total = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", IMAGE],
                                capture_output=True, text=True, check=True).stdout)

@@ -51,7 +51,7 @@ class Books:
         self.all_ids = frozenset(range(self.num_blocks))
         #: the :class:`BlockMirror` while installed and exact (None: read the blocks)
         self.mirror: BlockMirror | None = None
-        #: per KV cache group: (request id -> its table list, -> a copy, -> the copy's block ids)
+        #: per KV cache group: (request id -> a copy of its table list, -> the copy's block ids)
         self._id_cache: list[tuple[dict[str, list], dict[str, list[int]]]] = []
         self._dense: list[int] = [0] * self.num_blocks
         self._foreign: Counter = Counter()
