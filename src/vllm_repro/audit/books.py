@@ -127,7 +127,7 @@ class Books:
         requests gone. A group whose tables equal the copies (one C-level dict comparison: the
         same requests, every list equal to its copy) is done; otherwise the lists that differ
         from their copy are found for all requests at once with C-level ``map``, and only they
-        (and the requests gone, taken out first) go through the Python loop. Whether a list is the same object
+        (and the requests gone) go through the Python loop. Whether a list is the same object
         does not matter: only its content is counted. ``seqs`` False: the counts only (an
         empty list)."""
         cache = self._id_cache
@@ -146,12 +146,15 @@ class Books:
                     if not foreign[i]:
                         del foreign[i]
 
+        def drop_gone(t, cpy, idl):  # the requests whose table is gone: their ids uncounted
+            for rid in list(filterfalse(t.__contains__, cpy)):
+                count(idl.pop(rid), -1)
+                del cpy[rid]
+
         want, seqs = seqs, []
         for t, (cpy, idl) in zip(self.tables(), cache):
-            if len(cpy) > len(t):  # requests gone (a free pops the table before free_blocks)
-                for rid in list(filterfalse(t.__contains__, cpy)):
-                    count(idl.pop(rid), -1)
-                    del cpy[rid]
+            if len(cpy) > len(t):  # (a free pops the table before free_blocks: first, then)
+                drop_gone(t, cpy, idl)
             if t == cpy:
                 # every list equal to its copy, and the same requests (at C speed: the rule
                 # between two pool calls that changed no table)
@@ -177,9 +180,7 @@ class Books:
                 cpy[rid] = list(bl)
                 idl[rid] = ids
             if len(cpy) != len(rids):  # (every id in rids is a key now) tables gone
-                for rid in cpy.keys() - t.keys():
-                    count(idl.pop(rid), -1)
-                    del cpy[rid]
+                drop_gone(t, cpy, idl)
             if want:
                 seqs += map(idl.__getitem__, rids)
         return seqs

@@ -607,10 +607,11 @@ class Expect(Strict):
 
     @field_validator("code", mode="before")
     @classmethod
-    def _a_violation_code(cls, code, info):
-        """``code`` applies to ``outcome: violation`` and is one of the audit's codes
-        (:data:`vllm_repro.audit.codes.CODES`): a misspelt code would otherwise only show as a
-        failed reproduction. Anything YAML read as no string is answered with the codes."""
+    def _a_violation_code(cls, code):
+        """``code`` is one of the audit's codes (:data:`vllm_repro.audit.codes.CODES`): a
+        misspelt code would otherwise only show as a failed reproduction. Anything YAML read as
+        no string is answered with the codes. (That it applies to ``outcome: violation`` only
+        is :meth:`_violation_fields`'.)"""
         from ..audit.codes import CODES
 
         if code is None:
