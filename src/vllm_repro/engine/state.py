@@ -32,6 +32,9 @@ each probe names the vLLM source it follows:
 
 from __future__ import annotations
 
+from operator import attrgetter
+
+_block_id = attrgetter("block_id")  # KVCacheBlock.block_id
 #: scheduler attributes that are queues of waiting requests, where a release has them
 WAITING_QUEUES = ("waiting", "skipped_waiting", "kv_holding_waiting")
 
@@ -178,21 +181,16 @@ def free_list(pool, num_blocks: int, ids: list | None = None) -> tuple[list, boo
     cur, tail = free_queue_ends(pool)
     out = []
     append = out.append
-    if ids is not None:
-        add_id = ids.append
-        for _ in range(num_blocks + 2):
-            if cur is None or cur is tail:
-                return out, True
-            append(cur)
-            add_id(cur.block_id)
-            cur = cur.next_free_block
-        return out, False
+    ended = False
     for _ in range(num_blocks + 2):  # (a counted loop: the audit walks the queue often)
         if cur is None or cur is tail:
-            return out, True
+            ended = True
+            break
         append(cur)
         cur = cur.next_free_block
-    return out, False  # num_blocks + 2 linked: more than the pool has
+    if ids is not None:  # (read after the walk, at C speed: one Python call less a block)
+        ids += map(_block_id, out)
+    return out, ended  # not ended: num_blocks + 2 linked, more than the pool has
 
 
 def free_count(pool) -> int:
