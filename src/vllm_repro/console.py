@@ -113,8 +113,9 @@ def input_error_lines(items) -> list[str]:
 
 def print_results(items, as_json: bool, sched_log: bool) -> int:
     """Print the results of run items (:class:`vllm_repro.lab.RunItem`): with ``sched_log``
-    each run's [SCHED] lines first; then the verdicts as JSON, or the verdict table, the
-    findings outside the scenarios' own bugs and, on stderr, why each mismatch is one.
+    each run's [SCHED] lines first; then the verdicts as JSON (on stderr, the input errors'
+    ``error:`` lines and each lab error's cause), or the verdict table, the findings outside
+    the scenarios' own bugs and, on stderr, why each mismatch is one.
     Returns the exit code of the verdicts (:func:`vllm_repro.verdict.exit_code`)."""
     from .report.sched_log import sched_log_lines
     from .verdict import exit_code, findings_lines
@@ -129,6 +130,13 @@ def print_results(items, as_json: bool, sched_log: bool) -> int:
                     out.print(line, highlight=False, markup=False)
     if as_json:
         print(json.dumps([v.as_dict() for v in verdicts], indent=1))
+        # stdout is the JSON; stderr still says, in one line each, why the exit code is 2 or 3
+        for line in input_error_lines(items):
+            error(line)
+        for v in verdicts:
+            if v.error_kind not in (None, "input"):
+                err.print(f"{v.scenario} on {v.vllm}: {v.observed}", style="red",
+                          highlight=False, markup=False, soft_wrap=True)
     else:
         out.print(verdict_table(verdicts))
         for line in findings_lines(verdicts):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import textwrap
 
 import pytest
@@ -303,6 +305,12 @@ def test_a_config_field_the_release_lacks_is_said_naming_the_file(tmp_path, caps
                     "SchedulerConfig, CacheConfig, ParallelConfig, SpeculativeConfig; did you mean "
                     "max_num_partial_prefills? If not, check the name against that release's vllm/config, "
                     "or drop it for this release"], said
+    # --json: the verdicts on stdout, parseable, and the same one line on stderr
+    assert print_results([item], as_json=True, sched_log=False) == 2
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)[0]["outcome"] == "error"
+    said_json = [" ".join(line.split()) for line in cap.err.splitlines() if line.strip()]
+    assert said_json == said, said_json
     # the same refusal from two releases is one line naming both, not the line twice
     items = []
     for version in ("9.9.8", "9.9.9"):
