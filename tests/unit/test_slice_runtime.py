@@ -80,7 +80,10 @@ def test_stub_imports_cleanly_and_serves_annotations(tree):
     assert p.stdout.split() == ["1.2.3", "False", "Mine"]
 
 
-@pytest.mark.parametrize("use", ["Message()", "Mine()", "fakepkg.make(1)", "Message.build()"])
+@pytest.mark.parametrize("use", ["Message()", "Mine()", "fakepkg.make(1)", "Message.build()",
+                                 # lmformatenforcer registers into yaml's at import time
+                                 "fakepkg.SafeLoader.yaml_constructors['!x'] = print",
+                                 "del Message.table['k']"])
 def test_anything_real_asked_of_a_stub_fails_loudly(tree, use):
     p = run(tree, f"""
         import fakepkg

@@ -71,7 +71,8 @@ def _stub_error(what: str, package: str) -> SliceStubError:
 
 class _StubMeta(type):
     """Metaclass of stub classes: usable in annotations, unions, subscripts and as a base
-    class; calling one (instantiating it or a subclass) raises :class:`SliceStubError`."""
+    class; calling one (instantiating it or a subclass) or setting or deleting an item of one
+    raises :class:`SliceStubError`."""
 
     def __call__(cls, *args, **kwargs):
         # a subclass defined by vLLM names the stubbed base it inherits from
@@ -88,6 +89,16 @@ class _StubMeta(type):
 
     def __getitem__(cls, item):
         return cls
+
+    def __setitem__(cls, key, value):
+        # registering into a stub's table at import time (lmformatenforcer does
+        # ``yaml.SafeLoader.yaml_constructors[tag] = f``): a use, which the slicer must see
+        raise _stub_error(f"setting an item of {cls.__module__}.{cls.__qualname__}",
+                          cls._stub_module or cls.__module__)
+
+    def __delitem__(cls, key):
+        raise _stub_error(f"deleting an item of {cls.__module__}.{cls.__qualname__}",
+                          cls._stub_module or cls.__module__)
 
     def __or__(cls, other):
         import typing
