@@ -246,6 +246,69 @@ def test_an_abort_ends_the_wait_for_a_starting_parent_at_once_and_kills_it(cache
         _spawn(tree, tmp_path / "log", parent_env, worker_env)
 
 
+def test_a_stopped_parent_is_named_not_waited_for_and_forks_nothing_for_the_gone_client(
+        cache, tree, tmp_path, monkeypatch):
+    """A parent stopped by SIGSTOP (a debugger, py-spy) answers no run: the spawn gives up after
+    the reply wait (not three times it), naming the parent's pid and how to end it; once the
+    parent goes on, it forks no worker for the client that stopped waiting."""
+    monkeypatch.setattr(warm_client, "REPLY_TIMEOUT_S", 1.0)
+    parent_env, worker_env = _envs(tree)
+    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
+    _reply(proc, fd)
+    proc.stdin.close()
+    proc.wait(timeout=20)
+    pid = _parent_pid()
+    log = tmp_path / "late.log"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(warm_client.WarmUnavailable, match=rf"pid {pid}.*kill {pid}"):
+            _spawn(tree, log, parent_env, worker_env)
+        assert time.monotonic() - t0 < 5
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(1.5)  # the parent reads the abandoned request: it must not run it
+    assert "stand-in says hello" not in (log.read_text() if log.exists() else "")
+    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)  # and it serves again
+    assert _reply(proc, fd)["pid"] == proc.pid and _parent_pid() == pid
+    proc.stdin.close()
+    assert proc.wait(timeout=20) == 7
+
+
+def test_an_abort_ends_the_wait_for_a_stopped_parents_answer_at_once(cache, tree, tmp_path,
+                                                                    monkeypatch):
+    import threading
+
+    from vllm_repro import procs
+
+    parent_env, worker_env = _envs(tree)
+    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
+    _reply(proc, fd)
+    proc.stdin.close()
+    proc.wait(timeout=20)
+    pid = _parent_pid()
+    raised: list[BaseException] = []
+
+    def client():
+        try:
+            _spawn(tree, tmp_path / "log", parent_env, worker_env)
+        except BaseException as exc:  # noqa: BLE001 - what the test looks at
+            raised.append(exc)
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t = threading.Thread(target=client, daemon=True)
+        t.start()
+        time.sleep(0.5)
+        monkeypatch.setattr(procs, "_aborting", True)
+        t0 = time.monotonic()
+        t.join(10)
+        assert not t.is_alive() and time.monotonic() - t0 < 1
+        assert raised and isinstance(raised[0], warm_client.WarmAborted), raised
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_the_parent_key_follows_the_environment_and_its_variables(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path / "c"))
     root = tmp_path / "env"
@@ -296,6 +359,22 @@ def test_a_bad_warm_setting_is_an_input_error_naming_it(monkeypatch, name, value
         warm_client.enabled()
         warm_client.idle_seconds()
         warm_client.max_parents()
+
+
+@pytest.mark.parametrize("name, value", [(warm_client.IDLE_SETTING, "abc"),
+                                         (warm_client.IDLE_SETTING, "nan"),
+                                         (warm_client.IDLE_SETTING, "1e400"),
+                                         (warm_client.MAX_SETTING, "0")])
+def test_every_warm_setting_is_checked_before_a_command_runs(monkeypatch, name, value):
+    """A running parent is reused without reading the idle time or the limit: a command checks
+    them itself first, so a bad one is exit 2 whether or not a parent serves."""
+    from vllm_repro.commands import warm_setting
+
+    monkeypatch.setenv(warm_client.SETTING, "on")  # (restored after: --cold below sets it off)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InputError, match=name):
+        warm_setting(cold=False)
+    warm_setting(cold=True)  # --cold: no parent, nothing of them is read
 
 
 def test_the_recorded_modules_leave_out_vllm_and_the_lab():
@@ -374,3 +453,34 @@ def test_the_run_line_says_when_this_run_started_the_warm_parent_and_how_long_it
     assert warm_note(SimpleNamespace(warm_started=True, parent_start_s=None)) == " (warm)"
     assert warm_note(SimpleNamespace(warm_started=True, parent_start_s=9.84)) == (
         " (warm), after starting its warm parent (9.8 s)")
+
+
+def test_key_folders_no_parent_serves_and_no_run_used_for_a_week_are_pruned(tmp_path):
+    import fcntl
+
+    root = tmp_path / "warm"
+    week = warm_client.STALE_S
+    now = time.time()
+
+    def folder(name: str, age: float, pid: int | None = None) -> Path:
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "used").touch()
+        os.utime(d / "used", (now - age, now - age))
+        if pid is not None:
+            (d / "parent.json").write_text(json.dumps({"pid": pid}))
+        return d
+
+    old = folder("old", week + 60)
+    dead = folder("dead-parent", week + 60, pid=2 ** 22 + 12345)  # (no such process)
+    served = folder("served", week + 60, pid=os.getpid())  # a live parent keeps its folder
+    recent = folder("recent", 3600)
+    busy = folder("busy", week + 60)  # a client holds its lock (starting a parent there)
+    mine = folder("mine", week + 60)  # the folder the starting parent is for
+    (root / "modules").mkdir()
+    with open(busy / "lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        assert warm_client._prune(root, mine, now) == 2
+    assert not old.exists() and not dead.exists()
+    assert served.exists() and recent.exists() and busy.exists() and mine.exists()
+    assert (root / "modules").exists()

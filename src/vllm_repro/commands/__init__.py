@@ -16,10 +16,13 @@ COLD_HELP = ("Start every engine worker cold, without the release's warm parent 
 
 def warm_setting(cold: bool) -> None:
     """``--cold``: ``VLLM_REPRO_WARM=off`` for this command and every process it starts (the
-    fuzzer's search processes); otherwise the setting is checked now (a bad value is exit 2)."""
-    from ..engine.warm_client import SETTING, enabled
+    fuzzer's search processes); otherwise the warm settings are checked now (a bad value is
+    exit 2, before any run: the idle time and the parents' limit are read only when a parent
+    is started, which a run served by a running parent never does)."""
+    from ..engine.warm_client import SETTING, enabled, idle_seconds, max_parents
 
     if cold:
         os.environ[SETTING] = "off"
-    else:
-        enabled()
+    elif enabled():
+        idle_seconds()
+        max_parents()

@@ -174,6 +174,15 @@ def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
         return {"op": "?"}, []
 
 
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the client closed its end (EOF waiting after its request): it no longer waits."""
+    try:
+        ready, _, _ = select.select([conn], [], [], 0)
+        return bool(ready) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
 def _wait_code(status: int) -> int:
     if os.WIFSIGNALED(status):
         return -os.WTERMSIG(status)
@@ -437,6 +446,13 @@ class Parent:
             conn.close()
             return
         self.conns.discard(conn)
+        if _hung_up(conn):
+            # the client gave up waiting for this answer (this parent was stopped or busy past
+            # its wait) and runs cold: a worker forked now would run for no one, into its log
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         owned = self.owned() + [conn.fileno()]

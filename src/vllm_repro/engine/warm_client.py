@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -57,7 +58,14 @@ START_TIMEOUT_S = 300.0
 #: how often a client waiting for a parent (its start, the lock) looks whether the run is being
 #: aborted (:func:`vllm_repro.procs.aborting`): a thread's wait is not ended by the signal
 POLL_S = 0.05
+#: how long a serving parent may take to answer a run with its worker's pid (a fork: a
+#: millisecond as a rule; longer means the parent is stopped or hung, and a retry would wait
+#: as long again)
+REPLY_TIMEOUT_S = 15.0
 _SOCK_MAX = 100  # sun_path is 104-108 bytes
+#: a key's folder with no live parent and no run for this long is removed when a parent starts
+#: (one folder per checkout, environment and set of variables: they pile up otherwise)
+STALE_S = 7 * 24 * 3600.0
 
 _parents: list[subprocess.Popen] = []  # started here: kept (and reaped) so none is a zombie long
 _noted: set[str] = set()
@@ -275,8 +283,9 @@ class _Lines:
         except ValueError:
             return {}
 
-    def read(self, timeout: float | None) -> dict | None:
-        """The next message, ``None`` at EOF. Raises ``TimeoutError``."""
+    def read(self, timeout: float | None, abortable: bool = False) -> dict | None:
+        """The next message, ``None`` at EOF. Raises ``TimeoutError``; ``abortable``: looks
+        every :data:`POLL_S` whether the run is being aborted (raises :class:`WarmAborted`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             msg = self.pop()
@@ -284,11 +293,15 @@ class _Lines:
                 return msg
             if self.eof:
                 return None
+            if abortable:
+                _check_abort()
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self.conn], [], [], left)
+            wait = min(left, POLL_S) if abortable and left is not None else \
+                (POLL_S if abortable else left)
+            ready, _, _ = select.select([self.conn], [], [], wait)
             if ready:
                 self.fill()
-            elif left is not None:
+            elif left is not None and (not abortable or time.monotonic() >= deadline):
                 raise TimeoutError
 
 
@@ -437,6 +450,36 @@ def _make_room(root: Path, folder: Path) -> None:
             raise WarmUnavailable(f"{len(live)} warm parents are busy ({MAX_SETTING}={limit})")
 
 
+def _prune(root: Path, keep: Path, now: float | None = None) -> int:
+    """Remove the key folders below ``root`` (not ``keep``) that no live parent serves and no
+    run used for :data:`STALE_S` (``used``, else the folder's own mtime), each under its own
+    lock taken without waiting (a client starting a parent there keeps it). Returns how many."""
+    now = time.time() if now is None else now
+    removed = 0
+    for folder in root.iterdir():
+        if folder == keep or folder.name in ("modules", "unsafe") or not folder.is_dir() \
+                or folder.is_symlink():
+            continue
+        try:
+            last = (folder / "used").stat().st_mtime if (folder / "used").exists() \
+                else folder.stat().st_mtime
+            if now - last < STALE_S:
+                continue
+            pid = _parent_pid(folder)
+            if pid > 0 and _alive(pid):
+                continue
+            with open(folder / "lock", "a") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+        except OSError:
+            continue
+    return removed
+
+
 def _start_parent(python: Path, folder: Path, parent_env: dict[str, str], mods: Path) -> None:
     """Start the parent of ``folder`` and wait until it says it is ready. A parent that has not
     said so yet belongs to this client alone: when the wait ends any other way (the run is
@@ -447,6 +490,7 @@ def _start_parent(python: Path, folder: Path, parent_env: dict[str, str], mods: 
         if old.poll() is not None:
             _parents.remove(old)
     _make_room(folder.parent, folder)
+    _prune(folder.parent, folder)
     log = open(folder / "parent.log", "a")
     log.write(f"==== vllm-repro: a warm parent starts, {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
     log.flush()
@@ -562,22 +606,38 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
         try:
             (folder / "used").touch()
             socket.send_fds(conn, [request], list(fds))
-            reply = _Lines(conn).read(60)
-        except (OSError, TimeoutError):
+            reply = _Lines(conn).read(REPLY_TIMEOUT_S, abortable=True)
+        except TimeoutError:
+            # stopped (SIGSTOP, a debugger) or hung: another try would wait as long again.
+            # Closing the connection tells the parent, should it go on, not to fork this run
+            conn.close()
+            pid = _parent_pid(folder)
+            raise WarmUnavailable(
+                f"the warm parent{f' (pid {pid})' if pid > 0 else ''} did not answer in "
+                f"{REPLY_TIMEOUT_S:.0f} s: stopped or hung"
+                + (f"; `kill {pid}` ends it and the next run starts a new one" if pid > 0
+                   else "")) from None
+        except WarmAborted:
+            conn.close()
+            raise
+        except OSError:
             reply = None
         if reply and "pid" in reply:
-            try:
-                info = json.loads((folder / "parent.json").read_text())
-                parent_pid = int(info["pid"])
-            except (OSError, ValueError, KeyError, TypeError):
-                parent_pid = -1
-            return WarmProc(conn, int(reply["pid"]), parent_pid, folder / "parent.log", stdin,
-                            parent_start_s=started_s)
+            return WarmProc(conn, int(reply["pid"]), _parent_pid(folder), folder / "parent.log",
+                            stdin, parent_start_s=started_s)
         conn.close()
         if reply and "error" in reply:
             why = str(reply["error"])
             break
     raise WarmUnavailable(why)
+
+
+def _parent_pid(folder: Path) -> int:
+    """The pid ``parent.json`` of ``folder`` names; -1 when it cannot be read."""
+    try:
+        return int(json.loads((folder / "parent.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
 
 
 __all__ = ["WarmUnavailable", "WarmAborted", "WarmProc", "enabled", "idle_seconds", "max_parents", "spawn",
