@@ -143,6 +143,13 @@ def _tree_changes(version: str, env: ReleaseEnv, say: Say) -> list[str] | None:
     if env.tree is None:
         return None
     found = manifest.changes(env.tree)
+    marker = env.tree / ".patched"  # verify's patched copy (verify/patch.py:patched_tree)
+    if found and marker.is_file():
+        found = [c for c in found if c.path != ".patched"]  # (the lab's own record of the patch)
+        if found:  # (what the patch did: nothing to put back)
+            say(f"vLLM {version}: the patched copy differs from the release's sdist in "
+                f"{len(found)} file(s), as the patch makes it: {manifest.summary(found)}")
+            return [str(c) for c in found]
     if not found:
         return None
     say(f"vLLM {version}: its tree differs from the release's sdist in {len(found)} file(s): "

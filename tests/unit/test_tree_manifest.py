@@ -103,6 +103,20 @@ def test_a_run_on_an_edited_tree_says_so_and_records_it(tree, tmp_path):
     assert v.ok and v.observed.endswith("(on an edited tree: 1 file(s))")
 
 
+def test_a_patched_copy_says_what_the_patch_changed_and_no_restore(tree, tmp_path):
+    """verify's patched copy carries its marker (``.patched``): the note names the patch's
+    files, not the marker, and does not suggest putting back a copy made on purpose."""
+    _, t = tree
+    env = ReleaseEnv("9.9.9", t, tmp_path / "env")
+    with open(t / SCHED, "a") as f:
+        f.write("# the fix\n")
+    (t / ".patched").write_text("/some/fix.diff\nsha256-prefix 0123456789ab\n")
+    said = []
+    assert lab._tree_changes("9.9.9", env, said.append) == [f"edited {SCHED}"]
+    assert len(said) == 1 and "patched copy" in said[0] and SCHED in said[0], said
+    assert "--restore" not in said[0] and ".patched" not in said[0], said
+
+
 def test_restore_extracts_the_release_again_without_the_edit(tree, isolated_cache):
     from vllm_repro.sources.prepare import restore_trees
 
