@@ -182,3 +182,15 @@ def test_recheck_reruns_only_differing_tests_and_keeps_real_differences(monkeypa
     assert full["tests"]["t::flaky"] == other["tests"]["t::flaky"] == "passed"
     assert full["tests"]["t::real"] == "passed" and other["tests"]["t::real"] == "failed"
     assert slicer.compare({**full, "scenarios": {}}, {**other, "scenarios": {}})["only_full"] == ["t::real"]
+
+
+def test_listed_folders_without_python_are_the_build_placeholders():
+    """A folder the traced runs listed is made in the slice tree only where the sdist has no
+    Python in it (a CUDA build's placeholder): an empty folder where the sdist has a package
+    would be taken for a placeholder by the lab's stand-in finder."""
+    from vllm_repro.slicing.spec import _no_python
+
+    members = ["vllm/__init__.py", "vllm/vllm_flash_attn/.gitkeep", "vllm/pkg/__init__.py",
+               "vllm/pkg/data.json", "vllm/ext/_C.so", "tests/v1/core/test_x.py"]
+    listed = ["vllm", "vllm/vllm_flash_attn", "vllm/pkg", "vllm/ext", "vllm/never_there"]
+    assert _no_python(listed, members) == ["vllm/vllm_flash_attn"]

@@ -298,9 +298,24 @@ def spec_key(spec: dict) -> str:
     """A short hash of what a materialised slice depends on (files, stubs, runtime code)."""
     h = hashlib.sha256()
     h.update(json.dumps({"files": spec["files"], "stubs": sorted(spec.get("stubs", {})),
-                         "absent": spec.get("absent_count")}, sort_keys=True).encode())
+                         "absent": spec.get("absent_count"),
+                         # (the build-product folders below are made from these)
+                         "listed": sorted(spec.get("listed_dirs") or ())}, sort_keys=True).encode())
     h.update(RUNTIME.read_bytes())
     return h.hexdigest()[:12]
+
+
+def _no_python(rel_dirs, members: list[str]) -> list[str]:
+    """Those of ``rel_dirs`` (tree-relative folders) that the sdist has with no ``.py`` or
+    ``.so`` file directly in them: placeholders a CUDA build fills (``vllm/vllm_flash_attn``
+    holds only ``.gitkeep`` in 0.10 to 0.16 sdists)."""
+    present, with_code = set(), set()
+    for rel in members:
+        parent = str(PurePosixPath(rel).parent)
+        present.add(parent)
+        if rel.endswith((".py", ".so")):
+            with_code.add(parent)
+    return sorted(d for d in rel_dirs if d in present and d not in with_code)
 
 
 def absent_modules(release: Release, spec: dict) -> list[str]:
@@ -331,8 +346,10 @@ def materialise(spec: dict, release: Release, target: Path | None = None) -> Pat
     try:
         want = spec["files"]
         done = set()
+        names = []
         with tarfile.open(release.sdist, "r:gz") as tf:
             for m, rel in safe_members(tf, ("",)):
+                names.append(rel)
                 if rel not in want or not m.isfile():
                     continue
                 data = tf.extractfile(m).read()
@@ -345,6 +362,11 @@ def materialise(spec: dict, release: Release, target: Path | None = None) -> Pat
                 done.add(rel)
         if set(want) - done:
             raise EnvError(f"{len(set(want) - done)} slice files missing from {release.sdist.name}")
+        # a folder the traced runs listed that holds no Python in the sdist (a CUDA build's
+        # placeholder) is there, empty, as in the full tree: the lab's stand-in finder
+        # (engine/adapter/platform.py, BuildProductStandIns) answers an import of it alike
+        for d in _no_python(spec.get("listed_dirs") or (), names):
+            (tmp / PurePosixPath(d)).mkdir(parents=True, exist_ok=True)
         write_dist_info(tmp, version)
         stubs = {top: {"distribution": s["distribution"], "version": s["version"]}
                  for top, s in spec.get("stubs", {}).items()}
