@@ -191,6 +191,8 @@ def test_listed_folders_without_python_are_the_build_placeholders():
     from vllm_repro.slicing.spec import _no_python
 
     members = ["vllm/__init__.py", "vllm/vllm_flash_attn/.gitkeep", "vllm/pkg/__init__.py",
-               "vllm/pkg/data.json", "vllm/ext/_C.so", "tests/v1/core/test_x.py"]
-    listed = ["vllm", "vllm/vllm_flash_attn", "vllm/pkg", "vllm/ext", "vllm/never_there"]
-    assert _no_python(listed, members) == ["vllm/vllm_flash_attn"]
+               "vllm/pkg/data.json", "vllm/ext/_C.so", "tests/v1/core/test_x.py",
+               "vllm/bare"]  # (a folder's own tar entry, nothing in it)
+    listed = ["vllm", "vllm/vllm_flash_attn", "vllm/pkg", "vllm/ext", "vllm/never_there",
+              "vllm/bare"]
+    assert _no_python(listed, members) == ["vllm/bare", "vllm/vllm_flash_attn"]

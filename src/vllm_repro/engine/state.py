@@ -35,6 +35,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 _block_id = attrgetter("block_id")  # KVCacheBlock.block_id
+
 #: scheduler attributes that are queues of waiting requests, where a release has them
 WAITING_QUEUES = ("waiting", "skipped_waiting", "kv_holding_waiting")
 

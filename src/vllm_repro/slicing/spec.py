@@ -312,7 +312,7 @@ def _no_python(rel_dirs, members: list[str]) -> list[str]:
     present, with_code = set(), set()
     for rel in members:
         parent = str(PurePosixPath(rel).parent)
-        present.add(parent)
+        present.update((parent, rel.rstrip("/")))  # (a folder's own entry, when the tar has one)
         if rel.endswith((".py", ".so")):
             with_code.add(parent)
     return sorted(d for d in rel_dirs if d in present and d not in with_code)
