@@ -117,6 +117,32 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _client_thread(tree: Path, log: Path, parent_env: dict, worker_env: dict):
+    """A spawn in a thread of its own (started), and the list its exception lands in."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def client():
+        try:
+            _spawn(tree, log, parent_env, worker_env)
+        except BaseException as exc:  # noqa: BLE001 - what the tests look at
+            raised.append(exc)
+
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    return t, raised
+
+
+def _serving_parent(tree: Path, log: Path, parent_env: dict, worker_env: dict) -> int:
+    """A parent started by one run that has ended: its pid (it serves the next spawn)."""
+    proc, fd = _spawn(tree, log, parent_env, worker_env)
+    _reply(proc, fd)
+    proc.stdin.close()
+    proc.wait(timeout=20)
+    return _parent_pid()
+
+
 def test_a_forked_worker_gets_the_runs_pipes_environment_session_and_exit_code(cache, tree, tmp_path):
     parent_env, worker_env = _envs(tree)
     log = tmp_path / "engine.log"
@@ -210,8 +236,6 @@ def test_an_abort_ends_the_wait_for_a_starting_parent_at_once_and_kills_it(cache
     """Ctrl-C while a parent imports (a matrix's threads wait for it): the wait ends within a
     second with WarmAborted, and the parent, which no run will use, is killed (not left to
     finish its imports and idle)."""
-    import threading
-
     from vllm_repro import procs
 
     extra = tmp_path / "mods"
@@ -219,16 +243,7 @@ def test_an_abort_ends_the_wait_for_a_starting_parent_at_once_and_kills_it(cache
     (extra / "slowimport.py").write_text("import time\ntime.sleep(60)\n")
     parent_env, worker_env = _envs(tree, str(extra))
     warm_client.modules_file(PYTHON, ROOT_ENV).write_text(json.dumps(["slowimport"]))
-    raised: list[BaseException] = []
-
-    def client():
-        try:
-            _spawn(tree, tmp_path / "log", parent_env, worker_env)
-        except BaseException as exc:  # noqa: BLE001 - what the test looks at
-            raised.append(exc)
-
-    t = threading.Thread(target=client, daemon=True)
-    t.start()
+    t, raised = _client_thread(tree, tmp_path / "log", parent_env, worker_env)
     deadline = time.monotonic() + 20
     while not warm_client._parents and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -253,11 +268,7 @@ def test_a_stopped_parent_is_named_not_waited_for_and_forks_nothing_for_the_gone
     parent goes on, it forks no worker for the client that stopped waiting."""
     monkeypatch.setattr(warm_client, "REPLY_TIMEOUT_S", 1.0)
     parent_env, worker_env = _envs(tree)
-    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
-    _reply(proc, fd)
-    proc.stdin.close()
-    proc.wait(timeout=20)
-    pid = _parent_pid()
+    pid = _serving_parent(tree, tmp_path / "log", parent_env, worker_env)
     log = tmp_path / "late.log"
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -277,28 +288,13 @@ def test_a_stopped_parent_is_named_not_waited_for_and_forks_nothing_for_the_gone
 
 def test_an_abort_ends_the_wait_for_a_stopped_parents_answer_at_once(cache, tree, tmp_path,
                                                                     monkeypatch):
-    import threading
-
     from vllm_repro import procs
 
     parent_env, worker_env = _envs(tree)
-    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
-    _reply(proc, fd)
-    proc.stdin.close()
-    proc.wait(timeout=20)
-    pid = _parent_pid()
-    raised: list[BaseException] = []
-
-    def client():
-        try:
-            _spawn(tree, tmp_path / "log", parent_env, worker_env)
-        except BaseException as exc:  # noqa: BLE001 - what the test looks at
-            raised.append(exc)
-
+    pid = _serving_parent(tree, tmp_path / "log", parent_env, worker_env)
     os.kill(pid, signal.SIGSTOP)
     try:
-        t = threading.Thread(target=client, daemon=True)
-        t.start()
+        t, raised = _client_thread(tree, tmp_path / "log", parent_env, worker_env)
         time.sleep(0.5)
         monkeypatch.setattr(procs, "_aborting", True)
         t0 = time.monotonic()
