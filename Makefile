@@ -96,7 +96,8 @@ cpu-repro-native: venv
 # at its own path, when it exists: a missing one is the tool's exit 2); reports owned by the caller
 # (VLLM_REPRO_UID too: started as root, the entrypoint would otherwise pick the image's user).
 OUTSIDE_SCENARIOS = $(if $(filter all,$(CATALOG)),,$(foreach s,$(abspath $(SCENARIO)),$(if $(filter $(CURDIR)/%,$(s)),,$(s))))
-cpu-repro-docker: ensure-image
+cpu-repro-docker:
+	@$(MAKE) --no-print-directory ensure-image || { echo "cpu-repro: exit 3 (environment or lab error)" >&2; exit 3; }
 	@mkdir -p $(REPORTS); start=$$(date +%s); mounts=(); \
 	for s in $(OUTSIDE_SCENARIOS); do [ -f "$$s" ] && mounts+=(-v "$$s:$$s:ro"); done; \
 	$(DOCKER) run --rm $$([ -t 1 ] && echo -t) --user "$$(id -u):$$(id -g)" --network none \
@@ -105,15 +106,19 @@ cpu-repro-docker: ensure-image
 	  $(CPU_IMAGE) $(REPRO_ARGS); rc=$$?; \
 	echo "cpu-repro: $$(( $$(date +%s) - start ))s wall (in $(CPU_IMAGE))"; $(SAY_EXIT); exit $$rc
 
-# The CPU image, built if missing or older than the lab's sources (exit 3 when it cannot be).
+# The CPU image, built if missing or built from other lab sources than the checkout's: the image
+# carries the content hash of what it was built from (label LAB_HASH_LABEL, images/lab-hash.sh),
+# compared by content, not mtime, so a fresh clone of the same lab uses it as it is (exit 3 when
+# it cannot be built).
+LAB_HASH_LABEL = vllm-repro.lab-hash
 ensure-image:
 	@$(DOCKER) info >/dev/null 2>&1 || { echo "cpu-repro: no Docker engine answers ($(DOCKER) info failed); RUNNER=native runs it here" >&2; exit 3; }
-	@created=$$($(DOCKER) image inspect -f '{{.Created}}' $(CPU_IMAGE) 2>/dev/null); \
-	if [ -z "$$created" ]; then \
+	@have=$$($(DOCKER) image inspect -f '{{index .Config.Labels "$(LAB_HASH_LABEL)"}}' $(CPU_IMAGE) 2>/dev/null); \
+	if [ -z "$$have" ]; then \
 	  echo "cpu-repro: building $(CPU_IMAGE) first (once; make images)" >&2; \
 	  $(MAKE) --no-print-directory $(IMAGE_TARGET) >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
-	elif [ -n "$$(find src images slices pyproject.toml -newermt "$$created" -not -path '*/__pycache__*' -print -quit 2>/dev/null)" ]; then \
-	  echo "cpu-repro: the lab changed since $(CPU_IMAGE) was built; updating it (make images)" >&2; \
+	elif [ "$$have" != "$$(sh images/lab-hash.sh)" ]; then \
+	  echo "cpu-repro: the lab differs from the one $(CPU_IMAGE) was built from ($(LAB_HASH_LABEL) $$have); updating it (make images)" >&2; \
 	  $(MAKE) --no-print-directory $(IMAGE_TARGET) >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
 	fi
 
@@ -159,6 +164,7 @@ image-cpu: stage-images
 	  build_index="--build-arg TORCH_BUILD_INDEX_URL=http://127.0.0.1:$$port"; net="--network host"; \
 	fi; \
 	$(DOCKER) build $(DOCKER_BUILD_FLAGS) $$net $$build_index -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
+	  --label $(LAB_HASH_LABEL)=$$(sh images/lab-hash.sh) \
 	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \

@@ -16,17 +16,25 @@ FAKE = """#!/bin/sh
 echo "$*" >> "{log}"
 case "$1" in
   info) exit {info};;
-  image) [ "{image}" = 1 ] || exit 1; echo 2999-01-01T00:00:00Z; exit 0;;
+  image) [ "{image}" = 1 ] || exit 1; echo "{label}"; exit 0;;
   run) exit 0;;
   *) exit 0;;
 esac
 """
 
 
-def make_cpu_repro(tmp_path, *, info: int, image: bool, scenario: str, goals=("cpu-repro",)):
+def lab_hash(root=ROOT) -> str:
+    return subprocess.run(["sh", "images/lab-hash.sh"], cwd=root, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def make_cpu_repro(tmp_path, *, info: int, image: bool, scenario: str, goals=("cpu-repro",),
+                   label: str | None = None):
+    """``label``: the lab hash the stand-in image carries (default: this checkout's)."""
     log = tmp_path / "docker.log"
     fake = tmp_path / "docker"
-    fake.write_text(FAKE.format(log=log, info=info, image=int(image)))
+    fake.write_text(FAKE.format(log=log, info=info, image=int(image),
+                                label=lab_hash() if label is None else label))
     fake.chmod(0o755)
     proc = subprocess.run(["make", "--no-print-directory", *goals, f"DOCKER={fake}", f"SCENARIO={scenario}",
                            f"REPORTS={tmp_path / 'reports'}", "CPU_IMAGE=vr-test:none"], cwd=ROOT,
@@ -56,3 +64,30 @@ def test_auto_runs_in_the_image_when_it_exists_and_mounts_an_outside_scenario(tm
     assert f"-v {outside}:{outside}:ro" in run and f"-v {ROOT}:{ROOT}:ro" in run
     assert f"run {outside} --reports" in run
     assert not any(c.startswith("build") for c in calls), calls
+
+
+def test_an_image_of_the_same_lab_is_used_as_it_is_whatever_the_files_mtimes(tmp_path):
+    """A fresh clone gives every file a new mtime: the image's lab hash (content) still matches,
+    so nothing is rebuilt; an image of another lab (or without the label) is rebuilt."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for part in ("src", "images", "slices"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    for f in copy.rglob("*"):  # every file newer than any image, as in a fresh clone
+        os.utime(f)
+    assert lab_hash(copy) == lab_hash(ROOT)
+    (copy / "src" / "vllm_repro" / "__init__.py").write_text("# edited\n", encoding="utf-8")
+    assert lab_hash(copy) != lab_hash(ROOT)  # content counts
+    outside = tmp_path / "mine.yaml"
+    outside.write_text((ROOT / "scenarios/vllm-23347-priority-preempt-scheduled.yaml").read_text())
+    proc, calls = make_cpu_repro(tmp_path, info=0, image=True, scenario=str(outside))
+    assert proc.returncode == 0, proc.stderr
+    assert not any(c.startswith("build") for c in calls), calls
+    for other in ("0123456789abcdef", "<no value>"):  # another lab's image; one without the label
+        (tmp_path / "docker.log").unlink()
+        proc, calls = make_cpu_repro(tmp_path, info=0, image=True, scenario=str(outside), label=other)
+        assert "the lab differs from the one vr-test:none was built from" in proc.stderr, proc.stderr
+        assert any(c.startswith("build") for c in calls), calls
