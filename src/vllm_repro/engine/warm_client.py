@@ -116,7 +116,8 @@ def _positive(name: str, default, kind):
     except ValueError:
         value = 0
     if not value > 0 or value == float("inf"):
-        raise InputError(f"{name}={raw!r}: expected a positive number (default {default}); "
+        what = "a whole number above 0" if kind is int else "a positive number"
+        raise InputError(f"{name}={raw!r}: expected {what} (default {default}); "
                          "set it to one, or unset it")
     return value
 
