@@ -204,11 +204,7 @@ def test_a_killed_parent_ends_its_worker_and_the_next_spawn_starts_a_new_one(cac
 def test_a_parent_exits_after_its_idle_time(cache, tree, tmp_path, monkeypatch):
     monkeypatch.setenv(warm_client.IDLE_SETTING, "1")
     parent_env, worker_env = _envs(tree)
-    proc, fd = _spawn(tree, tmp_path / "log", parent_env, worker_env)
-    _reply(proc, fd)
-    pid = _parent_pid()
-    proc.stdin.close()
-    proc.wait(timeout=20)
+    pid = _serving_parent(tree, tmp_path / "log", parent_env, worker_env)
     deadline = time.monotonic() + 15
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -294,11 +294,11 @@ class _Lines:
                 return msg
             if self.eof:
                 return None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = left
             if abortable:
                 _check_abort()
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            wait = min(left, POLL_S) if abortable and left is not None else \
-                (POLL_S if abortable else left)
+                wait = POLL_S if left is None else min(left, POLL_S)
             ready, _, _ = select.select([self.conn], [], [], wait)
             if ready:
                 self.fill()
@@ -414,11 +414,8 @@ def _live_parents(root: Path) -> list[tuple[float, Path, int]]:
     """(last used, folder, pid) of every parent that says it is alive."""
     out = []
     for info in root.glob("*/parent.json"):
-        try:
-            pid = int(json.loads(info.read_text())["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if _alive(pid):
+        pid = _parent_pid(info.parent)
+        if pid > 0 and _alive(pid):
             used = info.parent / "used"
             try:
                 when = used.stat().st_mtime
@@ -456,18 +453,16 @@ def _prune(root: Path, keep: Path, now: float | None = None) -> int:
     run used for :data:`STALE_S` (``used``, else the folder's own mtime), each under its own
     lock taken without waiting (a client starting a parent there keeps it). Returns how many."""
     now = time.time() if now is None else now
+    served = {folder for _, folder, _ in _live_parents(root)}
     removed = 0
     for folder in root.iterdir():
-        if folder == keep or folder.name in ("modules", "unsafe") or not folder.is_dir() \
-                or folder.is_symlink():
+        if folder == keep or folder in served or folder.name in ("modules", "unsafe") \
+                or not folder.is_dir() or folder.is_symlink():
             continue
         try:
             last = (folder / "used").stat().st_mtime if (folder / "used").exists() \
                 else folder.stat().st_mtime
             if now - last < STALE_S:
-                continue
-            pid = _parent_pid(folder)
-            if pid > 0 and _alive(pid):
                 continue
             with open(folder / "lock", "a") as fh:
                 try:
