@@ -79,6 +79,34 @@ def test_sliced_out_module_names_the_slice_and_the_fix():
             "re-slice with --include vllm.entrypoints.openai.api_server") in p.stderr
 
 
+def test_a_run_that_leaves_the_slice_is_a_lab_failure_not_a_crash(cli, tmp_path):
+    """A fix verified on the slice (as the CPU image runs, VLLM_REPRO_TREE=auto) that imports a
+    module the slice leaves out: vLLM raises ModuleNotFoundError inside schedule(), which is the
+    slice's doing, not the release's; the lab says so (exit 3), never a crash as the patched
+    release's outcome (exit 1, "not verified")."""
+    import difflib
+
+    from ..conftest import FLAGSHIP
+
+    version = "0.10.1.1"
+    assert "vllm/entrypoints/openai/api_server.py" not in load_spec(version)["files"]
+    env = prepare_release(version, tree="slice")
+    before = (env.tree / "vllm/v1/core/sched/scheduler.py").read_text().splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(before) if ln.startswith("    def schedule(self)")) + 1
+    after = [*before[:at], "        import vllm.entrypoints.openai.api_server  # noqa\n", *before[at:]]
+    patch = tmp_path / "imports-outside.diff"
+    patch.write_text("".join(difflib.unified_diff(before, after, "a/vllm/v1/core/sched/scheduler.py",
+                                                  "b/vllm/v1/core/sched/scheduler.py")))
+    proc = cli("verify", str(FLAGSHIP), "--patch", str(patch), "--vllm", version,
+               "--reports", str(tmp_path / "r"), env={"VLLM_REPRO_TREE": "slice"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert (f"the run left the slice of vLLM {version}: it imported "
+            "vllm.entrypoints.openai.api_server, which the slice leaves out") in out
+    assert "--tree full" in out and "the lab failed to run the scenario" in out
+    assert "crash ModuleNotFoundError" not in out
+
+
 def test_materialised_slice_holds_only_its_files():
     version = PROVEN[-1]
     env = prepare_release(version, tree="slice")

@@ -21,7 +21,7 @@ def verify(
     """Prove a fix on CPU: reproduced before, clean after, other entries unchanged."""
     warm_setting(cold)
     from ..console import out, say, table
-    from ..errors import EXIT_MISMATCH
+    from ..errors import EXIT_ENV, EXIT_INPUT, EXIT_MISMATCH
     from ..verify.core import verify as run_verify
     from ..inputs import release_name, reports_dir
     from ..verify.patch import require_patch_file
@@ -39,4 +39,6 @@ def verify(
         out.print(f"[green]verified[/green]: reproduced before, clean after; bundle {ver.bundle}")
         raise typer.Exit(0)
     out.print(f"[red]not verified[/red]: {'; '.join(ver.reasons)}; bundle {ver.bundle}")
-    raise typer.Exit(EXIT_MISMATCH)
+    # a run that did not happen as a run of vLLM proves nothing: the lab's failure (3) or the
+    # input's (2), never the patch's (1)
+    raise typer.Exit({None: EXIT_MISMATCH, "input": EXIT_INPUT}.get(ver.failed, EXIT_ENV))

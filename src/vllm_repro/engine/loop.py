@@ -405,6 +405,29 @@ def v0_adapter(adapter):
     return v0
 
 
+def _slice_events() -> list:
+    """The events of a slice tree's run-time (``_vllm_slice.EVENTS``: an import of a module the
+    slice leaves out, a use of a stubbed package) in this process; ``[]`` on a full tree."""
+    mod = sys.modules.get("_vllm_slice")
+    return getattr(mod, "EVENTS", None) or [] if mod is not None else []
+
+
+def slice_gap(events: list, version: str) -> str | None:
+    """The lab-failure message for a run that met ``events`` (``_vllm_slice.EVENTS`` entries,
+    oldest first) on a slice of ``version``, else ``None``. Such a run left the paths the slice
+    was traced and proven on, so whatever it did (a crash of vLLM included, or a fallback vLLM
+    took on an ``ImportError``) is the slice's doing, not the release's."""
+    if not events:
+        return None
+    first = events[0]
+    what = (f"it imported {first['name']}, which the slice leaves out" if first["kind"] == "missing"
+            else f"it used {first['name']} of {first.get('package')!r}, a stub in the slice")
+    more = f" (and {len(events) - 1} more)" if len(events) > 1 else ""
+    return (f"the run left the slice of vLLM {version}: {what}{more}; its outcome would be the "
+            f"slice's, not vLLM's. Run it on the full tree (--tree full), or re-slice with a "
+            f"trace that covers this path (vllm-repro slice {version})")
+
+
 def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
                  limits: dict | None = None) -> RunResult:
     """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
@@ -416,8 +439,11 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     (both :class:`OverLimit`: outcome ``error``, kind ``input``).
 
     The result's ``outcome`` is ``clean``, ``crash``, ``violation``, ``stall`` or ``error``;
-    ``error`` means the lab or the input failed (``error.kind``: ``input`` or ``lab``).
+    ``error`` means the lab or the input failed (``error.kind``: ``input`` or ``lab``). On a
+    slice tree, a run that imported a module the slice leaves out or used a stubbed package
+    (:func:`slice_gap`) is a ``lab`` error whatever vLLM did, its crash's traceback kept.
     """
+    events_before = len(_slice_events())
     trace_f = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -478,6 +504,11 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     finally:
         if trace_f is not None:
             trace_f.close()
+    gap = slice_gap(_slice_events()[events_before:], adapter.version)
+    if gap is not None and not (result.error is not None and result.error.kind == "lab"):
+        tb = result.crash.traceback if result.crash is not None else (
+            result.error.traceback if result.error is not None else None)
+        result = RunResult.failed("lab", gap, traceback=tb)
     result.scenario = scenario["name"]
     result.level = result.level or scenario.get("level", "scheduler")
     result.vllm = adapter.version

@@ -13,9 +13,11 @@ third-party packages. It does two things:
   can be subclassed and used in annotations, but calling, instantiating or validating anything
   raises :class:`SliceStubError`, naming the slice and the package.
 
-When ``VLLM_REPRO_SLICE_LOG`` is set, every such event is also appended to that file as one JSON
-line (``{"kind": "missing" | "stub", "name": ..., "package": ...}``): the slicer's verification
-runs use it to find a stub that something did use.
+Every such event is kept in :data:`EVENTS` (``{"kind": "missing" | "stub", "name": ...,
+"package": ...}``): a run that met one left the traced paths, so the lab reports it as its own
+failure, never as vLLM's outcome (``vllm_repro.engine.loop.run_scenario``). When
+``VLLM_REPRO_SLICE_LOG`` is set, each is also appended to that file as one JSON line: the
+slicer's verification runs use it to find a stub that something did use.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ ABSENT = frozenset(SLICE.get("absent", ()))
 STUBS = dict(SLICE.get("stubs", {}))
 
 
+#: every event of this process, oldest first (what the engine worker checks after a run)
+EVENTS: list = []
+
+
 def _log(kind: str, name: str, package: str | None = None) -> None:
+    EVENTS.append({"kind": kind, "name": name, "package": package})
     path = os.environ.get("VLLM_REPRO_SLICE_LOG")
     if not path:
         return

@@ -31,7 +31,10 @@ from .patch import patch_files, patched_tree
 
 @dataclass
 class Verification:
-    """The outcome of a CPU verification. ``verified`` is the verdict; ``reasons`` why not."""
+    """The outcome of a CPU verification. ``verified`` is the verdict; ``reasons`` why not;
+    ``failed``: the error kind (``input``, ``lab``, ``env``: :class:`vllm_repro.records.RunError`)
+    of the scenario's run before or after the patch that did not happen as a run of vLLM, else
+    ``None`` (the command exits 2 or 3 on it, not 1: nothing was proven either way)."""
 
     bundle: Path
     version: str
@@ -41,6 +44,7 @@ class Verification:
     others: list[dict] = field(default_factory=list)
     verified: bool = False
     reasons: list[str] = field(default_factory=list)
+    failed: str | None = None
 
     def as_dict(self) -> dict:
         return {"verified": self.verified, "reasons": self.reasons, "release": self.version,
@@ -100,7 +104,10 @@ def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
     ver = Verification(bundle, version, scenario.name, _summary(before[0]), _summary(after[0]))
     b, a = before[0], after[0]
     if b.result.outcome == "error" or a.result.outcome == "error":
-        ver.reasons.append("the lab failed to run the scenario (see the reports); nothing is proven")
+        ver.failed = next(r.result.error.kind for r in (b, a) if r.result.outcome == "error")
+        ver.reasons.append("the lab failed to run the scenario (see the reports); nothing is proven"
+                           if ver.failed != "input" else
+                           "the scenario was refused (see the reports); nothing is proven")
     if b.result.outcome == "clean":
         ver.reasons.append(f"{scenario.name} does not reproduce on unpatched vLLM {version}")
     elif b.verdict and b.verdict.ok is False:
