@@ -26,6 +26,10 @@ works for any user at run time:
 - ``baked.json`` lists each release with its kind (slice or full), tree and environment.
 
 Exits with the lab's exit code and one line when a release cannot be fetched or built.
+
+    python bake.py --share-bytecode /opt/vllm-repro/cache
+
+(the Dockerfile's warm-up step, after its run wrote the bytecode): :func:`share_bytecode`.
 """
 
 from __future__ import annotations
@@ -190,6 +194,43 @@ def dedupe(root: Path) -> int:
     return saved
 
 
+def share_bytecode(root: Path) -> tuple[int, int]:
+    """Hardlink the bytecode Python wrote for hardlinked sources below ``root`` (the warm-up's
+    ``__pycache__/<module>.<tag>.pyc`` files, after :func:`dedupe` made identical sources one
+    file: torch, numpy, transformers... in every environment of their version, a vLLM file in
+    every release that ships it unchanged) into one file per source and tag. Their bytes differ
+    only in the ``co_filename`` the compiler stored; Python checks a ``.pyc`` against its
+    source's mtime and size (the same inode: the same), and on loading one rewrites
+    ``co_filename`` to the path it was found at (CPython ``SourceLoader.get_code`` ->
+    ``_imp._fix_co_filename``), so a traceback names each environment's own path. A file whose
+    16-byte header differs from the kept one's (another compile of another source state) is left
+    as it is. Returns ``(files linked, bytes saved)``."""
+    kept: dict[tuple[int, int, str], tuple[Path, bytes]] = {}
+    linked = saved = 0
+    for pyc in sorted(root.rglob("__pycache__/*.pyc")):
+        if pyc.is_symlink() or not pyc.is_file():
+            continue
+        stem, _, tag = pyc.name.partition(".")  # ("scheduler", "cpython-311.pyc")
+        try:
+            src = (pyc.parent.parent / f"{stem}.py").stat()
+        except OSError:  # bytecode without its source: nothing says it is shared
+            continue
+        with pyc.open("rb") as f:
+            header = f.read(16)
+        first = kept.setdefault((src.st_dev, src.st_ino, tag), (pyc, header))
+        if first[0] is pyc or first[1] != header:
+            continue
+        st = pyc.stat()
+        if st.st_ino == first[0].stat().st_ino:
+            continue
+        tmp = pyc.with_name(pyc.name + ".share")
+        os.link(first[0], tmp)
+        os.replace(tmp, pyc)
+        linked += 1
+        saved += st.st_size
+    return linked, saved
+
+
 def main(versions: list[str]) -> int:
     from vllm_repro.errors import LabError
     from vllm_repro.settings import cache_dir
@@ -246,4 +287,9 @@ def main(versions: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--share-bytecode"]:  # the Dockerfile's warm-up step, after its run
+        for folder in sys.argv[2:]:
+            n, b = share_bytecode(Path(folder))
+            say(f"{folder}: {n} bytecode files of shared sources hardlinked ({b / 1e6:.0f} MB)")
+        sys.exit(0)
     sys.exit(main(sys.argv[1:]))

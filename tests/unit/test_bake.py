@@ -1,0 +1,71 @@
+"""images/cpu/bake.py's bytecode sharing, as the CPU image's warm-up uses it: two release
+environments hold one (hardlinked) copy of a source; after the warm-up wrote each its own
+``.pyc``, sharing leaves one bytecode file, which each environment still loads as its own (no
+rewrite, tracebacks naming its own path)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..conftest import ROOT
+
+
+def _bake():
+    spec = importlib.util.spec_from_file_location("bake", ROOT / "images/cpu/bake.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _import(site: Path) -> subprocess.CompletedProcess:
+    """Import ``sched`` from ``site`` in a fresh interpreter that may write bytecode; print where
+    its code says it lives and the traceback's last frame of a call that raises."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    code = ("import sched_mod, traceback\n"
+            "print(sched_mod.schedule.__code__.co_filename)\n"
+            "try:\n    sched_mod.schedule()\n"
+            "except AssertionError as e:\n    print(traceback.extract_tb(e.__traceback__)[-1].filename)\n")
+    return subprocess.run([sys.executable, "-c", code], cwd=site, env=env, capture_output=True,
+                          text=True, check=True)
+
+
+def test_shared_bytecode_loads_in_each_environment_as_its_own(tmp_path):
+    bake = _bake()
+    a, b = tmp_path / "envs/a/site-packages", tmp_path / "envs/b/site-packages"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    (a / "sched_mod.py").write_text("def schedule():\n    assert False, 'preempted'\n" + "x = 1\n" * 2000)
+    os.link(a / "sched_mod.py", b / "sched_mod.py")  # what bake.dedupe made of two copies
+    (a / "only_a.py").write_text("y = 2\n")
+    for site in (a, b):
+        _import(site)
+    pyc_a = next((a / "__pycache__").glob("sched_mod.*.pyc"))
+    pyc_b = next((b / "__pycache__").glob("sched_mod.*.pyc"))
+    assert pyc_a.stat().st_ino != pyc_b.stat().st_ino
+
+    linked, saved = bake.share_bytecode(tmp_path)
+    assert (linked, saved) == (1, pyc_b.stat().st_size)
+    assert pyc_a.stat().st_ino == pyc_b.stat().st_ino
+    assert bake.share_bytecode(tmp_path) == (0, 0)  # nothing left to share
+
+    for site in (a, b):
+        inode = pyc_a.stat().st_ino
+        out = _import(site).stdout.split()
+        # the code and its traceback name this environment's file, not the one compiled first
+        assert out == [str(site / "sched_mod.py")] * 2
+        # and Python took the shared bytecode as valid: it would have replaced an invalid one
+        assert pyc_a.stat().st_ino == inode == pyc_b.stat().st_ino
+
+
+def test_bytecode_of_a_different_source_is_never_shared(tmp_path):
+    bake = _bake()
+    a, b = tmp_path / "a", tmp_path / "b"
+    for site, body in ((a, "x = 1\n"), (b, "x = 2\n")):  # same name, two files
+        site.mkdir()
+        (site / "sched_mod.py").write_text("def schedule():\n    assert False\n" + body)
+        _import(site)
+    assert bake.share_bytecode(tmp_path) == (0, 0)
