@@ -118,6 +118,8 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
                 item.result.engine_log = str(_run_log(log, start, item.report))
                 item.result.substitutions = env.substitutions() or None
                 item.result.tree_changes = changed
+                item.result.tree = env.tree_kind
+                item.result.warm = bool(worker.warm_started)
     except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
             item.fail_from(exc)

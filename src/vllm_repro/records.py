@@ -343,6 +343,9 @@ class RunResult(Record):
     ``tree_changes`` how the release's tree differs from what was extracted from its sdist
     (``edited vllm/v1/core/sched/scheduler.py``, ``added ...``, ``removed ...``;
     ``sources/manifest.py``): a run on an edited tree is an observation of the edit.
+    ``tree`` which tree ran: ``full`` (the sdist's), ``slice`` (a committed slice proven
+    equivalent to it: docs/slices.md) or ``installed`` (an installed vLLM); ``warm`` whether
+    the worker was forked by a warm parent (docs/warm-runs.md) rather than started cold.
     ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
     ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the
     report is written.
@@ -356,6 +359,8 @@ class RunResult(Record):
     platform: str | None = None
     substitutions: list[str] | None = None
     tree_changes: list[str] | None = None
+    tree: str | None = None
+    warm: bool | None = None
     crash: Crash | None = None
     stall: Stall | None = None
     violations: list[Violation] | None = None

@@ -44,7 +44,9 @@ def _run(cli, version, tree, reports):
         if not (d / "result.json").is_file():  # refused input: no report (it loses nothing)
             out[name] = (v["outcome"], v["observed"], v["ok"], None, None)
             continue
-        res = normalise_result(json.loads((d / "result.json").read_text()), ROOT)
+        raw = json.loads((d / "result.json").read_text())
+        assert raw["tree"] == tree, name  # result.json says which tree ran
+        res = normalise_result(raw, ROOT)
         res.pop("verdict", None)  # compared through the CLI's verdict above
         # tracebacks name the tree: trees/<version>/ (full) or slices/<version>-<key>/ (slice)
         text = re.sub(r'[^\s"\']*/(?:trees|slices)/[^/\s"\']+/', "<tree>/", json.dumps(res, sort_keys=True))

@@ -27,8 +27,8 @@ VERSION = "0.10.1.1"
 STRESS = ROOT / "scenarios" / "stress" / "stress-fcfs-nocache.yaml"
 # parents these tests start retire soon after (a reused one keeps the idle time it started with)
 ENV = {"VLLM_REPRO_WARM_IDLE_S": "120"}
-#: what may differ between two runs of one scenario: times and where the log is
-VOLATILE = {"timing", "engine_log", "python"}
+#: what may differ between two runs of one scenario: times, where the log is, how it started
+VOLATILE = {"timing", "engine_log", "python", "warm"}
 
 
 def _result(reports: Path, scenario: str = FLAGSHIP.stem) -> dict:
@@ -52,6 +52,9 @@ def test_the_flagship_verdict_and_result_are_the_same_cold_and_warm(tmp_path):
         assert ("(warm)" in r.stderr) == (mode != "cold"), r.stderr[-2000:]
         verdicts = json.loads(r.stdout)
         runs[mode] = (verdicts, _result(reports))
+        # result.json says how the run started and which tree it ran
+        raw = json.loads((reports / FLAGSHIP.stem / VERSION / "result.json").read_text())
+        assert (raw["warm"], raw["tree"]) == (mode != "cold", "full")
     assert runs["cold"][1]["outcome"] == "crash"
     assert runs["warm"] == runs["cold"]
     assert runs["warm-again"] == runs["cold"]

@@ -298,7 +298,8 @@ def run_page(result: RunResult, trace: list[TraceLine], files: list[str]) -> str
     title = f"{result.scenario} on vLLM {result.vllm}"
     links = " ".join(f"<a href='{_e(f)}'>{_e(f)}</a>" for f in files)
     facts = [("outcome", result.outcome), ("level", result.level), ("platform", result.platform),
-             ("steps", result.steps), ("python", result.python)]
+             ("steps", result.steps), ("python", result.python),
+             ("tree", result.tree and result.tree + (" (warm)" if result.warm else ""))]
     if result.timing is not None and result.timing.run_s is not None:
         facts.append(("timing", f"build {result.timing.build_s} s, run {result.timing.run_s} s"))
     if result.substitutions:

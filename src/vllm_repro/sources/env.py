@@ -57,7 +57,9 @@ def uv_bin() -> str:
         found = shutil.which("uv")
         if found:
             return found
-        raise EnvError("uv is not installed; run `make venv` (pip install -e .) first") from None
+        raise EnvError("uv is not installed, and building a release's environment needs it: run "
+                       "`make venv` (pip install -e .) first; the CPU image has no uv (its cache is "
+                       "read-only): bake the release in, make images VLLM_VERSIONS=\"catalog X\"") from None
 
 
 def _canon(name: str) -> str:
@@ -131,6 +133,14 @@ class ReleaseEnv:
     @property
     def python(self) -> Path:
         return self.interpreter or self.root / "bin" / "python"
+
+    @property
+    def tree_kind(self) -> str:
+        """``slice`` (a materialised slice: ``_vllm_slice.py`` at its root, a patched copy of one
+        included), ``full`` (the sdist's whole tree) or ``installed`` (no tree)."""
+        if self.tree is None:
+            return "installed"
+        return "slice" if (self.tree / "_vllm_slice.py").is_file() else "full"
 
     def freeze(self) -> list[str]:
         return self._ready().get("freeze", [])
