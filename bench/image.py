@@ -15,7 +15,8 @@ both as their slices); goal <= 1.5 GB (issue 20). The catalog image (`make image
 
 Needs a Docker engine (on this workplace's machines: eval "$(../shared/tools/docker-host.sh)"
 first, which also gives BASE_IMAGE, EXTRA_CA_CERT and TORCH_WHEEL_DIR). The size includes the
-base image's (printed too: the local Debian base made here is larger than python:3.11-slim).
+base image's (printed too: the local Debian base made here is larger than python:3.11-slim;
+`eval "$(scripts/slim-base.sh)"` makes a slim stand-in of 125 MB and points BASE_IMAGE at it).
 
     python bench/image.py --cuda      # the CUDA image instead (make image-cuda on BASE_IMAGE, a
                                       # Python base: full vLLM of VLLM_VERSION from the index,
