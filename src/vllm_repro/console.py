@@ -90,16 +90,20 @@ def input_error_lines(items) -> list[str]:
     ...), naming the file as a schema error at load does (``FILE: FIELD: problem; fix``, which
     :func:`print_results` prints as :func:`error` prints a load error: ``error: FILE: ...``);
     the same error on several releases (its text the same but for the release) is one line
-    naming them all: ``x.yaml: config.blok_size: vLLM 0.10.1.1, 0.10.2 have no such field ...``."""
+    naming them all: ``x.yaml: config.blok_size: vLLM 0.10.1.1, 0.10.2 have no such field ...``.
+    An error of the release itself (``RunItem.release_failed``: ``--tree slice`` of a release
+    with no slice, a release the index lacks) names no file, once for all its scenarios."""
     groups: dict[tuple[str, str], list[str]] = {}
     for i in items:
         v = i.verdict
         error = i.result.error if i.result is not None else None
         if v.error_kind != "input" or error is None:
             continue
-        where = i.scenario.source_path or v.scenario
+        where = "" if i.release_failed else str(i.scenario.source_path or v.scenario)
         text = (error.message or "").replace(f"vLLM {v.vllm}", "vLLM \0")
-        groups.setdefault((str(where), text), []).append(v.vllm)
+        versions = groups.setdefault((where, text), [])
+        if v.vllm not in versions:
+            versions.append(v.vllm)
     lines = []
     for (where, text), versions in groups.items():
         if len(versions) > 1:
@@ -107,7 +111,8 @@ def input_error_lines(items) -> list[str]:
                     else f"{text} (on {', '.join(versions)})")
             text = text.replace("that release's", "those releases'") \
                 .replace("for this release", "for these releases")
-        lines.append(f"{where}: {text.replace(chr(0), ', '.join(versions))}")
+        text = text.replace(chr(0), ", ".join(versions))
+        lines.append(f"{where}: {text}" if where else text)
     return lines
 
 

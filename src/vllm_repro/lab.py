@@ -42,6 +42,9 @@ class RunItem:
     report: ReportDir | None = None
     #: an ``--also-on`` release (``catalog run``), not one the entry names
     also_on: bool = False
+    #: the release (or the tree asked of it) could not be prepared: its error is about the
+    #: release, not about the scenario file (``console.input_error_lines`` names no file)
+    release_failed: bool = False
 
     @property
     def report_dir(self) -> Path | None:
@@ -230,6 +233,7 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
             for group in groups[key].values():
                 for item in group:
                     item.fail_from(exc)
+                    item.release_failed = True
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
     runnable = [k for k in groups if k in envs]
     if runnable and timelines:

@@ -45,6 +45,10 @@ def test_auto_gives_engine_core_runs_the_full_tree(slices):
         resolve_tree("1.0.0", "slice", level="v0-engine")
     assert resolve_tree("1.0.0", "slice", level="scheduler") == "slice"
     assert resolve_tree("2.0.0", "slice", level="engine-core") == "slice"  # unproven: as asked
+    # none at all: said as the option's error, not the scenario file's (a run blamed the file)
+    with pytest.raises(InputError, match=r"^--tree slice: vLLM 4.0.0 has no slice .*; use --tree "
+                                         r"auto or --tree full, or slice it"):
+        resolve_tree("4.0.0", "slice")
 
 
 def test_auto_gives_engine_core_runs_a_slice_proven_at_that_level(slices):

@@ -91,6 +91,12 @@ def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> st
     :class:`InputError` naming the levels it serves."""
     tree = tree or default_tree()
     if tree == "slice":
+        from ..slicing.spec import spec_path
+
+        if not spec_path(version).is_file():  # (an unproven one is run as asked)
+            raise InputError(f"--tree slice: vLLM {version} has no slice ({spec_path(version)}); "
+                             f"use --tree auto or --tree full, or slice it "
+                             f"(vllm-repro slice {version})")
         levels = slice_levels(version)
         if levels and level not in levels:
             # asked for a slice that was never run at this level: its files are not all there
