@@ -197,7 +197,9 @@ def _run_log(log: Path, start: int, report: ReportDir) -> Path:
 def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
                jobs: int | None = None, say: Say = lambda s: None,
                prepare: Callable[[str], ReleaseEnv] | None = None,
-               tree: str | None = None, timelines: bool = True) -> list[RunItem]:
+               tree: str | None = None, timelines: bool = True,
+               prepare_tree: Callable[[str, str], ReleaseEnv] | None = None,
+               resolve: Callable[[str, str], str] | None = None) -> list[RunItem]:
     """Run every item; fill in ``result`` and ``verdict``; write each run's ``result.json``
     (with its verdict, through :class:`~vllm_repro.records.ReportDir`: its only writer) and,
     with ``timelines``, its ``timeline.png`` (about 2 s of matplotlib a run on a busy machine;
@@ -206,6 +208,12 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     Releases are prepared one after the other (network and disk), then run in parallel, one
     worker per release, at most ``jobs`` at a time (default: the number of CPUs, at most 4).
     An environment failure for one release marks its items ``error`` and does not stop the rest.
+
+    ``prepare(version)``: one environment for every run of a release, whatever its level (an
+    installed vLLM, a bisect step's); ``prepare_tree(version, kind)``: the environment of the
+    tree each run's level resolves to (:func:`~vllm_repro.sources.prepare.resolve_tree`, or
+    ``resolve(version, level)``: verify's pristine and patched copies of the full tree and of
+    the slice).
     """
     custom = prepare is not None
     reports = reports.resolve()
@@ -221,14 +229,16 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     # tree; a worker presents one platform (vLLM's modules bind it when they are imported)
     groups: dict[tuple[str, str | None], dict[str, list[RunItem]]] = {}
     for item in items:
-        kind = None if custom else resolve_tree(item.version, tree, item.scenario.level)
+        kind = None if custom else resolve(item.version, item.scenario.level) if resolve \
+            else resolve_tree(item.version, tree, item.scenario.level)
         by_platform = groups.setdefault((item.version, kind), {})
         by_platform.setdefault(item.scenario.platform.key(), []).append(item)
     envs: dict[tuple[str, str | None], ReleaseEnv] = {}
     for key in groups:
         version, kind = key
         try:
-            envs[key] = prepare(version) if custom else prepare_release(version, say, tree=kind)
+            envs[key] = (prepare(version) if custom else prepare_tree(version, kind)
+                         if prepare_tree is not None else prepare_release(version, say, tree=kind))
         except LabError as exc:
             for group in groups[key].values():
                 for item in group:

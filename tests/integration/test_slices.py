@@ -93,20 +93,50 @@ def test_a_run_that_leaves_the_slice_is_a_lab_failure_not_a_crash(cli, tmp_path)
     version = "0.10.1.1"
     assert "vllm/entrypoints/openai/api_server.py" not in load_spec(version)["files"]
     env = prepare_release(version, tree="slice")
+    installed = json.loads((env.root / ".ready.json").read_text())["freeze"]
+    assert not any(line.lower().startswith("einops==") for line in installed)  # full env has it
     before = (env.tree / "vllm/v1/core/sched/scheduler.py").read_text().splitlines(keepends=True)
     at = next(i for i, ln in enumerate(before) if ln.startswith("    def schedule(self)")) + 1
-    after = [*before[:at], "        import vllm.entrypoints.openai.api_server  # noqa\n", *before[at:]]
-    patch = tmp_path / "imports-outside.diff"
-    patch.write_text("".join(difflib.unified_diff(before, after, "a/vllm/v1/core/sched/scheduler.py",
-                                                  "b/vllm/v1/core/sched/scheduler.py")))
-    proc = cli("verify", str(FLAGSHIP), "--patch", str(patch), "--vllm", version,
-               "--reports", str(tmp_path / "r"), env={"VLLM_REPRO_TREE": "slice"})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 3, out
-    assert (f"the run left the slice of vLLM {version}: it imported "
-            "vllm.entrypoints.openai.api_server, which the slice leaves out") in out
-    assert "--tree full" in out and "the lab failed to run the scenario" in out
-    assert "crash ModuleNotFoundError" not in out
+    for line, said in (("import vllm.entrypoints.openai.api_server",
+                        "it imported vllm.entrypoints.openai.api_server, which the slice leaves out"),
+                       # a distribution the slice's environment does not hold
+                       ("import einops", "it raised ModuleNotFoundError: No module named 'einops', "
+                                         "and the slice's environment holds only")):
+        after = [*before[:at], f"        {line}  # noqa\n", *before[at:]]
+        patch = tmp_path / f"{line.split()[-1]}.diff"
+        patch.write_text("".join(difflib.unified_diff(before, after, "a/vllm/v1/core/sched/scheduler.py",
+                                                      "b/vllm/v1/core/sched/scheduler.py")))
+        proc = cli("verify", str(FLAGSHIP), "--patch", str(patch), "--vllm", version,
+                   "--reports", str(tmp_path / "r"), env={"VLLM_REPRO_TREE": "slice"})
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 3, out
+        assert f"the run left the slice of vLLM {version}: {said}" in out
+        assert "VLLM_REPRO_TREE=full" in out and "the lab failed to run the scenarios" in out
+        assert "crash ModuleNotFoundError" not in out
+
+
+def test_verify_on_auto_runs_each_entry_on_its_levels_tree_and_patches_each_tree(cli, tmp_path):
+    """As the CPU image verifies (VLLM_REPRO_TREE=auto): the scheduler-level scenario on the
+    slice, the release's V0-engine entry on the full tree (a slice never serves it; it was run
+    on the slice, "has no V0 engine", the same error before and after counted as kept); the
+    full tree's patched copy and the slice's are two, whichever was made first."""
+    from ..conftest import FLAGSHIP
+
+    fix = ROOT / "scenarios/fixes/vllm-23347-0.10.1.1.diff"
+    for tree in ("full", "auto"):  # the full tree's patched copy first, then the slice's
+        reports = tmp_path / tree
+        proc = cli("verify", str(FLAGSHIP), "--patch", str(fix), "--vllm", "0.10.1.1",
+                   "--reports", str(reports), env={"VLLM_REPRO_TREE": tree})
+        assert proc.returncode == 0 and "verified" in proc.stdout, proc.stdout + proc.stderr
+        bundle = next((reports / "verify").iterdir())
+        for label in ("before", "after"):
+            trees = {d.name: json.loads((d / "0.10.1.1" / "result.json").read_text())["tree"]
+                     for d in (bundle / label).iterdir() if (d / "0.10.1.1" / "result.json").is_file()}
+            assert trees[FLAGSHIP.stem] == ("slice" if tree == "auto" else "full"), trees
+            v0 = [n for n in trees if n.startswith("vllm-18957")]
+            assert v0 and all(trees[n] == "full" for n in v0), trees
+        verdict = json.loads((bundle / "verdict.json").read_text())
+        assert all("no V0 engine" not in o["after"] for o in verdict["others"]), verdict["others"]
 
 
 def test_materialised_slice_holds_only_its_files():

@@ -412,20 +412,30 @@ def _slice_events() -> list:
     return getattr(mod, "EVENTS", None) or [] if mod is not None else []
 
 
-def slice_gap(events: list, version: str) -> str | None:
-    """The lab-failure message for a run that met ``events`` (``_vllm_slice.EVENTS`` entries,
-    oldest first) on a slice of ``version``, else ``None``. Such a run left the paths the slice
-    was traced and proven on, so whatever it did (a crash of vLLM included, or a fallback vLLM
-    took on an ``ImportError``) is the slice's doing, not the release's."""
-    if not events:
+def slice_gap(events: list, version: str, crash: Crash | None = None) -> str | None:
+    """The lab-failure message for a run on a slice of ``version`` that met ``events``
+    (``_vllm_slice.EVENTS`` entries, oldest first), or ended in ``crash`` with an
+    ``ImportError`` (a distribution the slice's environment does not hold: it holds only the
+    traced ones), else ``None``. Such a run left the paths the slice was traced and proven on,
+    so whatever it did (a crash of vLLM included, or a fallback vLLM took on an ``ImportError``)
+    is the slice's doing, not the release's."""
+    unique = list({(e["kind"], e["name"]): e for e in events}.values())
+    if unique:
+        first = unique[0]
+        what = (f"it imported {first['name']}, which the slice leaves out"
+                if first["kind"] == "missing"
+                else f"it used {first['name']} of {first.get('package')!r}, a stub in the slice")
+        more = f" (and {len(unique) - 1} more)" if len(unique) > 1 else ""
+    elif crash is not None and crash.type in ("ModuleNotFoundError", "ImportError"):
+        what = (f"it raised {crash.type}: {crash.message}, and the slice's environment holds only "
+                f"the distributions its traced runs loaded")
+        more = ""
+    else:
         return None
-    first = events[0]
-    what = (f"it imported {first['name']}, which the slice leaves out" if first["kind"] == "missing"
-            else f"it used {first['name']} of {first.get('package')!r}, a stub in the slice")
-    more = f" (and {len(events) - 1} more)" if len(events) > 1 else ""
     return (f"the run left the slice of vLLM {version}: {what}{more}; its outcome would be the "
-            f"slice's, not vLLM's. Run it on the full tree (--tree full), or re-slice with a "
-            f"trace that covers this path (vllm-repro slice {version})")
+            f"slice's, not vLLM's. Run it on the full tree (--tree full; VLLM_REPRO_TREE=full "
+            f"for commands without --tree, such as verify), or re-slice with a trace that covers "
+            f"this path (vllm-repro slice {version})")
 
 
 def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
@@ -504,7 +514,9 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     finally:
         if trace_f is not None:
             trace_f.close()
-    gap = slice_gap(_slice_events()[events_before:], adapter.version)
+    on_slice = "_vllm_slice" in sys.modules
+    gap = slice_gap(_slice_events()[events_before:], adapter.version, result.crash) \
+        if on_slice else None
     if gap is not None and not (result.error is not None and result.error.kind == "lab"):
         tb = result.crash.traceback if result.crash is not None else (
             result.error.traceback if result.error is not None else None)

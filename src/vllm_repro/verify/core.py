@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import catalog_files
+from ..errors import InputError
 from ..lab import RunItem, run_matrix
-from ..sources.prepare import prepare_release
+from ..sources.prepare import prepare_release, resolve_tree
 from ..scenario import load_scenario
 from ..scenario.schema import Scenario
 from ..verdict import describe_observed
@@ -33,8 +34,9 @@ from .patch import patch_files, patched_tree
 class Verification:
     """The outcome of a CPU verification. ``verified`` is the verdict; ``reasons`` why not;
     ``failed``: the error kind (``input``, ``lab``, ``env``: :class:`vllm_repro.records.RunError`)
-    of the scenario's run before or after the patch that did not happen as a run of vLLM, else
-    ``None`` (the command exits 2 or 3 on it, not 1: nothing was proven either way)."""
+    of a run before or after the patch that did not happen as a run of vLLM (the scenario's, or
+    a lab or environment failure of another entry's), else ``None`` (the command exits 2 or 3
+    on it, not 1: nothing was proven either way)."""
 
     bundle: Path
     version: str
@@ -49,7 +51,7 @@ class Verification:
     def as_dict(self) -> dict:
         return {"verified": self.verified, "reasons": self.reasons, "release": self.version,
                 "scenario": self.scenario, "before": self.before, "after": self.after,
-                "others": self.others}
+                "others": self.others, "failed": self.failed}
 
 
 def _summary(item: RunItem) -> dict:
@@ -83,29 +85,54 @@ def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
     files outside ``vllm/``, :class:`~vllm_repro.errors.EnvError` for environment failures."""
     scenario = load_scenario(scenario_path)
     patch_files(patch)
-    env = prepare_release(version, say)
-    tree = patched_tree(env.tree, patch, version)
-    say(f"patched copy of vLLM {version}: {tree}")
-    patched_env = dataclasses.replace(env, tree=tree)
     others = related_entries(version, scenario.name, catalog)
+    # each run on the tree its level resolves to (VLLM_REPRO_TREE; the CPU image's auto: the
+    # slice where it was proven at that level, else the full tree), pristine before and patched
+    # after: one patched copy per tree
+    kinds = {resolve_tree(version, None, scenario.level)}
+    for _, sc in others:
+        try:
+            kinds.add(resolve_tree(version, None, sc.level))
+        except InputError as exc:  # (--tree slice at a level the slice does not serve)
+            say(f"{sc.name}: on the full tree ({exc})")
+            kinds.add("full")
+    pristine = {kind: prepare_release(version, say, tree=kind) for kind in sorted(kinds)}
+    patched = {}
+    for kind, env in pristine.items():
+        tree = patched_tree(env.tree, patch, version)
+        say(f"patched copy of vLLM {version}'s {kind} tree: {tree}")
+        patched[kind] = dataclasses.replace(env, tree=tree)
     bid = bundle_id(scenario, version, patch)
     bundle = reports / "verify" / bid
     if bundle.exists():
         shutil.rmtree(bundle)
     bundle.mkdir(parents=True)
 
-    def run(env_for_run, label):
+    def tree_of(level: str) -> str:
+        try:
+            return resolve_tree(version, None, level)
+        except InputError:
+            return "full"
+
+    def run(envs, label):
         items = [RunItem(scenario, version)] + [RunItem(sc, version) for _, sc in others]
-        run_matrix(items, bundle / label, prepare=lambda v: env_for_run, say=say)
+        run_matrix(items, bundle / label, say=say,
+                   prepare_tree=lambda v, kind: envs[kind], resolve=lambda v, level: tree_of(level))
         return items
 
-    before = run(env, "before")
-    after = run(patched_env, "after")
+    before = run(pristine, "before")
+    after = run(patched, "after")
     ver = Verification(bundle, version, scenario.name, _summary(before[0]), _summary(after[0]))
     b, a = before[0], after[0]
-    if b.result.outcome == "error" or a.result.outcome == "error":
-        ver.failed = next(r.result.error.kind for r in (b, a) if r.result.outcome == "error")
-        ver.reasons.append("the lab failed to run the scenario (see the reports); nothing is proven"
+    # a run that did not happen as a run of vLLM proves nothing: the scenario's (any kind), or
+    # another entry's lab or environment failure (an input refusal of another entry, alike
+    # before and after, is that entry saying nothing about this release)
+    failed = [r.result.error for r in (b, a) if r.result.outcome == "error"] + \
+        [r.result.error for r in (*before[1:], *after[1:])
+         if r.result.outcome == "error" and r.result.error.kind != "input"]
+    if failed:
+        ver.failed = failed[0].kind
+        ver.reasons.append("the lab failed to run the scenarios (see the reports); nothing is proven"
                            if ver.failed != "input" else
                            "the scenario was refused (see the reports); nothing is proven")
     if b.result.outcome == "clean":

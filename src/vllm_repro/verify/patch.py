@@ -119,12 +119,16 @@ def dry_run(patch: Path, tree: Path) -> None:
 
 
 def patched_tree(tree: Path, patch: Path, version: str) -> Path:
-    """A copy of ``tree`` with ``patch`` applied (made once per patch content, then reused).
+    """A copy of ``tree`` with ``patch`` applied (made once per patch content and tree, then
+    reused: the full tree's and a slice's copies are two, ``patched/<version>-<patch sha>`` and
+    ``...-<tree>``, where ``<tree>`` names the slice tree the copy was made from).
 
     Raises :class:`InputError` if the patch does not apply cleanly.
     """
     dry_run(patch, tree)
     sha = hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
+    if (tree / "_vllm_slice.py").is_file():  # a slice tree, named slices/<version>-<key>
+        sha += "-" + tree.name.removeprefix(f"{version}-")
     target = cache_dir() / "patched" / f"{version}-{sha}"
     if (target / ".patched").is_file():
         return target
