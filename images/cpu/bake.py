@@ -35,6 +35,7 @@ Exits with the lab's exit code and one line when a release cannot be fetched or 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -210,11 +211,12 @@ def share_bytecode(root: Path) -> tuple[int, int]:
     for pyc in sorted(root.rglob("__pycache__/*.pyc")):
         if pyc.is_symlink() or not pyc.is_file():
             continue
-        stem, _, tag = pyc.name.partition(".")  # ("scheduler", "cpython-311.pyc")
-        try:
-            src = (pyc.parent.parent / f"{stem}.py").stat()
-        except OSError:  # bytecode without its source: nothing says it is shared
+        try:  # __pycache__/a.b.cpython-311.opt-1.pyc -> a.b.py (importlib's own rule)
+            source = importlib.util.source_from_cache(str(pyc))
+            src = Path(source).stat()
+        except (ValueError, OSError):  # not a cache name, or no source: nothing says it is shared
             continue
+        tag = pyc.name[len(Path(source).stem) + 1:]  # ("cpython-311.pyc", "cpython-311.opt-1.pyc")
         with pyc.open("rb") as f:
             header = f.read(16)
         first = kept.setdefault((src.st_dev, src.st_ino, tag), (pyc, header))

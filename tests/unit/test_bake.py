@@ -69,3 +69,26 @@ def test_bytecode_of_a_different_source_is_never_shared(tmp_path):
         (site / "sched_mod.py").write_text("def schedule():\n    assert False\n" + body)
         _import(site)
     assert bake.share_bytecode(tmp_path) == (0, 0)
+
+
+def test_a_module_name_with_a_dot_keeps_its_own_bytecode(tmp_path):
+    """``foo.bar.py`` beside a shared ``foo.py``: its bytecode belongs to ``foo.bar.py``, not
+    to ``foo.py`` (a name taken up to its first dot would share A's with B)."""
+    bake = _bake()
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "foo.py").write_text("X = 0\n")
+    os.link(a / "foo.py", b / "foo.py")
+    for site, value in ((a, "AAA"), (b, "BBB")):
+        (site / "foo.bar.py").write_text(f"X = {value!r}\n")
+        os.utime(site / "foo.bar.py", (1_700_000_000, 1_700_000_000))  # same size and mtime
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        subprocess.run([sys.executable, "-c", "import py_compile; py_compile.compile('foo.py'); "
+                        "py_compile.compile('foo.bar.py')"], cwd=site, env=env, check=True)
+    assert bake.share_bytecode(tmp_path)[0] == 1  # foo.py's, and only it
+    for site in (a, b):
+        pycs = {p.name: p.stat().st_ino for p in (site / "__pycache__").iterdir()}
+        assert len(pycs) == 2
+    assert (a / "__pycache__").joinpath(next(n for n in pycs if n.startswith("foo.bar"))).stat().st_ino \
+        != (b / "__pycache__").joinpath(next(n for n in pycs if n.startswith("foo.bar"))).stat().st_ino
