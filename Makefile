@@ -110,14 +110,18 @@ cpu-repro-docker:
 # carries the content hash of what it was built from (label LAB_HASH_LABEL, images/lab-hash.sh),
 # compared by content, not mtime, so a fresh clone of the same lab uses it as it is (exit 3 when
 # it cannot be built).
+# The hash covers only the slices of the releases the image bakes (its label RELEASES_LABEL:
+# the VLLM_VERSIONS it was built with), so slicing another release leaves it current.
 LAB_HASH_LABEL = vllm-repro.lab-hash
+RELEASES_LABEL = vllm-repro.releases
 ensure-image:
 	@$(DOCKER) info >/dev/null 2>&1 || { echo "cpu-repro: no Docker engine answers ($(DOCKER) info failed); RUNNER=native runs it here" >&2; exit 3; }
 	@have=$$($(DOCKER) image inspect -f '{{index .Config.Labels "$(LAB_HASH_LABEL)"}}' $(CPU_IMAGE) 2>/dev/null); \
+	scope=$$($(DOCKER) image inspect -f '{{index .Config.Labels "$(RELEASES_LABEL)"}}' $(CPU_IMAGE) 2>/dev/null); \
 	if [ -z "$$have" ]; then \
 	  echo "cpu-repro: building $(CPU_IMAGE) first (once; make images)" >&2; \
 	  $(MAKE) --no-print-directory $(IMAGE_TARGET) >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
-	elif [ "$$have" != "$$(sh images/lab-hash.sh)" ]; then \
+	elif [ "$$have" != "$$(sh images/lab-hash.sh $$scope)" ]; then \
 	  echo "cpu-repro: the lab differs from the one $(CPU_IMAGE) was built from ($(LAB_HASH_LABEL) $$have); updating it (make images)" >&2; \
 	  $(MAKE) --no-print-directory $(IMAGE_TARGET) >&2 || { echo "cpu-repro: the CPU image did not build; RUNNER=native runs it here" >&2; exit 3; }; \
 	fi
@@ -164,7 +168,7 @@ image-cpu: stage-images
 	  build_index="--build-arg TORCH_BUILD_INDEX_URL=http://127.0.0.1:$$port"; net="--network host"; \
 	fi; \
 	$(DOCKER) build $(DOCKER_BUILD_FLAGS) $$net $$build_index -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
-	  --label $(LAB_HASH_LABEL)=$$(sh images/lab-hash.sh) \
+	  --label $(LAB_HASH_LABEL)=$$(sh images/lab-hash.sh $(VLLM_VERSIONS)) --label "$(RELEASES_LABEL)=$(VLLM_VERSIONS)" \
 	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \

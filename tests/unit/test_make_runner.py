@@ -16,25 +16,27 @@ FAKE = """#!/bin/sh
 echo "$*" >> "{log}"
 case "$1" in
   info) exit {info};;
-  image) [ "{image}" = 1 ] || exit 1; echo "{label}"; exit 0;;
+  image) [ "{image}" = 1 ] || exit 1
+         case "$*" in *vllm-repro.releases*) echo "{releases}";; *) echo "{label}";; esac; exit 0;;
   run) exit 0;;
   *) exit 0;;
 esac
 """
 
 
-def lab_hash(root=ROOT) -> str:
-    return subprocess.run(["sh", "images/lab-hash.sh"], cwd=root, capture_output=True, text=True,
-                          check=True).stdout.strip()
+def lab_hash(root=ROOT, *words: str) -> str:
+    return subprocess.run(["sh", "images/lab-hash.sh", *words], cwd=root, capture_output=True,
+                          text=True, check=True).stdout.strip()
 
 
 def make_cpu_repro(tmp_path, *, info: int, image: bool, scenario: str, goals=("cpu-repro",),
-                   label: str | None = None):
-    """``label``: the lab hash the stand-in image carries (default: this checkout's)."""
+                   label: str | None = None, releases: str = ""):
+    """``label``: the lab hash the stand-in image carries (default: this checkout's, over the
+    slices of ``releases``, the image's releases label: make images' VLLM_VERSIONS)."""
     log = tmp_path / "docker.log"
     fake = tmp_path / "docker"
-    fake.write_text(FAKE.format(log=log, info=info, image=int(image),
-                                label=lab_hash() if label is None else label))
+    fake.write_text(FAKE.format(log=log, info=info, image=int(image), releases=releases,
+                                label=lab_hash(ROOT, *releases.split()) if label is None else label))
     fake.chmod(0o755)
     proc = subprocess.run(["make", "--no-print-directory", *goals, f"DOCKER={fake}", f"SCENARIO={scenario}",
                            f"REPORTS={tmp_path / 'reports'}", "CPU_IMAGE=vr-test:none"], cwd=ROOT,
@@ -91,3 +93,28 @@ def test_an_image_of_the_same_lab_is_used_as_it_is_whatever_the_files_mtimes(tmp
         proc, calls = make_cpu_repro(tmp_path, info=0, image=True, scenario=str(outside), label=other)
         assert "the lab differs from the one vr-test:none was built from" in proc.stderr, proc.stderr
         assert any(c.startswith("build") for c in calls), calls
+
+
+def test_slicing_a_release_the_image_does_not_bake_leaves_it_current(tmp_path):
+    """The hash covers the slices of the releases the image bakes (its releases label: the
+    flagship image's scenario names 0.10.1.1 and 0.10.2), not every slice: a new slice of
+    another release rebuilt the flagship image; a changed slice of a baked release still does."""
+    import shutil
+
+    flagship = "scenarios/vllm-23347-priority-preempt-scheduled.yaml"
+    copy = tmp_path / "copy"
+    for part in ("src", "images", "slices", "scenarios"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    before = lab_hash(copy, flagship), lab_hash(copy, "catalog"), lab_hash(copy)
+    (copy / "slices" / "9.9.9.json").write_text("{}\n")  # a release no scenario names
+    assert lab_hash(copy, flagship) == before[0] and lab_hash(copy, "catalog") == before[1]
+    assert lab_hash(copy) != before[2]  # (no scope: every slice)
+    (copy / "slices" / "0.10.2.json").write_text("{}\n")  # one the flagship bakes
+    assert lab_hash(copy, flagship) != before[0] and lab_hash(copy, "0.10.2") != lab_hash(ROOT, "0.10.2")
+    assert lab_hash(copy, "0.11.0") == lab_hash(ROOT, "0.11.0")
+    # make cpu-repro with such an image: the scope is read from the image, nothing is rebuilt
+    proc, calls = make_cpu_repro(tmp_path, info=0, image=True, scenario=str(ROOT / flagship),
+                                 releases=flagship)
+    assert proc.returncode == 0, proc.stderr
+    assert not any(c.startswith("build") for c in calls), calls
