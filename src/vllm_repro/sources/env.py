@@ -58,8 +58,9 @@ def uv_bin() -> str:
         if found:
             return found
         raise EnvError("uv is not installed, and building a release's environment needs it: run "
-                       "`make venv` (pip install -e .) first; the CPU image has no uv (its cache is "
-                       "read-only): bake the release in, make images VLLM_VERSIONS=\"catalog X\"") from None
+                       "`make venv` (pip install -e .) first; the CPU image has none: it runs the "
+                       "trees baked into it (--tree auto; baked.json lists them), and make images "
+                       "VLLM_VERSIONS=\"catalog X\" bakes in another") from None
 
 
 def _canon(name: str) -> str:
