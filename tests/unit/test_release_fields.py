@@ -72,6 +72,21 @@ def test_the_source_does_not_settle_it_so_nothing_is_refused(tmp_path, change):
     assert unknown_passthrough(scenario(max_num_partial_prefils=2).config, "9.9.9", t) is None
 
 
+@pytest.mark.parametrize("cls", ["StructuredOutputsConfig", "DecodingConfig"])
+def test_a_structured_output_field_goes_through_where_the_release_has_the_class(tmp_path, cls):
+    """``backend`` (docs/scenarios.md's example) belongs to StructuredOutputsConfig, or to
+    DecodingConfig on older releases, as the worker routes it: not refused before vLLM is
+    imported (it was: only the first four classes were read); named among the classes the
+    release has when misspelled."""
+    t = tree(tmp_path, CONFIG + f"\n@dataclass\nclass {cls}:\n    backend: str = 'auto'\n")
+    assert unknown_passthrough(scenario(backend="auto").config, "9.9.9", t) is None
+    msg = unknown_passthrough(scenario(backand="auto").config, "9.9.9", t)
+    assert "did you mean backend?" in msg and f"SpeculativeConfig, {cls};" in msg
+    # a release with neither: the field is nobody's, and the classes named are the four
+    msg = unknown_passthrough(scenario(backend="auto").config, "9.9.9", tree(tmp_path / "b"))
+    assert msg.startswith("config.backend: vLLM 9.9.9 has no such field") and "Decoding" not in msg
+
+
 def test_a_misspelled_field_is_named_with_the_one_it_likely_means(tmp_path):
     msg = unknown_passthrough(scenario(max_num_partial_prefils=2).config, "9.9.9", tree(tmp_path))
     assert msg.startswith("config.max_num_partial_prefils: vLLM 9.9.9 has no such field")

@@ -26,6 +26,17 @@ NGRAM_FLAT_FIELDS = ("speculative_model", "num_speculative_tokens", "ngram_promp
                      "ngram_prompt_lookup_min")
 
 
+#: the vLLM config classes a scenario's pass-through ``config:`` field may belong to, in lookup
+#: order; the last two are handed to ``VllmConfig`` as ``structured_outputs_config`` /
+#: ``decoding_config`` (releases have one or the other, or neither): used by the worker
+#: (``adapter/build.py``) and by the host's check before vLLM is imported
+#: (``scenario/release_fields.py``) alike
+PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig",
+                       "StructuredOutputsConfig", "DecodingConfig")
+#: of those, the ones a release may lack altogether
+OPTIONAL_PASSTHROUGH_CLASSES = ("StructuredOutputsConfig", "DecodingConfig")
+
+
 def _near(key: str, known) -> str | None:
     """The one of ``known`` that ``key`` likely misspells, or None."""
     near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)

@@ -2,7 +2,8 @@
 vLLM import.
 
 A ``config:`` key that is not one of the lab's own fields is handed to the release's
-``SchedulerConfig``, ``CacheConfig``, ``ParallelConfig`` or ``SpeculativeConfig`` (see
+``SchedulerConfig``, ``CacheConfig``, ``ParallelConfig``, ``SpeculativeConfig``, or
+``StructuredOutputsConfig`` / ``DecodingConfig`` (``engine_args.PASSTHROUGH_CLASSES``; see
 :class:`~vllm_repro.scenario.schema.SchedulerSettings`). The worker refuses a key none of them
 has, but only after importing vLLM (seconds). Here the same question is answered from the
 extracted tree with :mod:`ast` (``vllm/config.py`` or ``vllm/config/*.py``): the classes'
@@ -18,11 +19,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ..engine.engine_args import NGRAM_FLAT_FIELDS, engine_arg_refusal, passthrough_refusal
+from ..engine.engine_args import (NGRAM_FLAT_FIELDS, OPTIONAL_PASSTHROUGH_CLASSES,
+                                  PASSTHROUGH_CLASSES, engine_arg_refusal, passthrough_refusal)
 from .schema import SchedulerSettings
-
-#: the classes a pass-through field may belong to (engine/adapter/build.py's lookup order)
-PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig")
 
 
 def _config_sources(tree: Path) -> list[Path]:
@@ -50,8 +49,15 @@ def _class_fields(node: ast.ClassDef) -> tuple[set[str], bool]:
 
 
 def release_config_fields(tree: Path) -> set[str] | None:
-    """Every field name the four pass-through classes of the release in ``tree`` take, or None
-    when the source does not settle it (a class missing, open, or inheriting from one unseen)."""
+    """Every field name the pass-through classes of the release in ``tree`` take, or None when
+    the source does not settle it (a class missing, open, or inheriting from one unseen; the
+    structured-output classes may be missing: a release has one of them, or neither)."""
+    found = release_config_classes(tree)
+    return None if found is None else found[0]
+
+
+def release_config_classes(tree: Path) -> tuple[set[str], tuple[str, ...]] | None:
+    """:func:`release_config_fields` with the pass-through classes the release has."""
     classes: dict[str, ast.ClassDef] = {}
     for path in _config_sources(tree):
         try:
@@ -62,7 +68,9 @@ def release_config_fields(tree: Path) -> set[str] | None:
             if isinstance(node, ast.ClassDef):
                 classes.setdefault(node.name, node)
     fields: set[str] = set()
-    for name in PASSTHROUGH_CLASSES:
+    present = tuple(n for n in PASSTHROUGH_CLASSES
+                    if n in classes or n not in OPTIONAL_PASSTHROUGH_CLASSES)
+    for name in present:
         todo, seen = [name], set()
         while todo:
             cls = todo.pop()
@@ -84,7 +92,7 @@ def release_config_fields(tree: Path) -> set[str] | None:
                 if base_name in ("BaseModel", "SupportsHash", "SupportsMetricsInfo", "ABC"):
                     continue  # framework / marker bases: they add no constructor field a user sets
                 todo.append(base_name)
-    return fields
+    return fields, present
 
 
 def release_engine_args_fields(tree: Path) -> set[str] | None:
@@ -119,13 +127,14 @@ def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | No
         return None
     if level == "v0-engine":
         return _unknown_engine_arg(extra, version, tree)
-    known = release_config_fields(tree)
-    if known is None:
+    found = release_config_classes(tree)
+    if found is None:
         return None
+    known, present = found
     missing = [key for key in extra if key not in known]
     if not missing:
         return None
-    return passthrough_refusal(missing, version, PASSTHROUGH_CLASSES,
+    return passthrough_refusal(missing, version, present,
                                set(SchedulerSettings.model_fields) | known)
 
 

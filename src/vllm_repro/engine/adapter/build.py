@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ..engine_args import PASSTHROUGH_CLASSES
 from . import kv_specs
 from .probes import (AdapterError, RefusedByRelease, _import, _source_has, _try_import,
                      call_supported, init_params, params_of)
@@ -28,8 +29,7 @@ class BuildMixin:
         return vllm_config, self._build_scheduler(cfg, vllm_config, sched_cls)
 
     #: the vLLM config classes a scenario's pass-through fields may belong to, in lookup order
-    PASSTHROUGH_CLASSES = ("SchedulerConfig", "CacheConfig", "ParallelConfig", "SpeculativeConfig",
-                           "StructuredOutputsConfig", "DecodingConfig")
+    PASSTHROUGH_CLASSES = PASSTHROUGH_CLASSES
     #: the ``VllmConfig`` field each pass-through class beyond the first four is handed in as
     VLLM_CONFIG_FIELD = {"StructuredOutputsConfig": "structured_outputs_config",
                          "DecodingConfig": "decoding_config"}
