@@ -89,14 +89,17 @@ def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
     # each run on the tree its level resolves to (VLLM_REPRO_TREE; the CPU image's auto: the
     # slice where it was proven at that level, else the full tree), pristine before and patched
     # after: one patched copy per tree
-    kinds = {resolve_tree(version, None, scenario.level)}
-    for _, sc in others:
+    kind_of: dict[str, str] = {}  # level -> tree
+    for level in dict.fromkeys([scenario.level, *(sc.level for _, sc in others)]):
         try:
-            kinds.add(resolve_tree(version, None, sc.level))
-        except InputError as exc:  # (--tree slice at a level the slice does not serve)
-            say(f"{sc.name}: on the full tree ({exc})")
-            kinds.add("full")
-    pristine = {kind: prepare_release(version, say, tree=kind) for kind in sorted(kinds)}
+            kind_of[level] = resolve_tree(version, None, level)
+        except InputError as exc:  # --tree slice at a level the slice does not serve
+            if level == scenario.level:
+                raise
+            say(f"the other entries at level {level}: on the full tree ({exc})")
+            kind_of[level] = "full"
+    pristine = {kind: prepare_release(version, say, tree=kind)
+                for kind in sorted(set(kind_of.values()))}
     patched = {}
     for kind, env in pristine.items():
         tree = patched_tree(env.tree, patch, version)
@@ -108,16 +111,10 @@ def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
         shutil.rmtree(bundle)
     bundle.mkdir(parents=True)
 
-    def tree_of(level: str) -> str:
-        try:
-            return resolve_tree(version, None, level)
-        except InputError:
-            return "full"
-
     def run(envs, label):
         items = [RunItem(scenario, version)] + [RunItem(sc, version) for _, sc in others]
         run_matrix(items, bundle / label, say=say,
-                   prepare_tree=lambda v, kind: envs[kind], resolve=lambda v, level: tree_of(level))
+                   prepare_tree=lambda v, kind: envs[kind], resolve=lambda v, level: kind_of[level])
         return items
 
     before = run(pristine, "before")
