@@ -91,8 +91,8 @@ def input_error_lines(items) -> list[str]:
     :func:`print_results` prints as :func:`error` prints a load error: ``error: FILE: ...``);
     the same error on several releases (its text the same but for the release) is one line
     naming them all: ``x.yaml: config.blok_size: vLLM 0.10.1.1, 0.10.2 have no such field ...``.
-    An error of the release itself (``RunItem.release_failed``: ``--tree slice`` of a release
-    with no slice, a release the index lacks) names no file, once for all its scenarios."""
+    An error of the release itself (``RunItem.release_failed``: a release the index lacks, a
+    slice that cannot be made) names no file, once for all its scenarios."""
     groups: dict[tuple[str, str], list[str]] = {}
     for i in items:
         v = i.verdict
