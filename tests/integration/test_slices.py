@@ -139,6 +139,39 @@ def test_verify_on_auto_runs_each_entry_on_its_levels_tree_and_patches_each_tree
         assert all("no V0 engine" not in o["after"] for o in verdict["others"]), verdict["others"]
 
 
+def test_verify_of_a_patch_that_changes_a_file_the_slice_leaves_out(cli, tmp_path):
+    """The fix plus an edit of V0's scheduler (not in the slice): on auto (the CPU image's
+    tree) every entry runs on the full tree, where the patch applies; asked for the slice by
+    name, one line says why not and what to set (it read "does not apply cleanly to vLLM
+    0.10.1.1-<slice key>")."""
+    import difflib
+
+    from ..conftest import FLAGSHIP
+    from vllm_repro.sources.sdist import tree_dir
+
+    assert "vllm/core/scheduler.py" not in load_spec("0.10.1.1")["files"]
+    prepare_release("0.10.1.1", tree="full")
+    v0 = (tree_dir("0.10.1.1") / "vllm/core/scheduler.py").read_text().splitlines(keepends=True)
+    edit = "".join(difflib.unified_diff(v0, [*v0[:5], "# noted\n", *v0[5:]],
+                                        "a/vllm/core/scheduler.py", "b/vllm/core/scheduler.py"))
+    patch = tmp_path / "fix-and-v0.diff"
+    patch.write_text((ROOT / "scenarios/fixes/vllm-23347-0.10.1.1.diff").read_text() + edit)
+    proc = cli("verify", str(FLAGSHIP), "--patch", str(patch), "--vllm", "0.10.1.1",
+               "--reports", str(tmp_path / "auto"), env={"VLLM_REPRO_TREE": "auto"})
+    assert proc.returncode == 0 and "verified" in proc.stdout, proc.stdout + proc.stderr
+    assert "every entry on the full tree" in proc.stderr
+    bundle = next((tmp_path / "auto" / "verify").iterdir())
+    for label in ("before", "after"):
+        for d in (bundle / label).iterdir():
+            if (d / "0.10.1.1" / "result.json").is_file():
+                assert json.loads((d / "0.10.1.1" / "result.json").read_text())["tree"] == "full"
+    proc = cli("verify", str(FLAGSHIP), "--patch", str(patch), "--vllm", "0.10.1.1",
+               "--reports", str(tmp_path / "slice"), env={"VLLM_REPRO_TREE": "slice"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "does not apply cleanly to vLLM 0.10.1.1: " in proc.stderr
+    assert "leaves out: verify it on the full tree, VLLM_REPRO_TREE=full" in proc.stderr
+
+
 def test_materialised_slice_holds_only_its_files():
     version = PROVEN[-1]
     env = prepare_release(version, tree="slice")

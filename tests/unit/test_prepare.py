@@ -32,7 +32,7 @@ def test_auto_takes_only_a_slice_recorded_equivalent(slices):
     assert resolve_tree("4.0.0", "auto") == "full"
 
 
-def test_auto_gives_engine_core_runs_the_full_tree(slices):
+def test_auto_gives_engine_core_runs_the_full_tree(slices, monkeypatch):
     # a slice traced before levels were recorded ran scheduler-level scenarios only: it lacks
     # the EngineCore's files
     assert resolve_tree("1.0.0", "auto", level="engine-core") == "full"
@@ -49,6 +49,11 @@ def test_auto_gives_engine_core_runs_the_full_tree(slices):
     with pytest.raises(InputError, match=r"^--tree slice: vLLM 4.0.0 has no slice .*; use --tree "
                                          r"auto or --tree full, or slice it"):
         resolve_tree("4.0.0", "slice")
+    # asked through the environment (verify has no --tree): the variable is named, not an option
+    monkeypatch.setenv("VLLM_REPRO_TREE", "slice")
+    with pytest.raises(InputError, match=r"^VLLM_REPRO_TREE=slice: vLLM 1.0.0's slice serves "
+                                         r"scheduler runs .*; use VLLM_REPRO_TREE=auto or full"):
+        resolve_tree("1.0.0", None, level="engine-core")
 
 
 def test_auto_gives_engine_core_runs_a_slice_proven_at_that_level(slices):

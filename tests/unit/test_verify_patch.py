@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from vllm_repro.errors import InputError
@@ -34,6 +36,28 @@ def test_patch_applies_to_a_copy_only(tree, tmp_path):
     assert (out / "vllm" / "mod.py").read_text() == "def f():\n    return 2\n"
     assert (tree / "vllm" / "mod.py").read_text() == ORIG
     assert patched_tree(tree, p, "9.9.9") == out  # reused, not re-applied
+
+
+def test_a_copy_is_reused_only_for_the_tree_it_was_made_from(tree, tmp_path):
+    """A slice and the full tree get a copy each; a copy that does not say which tree it came
+    from (made before copies were keyed by tree: a slice's copy under the full tree's name) is
+    made again from the tree asked for."""
+    p = tmp_path / "fix.diff"
+    p.write_text(DIFF)
+    full = patched_tree(tree, p, "9.9.9")
+    sliced_tree = tmp_path / "slices" / "9.9.9-abc123"
+    shutil.copytree(tree, sliced_tree)
+    (sliced_tree / "_vllm_slice.py").write_text("# the slice's run-time\n")
+    sliced = patched_tree(sliced_tree, p, "9.9.9")
+    assert sliced != full and sliced.name.endswith("-abc123")
+    assert (sliced / "_vllm_slice.py").is_file() and not (full / "_vllm_slice.py").is_file()
+    # an old copy under the full tree's name, made from the slice, with no tree recorded
+    shutil.rmtree(full)
+    shutil.copytree(sliced, full)
+    (full / ".patched").write_text(f"{p.resolve()}\nsha256-prefix x\n")
+    again = patched_tree(tree, p, "9.9.9")
+    assert again == full and not (again / "_vllm_slice.py").is_file()
+    assert (again / "vllm" / "mod.py").read_text() == "def f():\n    return 2\n"
 
 
 def test_patch_that_does_not_apply_is_refused_with_the_release(tree, tmp_path):

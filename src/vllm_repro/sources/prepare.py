@@ -88,24 +88,25 @@ def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> st
     traced before that record only the scheduler level). ``auto`` gives a run the slice only
     where the slice was proven at the run's level, else the full tree (always for
     ``v0-engine``). ``slice`` asked for a level its proven slice never ran at raises
-    :class:`InputError` naming the levels it serves."""
-    tree = tree or default_tree()
+    :class:`InputError` naming the levels it serves (and the option as it was given: ``--tree``,
+    or ``VLLM_REPRO_TREE`` for commands without the option, such as verify)."""
+    given, tree = tree, tree or default_tree()
     if tree == "slice":
         from ..slicing.spec import spec_path
 
+        asked, fix = (("--tree slice", "--tree auto or --tree full") if given else
+                      ("VLLM_REPRO_TREE=slice", "VLLM_REPRO_TREE=auto or full"))
         if not spec_path(version).is_file():  # (an unproven one is run as asked)
-            raise InputError(f"--tree slice: vLLM {version} has no slice ({spec_path(version)}); "
-                             f"use --tree auto or --tree full, or slice it "
-                             f"(vllm-repro slice {version})")
+            raise InputError(f"{asked}: vLLM {version} has no slice ({spec_path(version)}); "
+                             f"use {fix}, or slice it (vllm-repro slice {version})")
         levels = slice_levels(version)
         if levels and level not in levels:
             # asked for a slice that was never run at this level: its files are not all there
             # (the run would fail inside vLLM, blamed on the release), so say so now
             raise InputError(
-                f"--tree slice: vLLM {version}'s slice serves {' and '.join(levels)} runs "
-                f"(slices/{version}.json), not level: {level}; use --tree auto "
-                f"or --tree full" + ("" if level == "v0-engine" else
-                                     f", or re-slice it (vllm-repro slice {version})"))
+                f"{asked}: vLLM {version}'s slice serves {' and '.join(levels)} runs "
+                f"(slices/{version}.json), not level: {level}; use {fix}"
+                + ("" if level == "v0-engine" else f", or re-slice it (vllm-repro slice {version})"))
         return tree
     if tree != "auto":
         return tree

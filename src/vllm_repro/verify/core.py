@@ -22,11 +22,11 @@ from pathlib import Path
 from ..catalog import catalog_files
 from ..errors import InputError
 from ..lab import RunItem, run_matrix
-from ..sources.prepare import prepare_release, resolve_tree
+from ..sources.prepare import default_tree, prepare_release, resolve_tree
 from ..scenario import load_scenario
 from ..scenario.schema import Scenario
 from ..verdict import describe_observed
-from .patch import patch_files, patched_tree
+from .patch import dry_run, patch_files, patched_tree
 
 
 
@@ -100,6 +100,21 @@ def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
             kind_of[level] = "full"
     pristine = {kind: prepare_release(version, say, tree=kind)
                 for kind in sorted(set(kind_of.values()))}
+    if "slice" in pristine:
+        try:
+            dry_run(patch, pristine["slice"].tree, version)
+        except InputError as on_slice:
+            # a patch of a file the slice leaves out (V0's scheduler, an entrypoint...): the
+            # full tree, where it applies; asked for the slice by name, say so
+            full = pristine.get("full") or prepare_release(version, say, tree="full")
+            dry_run(patch, full.tree, version)  # (not even there: the patch's own error)
+            if default_tree() == "slice":
+                raise InputError(f"{on_slice}; it changes files the slice of vLLM {version} "
+                                 "leaves out: verify it on the full tree, VLLM_REPRO_TREE=full") from None
+            say(f"the patch changes files the slice of vLLM {version} leaves out: every entry "
+                "on the full tree")
+            kind_of = dict.fromkeys(kind_of, "full")
+            pristine = {"full": full}
     patched = {}
     for kind, env in pristine.items():
         tree = patched_tree(env.tree, patch, version)

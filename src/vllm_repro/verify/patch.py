@@ -103,9 +103,10 @@ def _strip_level(patch: Path) -> int:
     return 1
 
 
-def dry_run(patch: Path, tree: Path) -> None:
-    """``git apply --check`` in ``tree``. Raises :class:`InputError` with git's first complaint
-    when the patch does not apply cleanly, :class:`EnvError` when git is missing."""
+def dry_run(patch: Path, tree: Path, version: str | None = None) -> None:
+    """``git apply --check`` in ``tree`` (of vLLM ``version``; default: the tree folder's
+    name). Raises :class:`InputError` with git's first complaint when the patch does not apply
+    cleanly, :class:`EnvError` when git is missing."""
     patch_files(patch)
     git = shutil.which("git")
     if git is None:
@@ -114,8 +115,7 @@ def dry_run(patch: Path, tree: Path) -> None:
     proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         first = (proc.stderr.strip().splitlines() or ["does not apply"])[0]
-        version = tree.name
-        raise InputError(f"{patch}: does not apply cleanly to vLLM {version}: {first}")
+        raise InputError(f"{patch}: does not apply cleanly to vLLM {version or tree.name}: {first}")
 
 
 def patched_tree(tree: Path, patch: Path, version: str) -> Path:
@@ -125,13 +125,17 @@ def patched_tree(tree: Path, patch: Path, version: str) -> Path:
 
     Raises :class:`InputError` if the patch does not apply cleanly.
     """
-    dry_run(patch, tree)
+    dry_run(patch, tree, version)
     sha = hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
     if (tree / "_vllm_slice.py").is_file():  # a slice tree, named slices/<version>-<key>
         sha += "-" + tree.name.removeprefix(f"{version}-")
     target = cache_dir() / "patched" / f"{version}-{sha}"
+    source = f"tree {tree.resolve()}"
     if (target / ".patched").is_file():
-        return target
+        # a copy made from this tree; one made before copies were keyed by tree (a slice's
+        # copy under the full tree's name, until 2026-12-06) says no tree: made again
+        if source in (target / ".patched").read_text().splitlines():
+            return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}-{sha}.", dir=target.parent))
     try:
@@ -142,7 +146,7 @@ def patched_tree(tree: Path, patch: Path, version: str) -> Path:
         if proc.returncode != 0:
             raise InputError(f"{patch}: failed to apply to vLLM {version}: {proc.stderr.strip()[:300]}")
         _only_regular_files(work, patch)
-        (work / ".patched").write_text(f"{patch.resolve()}\nsha256-prefix {sha}\n")
+        (work / ".patched").write_text(f"{patch.resolve()}\nsha256-prefix {sha}\n{source}\n")
         if target.exists():
             shutil.rmtree(target)
         os.replace(work, target)
