@@ -271,7 +271,7 @@ class Worker:
         env = {**child_environment(self.env), "PYTHONHASHSEED": "0"}
         env["PYTHONPATH"] = str(lab_path())
         tree = self.env.tree
-        if tree is not None and (Path(tree) / "_vllm_slice.py").is_file():
+        if self.env.tree_kind == "slice":
             # a slice environment lacks the packages its tree stubs (yaml, openai...): preloaded
             # without the stubs, huggingface_hub is left half imported ("cannot import name
             # 'logging'" in every child); every tree of a slice environment has the same stubs

@@ -405,11 +405,11 @@ def v0_adapter(adapter):
     return v0
 
 
-def _slice_events() -> list:
-    """The events of a slice tree's run-time (``_vllm_slice.EVENTS``: an import of a module the
-    slice leaves out, a use of a stubbed package) in this process; ``[]`` on a full tree."""
-    mod = sys.modules.get("_vllm_slice")
-    return getattr(mod, "EVENTS", None) or [] if mod is not None else []
+def _slice_runtime():
+    """A slice tree's run-time module in this process (``_vllm_slice``, whose ``EVENTS`` lists
+    each import of a module the slice leaves out and each use of a stubbed package), or None on
+    a full tree."""
+    return sys.modules.get("_vllm_slice")
 
 
 def slice_gap(events: list, version: str, crash: Crash | None = None) -> str | None:
@@ -453,7 +453,7 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     slice tree, a run that imported a module the slice leaves out or used a stubbed package
     (:func:`slice_gap`) is a ``lab`` error whatever vLLM did, its crash's traceback kept.
     """
-    events_before = len(_slice_events())
+    events_before = len(getattr(_slice_runtime(), "EVENTS", ()))
     trace_f = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -514,9 +514,9 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     finally:
         if trace_f is not None:
             trace_f.close()
-    on_slice = "_vllm_slice" in sys.modules
-    gap = slice_gap(_slice_events()[events_before:], adapter.version, result.crash) \
-        if on_slice else None
+    runtime = _slice_runtime()
+    gap = None if runtime is None else \
+        slice_gap(getattr(runtime, "EVENTS", [])[events_before:], adapter.version, result.crash)
     if gap is not None and not (result.error is not None and result.error.kind == "lab"):
         tb = result.crash.traceback if result.crash is not None else (
             result.error.traceback if result.error is not None else None)

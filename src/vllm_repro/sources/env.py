@@ -117,6 +117,12 @@ def release_requirements(tree: Path) -> list[str]:
     return out
 
 
+def is_slice_tree(tree: Path) -> bool:
+    """Whether ``tree`` is a materialised slice, a patched copy of one included: its run-time,
+    ``_vllm_slice.py``, at its root (``slicing/spec.py:materialise``)."""
+    return (tree / "_vllm_slice.py").is_file()
+
+
 @dataclass(frozen=True)
 class ReleaseEnv:
     """A ready environment: the release, its tree (goes on PYTHONPATH) and the interpreter.
@@ -137,11 +143,11 @@ class ReleaseEnv:
 
     @property
     def tree_kind(self) -> str:
-        """``slice`` (a materialised slice: ``_vllm_slice.py`` at its root, a patched copy of one
-        included), ``full`` (the sdist's whole tree) or ``installed`` (no tree)."""
+        """``slice`` (:func:`is_slice_tree`), ``full`` (the sdist's whole tree) or ``installed``
+        (no tree)."""
         if self.tree is None:
             return "installed"
-        return "slice" if (self.tree / "_vllm_slice.py").is_file() else "full"
+        return "slice" if is_slice_tree(self.tree) else "full"
 
     def freeze(self) -> list[str]:
         return self._ready().get("freeze", [])

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import EnvError, InputError
 from ..settings import cache_dir
+from ..sources.env import is_slice_tree
 
 _HEADER = re.compile(r"^(?:\+\+\+|---) (\S+)")
 #: git's mode lines: a regular file is 100644 or 100755; anything else (120000 a symlink,
@@ -127,7 +128,7 @@ def patched_tree(tree: Path, patch: Path, version: str) -> Path:
     """
     dry_run(patch, tree, version)
     sha = hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
-    if (tree / "_vllm_slice.py").is_file():  # a slice tree, named slices/<version>-<key>
+    if is_slice_tree(tree):  # named slices/<version>-<key>
         sha += "-" + tree.name.removeprefix(f"{version}-")
     target = cache_dir() / "patched" / f"{version}-{sha}"
     source = f"tree {tree.resolve()}"
