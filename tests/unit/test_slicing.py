@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from vllm_repro.errors import EnvError
+from vllm_repro.sources.prepare import V0_ENGINE_FILES, V1_SCHEDULER_FILES
+from vllm_repro.slicing import runs
 from vllm_repro.slicing.runs import normalise_result, parse_junit
 from vllm_repro.slicing.slicer import compare
 from vllm_repro.slicing.spec import Trace, load_spec, slices_dir
@@ -120,7 +123,12 @@ def test_the_acceptance_releases_have_committed_slices():
 def test_committed_slice_is_complete_and_pinned(version):
     spec = load_spec(version)
     files = spec["files"]
-    assert "vllm/__init__.py" in files and "vllm/v1/core/sched/scheduler.py" in files
+    assert "vllm/__init__.py" in files
+    levels = spec["traced"].get("levels") or ["scheduler"]
+    if {"scheduler", "engine-core"} & set(levels):  # the V1 scheduler (0.6.6 to 0.7: in core/)
+        assert any(f in files for f in V1_SCHEDULER_FILES), levels
+    if "v0-engine" in levels:  # the V0 engine the lab drives
+        assert all(f in files for f in V0_ENGINE_FILES), levels
     assert all(len(h) == 64 for h in files.values())
     n_vllm = sum(1 for f in files if f.startswith("vllm/"))
     assert 0 < n_vllm < spec["package"]["vllm_files"] / 2
@@ -148,7 +156,13 @@ def test_recorded_equivalence_lists_both_sets_and_no_difference(version):
     full, sliced = set(eq["passed_full"]), set(eq["passed_slice"])
     print(f"\nvLLM {version}: passing on full {len(full)}, on slice {len(sliced)}; "
           f"only full: {sorted(full - sliced)}; only slice: {sorted(sliced - full)}")
-    assert full, "no core test passed on the full tree: the comparison would be empty"
+    spec = load_spec(version)
+    if spec["traced"]["tests"].startswith("none"):  # an sdist without tests (0.6.1.post2): the
+        # scenarios alone were compared, so some must have run at each level the slice serves
+        ran = {v["outcome"] for v in spec["reference"]["scenarios"].values()} - {"error", "load_error"}
+        assert ran and spec["traced"]["levels"], spec["traced"]
+    else:
+        assert full, "no core test passed on the full tree: the comparison would be empty"
     assert full - sliced == set() and sliced - full == set()
     assert eq["only_full"] == sorted(full - sliced) and eq["only_slice"] == sorted(sliced - full)
     assert eq["scenarios"] >= 1 and eq["scenarios_differing"] == []
@@ -196,3 +210,67 @@ def test_listed_folders_without_python_are_the_build_placeholders():
     listed = ["vllm", "vllm/vllm_flash_attn", "vllm/pkg", "vllm/ext", "vllm/never_there",
               "vllm/bare"]
     assert _no_python(listed, members) == ["vllm/bare", "vllm/vllm_flash_attn"]
+
+
+def _tree(tmp_path, files):
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    return tmp_path
+
+
+V0_FILES = ("vllm/engine/llm_engine.py", "vllm/core/scheduler.py")
+
+
+def test_core_tests_of_a_release_with_both_engines_are_v1s_and_v0s(tmp_path):
+    """0.8.5 has both engines: the V1 core test files and the V0 engine's tests/core, which
+    slicing its V0 engine needs (block/e2e loads a model on a GPU: not selected)."""
+    t = _tree(tmp_path, [*V0_FILES, "tests/v1/core/test_scheduler.py", "tests/v1/core/test_prefix_caching.py",
+                         "tests/core/test_scheduler.py", "tests/core/block/test_block_table.py",
+                         "tests/core/block/e2e/test_correctness.py", "tests/core/utils.py"])
+    args, said = runs.core_test_selection(t)
+    assert args == ["tests/v1/core/test_scheduler.py", "tests/v1/core/test_prefix_caching.py",
+                    "tests/core/test_scheduler.py", "tests/core/block/test_block_table.py"]
+    assert said == ("tests/v1/core/{test_scheduler.py,test_prefix_caching.py} "
+                    "tests/core/{test_scheduler.py,block/test_block_table.py}")
+
+
+def test_core_tests_of_a_v0_only_release_and_of_a_tree_without_tests(tmp_path):
+    t = _tree(tmp_path / "a", [*V0_FILES, "tests/core/test_scheduler.py"])
+    assert runs.core_test_selection(t)[0] == ["tests/core/test_scheduler.py"]
+    # V0 tests of a tree without the V0 engine are not run (nothing of the engine to test)
+    t = _tree(tmp_path / "b", ["tests/core/test_scheduler.py"])
+    with pytest.raises(EnvError, match="neither tests/v1/core nor tests/core"):
+        runs.core_test_selection(t)
+    # an sdist that ships no tests (0.6.1.post2): the scenarios alone are compared
+    t = _tree(tmp_path / "c", [*V0_FILES, "tests/__init__.py"])
+    assert runs.core_test_selection(t) == ([], "none (the release's sdist ships no tests)")
+
+
+def test_core_tests_by_marker_cannot_be_joined_with_v0_files(tmp_path):
+    t = _tree(tmp_path, [*V0_FILES, "tests/v1/core/test_scheduler.py", "tests/core/test_scheduler.py"])
+    (t / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['cpu_test: ...']\n")
+    with pytest.raises(EnvError, match="cpu_test marker"):
+        runs.core_test_selection(t)
+    (t / "vllm/core/scheduler.py").unlink()  # no V0 engine: the marker alone, as 0.12.0 on
+    assert runs.core_test_selection(t) == (["-m", "cpu_test", "tests/v1/core"], "tests/v1/core -m cpu_test")
+
+
+def test_a_slice_serves_the_levels_at_which_a_scenario_ran_not_those_refused():
+    def rec(level, lacks=None, outcome="clean"):
+        res = {"level": level, "outcome": outcome}
+        if lacks:
+            res.update(outcome="error", error={"kind": "input", "message": "no", "lacks_level": lacks})
+        return {"result": res}
+
+    # 0.6.1.post2: V1 scenarios refused (no V1 engine), V0 ones ran
+    v0_only = {"a": rec("scheduler", "scheduler"), "b": rec("engine-core", "engine-core"),
+               "c": rec("v0-engine", outcome="violation"), "bad": {"load_error": "x"}}
+    assert runs.served_levels(v0_only) == ["v0-engine"]
+    # 0.6.6.post1: the first-generation V1 engine has no engine-core level
+    assert runs.served_levels({"a": rec("scheduler"), "b": rec("engine-core", "engine-core"),
+                               "c": rec("v0-engine")}) == ["scheduler", "v0-engine"]
+    # an input error that is not a missing level (a field the release refuses) still ran there
+    refused = rec("engine-core")
+    refused["result"]["error"] = {"kind": "input", "message": "config.x: refused"}
+    assert runs.served_levels({"b": refused}) == ["engine-core"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tarfile
 import time
 
 import pytest
@@ -196,3 +197,27 @@ def test_a_worker_that_cannot_start_replaces_the_previous_report_but_bad_input_d
     lab.run_matrix([item], reports, prepare=unknown)
     assert item.result.error is not None and item.result.error.kind == "input", item.result
     assert old.result_path.read_bytes() == before
+
+
+def test_a_tree_from_an_older_parts_list_gets_the_new_parts_and_keeps_its_edit(monkeypatch):
+    """Trees extracted before tests/core/ was extracted (2026-12-06, for the V0 engine's tests
+    in the slicer) get those files added on the next prepare, without being extracted again: a
+    debugger's edit to the tree stays, and stays reported."""
+    test_file = tarfile.TarInfo("vllm-9.9.8/tests/core/test_scheduler.py")
+    test_file.size = 7
+    with FakeIndex({"vllm-9.9.8.tar.gz": make_sdist("9.9.8", [test_file])}) as idx:
+        monkeypatch.setenv("PIP_INDEX_URL", idx.url)
+        from vllm_repro import settings
+
+        settings.pip_config.cache_clear()
+        rel = sd.fetch_sdist("9.9.8")
+    old_parts = tuple(p for p in sd.DEFAULT_PARTS if p != "tests/core/")
+    t = sd.extract_tree(rel, old_parts)
+    assert not (t / "tests/core").exists()
+    with open(t / SCHED, "a") as f:
+        f.write("# a debugger's edit\n")
+    assert sd.extract_tree(rel) == t
+    assert (t / "tests/core/test_scheduler.py").read_bytes() == b"x" * 7
+    assert {str(c) for c in manifest.changes(t)} == {f"edited {SCHED}"}
+    assert "tests/core/" in json.loads((t / ".extracted.json").read_text())["parts"]
+    assert "# a debugger's edit" in (t / SCHED).read_text()

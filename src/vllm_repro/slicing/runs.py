@@ -57,6 +57,13 @@ MODEL_STANDINS = {
 FALLBACK_TEST_FILES = ("test_scheduler.py", "test_async_scheduler.py", "test_kv_cache_utils.py",
                        "test_prefix_caching.py", "test_single_type_kv_cache_manager.py")
 
+#: The V0 engine's CPU tests (``tests/core``), run where the release has the V0 engine: its
+#: scheduler (chunked prefill and encoder-decoder included) and, from ``tests/core/block``,
+#: every ``test_*.py`` directly in it (block manager, block table, prefix-caching allocator);
+#: ``block/e2e`` and ``test_num_computed_tokens_update.py`` load a model on a GPU.
+V0_TEST_FILES = ("test_scheduler.py", "test_chunked_prefill_scheduler.py",
+                 "test_scheduler_encoder_decoder.py", "test_serialization.py")
+
 #: pytest and the parts of it the release environments may lack, installed beside (never into)
 #: an environment and put on PYTHONPATH for vLLM's test runs only.
 PYTEST_OVERLAY = ("pytest", "pluggy", "iniconfig", "pygments")
@@ -196,17 +203,45 @@ def _mkdir(p: Path) -> Path:
 def core_test_selection(tree: Path) -> tuple[list[str], str]:
     """pytest arguments selecting the release's CPU core tests, and a description.
 
-    The ``cpu_test`` marker where the release declares it (``pyproject.toml``), else the
-    scheduler, KV-cache and prefix-caching test files of :data:`FALLBACK_TEST_FILES`.
+    No arguments where the tree holds no tests at all (sdists before 0.6.3).
+    V1 (``tests/v1/core``, where the release has it): the ``cpu_test`` marker where the release
+    declares it (``pyproject.toml``), else the scheduler, KV-cache and prefix-caching test files
+    of :data:`FALLBACK_TEST_FILES`. V0 (where the release has the V0 engine the lab drives,
+    :func:`vllm_repro.engine.v0.has_v0_engine`): :data:`V0_TEST_FILES` of ``tests/core`` and
+    the ``test_*.py`` files of ``tests/core/block``. Raises :class:`EnvError` when the tree holds
+    neither (the sdist extracted without tests), or both with the ``cpu_test`` marker (one
+    pytest run cannot select V1 by marker and V0 by file).
     """
+    from ..engine.v0 import has_v0_engine
+
+    args: list[str] = []
+    said: list[str] = []
     core = tree / "tests" / "v1" / "core"
-    if not core.is_dir():
-        raise EnvError(f"{tree} has no tests/v1/core (the sdist is extracted without tests?)")
-    pyproject = tree / "pyproject.toml"
-    if pyproject.is_file() and "cpu_test" in pyproject.read_text():
-        return ["-m", "cpu_test", "tests/v1/core"], "tests/v1/core -m cpu_test"
-    files = [f"tests/v1/core/{f}" for f in FALLBACK_TEST_FILES if (core / f).is_file()]
-    return files, "tests/v1/core/{" + ",".join(Path(f).name for f in files) + "}"
+    marker = (tree / "pyproject.toml").is_file() and "cpu_test" in (tree / "pyproject.toml").read_text()
+    if core.is_dir():
+        if marker:
+            args, said = ["-m", "cpu_test", "tests/v1/core"], ["tests/v1/core -m cpu_test"]
+        else:
+            files = [f"tests/v1/core/{f}" for f in FALLBACK_TEST_FILES if (core / f).is_file()]
+            args = files
+            said = ["tests/v1/core/{" + ",".join(Path(f).name for f in files) + "}"]
+    v0 = tree / "tests" / "core"
+    if has_v0_engine(tree / "vllm") and v0.is_dir():
+        if marker:
+            raise EnvError(f"{tree}: the V1 core tests are selected by the cpu_test marker and the "
+                           "V0 engine's by file; one pytest run cannot do both")
+        files = [f"tests/core/{f}" for f in V0_TEST_FILES if (v0 / f).is_file()]
+        files += [f"tests/core/block/{f.name}" for f in sorted((v0 / "block").glob("test_*.py"))]
+        args += files
+        said.append("tests/core/{" + ",".join(f.removeprefix("tests/core/") for f in files) + "}")
+    if not args and not any((tree / "tests").rglob("test_*.py")):
+        # sdists before 0.6.3 ship no tests (0.6.1.post2): the scenarios alone are traced and
+        # compared
+        return [], "none (the release's sdist ships no tests)"
+    if not args:
+        raise EnvError(f"{tree} has neither tests/v1/core nor tests/core (the sdist is extracted "
+                       "without tests?)")
+    return args, " ".join(said)
 
 
 def test_environment(env: ReleaseEnv, hub: Path, extra_path: tuple[str, ...] = (),
@@ -267,11 +302,14 @@ def run_core_tests(env: ReleaseEnv, work: Path, trace_dir: Path | None = None,
     there. Raises :class:`EnvError` when pytest itself cannot start or reports nothing."""
     import time
 
-    overlay = pytest_overlay(env, say)
-    hub, _ = hub_dir(env, say)
     args, selection = core_test_selection(env.tree)
     if nodeids:
         args, selection = list(nodeids), f"{len(nodeids)} test(s) rerun"
+    if not args:
+        say(f"vLLM {env.version}: no core tests ({selection})")
+        return TestRun({}, selection, 0.0, 0)
+    overlay = pytest_overlay(env, say)
+    hub, _ = hub_dir(env, say)
     work.mkdir(parents=True, exist_ok=True)
     junit = work / "junit.xml"
     junit.unlink(missing_ok=True)
@@ -306,9 +344,26 @@ def trace_environment(env: ReleaseEnv, trace_dir: Path, calls: bool) -> dict[str
             "VLLM_REPRO_TRACE_CALLS": "1" if calls else "0"}
 
 
-#: The levels a slice is traced and proven at (``vllm-repro slice``): the V1 engine's two. The V0
-#: engine's runs (``level: v0-engine``) are never sliced.
-SLICE_LEVELS = ("scheduler", "engine-core")
+#: The levels ``vllm-repro slice`` traces (every scenario at one of them runs on the release):
+#: the V1 engine's two and the V0 engine's. A slice serves, of these, the levels the release has
+#: (:func:`served_levels`); until 2026-12-06 the V0 engine's runs were never sliced.
+SLICE_LEVELS = ("scheduler", "engine-core", "v0-engine")
+
+
+def served_levels(results: dict[str, dict]) -> list[str]:
+    """The levels of :data:`SLICE_LEVELS`, in that order, at which at least one traced
+    scenario ran on the release (``results``: :func:`run_scenarios`' mapping): a level the
+    release has no engine for (``error.lacks_level``: V1 scenarios on 0.6.1.post2, V0 ones on
+    0.33.0, ``engine-core`` on 0.6.6.post1) was run, refused, and is not served."""
+    ran = set()
+    for rec in results.values():
+        res = rec.get("result")
+        if not res:  # a file that did not load, or a worker that did not start
+            continue
+        level = res.get("level") or "scheduler"
+        if (res.get("error") or {}).get("lacks_level") != level:
+            ran.add(level)
+    return [lv for lv in SLICE_LEVELS if lv in ran]
 
 
 def scenario_level(path: Path) -> str:
@@ -408,5 +463,6 @@ def run_scenarios(env: ReleaseEnv, files: list[Path], work: Path,
     return out
 
 
-__all__ = ["run_core_tests", "run_scenarios", "scenario_files", "scenario_level", "SLICE_LEVELS", "core_test_selection",
+__all__ = ["run_core_tests", "run_scenarios", "scenario_files", "scenario_level", "SLICE_LEVELS", "served_levels",
+           "core_test_selection",
            "hub_dir", "hub_status", "pytest_overlay", "tracer_dir", "TestRun", "parse_junit"]

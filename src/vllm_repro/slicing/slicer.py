@@ -306,7 +306,10 @@ def _spec(version, release, an, stubs, reqs, include, inputs, full, full_env, pk
             "scenarios": inputs["scenarios"],
             # what resolve_tree gives the slice to: runs at these levels (the scenarios above
             # hold runs of each)
-            "levels": list(runs.SLICE_LEVELS),
+            "levels": runs.served_levels(full["scenarios"]),
+            # the levels whose scenarios ran: one of these missing from "levels" is a level
+            # the release has no engine for (re-slicing would not add it)
+            "levels_tried": list(runs.SLICE_LEVELS),
             "tests": full.get("test_selection"),
             "model_standins": runs.hub_status(version),
             "processes": trace_a.processes,

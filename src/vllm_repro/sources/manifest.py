@@ -88,6 +88,26 @@ def write(tree: Path, expected: dict[str, str] | None = None) -> None:
             tmp.unlink()
 
 
+def add(tree: Path, rels: list[str]) -> None:
+    """Record the files ``rels`` (paths relative to ``tree``, as they are now) in ``tree``'s
+    manifest, leaving every other entry as it was (an edit made since the manifest was written
+    is still reported). No manifest: nothing (the next prepare writes one). Raises ``OSError``
+    (a read-only cache)."""
+    files = _load(tree)
+    if files is None or not rels:
+        return
+    for rel in rels:
+        st = (tree / rel).lstat()
+        files[rel] = [st.st_size, st.st_mtime_ns, sha256_file(tree / rel)]
+    tmp = tree / f"{MANIFEST}.tmp"
+    try:
+        tmp.write_text(json.dumps({"format": _FORMAT, "files": files}, sort_keys=True))
+        os.replace(tmp, tree / MANIFEST)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def _load(tree: Path) -> dict[str, list] | None:
     """The manifest's files (path -> ``[size, mtime_ns, sha256]``), or ``None`` when it is
     missing, unreadable or not of that shape."""

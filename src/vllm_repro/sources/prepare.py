@@ -79,17 +79,20 @@ def slice_is_equivalent(version: str, level: str = "scheduler") -> bool:
     return level in slice_levels(version)
 
 
-def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> str:
+def resolve_tree(version: str, tree: str | None, level: str | None = "scheduler") -> str:
     """``full`` or ``slice`` for ``version`` (``auto`` looks for an equivalent committed slice).
 
     A slice holds what its traced runs imported: the scheduler and KV-cache files from
     scheduler-level runs, and EngineCore's, the executor's and the config code from
     ``level: engine-core`` runs where the slicer traced those too (``traced.levels``; slices
     traced before that record only the scheduler level). ``auto`` gives a run the slice only
-    where the slice was proven at the run's level, else the full tree (always for
-    ``v0-engine``). ``slice`` asked for a level its proven slice never ran at raises
+    where the slice was proven at the run's level, else the full tree (``v0-engine`` runs
+    too, since 2026-12-06, where the slicer traced the V0 engine). ``slice`` asked for a level
+    its proven slice never ran at raises
     :class:`InputError` naming the levels it serves (and the option as it was given: ``--tree``,
-    or ``VLLM_REPRO_TREE`` for commands without the option, such as verify)."""
+    or ``VLLM_REPRO_TREE`` for commands without the option, such as verify). ``level`` None:
+    no run's level to check (building an environment, :func:`prepare_release`: the runs were
+    resolved at their levels before); ``auto`` then resolves as for the scheduler level."""
     given, tree = tree, tree or default_tree()
     if tree == "slice":
         from ..slicing.spec import spec_path
@@ -100,17 +103,19 @@ def resolve_tree(version: str, tree: str | None, level: str = "scheduler") -> st
             raise InputError(f"{asked}: vLLM {version} has no slice ({spec_path(version)}); "
                              f"use {fix}, or slice it (vllm-repro slice {version})")
         levels = slice_levels(version)
-        if levels and level not in levels:
+        if levels and level is not None and level not in levels:
             # asked for a slice that was never run at this level: its files are not all there
-            # (the run would fail inside vLLM, blamed on the release), so say so now
+            # (the run would fail inside vLLM, blamed on the release), so say so now; re-slicing
+            # helps only where the slicer did not try the level (a slice from before it did)
+            tried = json.loads(spec_path(version).read_text()).get("traced", {}).get("levels_tried") or ()
             raise InputError(
                 f"{asked}: vLLM {version}'s slice serves {' and '.join(levels)} runs "
                 f"(slices/{version}.json), not level: {level}; use {fix}"
-                + ("" if level == "v0-engine" else f", or re-slice it (vllm-repro slice {version})"))
+                + ("" if level in tried else f", or re-slice it (vllm-repro slice {version})"))
         return tree
     if tree != "auto":
         return tree
-    return "slice" if slice_is_equivalent(version, level) else "full"
+    return "slice" if slice_is_equivalent(version, level or "scheduler") else "full"
 
 
 #: Where a release keeps the V0 engine the lab drives at ``level: v0-engine`` (0.4 to 0.10):
@@ -214,7 +219,7 @@ def prepare_release(version: str, say: Say = lambda s: None,
         check_release(inst, version)
         return ReleaseEnv(version, None, inst.python.parent.parent, interpreter=inst.python)
     t = time.perf_counter()
-    kind = resolve_tree(version, tree)
+    kind = resolve_tree(version, tree, None)
     try:
         env = build_tree_env(version, kind, say, progress)
     except PermissionError as exc:  # e.g. the CPU image's cache, read-only with its baked releases

@@ -40,7 +40,11 @@ from .index import SdistInfo, find_sdist, open_url
 
 #: Parts of the sdist the lab extracts, as path prefixes below the top folder.
 DEFAULT_PARTS = ("vllm/", "requirements/", "requirements-", "requirements.txt", "tests/v1/core/",
-                 "tests/v1/kv_connector/unit/", "tests/v1/__init__", "tests/__init__", "pyproject.toml")
+                 "tests/v1/kv_connector/unit/", "tests/v1/__init__", "tests/__init__", "pyproject.toml",
+                 "tests/core/")
+#: ``tests/core/``: the V0 engine's scheduler and block-manager tests, which the slicer runs
+#: where a release has the V0 engine (``vllm_repro.slicing.runs.core_test_selection``); added
+#: on 2026-12-06 to trees extracted before (:func:`_top_up`), never by extracting them again
 
 ProgressFn = Callable[[int, int | None], None]
 
@@ -216,9 +220,13 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
     stamp = target / ".extracted.json"
     if stamp.is_file():
         try:
-            if json.loads(stamp.read_text()).get("sha256") == release.sha256:
+            done = json.loads(stamp.read_text())
+            if done.get("sha256") == release.sha256:
                 if not manifest.has_manifest(target):  # a tree made before manifests
                     _manifest_from_sdist(release, target, parts)
+                missing = tuple(p for p in parts if p not in (done.get("parts") or parts))
+                if missing and not release.from_wheel:
+                    _top_up(release, target, missing, done)
                 return target
         except ValueError:
             pass
@@ -331,6 +339,38 @@ def extract_wheel(release: Release, tmp: Path) -> None:
         reqs.write_text(f"# from {release.sdist.name}'s METADATA (Requires-Dist, no extras; "
                         "its GPU build's own left out): the index has no sdist of this release\n"
                         + "".join(f"{r}\n" for r in wheel_requirements(zf)))
+
+
+def _top_up(release: Release, tree: Path, missing: tuple[str, ...], stamp: dict) -> None:
+    """Add the sdist's files under ``missing`` (parts the lab extracts now that it did not when
+    ``tree`` was made) to an existing tree, without touching a file already there (a tree the
+    debugger edited keeps the edit, and the manifest keeps reporting it), and record them in the
+    manifest and the stamp. Nothing where the cache is read-only (the CPU image's trees are
+    made by its own build). Raises :class:`EnvError` for an sdist member that is a link or
+    leaves the tree (:func:`safe_members`)."""
+    added: list[str] = []
+    try:
+        with tarfile.open(release.sdist, "r:gz") as tf:
+            for m, rel in safe_members(tf, missing):
+                dest = tree / rel
+                if m.isdir():
+                    dest.mkdir(parents=True, exist_ok=True)
+                    continue
+                if dest.exists():
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                src = tf.extractfile(m)
+                tmp = dest.with_name(f".{dest.name}.tmp")
+                tmp.write_bytes(src.read() if src is not None else b"")
+                os.replace(tmp, dest)
+                added.append(rel)
+        manifest.add(tree, added)
+        stamp["parts"] = list(dict.fromkeys([*(stamp.get("parts") or []), *missing]))
+        (tree / ".extracted.json").write_text(json.dumps(stamp))
+    except OSError:
+        pass
+    except tarfile.TarError as exc:
+        raise EnvError(f"{release.sdist.name} is not a readable tar.gz: {exc}") from exc
 
 
 def _manifest_from_sdist(release: Release, tree: Path, parts: tuple[str, ...]) -> None:
