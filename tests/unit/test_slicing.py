@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The releases whose slices the acceptance names: the newest and two older ones (one <= 0.11).
 ACCEPTANCE = ("0.10.1.1", "0.11.0", "0.33.0")
 #: Each has a committed slice (0.33.0 since it was traced): a missing one fails its tests.
-#: 0.10.2 too: with 0.10.1.1 it makes the flagship image (issue 20) of slices only.
-PROVEN = ACCEPTANCE + ("0.10.2",)
+#: 0.6.1.post2 too: a slice of the V0 engine alone (level: v0-engine; its release has no V1
+#: engine). And 0.10.2: with 0.10.1.1 it makes the flagship image (issue 20) of slices only.
+PROVEN = ACCEPTANCE + ("0.6.1.post2", "0.10.2")
 #: Every committed slice (more are added as releases get sliced for the catalog image): each
 #: spec must hold what the slicer proved, whether or not the heavy integration runs re-check it.
 COMMITTED = tuple(sorted({p.stem for p in slices_dir().glob("*.json")} | set(PROVEN)))
@@ -69,6 +70,7 @@ def test_compare_catches_a_different_trace_or_verdict():
 
 def test_normalise_result_removes_only_what_differs_between_trees(tmp_path):
     res = {"outcome": "crash", "timing": {"run_s": 1}, "engine_log": "x",
+           "substitutions": ["pyairports==0.0.1 (uploaded after the release's date)"],  # full env's
            "crash": {"traceback": f'File "{tmp_path}/vllm/a.py", line 3', "step": 3}}
     out = normalise_result(res, tmp_path)
     assert out == {"outcome": "crash", "crash": {"traceback": 'File "<tree>/vllm/a.py", line 3', "step": 3}}

@@ -404,8 +404,10 @@ def normalise_trace(steps: list[dict]) -> list[dict]:
 def normalise_result(result, tree: Path) -> dict:
     """A scenario result (a :class:`~vllm_repro.records.RunResult` or its JSON mapping) with
     what legitimately differs between two trees removed: timings, report and log paths, which
-    tree and how the worker started (``tree``, ``warm``), and the tree's location inside
-    tracebacks, the time of day in messages (:func:`normalise_clock`)."""
+    tree and how the worker started (``tree``, ``warm``), what the environment's build
+    substituted (``substitutions``: a distribution the full environment holds and the slice's
+    does not, as 0.6.1.post2's pyairports), and the tree's location inside tracebacks, the
+    time of day in messages (:func:`normalise_clock`)."""
     res = json.loads(json.dumps(result.to_dict() if hasattr(result, "to_dict") else result,
                                 default=str))
     res.pop("timing", None)
@@ -413,6 +415,7 @@ def normalise_result(result, tree: Path) -> dict:
     res.pop("report_dir", None)
     res.pop("tree", None)
     res.pop("warm", None)
+    res.pop("substitutions", None)
     text = json.dumps(res)
     for root in {str(tree), str(tree.resolve())}:
         text = text.replace(root, "<tree>")
