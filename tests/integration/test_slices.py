@@ -117,9 +117,11 @@ def test_a_run_that_leaves_the_slice_is_a_lab_failure_not_a_crash(cli, tmp_path)
 
 def test_verify_on_auto_runs_each_entry_on_its_levels_tree_and_patches_each_tree(cli, tmp_path):
     """As the CPU image verifies (VLLM_REPRO_TREE=auto): the scheduler-level scenario on the
-    slice, the release's V0-engine entry on the full tree (a slice never serves it; it was run
-    on the slice, "has no V0 engine", the same error before and after counted as kept); the
-    full tree's patched copy and the slice's are two, whichever was made first."""
+    slice, the release's V0-engine entry on the tree that serves its level (the slice since
+    0.10.1.1 was sliced with its V0 engine on 2026-12-06, the full tree before; once it was run
+    on a slice without the V0 engine, "has no V0 engine", the same error before and after
+    counted as kept); the full tree's patched copy and the slice's are two, whichever was made
+    first."""
     from ..conftest import FLAGSHIP
 
     fix = ROOT / "scenarios/fixes/vllm-23347-0.10.1.1.diff"
@@ -134,27 +136,29 @@ def test_verify_on_auto_runs_each_entry_on_its_levels_tree_and_patches_each_tree
                      for d in (bundle / label).iterdir() if (d / "0.10.1.1" / "result.json").is_file()}
             assert trees[FLAGSHIP.stem] == ("slice" if tree == "auto" else "full"), trees
             v0 = [n for n in trees if n.startswith("vllm-18957")]
-            assert v0 and all(trees[n] == "full" for n in v0), trees
+            v0_tree = "slice" if tree == "auto" and "v0-engine" in slice_levels("0.10.1.1") else "full"
+            assert v0 and all(trees[n] == v0_tree for n in v0), trees
         verdict = json.loads((bundle / "verdict.json").read_text())
         assert all("no V0 engine" not in o["after"] for o in verdict["others"]), verdict["others"]
 
 
 def test_verify_of_a_patch_that_changes_a_file_the_slice_leaves_out(cli, tmp_path):
-    """The fix plus an edit of V0's scheduler (not in the slice): on auto (the CPU image's
-    tree) every entry runs on the full tree, where the patch applies; asked for the slice by
-    name, one line says why not and what to set (it read "does not apply cleanly to vLLM
-    0.10.1.1-<slice key>")."""
+    """The fix plus an edit of the OpenAI server (not in the slice; until 0.10.1.1's V0 engine
+    was sliced too, V0's scheduler was the file): on auto (the CPU image's tree) every entry
+    runs on the full tree, where the patch applies; asked for the slice by name, one line says
+    why not and what to set (it read "does not apply cleanly to vLLM 0.10.1.1-<slice key>")."""
     import difflib
 
     from ..conftest import FLAGSHIP
     from vllm_repro.sources.sdist import tree_dir
 
-    assert "vllm/core/scheduler.py" not in load_spec("0.10.1.1")["files"]
+    left_out = "vllm/entrypoints/openai/api_server.py"
+    assert left_out not in load_spec("0.10.1.1")["files"]
     prepare_release("0.10.1.1", tree="full")
-    v0 = (tree_dir("0.10.1.1") / "vllm/core/scheduler.py").read_text().splitlines(keepends=True)
-    edit = "".join(difflib.unified_diff(v0, [*v0[:5], "# noted\n", *v0[5:]],
-                                        "a/vllm/core/scheduler.py", "b/vllm/core/scheduler.py"))
-    patch = tmp_path / "fix-and-v0.diff"
+    text = (tree_dir("0.10.1.1") / left_out).read_text().splitlines(keepends=True)
+    edit = "".join(difflib.unified_diff(text, [*text[:5], "# noted\n", *text[5:]],
+                                        f"a/{left_out}", f"b/{left_out}"))
+    patch = tmp_path / "fix-and-server.diff"
     patch.write_text((ROOT / "scenarios/fixes/vllm-23347-0.10.1.1.diff").read_text() + edit)
     proc = cli("verify", str(FLAGSHIP), "--patch", str(patch), "--vllm", "0.10.1.1",
                "--reports", str(tmp_path / "auto"), env={"VLLM_REPRO_TREE": "auto"})
