@@ -136,3 +136,26 @@ def test_cli_unreachable_index_is_exit_3(cli, tmp_path):
                                               "PIP_INDEX_URL": f"http://127.0.0.1:{port}/simple"})
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "unreachable" in proc.stderr and not proc.stdout.strip()
+
+
+def test_each_release_is_prepared_with_the_tree_that_serves_the_scenarios_level(tmp_path, monkeypatch):
+    """Under VLLM_REPRO_TREE=auto (the CPU image) a v0-engine entry ran on 0.10.2's slice,
+    which serves only the V1 levels: "vllm.core.interfaces is not in the slice", read as
+    "--good 0.10.2 does not run clean". Each release gets the tree its slice serves at the
+    scenario's level, as `run` gives it."""
+    from vllm_repro.sources import prepare as prep
+
+    (tmp_path / "9.0.0.json").write_text('{"equivalence": {"equal": true}, "traced": {"levels": '
+                                         '["scheduler", "engine-core"]}}')
+    (tmp_path / "9.1.0.json").write_text('{"equivalence": {"equal": true}, "traced": {"levels": '
+                                         '["scheduler", "engine-core", "v0-engine"]}}')
+    monkeypatch.setenv("VLLM_REPRO_SLICES", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(prep, "prepare_release", lambda v, say=None, tree=None: asked.append((v, tree)))
+    v0 = load_scenario(FLAGSHIP).model_copy(update={"level": "v0-engine"})
+    for scenario, want in ((v0, ["full", "slice"]), (load_scenario(FLAGSHIP), ["slice", "slice"])):
+        asked.clear()
+        runner = ReleaseClassifier(scenario, reports=tmp_path, tree="auto")
+        for v in ("9.0.0", "9.1.0"):
+            runner._prepare(v)
+        assert [t for _, t in asked] == want, scenario.level

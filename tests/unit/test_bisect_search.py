@@ -145,6 +145,20 @@ def test_endpoint_whose_environment_failed_is_an_environment_error():
         bisect_releases(SPAN, "0.9.0", "0.11.0", classify)
 
 
+def test_endpoint_the_lab_failed_on_is_a_lab_failure_not_an_input_error():
+    """A lab failure at an endpoint (a run that left a slice: exit 3) says nothing of the
+    release; it read "--good 0.10.2 does not run clean ... pass --good a release where it runs
+    clean", exit 2, as if the user had picked the wrong release."""
+    def classify(release):
+        if release == "0.11.0":
+            return Observation(SKIP, "error: the run left the slice of vLLM 0.11.0", error_kind="lab")
+        return Observation(BAD, "crash")
+
+    with pytest.raises(EnvError, match=r"--good 0\.11\.0: the endpoint could not be checked, the "
+                                       "lab failed: error: the run left the slice"):
+        bisect_releases(SPAN, "0.9.0", "0.11.0", classify)
+
+
 def test_classifier_exceptions_pass_through():
     def classify(release):
         raise IndexUnreachable("the package index is unreachable: GET x failed: refused")

@@ -90,10 +90,13 @@ class ReleaseClassifier:
         self._unreachable: IndexUnreachable | None = None
 
     def _prepare(self, version: str):
-        from ..sources.prepare import prepare_release
+        from ..sources.prepare import prepare_release, resolve_tree
 
         try:
-            return prepare_release(version, self.say, tree=self.tree)
+            # the tree that serves the scenario's level (auto: a slice proven at it, else the
+            # full tree: a v0-engine scenario on 0.10.2 ran on its V1-only slice before)
+            kind = resolve_tree(version, self.tree, self.scenario.level)
+            return prepare_release(version, self.say, tree=kind)
         except IndexUnreachable as exc:
             self._unreachable = exc  # run_matrix turns it into an error row; stop instead
             raise

@@ -29,7 +29,8 @@ State = Literal["bad", "good", "skip"]
 class Observation:
     """What one release showed: its ``state`` (bad, good or skip), the verdict table's
     ``observed`` text, why it is neither bad nor good (``reason``, for skip), and
-    ``error_kind`` (``input`` or ``env``) when the lab or the input failed on it."""
+    ``error_kind`` (``input``, ``lab`` or ``env``) when the input, the lab or the environment
+    failed on it."""
 
     state: State
     observed: str
@@ -141,6 +142,9 @@ def _endpoint_error(flag: str, release: str, want: State, obs: Observation) -> E
     if obs.error_kind == "env":
         return EnvError(f"{flag} {release}: the endpoint could not be checked, the environment "
                         f"failed: {obs.observed}")
+    if obs.error_kind == "lab":  # the lab failed on it (exit 3): nothing said of the release
+        return EnvError(f"{flag} {release}: the endpoint could not be checked, the lab failed: "
+                        f"{obs.observed}")
     if want == BAD:
         claim = "does not reproduce the scenario's expected bug"
         claim = f"runs clean, it {claim}" if obs.state == GOOD else claim
