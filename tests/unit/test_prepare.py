@@ -74,18 +74,20 @@ def test_auto_gives_engine_core_runs_a_slice_proven_at_that_level(slices):
 def test_a_v0_engine_slice_serves_v0_runs_and_says_when_re_slicing_cannot_help(slices):
     """Since 2026-12-06 the slicer traces the V0 engine too: 0.6.1.post2's slice serves
     ``level: v0-engine`` runs only (the release has no V1 engine). A V1 run asked of it on the
-    slice is refused without the advice to re-slice (the slicer tried that level: re-slicing
-    cannot add it); building the slice's environment checks no level (the runs were resolved
-    before, at their own levels)."""
+    slice is refused as what it is, a release without that engine, not with advice that cannot
+    work (another tree, or re-slicing: the slicer tried that level); building the slice's
+    environment checks no level (the runs were resolved before, at their own levels)."""
     (slices / "7.0.0.json").write_text(json.dumps({
         "equivalence": {"equal": True},
         "traced": {"levels": ["v0-engine"], "levels_tried": ["scheduler", "engine-core", "v0-engine"]}}))
     assert resolve_tree("7.0.0", "auto", level="v0-engine") == "slice"
     assert resolve_tree("7.0.0", "auto", level="scheduler") == "full"
     assert resolve_tree("7.0.0", "slice", level="v0-engine") == "slice"
-    with pytest.raises(InputError, match=r"serves v0-engine runs .*not level: scheduler; "
-                                         r"use --tree auto or --tree full$"):
+    with pytest.raises(InputError, match=r"^level: scheduler: vLLM 7.0.0 has no engine of that "
+                                         r"level .*serves v0-engine runs\); run the scenario on a "
+                                         r"release that has one$") as refused:
         resolve_tree("7.0.0", "slice", level="scheduler")
+    assert "--tree" not in str(refused.value) and "re-slice" not in str(refused.value)
     assert resolve_tree("7.0.0", "slice", None) == "slice"
     # a slice from before the slicer tried V0 (no levels_tried): re-slicing may add the level
     with pytest.raises(InputError, match=r"or re-slice it \(vllm-repro slice 1.0.0\)$"):

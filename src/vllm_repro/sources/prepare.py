@@ -108,10 +108,15 @@ def resolve_tree(version: str, tree: str | None, level: str | None = "scheduler"
             # (the run would fail inside vLLM, blamed on the release), so say so now; re-slicing
             # helps only where the slicer did not try the level (a slice from before it did)
             tried = json.loads(spec_path(version).read_text()).get("traced", {}).get("levels_tried") or ()
+            if level in tried:  # its scenarios at this level were all refused: no such engine
+                raise InputError(
+                    f"level: {level}: vLLM {version} has no engine of that level (the slicer's "
+                    f"{level} scenarios were refused on it; its slice, slices/{version}.json, "
+                    f"serves {' and '.join(levels)} runs); run the scenario on a release that has one")
             raise InputError(
                 f"{asked}: vLLM {version}'s slice serves {' and '.join(levels)} runs "
-                f"(slices/{version}.json), not level: {level}; use {fix}"
-                + ("" if level in tried else f", or re-slice it (vllm-repro slice {version})"))
+                f"(slices/{version}.json), not level: {level}; use {fix}, or re-slice it "
+                f"(vllm-repro slice {version})")
         return tree
     if tree != "auto":
         return tree
