@@ -78,6 +78,12 @@ def test_normalise_result_removes_only_what_differs_between_trees(tmp_path):
                                   'File "/t/vllm/v1/core/sched/scheduler.py", line 530'}}
     text = normalise_result(lab, tmp_path)["crash"]["traceback"]
     assert 'loop.py", line ?' in text and 'scheduler.py", line 530' in text
+    # the lab as two checkouts' workers import it: the same frame (a traced run reused by a
+    # slice run from another clone differed in this folder alone: "not equivalent")
+    a, b = ({"crash": {"traceback": f'File "/c/vllm-repro/labpath/{key}/vllm_repro/engine/loop.py", '
+                                    'line 139, in run'}} for key in ("fdc098224f19", "6f887ec4a8bc"))
+    assert normalise_result(a, tmp_path) == normalise_result(b, tmp_path)
+    assert "<lab>/vllm_repro/engine/loop.py" in normalise_result(a, tmp_path)["crash"]["traceback"]
 
 
 def test_tracer_records_imports_probes_opens_and_calls(tmp_path):

@@ -419,8 +419,10 @@ def normalise_result(result, tree: Path) -> dict:
     text = json.dumps(res)
     for root in {str(tree), str(tree.resolve())}:
         text = text.replace(root, "<tree>")
-    # the lab's own frames: their line numbers move with the lab, not with vLLM
+    # the lab's own frames: their line numbers move with the lab, not with vLLM, and their
+    # folder with the checkout (the worker imports the lab from labpath/<checkout's key>/)
     text = re.sub(r'(vllm_repro/[\w/]+\.py\\", line )\d+', r"\1?", text)
+    text = re.sub(r'[^\s"\'\\]*/vllm_repro/', "<lab>/vllm_repro/", text)
     # third-party frames (a crash raised inside prometheus_client, say) name the environment:
     # the full one and the slice's are different folders holding the same pinned packages
     text = re.sub(r'[^\s"\'\\]*/site-packages/', "<site-packages>/", text)

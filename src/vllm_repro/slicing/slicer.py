@@ -33,8 +33,8 @@ from ..settings import cache_dir
 from ..sources.env import ReleaseEnv
 from ..sources.sdist import fetch_sdist
 from . import runs
-from .spec import (SPEC_FORMAT, Trace, analyse, canon, file_hashes, lab_commit, materialise,
-                   package_inventory, slice_env, spec_path)
+from .spec import (SPEC_FORMAT, Trace, analyse, canon, file_hashes, lab_commit, lab_sources_sha256,
+                   materialise, package_inventory, slice_env, spec_path)
 
 Say = Callable[[str], None]
 MAX_STUB_ROUNDS = 4
@@ -167,7 +167,8 @@ def make_slice(version: str, base: Path, include: tuple[str, ...] = (),
     """Trace, stub, verify and write the slice spec of ``version``; returns ``(path, spec)``.
 
     ``base``: the lab checkout whose scenario files are traced. ``reuse_full``: reuse run A when
-    its inputs (scenario files, sdist, lab tracer) are unchanged. Raises :class:`EnvError` when a
+    its inputs (scenario files, sdist, tracer format, test selection, the lab's own sources)
+    are unchanged. Raises :class:`EnvError` when a
     run cannot be made; a slice that is not equivalent is still written, with
     ``equivalence.equal = false``, and the CLI exits 1.
     """
@@ -182,7 +183,8 @@ def make_slice(version: str, base: Path, include: tuple[str, ...] = (),
     from .tracer import TRACE_FORMAT
 
     inputs = {"sdist": release.sha256, "scenarios": scenario_records(scenarios, base),
-              "trace_format": TRACE_FORMAT, "tests": runs.core_test_selection(full_env.tree)[1]}
+              "trace_format": TRACE_FORMAT, "tests": runs.core_test_selection(full_env.tree)[1],
+              "lab": lab_sources_sha256()}
     a_dir = work / "A-full"
     stamp = a_dir / "inputs.json"
     if reuse_full and stamp.is_file() and json.loads(stamp.read_text()) == inputs \

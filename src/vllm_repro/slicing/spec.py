@@ -476,6 +476,20 @@ def load_spec(version: str, path: Path | None = None) -> dict:
     return spec
 
 
+def lab_sources_sha256() -> str:
+    """sha256 over the lab package's own Python files (path and bytes, sorted): which lab ran
+    a traced run. ``vllm-repro slice`` reuses a traced full run only for the same lab: one
+    from another checkout or an older lab is not the reference a slice run of this lab is
+    compared with."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        if "__pycache__" in f.parts:
+            continue
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def lab_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
