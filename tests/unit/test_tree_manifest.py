@@ -221,3 +221,37 @@ def test_a_tree_from_an_older_parts_list_gets_the_new_parts_and_keeps_its_edit(m
     assert {str(c) for c in manifest.changes(t)} == {f"edited {SCHED}"}
     assert "tests/core/" in json.loads((t / ".extracted.json").read_text())["parts"]
     assert "# a debugger's edit" in (t / SCHED).read_text()
+
+
+def test_a_top_up_that_failed_midway_is_finished_and_recorded_by_the_next(monkeypatch):
+    """A full disk halfway through adding tests/core/: the files written before the failure
+    are recorded by the next prepare (they are the sdist's bytes), no temporary file is left,
+    and the manifest reports nothing (they read "added tests/core/..." on every run)."""
+    members = []
+    for name in ("a", "b", "c"):
+        info = tarfile.TarInfo(f"vllm-9.9.7/tests/core/test_{name}.py")
+        info.size = 3
+        members.append(info)
+    with FakeIndex({"vllm-9.9.7.tar.gz": make_sdist("9.9.7", members)}) as idx:
+        monkeypatch.setenv("PIP_INDEX_URL", idx.url)
+        from vllm_repro import settings
+
+        settings.pip_config.cache_clear()
+        rel = sd.fetch_sdist("9.9.7")
+    t = sd.extract_tree(rel, tuple(p for p in sd.DEFAULT_PARTS if p != "tests/core/"))
+    real, calls = os.replace, []
+
+    def full_disk(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(a, b)
+
+    monkeypatch.setattr(sd.os, "replace", full_disk)
+    sd.extract_tree(rel)
+    monkeypatch.setattr(sd.os, "replace", real)
+    assert (t / "tests/core/test_a.py").is_file() and not (t / "tests/core/test_c.py").exists()
+    assert not list((t / "tests/core").glob(".*.tmp"))
+    sd.extract_tree(rel)
+    assert sorted(p.name for p in (t / "tests/core").iterdir()) == ["test_a.py", "test_b.py", "test_c.py"]
+    assert manifest.changes(t) == []

@@ -88,6 +88,12 @@ def write(tree: Path, expected: dict[str, str] | None = None) -> None:
             tmp.unlink()
 
 
+def recorded(tree: Path) -> set[str] | None:
+    """The paths ``tree``'s manifest records, or None when it has no readable manifest."""
+    files = _load(tree)
+    return None if files is None else set(files)
+
+
 def add(tree: Path, rels: list[str]) -> None:
     """Record the files ``rels`` (paths relative to ``tree``, as they are now) in ``tree``'s
     manifest, leaving every other entry as it was (an edit made since the manifest was written

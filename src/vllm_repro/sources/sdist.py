@@ -224,7 +224,10 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
             if done.get("sha256") == release.sha256:
                 if not manifest.has_manifest(target):  # a tree made before manifests
                     _manifest_from_sdist(release, target, parts)
-                missing = tuple(p for p in parts if p not in (done.get("parts") or parts))
+                # a stamp without its parts (none before the lab wrote them): every part is
+                # checked, and only what the tree lacks is added
+                had = done.get("parts") or ()
+                missing = tuple(p for p in parts if p not in had)
                 if missing and not release.from_wheel:
                     _top_up(release, target, missing, done)
                 return target
@@ -349,6 +352,7 @@ def _top_up(release: Release, tree: Path, missing: tuple[str, ...], stamp: dict)
     made by its own build). Raises :class:`EnvError` for an sdist member that is a link or
     leaves the tree (:func:`safe_members`)."""
     added: list[str] = []
+    recorded = manifest.recorded(tree)
     try:
         with tarfile.open(release.sdist, "r:gz") as tf:
             for m, rel in safe_members(tf, missing):
@@ -356,19 +360,34 @@ def _top_up(release: Release, tree: Path, missing: tuple[str, ...], stamp: dict)
                 if m.isdir():
                     dest.mkdir(parents=True, exist_ok=True)
                     continue
-                if dest.exists():
+                src = tf.extractfile(m)
+                data = src.read() if src is not None else b""
+                if dest.exists() or dest.is_symlink():
+                    # written by a top-up that failed before it recorded it (a full disk): the
+                    # sdist's bytes are recorded as such; anything else stays reported
+                    if (recorded is not None and rel not in recorded and dest.is_file()
+                            and not dest.is_symlink()
+                            and sha256_file(dest) == hashlib.sha256(data).hexdigest()):
+                        added.append(rel)
                     continue
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                src = tf.extractfile(m)
                 tmp = dest.with_name(f".{dest.name}.tmp")
-                tmp.write_bytes(src.read() if src is not None else b"")
-                os.replace(tmp, dest)
+                try:
+                    tmp.write_bytes(data)
+                    os.replace(tmp, dest)
+                finally:
+                    if tmp.exists():
+                        tmp.unlink()
                 added.append(rel)
         manifest.add(tree, added)
         stamp["parts"] = list(dict.fromkeys([*(stamp.get("parts") or []), *missing]))
         (tree / ".extracted.json").write_text(json.dumps(stamp))
-    except OSError:
-        pass
+    except OSError:  # a read-only cache, or a failure midway: the next prepare goes on
+        if added:
+            try:
+                manifest.add(tree, added)
+            except OSError:
+                pass
     except tarfile.TarError as exc:
         raise EnvError(f"{release.sdist.name} is not a readable tar.gz: {exc}") from exc
 
