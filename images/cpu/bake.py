@@ -19,6 +19,8 @@ works for any user at run time:
   the worker runs with ``TORCHDYNAMO_DISABLE=1``); every shared library loses its static
   symbol table and debug sections (binutils' ``strip``, installed and removed again by the
   Dockerfile's step);
+- each release's sdist is dropped once its trees are made (its record stays: sha256, upload
+  time; ``vllm_repro.sources.sdist.drop_sdist``), about 40 MB a release;
 - identical files are hardlinked, uv's cache is dropped (bytecode is left to the Dockerfile's
   warm-up run, which compiles exactly what a run imports: compiling everything would add
   about 590 MB);
@@ -265,6 +267,13 @@ def main(versions: list[str]) -> int:
         say(f"stripped the shared libraries of their symbol tables ({stripped / 1e6:.0f} MB, "
             "before hardlinking)")
     (cache / "baked.json").write_text(json.dumps(baked, indent=1))
+    # the sdists (about 40 MB a release): every tree is made and its manifest written, and a run
+    # reads none of them again; their records stay (vllm_repro.sources.sdist.drop_sdist)
+    from vllm_repro.sources.sdist import drop_sdist
+
+    freed = sum(drop_sdist(v, "the CPU image's bake dropped it once the release's trees were "
+                              "made from it") for v in wanted)
+    say(f"dropped the sdists of {len(wanted)} release(s) ({freed / 1e6:.0f} MB)")
     shutil.rmtree(cache / "uv", ignore_errors=True)
     for log in (cache / "envs").glob("*.build.log"):
         log.unlink()

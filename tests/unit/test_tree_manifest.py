@@ -255,3 +255,24 @@ def test_a_top_up_that_failed_midway_is_finished_and_recorded_by_the_next(monkey
     sd.extract_tree(rel)
     assert sorted(p.name for p in (t / "tests/core").iterdir()) == ["test_a.py", "test_b.py", "test_c.py"]
     assert manifest.changes(t) == []
+
+
+def test_a_dropped_sdist_leaves_its_record_its_trees_and_a_clear_error_for_a_new_tree(tree):
+    """The CPU image drops each sdist once its trees are made (about 40 MB a release): the
+    release is still known from its record and its tree still used, unchanged; only a tree
+    that would have to be made from it again fails, saying why, as an environment error."""
+    from vllm_repro.errors import EnvError
+
+    rel, t = tree
+    size = rel.sdist.stat().st_size
+    assert sd.drop_sdist("9.9.9", "dropped by a test") == size
+    assert not rel.sdist.exists() and sd.drop_sdist("9.9.9", "again") == 0
+    known = sd.cached_release("9.9.9")
+    assert known.sha256 == rel.sha256 and known.dropped == "dropped by a test"
+    assert sd.extract_tree(known) == t and manifest.changes(t) == []
+    import shutil
+
+    shutil.rmtree(t)
+    with pytest.raises(EnvError, match=r"^vLLM 9.9.9's sdist is not in this cache \(dropped by a "
+                                       r"test\): no tree of it can be made or restored here"):
+        sd.extract_tree(known)

@@ -330,7 +330,8 @@ def materialise(spec: dict, release: Release, target: Path | None = None) -> Pat
     """Extract the slice's files (and only them) from the cached sdist into a slice tree, check
     every sha256 against the spec, add the dist-info, stubs and run-time finder. Returns the tree
     (``cache/slices/<version>-<key>/``, reused when already there). Raises :class:`EnvError` on a
-    hash mismatch (the sdist is not the one the slice was made from)."""
+    hash mismatch (the sdist is not the one the slice was made from), or when the tree is not
+    there and the sdist was dropped (:meth:`~vllm_repro.sources.sdist.Release.require_sdist`)."""
     version = spec["vllm"]
     target = target or cache_dir() / "slices" / f"{version}-{spec_key(spec)}"
     stamp = target / ".materialised"
@@ -341,6 +342,7 @@ def materialise(spec: dict, release: Release, target: Path | None = None) -> Pat
             except OSError:
                 pass
         return target
+    release.require_sdist()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=target.parent))
     try:

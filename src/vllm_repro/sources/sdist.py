@@ -51,12 +51,25 @@ ProgressFn = Callable[[int, int | None], None]
 
 @dataclass(frozen=True)
 class Release:
-    """A fetched release: its version, sdist path, sha256 and upload time (UTC)."""
+    """A fetched release: its version, sdist path, sha256 and upload time (UTC); ``dropped``:
+    why the sdist file itself is no longer in the cache (the CPU image drops each one once its
+    trees are made and checked: :func:`drop_sdist`), else None."""
 
     version: str
     sdist: Path
     sha256: str
     upload_time: datetime
+    dropped: str | None = None
+
+    def require_sdist(self) -> Path:
+        """The sdist's path, for making a tree from it. Raises :class:`EnvError` (one line:
+        why it is not there and what to do) when it was dropped."""
+        if self.dropped and not self.sdist.is_file():
+            raise EnvError(f"vLLM {self.version}'s sdist is not in this cache ({self.dropped}): "
+                           "no tree of it can be made or restored here; use the trees that were "
+                           "made, or a cache that can fetch it (natively: vllm-repro prepare "
+                           f"{self.version})")
+        return self.sdist
 
     @property
     def from_wheel(self) -> bool:
@@ -99,8 +112,17 @@ def _zip_upload_time(path: Path) -> datetime:
 
 
 def cached_release(version: str) -> Release | None:
-    """The cached sdist of ``version`` if present and its sha256 still matches the record."""
+    """The cached sdist of ``version`` if present and its sha256 still matches the record, or
+    its record alone where the sdist was dropped (:func:`drop_sdist`)."""
     path, meta = _sdist_paths(version)
+    if not path.is_file() and meta.is_file():
+        try:
+            info = json.loads(meta.read_text())
+            if info.get("dropped"):
+                return Release(version, path, info["sha256"],
+                               datetime.fromisoformat(info["upload_time"]), dropped=info["dropped"])
+        except (ValueError, KeyError, OSError, TypeError):
+            return None
     if not (path.is_file() and meta.is_file()):
         meta = _wheel_meta(version)
         try:
@@ -116,6 +138,23 @@ def cached_release(version: str) -> Release | None:
         return Release(version, path, info["sha256"], datetime.fromisoformat(info["upload_time"]))
     except (ValueError, KeyError, OSError):
         return None
+
+
+def drop_sdist(version: str, why: str) -> int:
+    """Remove the cached sdist of ``version`` and keep its record (sha256, upload time) with
+    ``dropped: why``: the CPU image's bake, once the release's trees are made from it and
+    checked (each tree's manifest keeps every file's sha256), since nothing a run does reads it
+    again (about 40 MB a release). :func:`cached_release` then answers from the record, and
+    making a tree from it raises (:meth:`Release.require_sdist`). Returns the bytes freed (0
+    when there was nothing to drop). Raises ``OSError`` when the cache cannot be written."""
+    path, meta = _sdist_paths(version)
+    if not (path.is_file() and meta.is_file()):
+        return 0
+    info = json.loads(meta.read_text())
+    size = path.stat().st_size
+    _atomic_write_text(meta, json.dumps({**info, "dropped": why}, indent=1))
+    path.unlink()
+    return size
 
 
 def fetch_sdist(version: str, settings: IndexSettings | None = None,
@@ -228,11 +267,12 @@ def extract_tree(release: Release, parts: tuple[str, ...] = DEFAULT_PARTS) -> Pa
                 # checked, and only what the tree lacks is added
                 had = done.get("parts") or ()
                 missing = tuple(p for p in parts if p not in had)
-                if missing and not release.from_wheel:
+                if missing and not release.from_wheel and not release.dropped:
                     _top_up(release, target, missing, done)
                 return target
         except ValueError:
             pass
+    release.require_sdist()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{release.version}.", dir=target.parent))
     try:
