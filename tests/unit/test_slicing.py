@@ -282,3 +282,33 @@ def test_a_slice_serves_the_levels_at_which_a_scenario_ran_not_those_refused():
     refused = rec("engine-core")
     refused["result"]["error"] = {"kind": "input", "message": "config.x: refused"}
     assert runs.served_levels({"b": refused}) == ["engine-core"]
+
+
+def test_a_distribution_whose_metadata_alone_was_read_keeps_only_its_metadata(tmp_path):
+    """huggingface_hub asks for hf-xet's version and never imports it (128 MB over the catalog
+    image): the slice environment keeps hf-xet's dist-info, so importlib.metadata finds the
+    same version, and nothing of its package; a distribution that was imported is untouched."""
+    from vllm_repro.slicing.spec import METADATA_ONLY, keep_metadata_only, metadata_only
+
+    spec = {"requirements": {
+        "hf-xet": {"name": "hf-xet", "version": "1.5.0", "modules": 0, "why": METADATA_ONLY},
+        "numpy": {"name": "numpy", "version": "2.3.5", "modules": 104}}}
+    assert metadata_only(spec) == ["hf-xet"]
+    site = tmp_path / "site-packages"
+    for dist, files in (("hf_xet-1.5.0", ["hf_xet/__init__.py", "hf_xet/hf_xet.abi3.so"]),
+                        ("numpy-2.3.5", ["numpy/__init__.py"])):
+        info = site / f"{dist}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Name: {dist.split('-')[0]}\nVersion: {dist.split('-')[1]}\n")
+        for f in files:
+            (site / f).parent.mkdir(parents=True, exist_ok=True)
+            (site / f).write_bytes(b"x" * 10)
+        (info / "RECORD").write_text("".join(f"{f},sha256=x,10\n" for f in files)
+                                     + f"{dist}.dist-info/METADATA,,\n../../../bin/tool,,\n")
+    assert keep_metadata_only(site, ["hf-xet"]) == 20
+    assert not (site / "hf_xet").exists() and (site / "hf_xet-1.5.0.dist-info/METADATA").is_file()
+    assert (site / "numpy/__init__.py").is_file()
+    import importlib.metadata as md
+
+    found = {d.metadata["Name"]: d.version for d in md.distributions(path=[str(site)])}
+    assert found == {"hf_xet": "1.5.0", "numpy": "2.3.5"}

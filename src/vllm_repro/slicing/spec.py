@@ -238,7 +238,7 @@ def analyse(trace: Trace, tree: Path, env_root: Path, package_files: set[str],
                         "modules": u["modules"], "bytes": dists.size.get(d, 0),
                         "tops": sorted(u["tops"])}
         if u.get("metadata_only"):
-            out_dists[d]["why"] = "metadata looked up by name (importlib.metadata), never imported"
+            out_dists[d]["why"] = METADATA_ONLY
     # stub candidates: heavy top-level packages that nothing outside them ever called
     candidates = {}
     for top, n in sorted(top_modules.items()):
@@ -412,12 +412,57 @@ def requirements_of(spec: dict) -> list[str]:
     return [f"{d['name']}=={d['version']}" for d in spec["requirements"].values()]
 
 
+#: A requirement the trace saw looked up by name only (``importlib.metadata``), never imported
+#: and no file of it opened (:func:`analyse`): the slice environment keeps its metadata alone
+METADATA_ONLY = "metadata looked up by name (importlib.metadata), never imported"
+
+
+def metadata_only(spec: dict) -> list[str]:
+    """Names of the slice's requirements that only had their metadata read (:data:`METADATA_ONLY`:
+    huggingface_hub asks for hf-xet's version and never imports it, 128 MB over the catalog)."""
+    return sorted(d["name"] for d in spec["requirements"].values()
+                  if d.get("why") == METADATA_ONLY and not d.get("modules"))
+
+
+def keep_metadata_only(site: Path, names: list[str]) -> int:
+    """Remove, from the environment's ``site`` packages, every file the ``RECORD`` of each of
+    ``names`` lists below ``site`` except its ``.dist-info`` (``importlib.metadata`` still
+    finds the distribution and its version; nothing can import it, as nothing did in the
+    trace), and the folders left empty. Returns the bytes removed. Raises ``OSError``."""
+    freed = 0
+    wanted = {canon(n) for n in names}
+    for info in site.glob("*.dist-info"):
+        if canon(info.name[:-len(".dist-info")].rsplit("-", 1)[0]) not in wanted:
+            continue
+        record = info / "RECORD"
+        if not record.is_file():
+            continue
+        dirs = set()
+        for line in record.read_text().splitlines():
+            rel = line.split(",", 1)[0]
+            f = (site / rel).resolve()
+            if not rel or rel.startswith(info.name + "/") or site.resolve() not in f.parents:
+                continue
+            if f.is_file():
+                freed += f.stat().st_size
+                f.unlink()
+                dirs.update(d for d in f.parents if site.resolve() in d.parents)
+        for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+    return freed
+
+
 def slice_env(spec: dict, tree: Path, say=lambda s: None, rebuild: bool = False) -> ReleaseEnv:
     """Build (once) the slice's environment: torch from the configured torch source and every
     other traced distribution pinned, installed with ``--no-deps`` (nothing the trace did not
-    load). Lives in ``envs/<version>-slice-<hash>/``. Raises :class:`EnvError` on uv failure."""
+    load); a distribution whose metadata alone was read keeps only its metadata
+    (:func:`keep_metadata_only`). Lives in ``envs/<version>-slice-<hash>/``. Raises
+    :class:`EnvError` on uv failure."""
     reqs = requirements_of(spec)
-    key = hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()[:12]
+    meta_only = metadata_only(spec)
+    key = hashlib.sha256("\n".join([*sorted(reqs), *(f"metadata-only {n}" for n in meta_only)])
+                         .encode()).hexdigest()[:12]
     root = cache_dir() / "envs" / f"{spec['vllm']}-slice-{key}"
     ready = root / ".ready.json"
     if ready.is_file() and not rebuild and (root / "bin" / "python").exists():
@@ -443,8 +488,13 @@ def slice_env(spec: dict, tree: Path, say=lambda s: None, rebuild: bool = False)
                 "-r", str(req_file)], env,
                f"installing the slice requirements of vLLM {spec['vllm']}", log)
         freeze = run_uv(["pip", "freeze", "--python", py], env, "listing the slice environment", log)
+        if meta_only:
+            site = next((root / "lib").glob("python3*/site-packages"))
+            freed = keep_metadata_only(site, meta_only)
+            say(f"vLLM {spec['vllm']}: {', '.join(meta_only)}: metadata only, as traced "
+                f"({freed / 1e6:.0f} MB left out)")
         ready.write_text(json.dumps({"format": 1, "version": spec["vllm"], "slice": True,
-                                     "freeze": freeze.split()}, indent=1))
+                                     "freeze": freeze.split(), "metadata_only": meta_only}, indent=1))
     return ReleaseEnv(spec["vllm"], tree, root)
 
 
