@@ -15,7 +15,9 @@ works for any user at run time:
 
 - each environment also *imports* its release (a ``.pth`` naming the tree): the CPU image's
   stand-in for an installed vLLM (``gpu-judge`` finds it through ``baked.json``);
-- torch's C++ headers, C++ test binaries and protoc are removed (the scheduler never compiles:
+- static archives and C/C++ headers of every distribution are removed (xgrammar's
+  ``libxgrammar.a``: 319 MB over the catalog), as are
+  torch's C++ headers, C++ test binaries and protoc (the scheduler never compiles:
   the worker runs with ``TORCHDYNAMO_DISABLE=1``); every shared library loses its static
   symbol table and debug sections (binutils' ``strip``, installed and removed again by the
   Dockerfile's step);
@@ -171,6 +173,26 @@ def prune_torch(site: Path) -> None:
                 shutil.rmtree(f) if f.is_dir() and not f.is_symlink() else f.unlink()
 
 
+#: What a C or C++ build reads and a run never does: static archives (xgrammar ships a 50 to
+#: 65 MB ``libxgrammar.a`` and gtest's beside its Python bindings: 319 MB over the catalog's
+#: environments) and headers. Nothing in a run compiles or links (torch's headers are gone too,
+#: :data:`TORCH_PRUNE`); a static archive cannot be imported or ``dlopen``-ed.
+BUILD_ONLY_SUFFIXES = (".a", ".h", ".hh", ".hpp", ".hxx", ".cuh")
+
+
+def prune_build_files(site: Path) -> int:
+    """Remove :data:`BUILD_ONLY_SUFFIXES` files below ``site``; returns the bytes removed."""
+    freed = 0
+    for dirpath, _, files in os.walk(site):
+        for name in files:
+            if name.endswith(BUILD_ONLY_SUFFIXES):
+                p = Path(dirpath, name)
+                if p.is_file() and not p.is_symlink():
+                    freed += p.stat().st_size
+                    p.unlink()
+    return freed
+
+
 def dedupe(root: Path) -> int:
     """Hardlink identical regular files below ``root``; returns the bytes saved."""
     by_size: dict[int, dict[int, Path]] = {}
@@ -259,10 +281,12 @@ def main(versions: list[str]) -> int:
         print(f"bake: error: {exc}", file=sys.stderr)
         return exc.exit_code
     t = time.perf_counter()
-    stripped = 0
+    stripped = pruned = 0
     for info in baked.values():
         prune_torch(Path(info["site"]))
+        pruned += prune_build_files(Path(info["site"]))
         stripped += strip_libraries(Path(info["site"]))
+    say(f"removed static archives and headers ({pruned / 1e6:.0f} MB, before hardlinking)")
     if stripped:
         say(f"stripped the shared libraries of their symbol tables ({stripped / 1e6:.0f} MB, "
             "before hardlinking)")

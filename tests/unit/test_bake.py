@@ -92,3 +92,21 @@ def test_a_module_name_with_a_dot_keeps_its_own_bytecode(tmp_path):
         assert len(pycs) == 2
     assert (a / "__pycache__").joinpath(next(n for n in pycs if n.startswith("foo.bar"))).stat().st_ino \
         != (b / "__pycache__").joinpath(next(n for n in pycs if n.startswith("foo.bar"))).stat().st_ino
+
+
+def test_static_archives_and_headers_go_and_what_a_run_loads_stays(tmp_path):
+    """xgrammar's libxgrammar.a (50 to 65 MB a release, 319 MB over the catalog image) and
+    headers are for building against the package; its bindings (.so) and Python stay."""
+    site = tmp_path / "site-packages"
+    files = {"xgrammar/lib/libxgrammar.a": 7, "xgrammar/lib64/libgtest.a": 3,
+             "xgrammar/include/xgrammar/grammar.h": 2, "numpy/_core/include/numpy/ndarraytypes.h": 2,
+             "xgrammar/libxgrammar_bindings.so": 5, "xgrammar/__init__.py": 1,
+             "numpy/_core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so": 4,
+             "pkg/data/archive.a.json": 1}
+    for rel, size in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(b"x" * size)
+    assert _bake().prune_build_files(site) == 7 + 3 + 2 + 2
+    left = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
+    assert left == ["numpy/_core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so",
+                    "pkg/data/archive.a.json", "xgrammar/__init__.py", "xgrammar/libxgrammar_bindings.so"]
