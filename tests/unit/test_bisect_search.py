@@ -134,28 +134,20 @@ def test_endpoint_that_does_not_show_its_state_is_an_input_error_naming_what_was
         bisect_releases(SPAN, "0.9.0", "0.11.0", fake)
 
 
-def test_endpoint_whose_environment_failed_is_an_environment_error():
+@pytest.mark.parametrize("kind, observed, said", [
+    ("env", "error: uv pip install failed", "environment failed: error: uv pip install failed"),
+    # a lab failure (a run that left a slice: exit 3) says nothing of the release; it read
+    # "--good 0.10.2 does not run clean ... pass --good a release where it runs clean", exit 2
+    ("lab", "error: the run left the slice of vLLM 0.11.0", "lab failed: error: the run left the slice"),
+])
+def test_endpoint_the_environment_or_the_lab_failed_on_is_exit_3_not_an_input_error(kind, observed, said):
     def classify(release):
         if release == "0.11.0":
-            return Observation(SKIP, "error: uv pip install failed", error_kind="env")
+            return Observation(SKIP, observed, error_kind=kind)
         return Observation(BAD, "crash")
 
     with pytest.raises(EnvError, match=r"--good 0\.11\.0: the endpoint could not be checked, the "
-                                       "environment failed: error: uv pip install failed"):
-        bisect_releases(SPAN, "0.9.0", "0.11.0", classify)
-
-
-def test_endpoint_the_lab_failed_on_is_a_lab_failure_not_an_input_error():
-    """A lab failure at an endpoint (a run that left a slice: exit 3) says nothing of the
-    release; it read "--good 0.10.2 does not run clean ... pass --good a release where it runs
-    clean", exit 2, as if the user had picked the wrong release."""
-    def classify(release):
-        if release == "0.11.0":
-            return Observation(SKIP, "error: the run left the slice of vLLM 0.11.0", error_kind="lab")
-        return Observation(BAD, "crash")
-
-    with pytest.raises(EnvError, match=r"--good 0\.11\.0: the endpoint could not be checked, the "
-                                       "lab failed: error: the run left the slice"):
+                                       + said):
         bisect_releases(SPAN, "0.9.0", "0.11.0", classify)
 
 

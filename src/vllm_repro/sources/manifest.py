@@ -79,6 +79,11 @@ def write(tree: Path, expected: dict[str, str] | None = None) -> None:
         files[rel] = [st.st_size, st.st_mtime_ns, sha] if want == sha else [-1, -1, want]
     for rel, sha in (expected or {}).items():
         files.setdefault(rel, [-1, -1, sha])  # in the sdist, gone from the tree: removed
+    _save(tree, files)
+
+
+def _save(tree: Path, files: dict[str, list]) -> None:
+    """Write ``files`` as ``tree``'s manifest, atomically. Raises ``OSError``."""
     tmp = tree / f"{MANIFEST}.tmp"
     try:
         tmp.write_text(json.dumps({"format": _FORMAT, "files": files}, sort_keys=True))
@@ -105,13 +110,7 @@ def add(tree: Path, rels: list[str]) -> None:
     for rel in rels:
         st = (tree / rel).lstat()
         files[rel] = [st.st_size, st.st_mtime_ns, sha256_file(tree / rel)]
-    tmp = tree / f"{MANIFEST}.tmp"
-    try:
-        tmp.write_text(json.dumps({"format": _FORMAT, "files": files}, sort_keys=True))
-        os.replace(tmp, tree / MANIFEST)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    _save(tree, files)
 
 
 def _load(tree: Path) -> dict[str, list] | None:
