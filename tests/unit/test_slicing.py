@@ -295,8 +295,8 @@ def test_a_distribution_whose_metadata_alone_was_read_keeps_only_its_metadata(tm
         "numpy": {"name": "numpy", "version": "2.3.5", "modules": 104}}}
     assert metadata_only(spec) == ["hf-xet"]
     site = tmp_path / "site-packages"
-    for dist, files in (("hf_xet-1.5.0", ["hf_xet/__init__.py", "hf_xet/hf_xet.abi3.so"]),
-                        ("numpy-2.3.5", ["numpy/__init__.py"])):
+    for dist, files in (("hf_xet-1.5.0", ["hf_xet/__init__.py", "hf_xet/hf_xet.abi3.so", "ns/__init__.py"]),
+                        ("numpy-2.3.5", ["numpy/__init__.py", "ns/__init__.py"])):
         info = site / f"{dist}.dist-info"
         info.mkdir(parents=True)
         (info / "METADATA").write_text(f"Name: {dist.split('-')[0]}\nVersion: {dist.split('-')[1]}\n")
@@ -308,6 +308,7 @@ def test_a_distribution_whose_metadata_alone_was_read_keeps_only_its_metadata(tm
     assert keep_metadata_only(site, ["hf-xet"]) == 20
     assert not (site / "hf_xet").exists() and (site / "hf_xet-1.5.0.dist-info/METADATA").is_file()
     assert (site / "numpy/__init__.py").is_file()
+    assert (site / "ns/__init__.py").is_file()  # numpy's RECORD lists it too (a shared namespace)
     import importlib.metadata as md
 
     found = {d.metadata["Name"]: d.version for d in md.distributions(path=[str(site)])}

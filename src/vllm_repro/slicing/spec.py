@@ -426,13 +426,20 @@ def metadata_only(spec: dict) -> list[str]:
 
 def keep_metadata_only(site: Path, names: list[str]) -> int:
     """Remove, from the environment's ``site`` packages, every file the ``RECORD`` of each of
-    ``names`` lists below ``site`` except its ``.dist-info`` (``importlib.metadata`` still
-    finds the distribution and its version; nothing can import it, as nothing did in the
-    trace), and the folders left empty. Returns the bytes removed. Raises ``OSError``."""
+    ``names`` lists below ``site`` except its ``.dist-info`` and any file another
+    distribution's ``RECORD`` lists too (``importlib.metadata`` still finds the distribution
+    and its version; nothing can import it, as nothing did in the trace), and the folders left
+    empty. Returns the bytes removed. Raises ``OSError``."""
     freed = 0
     wanted = {canon(n) for n in names}
-    for info in site.glob("*.dist-info"):
-        if canon(info.name[:-len(".dist-info")].rsplit("-", 1)[0]) not in wanted:
+    infos = {info: canon(info.name[:-len(".dist-info")].rsplit("-", 1)[0])
+             for info in site.glob("*.dist-info")}
+    # a file another distribution's RECORD lists too (a shared namespace package's
+    # ``__init__.py``) stays
+    others = {line.split(",", 1)[0] for info, name in infos.items() if name not in wanted
+              and (info / "RECORD").is_file() for line in (info / "RECORD").read_text().splitlines()}
+    for info, name in infos.items():
+        if name not in wanted:
             continue
         record = info / "RECORD"
         if not record.is_file():
@@ -441,7 +448,8 @@ def keep_metadata_only(site: Path, names: list[str]) -> int:
         for line in record.read_text().splitlines():
             rel = line.split(",", 1)[0]
             f = (site / rel).resolve()
-            if not rel or rel.startswith(info.name + "/") or site.resolve() not in f.parents:
+            if not rel or rel.startswith(info.name + "/") or site.resolve() not in f.parents \
+                    or rel in others:
                 continue
             if f.is_file():
                 freed += f.stat().st_size
