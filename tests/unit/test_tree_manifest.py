@@ -276,3 +276,16 @@ def test_a_dropped_sdist_leaves_its_record_its_trees_and_a_clear_error_for_a_new
     with pytest.raises(EnvError, match=r"^vLLM 9.9.9's sdist is not in this cache \(dropped by a "
                                        r"test\): no tree of it can be made or restored here"):
         sd.extract_tree(known)
+
+
+def test_restore_refuses_before_removing_a_tree_whose_sdist_was_dropped(tree):
+    """In the CPU image (sdists dropped), `prepare --restore` removed the baked tree and then
+    could not make it again: the release was gone for that container. It refuses first."""
+    from vllm_repro.errors import EnvError
+    from vllm_repro.sources.prepare import restore_trees
+
+    _, t = tree
+    sd.drop_sdist("9.9.9", "dropped by a test")
+    with pytest.raises(EnvError, match="sdist is not in this cache"):
+        restore_trees("9.9.9")
+    assert (t / SCHED).is_file()

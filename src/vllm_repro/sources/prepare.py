@@ -169,13 +169,18 @@ def release_lock(version: str):
 def restore_trees(version: str) -> list[Path]:
     """Remove the release's extracted trees (the full tree and its slices), so that the next
     prepare extracts them again from the hash-checked sdist, without any edit made to them.
-    Returns the folders removed. Raises :class:`EnvError` when one cannot be removed."""
+    Returns the folders removed. Raises :class:`EnvError` when one cannot be removed, or,
+    before removing anything, when the sdist they would be made from again was dropped (the
+    CPU image's trees: :func:`~vllm_repro.sources.sdist.drop_sdist`)."""
     import shutil
 
-    from .sdist import tree_dir
+    from .sdist import cached_release, tree_dir
 
     gone = []
     with release_lock(version):
+        release = cached_release(version)
+        if release is not None:
+            release.require_sdist()
         for d in [tree_dir(version), *sorted((cache_dir() / "slices").glob(f"{version}-*"))]:
             if d.is_dir():
                 try:

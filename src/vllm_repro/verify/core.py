@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import catalog_files
-from ..errors import InputError
+from ..errors import EnvError, InputError
 from ..lab import RunItem, run_matrix
 from ..sources.prepare import default_tree, prepare_release, resolve_tree
 from ..scenario import load_scenario
@@ -106,7 +106,11 @@ def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
         except InputError as on_slice:
             # a patch of a file the slice leaves out (V0's scheduler, an entrypoint...): the
             # full tree, where it applies; asked for the slice by name, say so
-            full = pristine.get("full") or prepare_release(version, say, tree="full")
+            try:
+                full = pristine.get("full") or prepare_release(version, say, tree="full")
+            except EnvError as no_full:  # the CPU image: its slice alone, the sdist dropped
+                raise InputError(f"{on_slice}; and vLLM {version} has no full tree here to try it "
+                                 f"on ({no_full})") from None
             dry_run(patch, full.tree, version)  # (not even there: the patch's own error)
             if default_tree() == "slice":
                 raise InputError(f"{on_slice}; it changes files the slice of vLLM {version} "
