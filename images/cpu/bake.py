@@ -15,10 +15,15 @@ works for any user at run time:
 
 - each environment also *imports* its release (a ``.pth`` naming the tree): the CPU image's
   stand-in for an installed vLLM (``gpu-judge`` finds it through ``baked.json``);
-- static archives and C/C++ headers of every distribution are removed (xgrammar's
+- static archives, C/C++ headers and type stubs of every distribution are removed (xgrammar's
   ``libxgrammar.a``: 319 MB over the catalog), as are
   torch's C++ headers, C++ test binaries and protoc (the scheduler never compiles:
-  the worker runs with ``TORCHDYNAMO_DISABLE=1``); every shared library loses its static
+  the worker runs with ``TORCHDYNAMO_DISABLE=1``); so are what no run can import: modules that
+  import TensorFlow, Flax or JAX at their top level (transformers' ``modeling_tf_*`` and
+  ``modeling_flax_*``), the test suites distributions ship in their packages (but a test module
+  that runtime code imports: ``numpy._core.tests._natype``), and each distribution's console
+  scripts (whose interpreter line made its ``RECORD`` differ in every environment); each
+  ``RECORD`` then lists only what is left; every shared library loses its static
   symbol table and debug sections (binutils' ``strip``, installed and removed again by the
   Dockerfile's step);
 - each release's sdist is dropped once its trees are made (its record stays: sha256, upload
@@ -38,10 +43,12 @@ Exits with the lab's exit code and one line when a release cannot be fetched or 
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -173,11 +180,12 @@ def prune_torch(site: Path) -> None:
                 shutil.rmtree(f) if f.is_dir() and not f.is_symlink() else f.unlink()
 
 
-#: What a C or C++ build reads and a run never does: static archives (xgrammar ships a 50 to
-#: 65 MB ``libxgrammar.a`` and gtest's beside its Python bindings: 319 MB over the catalog's
-#: environments) and headers. Nothing in a run compiles or links (torch's headers are gone too,
+#: What a C or C++ build or a type checker reads and a run never does: static archives
+#: (xgrammar ships a 50 to 65 MB ``libxgrammar.a`` and gtest's beside its Python bindings: 319 MB
+#: over the catalog's environments), headers and type stubs (``.pyi``: Python's import system
+#: never reads one; 9 MB). Nothing in a run compiles or links (torch's headers are gone too,
 #: :data:`TORCH_PRUNE`); a static archive cannot be imported or ``dlopen``-ed.
-BUILD_ONLY_SUFFIXES = (".a", ".h", ".hh", ".hpp", ".hxx", ".cuh")
+BUILD_ONLY_SUFFIXES = (".a", ".h", ".hh", ".hpp", ".hxx", ".cuh", ".pyi")
 
 
 def prune_build_files(site: Path) -> int:
@@ -191,6 +199,203 @@ def prune_build_files(site: Path) -> int:
                     freed += p.stat().st_size
                     p.unlink()
     return freed
+
+
+#: Frameworks no release environment holds (vLLM's CPU path is torch): a module that imports one
+#: of them unconditionally, at its top level, cannot be imported there at all.
+ABSENT_FRAMEWORKS = ("tensorflow", "flax", "jax")
+_TOP_IMPORT = re.compile(rb"^(?:import|from)[ \t]+(" + b"|".join(
+    f.encode() for f in ABSENT_FRAMEWORKS) + rb")\b", re.M)
+
+
+def _installed(site: Path, name: str) -> bool:
+    """Whether ``site`` holds distribution ``name`` or a top-level package of that name."""
+    return (site / name).exists() or any(site.glob(f"{name}-*.dist-info"))
+
+
+def prune_unimportable(site: Path) -> int:
+    """Remove the modules below ``site`` that import one of :data:`ABSENT_FRAMEWORKS` at their top
+    level (an ``import``/``from`` statement in the module's own body, found with :mod:`ast`, not
+    one inside a ``try``, a function or a ``TYPE_CHECKING`` block) where this environment holds
+    none of that framework: importing such a module raises ``ModuleNotFoundError``, so no run
+    loads it. These are transformers' TensorFlow and Flax model code (``modeling_tf_*.py``,
+    ``modeling_flax_*.py``: 36 MB over the catalog image), which its lazy ``__init__`` names
+    and imports only when ``is_tf_available()`` / ``is_flax_available()``. Returns the bytes
+    removed."""
+    import ast
+
+    absent = {f for f in ABSENT_FRAMEWORKS if not _installed(site, f)}
+    freed = 0
+    for py in sorted(site.rglob("*.py")):
+        if py.is_symlink() or not py.is_file():
+            continue
+        data = py.read_bytes()
+        if not any(m.group(1).decode() in absent for m in _TOP_IMPORT.finditer(data)):
+            continue
+        try:
+            body = ast.parse(data).body
+        except (SyntaxError, ValueError):
+            continue
+        tops = {alias.name.split(".")[0] for node in body if isinstance(node, ast.Import)
+                for alias in node.names}
+        tops |= {node.module.split(".")[0] for node in body
+                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
+        if tops & absent:
+            freed += py.stat().st_size
+            py.unlink()
+    return freed
+
+
+_IMPORT = re.compile(rb"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]+)"
+                     rb"|import[ \t]+([^\n#;]+))", re.M)
+
+
+def _imported_names(py: Path, site: Path) -> set[str]:
+    """The absolute module names an ``import`` statement anywhere in ``py`` may load (``from X
+    import a`` gives ``X`` and ``X.a``; a relative ``X`` is resolved against ``py``'s package),
+    read with a regular expression: it may name more than Python would import, never less."""
+    pkg = list(py.relative_to(site).with_suffix("").parts)[:-1]
+    names = set()
+    for m in _IMPORT.finditer(py.read_bytes()):
+        if m.group(3) is not None:
+            parts = [m.group(3)]
+            base = ""
+        else:
+            base = m.group(1).decode()
+            dots = len(base) - len(base.lstrip("."))
+            if dots:
+                up = pkg[:len(pkg) - dots + 1] if dots - 1 <= len(pkg) else []
+                base = ".".join([*up, base[dots:]] if base[dots:] else up)
+            names.add(base)
+            parts = [m.group(2)]
+        for chunk in parts:
+            for item in chunk.decode(errors="replace").strip("()").split(","):
+                word = item.split()
+                if word and word[0] != "*":
+                    names.add(f"{base}.{word[0]}" if base else word[0])
+    return names
+
+
+def prune_test_suites(site: Path) -> int:
+    """Remove the test suites that distributions ship inside their packages: every folder named
+    ``tests`` below a top-level package of ``site`` (``numpy/_core/tests``, ``scipy/stats/tests``,
+    ``sympy/core/tests``...: 76 MB over the catalog image), except the modules that code outside
+    them imports, and what those import in turn (numpy's ``numpy.testing`` imports
+    ``numpy._core.tests._natype`` at its top level: it stays, with its folder's ``__init__.py``
+    and data files). A run imports no test suite otherwise (they are pytest's to collect).
+    Returns the bytes removed."""
+    suites = [d for d in site.glob("*/**/tests") if d.is_dir() and not d.is_symlink()
+              and "tests" not in (rel := d.relative_to(site).parts)[:-1]
+              and not rel[0].endswith((".dist-info", ".libs"))]
+    if not suites:
+        return 0
+    dotted = {".".join(d.relative_to(site).parts): d for d in suites}
+
+    def in_suite(p: Path) -> bool:
+        parts = p.relative_to(site).parts
+        return any(".".join(parts[:i + 1]) in dotted for i, n in enumerate(parts[:-1]) if n == "tests")
+
+    keep: set[Path] = set()
+    todo = [p for p in site.rglob("*.py") if not in_suite(p) and b"tests" in p.read_bytes()]
+    seen: set[Path] = set()
+    while todo:
+        py = todo.pop()
+        if py in seen:
+            continue
+        seen.add(py)
+        for name in _imported_names(py, site):
+            parts = name.split(".")
+            if "tests" not in parts:
+                continue
+            d = dotted.get(".".join(parts[:parts.index("tests") + 1]))
+            if d is None:
+                continue
+            target = site.joinpath(*parts)
+            # the module (a file, or a package's __init__.py) and every package above it up
+            # to the suite's own __init__.py, each with its folder's data files
+            found = [target.with_suffix(".py"), target / "__init__.py"]
+            found += [q / "__init__.py" for q in target.parents if q == d or d in q.parents]
+            for f in found:
+                if f.is_file() and f not in keep:
+                    keep.add(f)
+                    keep.update(x for x in f.parent.iterdir() if x.is_file() and x.suffix != ".py")
+                    todo.append(f)
+    freed = 0
+    for d in suites:
+        if not d.is_dir():
+            continue
+        for f in sorted(d.rglob("*"), key=lambda f: len(f.parts), reverse=True):
+            if f.is_symlink() or f.is_file():
+                if f in keep:
+                    continue
+                freed += f.lstat().st_size
+                f.unlink()
+            elif f.is_dir() and not any(f.iterdir()):
+                f.rmdir()
+        if not any(d.iterdir()):
+            d.rmdir()
+    return freed
+
+
+def prune_console_scripts(site: Path) -> int:
+    """Remove the console scripts each distribution installed in the environment's ``bin``
+    (``torchrun``, ``huggingface-cli``, ``uvicorn``...: the lab runs only ``bin/python``) and
+    their lines from its ``RECORD``. Each script's first line names its own environment's
+    interpreter, so the ``RECORD`` of one torch differed in every environment; without them the
+    ``RECORD`` files of one distribution are one file (:func:`dedupe`): torch's is 1.3 MB, 24
+    times over the catalog. Returns the bytes removed."""
+    freed = 0
+    bindir = site.parents[2] / "bin"
+    for record in site.glob("*.dist-info/RECORD"):
+        lines = record.read_text().splitlines(keepends=True)
+        kept = []
+        for line in lines:
+            rel = next(csv.reader([line]), [""])[0]
+            target = Path(os.path.normpath(site / rel))
+            if target.parent == bindir and not target.name.startswith("python"):
+                if target.is_file() or target.is_symlink():
+                    freed += target.lstat().st_size
+                    target.unlink()
+                continue
+            kept.append(line)
+        if len(kept) != len(lines):
+            _rewrite(record, "".join(kept))
+    return freed
+
+
+def trim_records(site: Path) -> int:
+    """Drop, from every ``RECORD`` below ``site``, the lines of files that are no longer there
+    (what the pruning above removed), so that ``importlib.metadata``'s ``files()`` and ``pip``
+    see what the image holds. Returns the number of lines dropped."""
+    dropped = 0
+    for record in site.glob("*.dist-info/RECORD"):
+        lines = record.read_text().splitlines(keepends=True)
+        kept = [ln for ln in lines if not (rel := next(csv.reader([ln]), [""])[0])
+                or os.path.lexists(os.path.normpath(site / rel))]
+        if len(kept) != len(lines):
+            dropped += len(lines) - len(kept)
+            _rewrite(record, "".join(kept))
+    return dropped
+
+
+def _rewrite(path: Path, text: str) -> None:
+    """Replace ``path`` by a new file of ``text`` (never writing through a hardlink the file
+    shares with another environment)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    shutil.copymode(path, tmp)
+    os.replace(tmp, path)
+
+
+def prune_empty_dirs(site: Path) -> int:
+    """Remove the folders below ``site`` the pruning left empty; returns how many."""
+    n = 0
+    for dirpath, _dirs, files in os.walk(site, topdown=False):
+        p = Path(dirpath)
+        if p != site and not files and not any(p.iterdir()):
+            p.rmdir()
+            n += 1
+    return n
 
 
 def dedupe(root: Path) -> int:
@@ -281,12 +486,21 @@ def main(versions: list[str]) -> int:
         print(f"bake: error: {exc}", file=sys.stderr)
         return exc.exit_code
     t = time.perf_counter()
-    stripped = pruned = 0
+    stripped = pruned = unimportable = suites = scripts = 0
     for info in baked.values():
-        prune_torch(Path(info["site"]))
-        pruned += prune_build_files(Path(info["site"]))
-        stripped += strip_libraries(Path(info["site"]))
-    say(f"removed static archives and headers ({pruned / 1e6:.0f} MB, before hardlinking)")
+        site = Path(info["site"])
+        prune_torch(site)
+        pruned += prune_build_files(site)
+        unimportable += prune_unimportable(site)
+        suites += prune_test_suites(site)
+        scripts += prune_console_scripts(site)
+        trim_records(site)
+        prune_empty_dirs(site)
+        stripped += strip_libraries(site)
+    say(f"removed static archives, headers and type stubs ({pruned / 1e6:.0f} MB), modules "
+        f"that import an absent framework ({unimportable / 1e6:.0f} MB), distributions' test "
+        f"suites ({suites / 1e6:.0f} MB) and console scripts ({scripts / 1e3:.0f} kB), before "
+        "hardlinking")
     if stripped:
         say(f"stripped the shared libraries of their symbol tables ({stripped / 1e6:.0f} MB, "
             "before hardlinking)")

@@ -110,3 +110,110 @@ def test_static_archives_and_headers_go_and_what_a_run_loads_stays(tmp_path):
     left = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
     assert left == ["numpy/_core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so",
                     "pkg/data/archive.a.json", "xgrammar/__init__.py", "xgrammar/libxgrammar_bindings.so"]
+
+
+def _write(site: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_test_suites_go_but_a_test_module_runtime_code_imports_stays_and_still_imports(tmp_path):
+    """numpy's ``numpy.testing`` imports ``numpy._core.tests._natype`` at its top level: that
+    module (and what it imports from its suite, and its folder's data) stays; the rest of every
+    ``tests`` folder inside a package goes, and the package still imports."""
+    site = tmp_path / "site-packages"
+    _write(site, {
+        "numpy/__init__.py": "from . import testing\n",
+        "numpy/testing/__init__.py": "from ._private.utils import pd_NA\n",
+        "numpy/testing/_private/__init__.py": "",
+        "numpy/testing/_private/utils.py": "from numpy._core.tests._natype import pd_NA\n",
+        "numpy/_core/__init__.py": "",
+        "numpy/_core/tests/_natype.py": "from ._helper import NA as pd_NA\n",
+        "numpy/_core/tests/_helper.py": "NA = 'NA'\n",
+        "numpy/_core/tests/test_multiarray.py": "import numpy\n",
+        "numpy/_core/tests/data/huge.csv": "1,2\n" * 100,
+        "numpy/_core/tests/nested/tests/test_deep.py": "",
+        "scipy/__init__.py": "",
+        "scipy/stats/tests/__init__.py": "",
+        "scipy/stats/tests/test_stats.py": "from scipy.stats.tests import common\n",
+        "scipy/stats/tests/common.py": "",
+        "scipy/stats/tests/data/table.txt": "x",
+        "mpmath/__init__.py": "def runtests():\n    from .tests import runtests\n",
+        "mpmath/tests/__init__.py": "",
+        "mpmath/tests/runtests.py": "",
+        "mpmath/tests/test_basic.py": "",
+        "pkg/tests_helpers.py": "",
+        "tests/conftest.py": "",  # a top-level `tests` is no package's suite: left alone
+        "pkg-1.0.dist-info/tests/x.txt": "",
+    })
+    freed = _bake().prune_test_suites(site)
+    assert freed > 400
+    assert _files(site) == [
+        "mpmath/__init__.py", "mpmath/tests/__init__.py", "mpmath/tests/runtests.py",
+        "numpy/__init__.py", "numpy/_core/__init__.py", "numpy/_core/tests/_helper.py",
+        "numpy/_core/tests/_natype.py", "numpy/testing/__init__.py",
+        "numpy/testing/_private/__init__.py", "numpy/testing/_private/utils.py",
+        "pkg-1.0.dist-info/tests/x.txt", "pkg/tests_helpers.py", "scipy/__init__.py",
+        "tests/conftest.py"]
+    assert not (site / "scipy/stats/tests").exists()
+    out = subprocess.run([sys.executable, "-c", "import numpy; print(numpy.testing.pd_NA)"],
+                         cwd=site, capture_output=True, text=True)
+    assert out.stdout.strip() == "NA", out.stderr
+
+
+def test_modules_that_import_an_absent_framework_at_top_level_go(tmp_path):
+    """transformers' TensorFlow and Flax model files cannot be imported where neither is
+    installed; a torch file that mentions tensorflow in a docstring or imports it under a
+    ``try`` stays; with tensorflow installed, its files stay."""
+    site = tmp_path / "site-packages"
+    _write(site, {
+        "transformers/models/bert/modeling_tf_bert.py": "import numpy as np\nimport tensorflow as tf\n",
+        "transformers/models/bert/modeling_flax_bert.py": "from flax.core import freeze\n",
+        "transformers/models/bert/modeling_bert.py": 'doc = """\nimport tensorflow as tf\n"""\nimport torch\n',
+        "transformers/utils/import_utils.py": "try:\n    import tensorflow\nexcept ImportError:\n    pass\n",
+        "transformers/jax_compat.py": "def f():\n    import jax\n",
+    })
+    bake = _bake()
+    other = tmp_path / "with-tf"
+    _write(other, {"tensorflow-2.0.dist-info/METADATA": "",
+                   "transformers/models/bert/modeling_tf_bert.py": "import tensorflow as tf\n"})
+    assert bake.prune_unimportable(other) == 0
+    assert bake.prune_unimportable(site) > 0
+    assert _files(site) == ["transformers/jax_compat.py", "transformers/models/bert/modeling_bert.py",
+                            "transformers/utils/import_utils.py"]
+
+
+def test_without_console_scripts_one_distribution_has_one_record_in_every_environment(tmp_path):
+    """Each environment's ``bin/torchrun`` names its own interpreter, so torch's RECORD (1.3 MB)
+    differed in each of 24 environments; with the scripts and their lines gone, and the lines of
+    pruned files dropped, the RECORD files are equal and dedupe makes them one."""
+    bake = _bake()
+    sites = []
+    for name in ("a", "b"):
+        env = tmp_path / name
+        site = env / "lib/python3.11/site-packages"
+        script = f"#!{env}/bin/python\nfrom torch.distributed.run import main\n"
+        _write(env, {"bin/torchrun": script, "bin/python": "", "bin/activate": ""})
+        _write(site, {
+            "torch/__init__.py": "", "torch/include/x.h": "",
+            "torch-2.13.0.dist-info/RECORD": (
+                f"../../../bin/torchrun,sha256={hash(script)},{len(script)}\n"
+                "torch/__init__.py,sha256=e3b0,0\n"
+                "torch/include/x.h,sha256=e3b0,0\n"
+                '"torch/odd,name.py",sha256=e3b0,0\n'
+                "torch-2.13.0.dist-info/RECORD,,\n")})
+        (site / "torch/include/x.h").unlink()
+        assert bake.prune_console_scripts(site) == len(script)
+        assert bake.trim_records(site) == 2
+        assert bake.prune_empty_dirs(site) == 1  # torch/include
+        assert _files(env / "bin") == ["activate", "python"]
+        sites.append(site)
+    a, b = ((s / "torch-2.13.0.dist-info/RECORD").read_text() for s in sites)
+    assert a == b == "torch/__init__.py,sha256=e3b0,0\ntorch-2.13.0.dist-info/RECORD,,\n"
+    assert bake.dedupe(tmp_path) > 0
+    assert len({(s / "torch-2.13.0.dist-info/RECORD").stat().st_ino for s in sites}) == 1
