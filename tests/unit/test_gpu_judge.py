@@ -4,6 +4,8 @@ installed vLLM (``remote/judge.py:find_installed``)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,3 +70,109 @@ def test_another_release_is_refused_naming_both(tmp_path, baked_cache):
     (baked_cache / "baked.json").write_text(json.dumps({"0.10.1.1": {"python": str(py)}}))
     with pytest.raises(EnvError, match=r"vLLM 0\.10\.2\+cpu .* the bundle is for 0\.10\.1\.1"):
         find_installed("0.10.1.1")
+
+
+PATCH = """--- a/vllm/core.py
++++ b/vllm/core.py
+@@ -1 +1 @@
+-FIXED = False
++FIXED = True
+"""
+
+
+def _release_tree(tree: Path, version: str) -> Path:
+    """A release tree: ``vllm`` (``vllm/core.py``: ``FIXED = False``) and its metadata."""
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    (tree / "vllm" / "core.py").write_text("FIXED = False\n")
+    (tree / f"vllm-{version}.dist-info").mkdir()
+    (tree / f"vllm-{version}.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return tree
+
+
+def _baked_venv(env: Path, tree: Path) -> Path:
+    """A virtual environment whose interpreter imports ``tree`` through a ``.pth``, as
+    images/cpu/bake.py makes each baked release's."""
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next(env.glob("lib/python3*/site-packages"))
+    (site / "vllm-repro-release.pth").write_text(f"{tree}\n")
+    return env / "bin" / "python"
+
+
+def _fixed(python: Path) -> str:
+    """What ``vllm.core.FIXED`` is for ``python`` (run as the lab runs a worker: no PYTHON*)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run([str(python), "-c", "import vllm.core; print(vllm.core.FIXED)"], env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _digest(tree: Path) -> dict:
+    return {str(p.relative_to(tree)): p.read_bytes() for p in sorted(tree.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_the_cpu_image_judges_a_patched_copy_and_never_writes_the_baked_tree(tmp_path, baked_cache,
+                                                                             monkeypatch):
+    """In the CPU image the installed vLLM is a baked tree of the cache: read-only as uid 1000
+    (git apply in place: "unable to unlink 'vllm/v1/core/sched/scheduler.py': Permission
+    denied"), and the pristine release of every other run as root. The patch goes to a copy
+    under <cache>/patched/ (as verify makes them) and the second suite runs with an interpreter
+    of the same environment that imports the copy."""
+    from vllm_repro.remote import judge
+
+    tree = _release_tree(baked_cache / "slices" / "1.0.0-abc", "1.0.0+cpu")
+    py = _baked_venv(baked_cache / "envs" / "1.0.0-slice", tree)
+    (baked_cache / "baked.json").write_text(json.dumps({"1.0.0": {"kind": "slice", "python": str(py)}}))
+    bundle = tmp_path / "bundle"
+    (bundle / "tests" / "shared").mkdir(parents=True)
+    (bundle / "scenarios").mkdir()
+    (bundle / "manifest.json").write_text(json.dumps({"scenario": "bug", "sha256": {}}))
+    (bundle / "release.txt").write_text("1.0.0\n")
+    (bundle / "patch.diff").write_text(PATCH)
+    seen = {}
+
+    def run_suite(suite, scenarios, out, label, fixed, inst):
+        seen[label] = (inst, _fixed(inst.python))
+        return {"pytest_exit": 0, "junit": "junit.xml", "tests": 1, "failures": 0, "errors": 0,
+                "skipped": 0}
+
+    monkeypatch.setattr(judge, "run_suite", run_suite)
+    monkeypatch.setattr(judge, "scenario_result", lambda out, label, name, release: {
+        "outcome": "crash" if label == "before" else "clean", "observed": label})
+    pristine = _digest(tree)
+    assert judge.judge(bundle, tmp_path / "out") == 0, (tmp_path / "out" / "summary.json").read_text()
+    assert _digest(tree) == pristine  # the baked tree as baked
+    assert seen["before"] == (judge.find_installed("1.0.0"), "False")
+    after, fixed = seen["after"]
+    assert fixed == "True" and after.release == "1.0.0"
+    assert after.package_dir.parent.parent == baked_cache / "patched"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["verified"] and summary["patched_copy"] == str(after.package_dir.parent)
+
+
+def test_a_vllm_outside_the_cache_is_patched_in_place(tmp_path, baked_cache):
+    """The CUDA image's vLLM (installed by pip, writable, outside the lab's cache) is patched in
+    place, as before."""
+    from vllm_repro.remote.judge import apply_patch
+    from vllm_repro.sources.installed import probe
+
+    py = _fake_env(tmp_path / "cuda", "1.0.0+cu128")
+    (tmp_path / "cuda" / "site" / "vllm" / "core.py").write_text("FIXED = False\n")
+    (tmp_path / "fix.diff").write_text(PATCH)
+    inst = probe(py)
+    assert apply_patch(tmp_path / "fix.diff", inst, tmp_path / "scratch") == inst
+    assert (tmp_path / "cuda" / "site" / "vllm" / "core.py").read_text() == "FIXED = True\n"
+    assert not (baked_cache / "patched").exists()
+
+
+def test_no_baked_environment_is_said_first(baked_cache):
+    """With no baked.json where the cache points (VLLM_REPRO_CACHE moved to a writable folder,
+    away from the image's read-only one), the only interpreter left is the lab's own, which has
+    no vLLM: the error says first that the baked environment was not found, and where."""
+    from vllm_repro.errors import EnvError
+    from vllm_repro.remote.judge import find_installed
+
+    with pytest.raises(EnvError, match=r"^no installed vLLM in this image: no baked environment of "
+                                       rf"1\.0\.0 in {baked_cache}/baked\.json \(FileNotFoundError\)"):
+        find_installed("1.0.0")

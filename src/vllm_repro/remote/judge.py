@@ -7,8 +7,10 @@
 2. find the installed vLLM and check that it is the bundle's release;
 3. run the shared suite (the bundle's copy of ``tests/shared``, on the bundle's scenarios) on the
    pristine vLLM, JUnit XML to ``OUT/junit-before.xml``: the bug must reproduce;
-4. apply the patch to the installed vLLM, in place (``git apply``; refused unless it applies
-   cleanly);
+4. apply the patch (``git apply``; refused unless it applies cleanly) to the installed vLLM, in
+   place; in the CPU image, standing in for the CUDA one, to a copy of the baked release tree
+   (the baked tree stays as baked: read-only for the image's user, pristine for every other
+   run; :func:`apply_patch`);
 5. run the suite again with ``VLLM_REPRO_FIXED=<scenario>``, JUnit XML to ``OUT/junit.xml``: the
    scenario must now run clean and every other entry keep its verdict;
 6. write ``OUT/summary.json`` and exit 0 (verified), 1 (not verified), 2 (bad bundle, patch does
@@ -25,13 +27,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ..errors import EXIT_ENV, EXIT_INPUT, EXIT_MISMATCH, EXIT_OK, EnvError, InputError, LabError
 from ..settings import cache_dir
-from ..sources.installed import MODE_VAR, InstalledVllm, installed_python, probe
+from ..sources.installed import MODE_VAR, InstalledVllm, installed_python, probe, python_importing
 
 PHASE = "[gpu-judge]"
 
@@ -67,6 +70,7 @@ def find_installed(release: str) -> InstalledVllm:
     an engine-core or V0 entry of that release fails on it. Raises :class:`EnvError` when there
     is none or it is another release."""
     candidates: list[Path] = []
+    errors = []
     named = installed_python()
     if named is not None:
         candidates.append(named)
@@ -75,9 +79,10 @@ def find_installed(release: str) -> InstalledVllm:
         try:  # the CPU image: images/cpu/bake.py lists each baked release's environment
             baked = json.loads((cache_dir() / "baked.json").read_text())
             candidates.append(Path(baked.get(f"{release}:full", baked[release])["python"]))
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError) as exc:
+            errors.append(f"no baked environment of {release} in {cache_dir() / 'baked.json'} "
+                          f"({type(exc).__name__})")
             candidates.append(cache_dir() / "envs" / release / "bin" / "python")
-    errors = []
     for py in candidates:
         if not py.exists():
             continue
@@ -111,6 +116,33 @@ def apply_in_place(patch: Path, inst: InstalledVllm) -> None:
             first = (proc.stderr.strip().splitlines() or ["does not apply"])[0]
             raise InputError(f"the patch does not apply cleanly to the installed vLLM {inst.version} "
                              f"at {inst.root}: {first}")
+
+
+def apply_patch(patch: Path, inst: InstalledVllm, scratch: Path) -> InstalledVllm:
+    """Apply the patch for the suite's second run; returns the vLLM to run it on. A vLLM outside
+    the lab's cache (the CUDA image's, installed by pip) is patched in place
+    (:func:`apply_in_place`). A release tree of the cache (the CPU image's baked trees standing
+    in for it) is never written: the patch goes to a copy, made as ``vllm-repro verify`` makes
+    its patched copies (:func:`~vllm_repro.verify.patch.patched_tree`, under
+    ``<cache>/patched/``), and an interpreter of the same environment made in ``scratch``
+    imports the copy (:func:`~vllm_repro.sources.installed.python_importing`). Raises
+    :class:`InputError` when the patch does not apply cleanly, :class:`EnvError` when the copy
+    or its interpreter cannot be made."""
+    from ..verify.patch import patched_tree
+
+    if not inst.root.resolve().is_relative_to(cache_dir().resolve()):
+        apply_in_place(patch, inst)
+        return inst
+    try:
+        tree = patched_tree(inst.root, patch, inst.release)
+        copy = probe(python_importing(tree, inst, scratch / "env"))
+    except OSError as exc:
+        raise EnvError(f"cannot make a patched copy of the baked vLLM {inst.version} ({inst.root}): "
+                       f"{exc}") from None
+    if copy.package_dir != tree / "vllm":
+        raise EnvError(f"the interpreter made to import the patched copy {tree} imports the vLLM at "
+                       f"{copy.package_dir} instead")
+    return copy
 
 
 def junit_counts(path: Path) -> dict:
@@ -192,9 +224,13 @@ def judge(bundle: Path, out: Path) -> int:
         summary["before"] = run_suite(suite, scenarios, out, "before", None, inst)
         summary["before"].update(scenario_result(out, "before", name, inst.release))
         phase("applying the patch to the installed vLLM")
-        apply_in_place(bundle / "patch.diff", inst)
-        summary["patched"] = True
-        summary["after"] = run_suite(suite, scenarios, out, "after", name, inst)
+        with tempfile.TemporaryDirectory(prefix="vllm-repro-judge-") as scratch:
+            patched = apply_patch(bundle / "patch.diff", inst, Path(scratch))
+            summary["patched"] = True
+            if patched != inst:
+                summary["patched_copy"] = str(patched.package_dir.parent)
+                phase(f"patched a copy of it (the baked tree stays as baked): {patched.package_dir}")
+            summary["after"] = run_suite(suite, scenarios, out, "after", name, patched)
         summary["after"].update(scenario_result(out, "after", name, inst.release))
         b, a = summary["before"], summary["after"]
         if b["outcome"] in ("clean", "missing", "error"):

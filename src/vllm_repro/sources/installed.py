@@ -106,6 +106,30 @@ def probe(python: Path) -> InstalledVllm:
     return InstalledVllm(Path(python), info["version"], release, Path(info["package_dir"]))
 
 
+def python_importing(tree: Path, inst: InstalledVllm, where: Path) -> Path:
+    """An interpreter, made in the new folder ``where``, that imports vLLM from ``tree`` and
+    everything else from ``inst``'s virtual environment: a venv of the same base Python (its
+    ``pyvenv.cfg``) whose ``.pth`` puts ``tree`` first on ``sys.path`` (where a run's
+    ``PYTHONPATH`` puts a tree), then ``inst``'s ``site-packages``, its own ``.pth`` files
+    processed (the release tree it imports comes after, shadowed). gpu-judge runs a patched copy
+    of a CPU image's baked tree with it. Returns its ``bin/python``. Raises :class:`EnvError`
+    when ``inst``'s interpreter is not a venv's."""
+    env = inst.python.parent.parent
+    sites = sorted(env.glob("lib/python3*/site-packages"))
+    if not (env / "pyvenv.cfg").is_file() or len(sites) != 1:
+        raise EnvError(f"{inst.python} is not a virtual environment's interpreter (no pyvenv.cfg "
+                       "beside its bin, or not one site-packages): no interpreter of it can import "
+                       f"another copy of its vLLM ({tree})")
+    site = where / sites[0].relative_to(env)
+    site.mkdir(parents=True)
+    (where / "pyvenv.cfg").write_text((env / "pyvenv.cfg").read_text())
+    (where / "bin").mkdir()
+    (where / "bin" / "python").symlink_to(inst.python.resolve())
+    (site / "vllm-repro-release.pth").write_text(
+        f"{tree}\nimport site; site.addsitedir({str(sites[0])!r})\n")
+    return where / "bin" / "python"
+
+
 def installed() -> InstalledVllm | None:
     """The installed vLLM when ``VLLM_REPRO_VLLM`` asks for one, else ``None``."""
     py = installed_python()
