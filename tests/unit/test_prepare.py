@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 
@@ -127,3 +128,88 @@ def test_release_lock_excludes_a_second_holder(tmp_path, monkeypatch):
     t.join(5)
     assert order == ["first done", "second"]
     assert (tmp_path / "locks" / "9.9.9.lock").is_file()
+
+
+#: a folder nobody may write, root included (tests run as root too): /proc stands for the CPU
+#: image's cache, read-only to its user (as in tests/unit/test_hostile_inputs.py)
+NOBODY_WRITES = "/proc/self"
+
+
+def _prepare(args: list[str], capsys) -> tuple[int, list[str]]:
+    from vllm_repro.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["prepare", *args], signals=False)
+    out, err = capsys.readouterr()
+    return info.value.code, [ln for ln in (out + err).splitlines() if ln.strip()]
+
+
+@pytest.fixture
+def read_only_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(cache))
+    for var in ("VLLM_REPRO_TREE", "VLLM_REPRO_VLLM"):
+        monkeypatch.delenv(var, raising=False)
+    return cache
+
+
+def test_a_read_only_cache_without_the_release_is_one_line_before_the_index(read_only_cache,
+                                                                            monkeypatch, capsys):
+    """`prepare 0.8.4` in the CPU image (its cache read-only to uid 1000, 0.8.4 not baked): one
+    line naming the read-only cache and what to do, exit 3, and the index is never asked (it
+    went to the index first, and without a network blamed the index)."""
+    from vllm_repro.sources import sdist
+
+    (read_only_cache / "sdists").symlink_to(NOBODY_WRITES)
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the index was asked")
+
+    monkeypatch.setattr(sdist, "find_sdist", asked)
+    code, lines = _prepare(["0.8.4"], capsys)
+    assert code == 3 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: vLLM 0.8.4 (full tree) is not ready in the cache {read_only_cache}, "
+                               "and that cache is read-only here")
+    assert "prepare it on the host (vllm-repro prepare 0.8.4)" in lines[0]
+    assert 'make images VLLM_VERSIONS="catalog 0.8.4"' in lines[0]
+
+
+def test_prepare_of_a_ready_release_logs_elsewhere_when_the_cache_is_read_only(tmp_path, read_only_cache,
+                                                                            monkeypatch, capsys):
+    """`prepare 0.10.1.1` (baked) in the CPU image as uid 1000 crashed opening
+    <cache>/prepare/0.10.1.1.log (PermissionError, a lab failure); the log goes to a new folder
+    in the temporary folder instead, and the release is ready (exit 0)."""
+    from vllm_repro.engine import host
+    from vllm_repro.sources import prepare
+    from vllm_repro.sources.env import ReleaseEnv
+
+    (read_only_cache / "prepare").symlink_to(NOBODY_WRITES)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    logs = []
+
+    class Worker:  # the worker's start: its log opened for appending
+        hello = {"platform": "cpu"}
+        import_time = "0.1 s"
+
+        def __init__(self, env, log_path, **kwargs):
+            self.log_path = log_path
+
+        def __enter__(self):
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.open("a").close()
+            logs.append(self.log_path)
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(prepare, "prepare_release", lambda v, say, tree=None: ReleaseEnv(
+        v, tmp_path / "tree", tmp_path / "env"))
+    monkeypatch.setattr(host, "Worker", Worker)
+    code, lines = _prepare(["0.10.1.1"], capsys)
+    assert code == 0, lines
+    assert lines[-1].startswith("vLLM 0.10.1.1: ready, imported in 0.1 s under cpu")
+    assert logs[0].name == "0.10.1.1.log" and logs[0].is_file()
+    assert logs[0].parent.parent == tmp_path / "tmp"

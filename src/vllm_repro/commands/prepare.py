@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+
+def log_path(version: str) -> Path:
+    """Where the prepare worker's log goes: ``<cache>/prepare/<version>.log``, or, where that
+    folder cannot be written (the CPU image's cache, read-only to its user but for the folders
+    runs write), a new folder in the temporary folder. Raises :class:`EnvError` when neither
+    can be written."""
+    from ..errors import EnvError
+    from ..settings import cache_dir
+
+    folder = cache_dir() / "prepare"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder / f"{version}.log"
+    except OSError:
+        pass
+    try:
+        return Path(tempfile.mkdtemp(prefix="vllm-repro-prepare-")) / f"{version}.log"
+    except OSError as exc:
+        raise EnvError(f"no folder for the log of vLLM {version}'s worker can be written: not "
+                       f"{folder}, nor the temporary folder ({exc})") from None
 
 
 def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build."),
@@ -18,7 +43,6 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
     from ..console import out, say
     from ..engine.host import Worker
     from ..inputs import release_name
-    from ..settings import cache_dir
     from ..sources.prepare import check_tree, prepare_release, restore_trees
 
     check_tree(tree)
@@ -32,7 +56,7 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
             say(f"vLLM {env.version}: substituted {line}")
         # proven, not assumed: the worker imports vLLM's scheduler path and probes the release
         # (an import failure is exit 3 with its cause and the log)
-        with Worker(env, cache_dir() / "prepare" / f"{env.version}.log") as worker:
+        with Worker(env, log_path(env.version)) as worker:
             hello = worker.hello
         out.print(f"vLLM {env.version}: ready, imported in {worker.import_time} under "
                   f"{hello.get('platform')} ({env.python}, tree {env.tree})")

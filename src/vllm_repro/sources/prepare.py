@@ -24,7 +24,7 @@ from ..errors import EnvError, InputError
 from ..settings import cache_dir
 from .env import ReleaseEnv, prepare_env
 from .installed import check_release, installed
-from .sdist import extract_tree, fetch_sdist, validate_version
+from .sdist import cached_release, extract_tree, fetch_sdist, validate_version
 
 Say = Callable[[str], None]
 
@@ -210,6 +210,23 @@ def build_tree_env(version: str, kind: str, say: Say = lambda s: None,
         return prepare_env(release, tree_dir)
 
 
+def _writable(folder: Path) -> bool:
+    """Whether this user may write in ``folder``, or, where it is not made yet, in the nearest
+    folder above it that is."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
+
+
+def _read_only(version: str, kind: str, why: str) -> EnvError:
+    """The one-line error for a release a read-only cache lacks (the CPU image's: only its baked
+    releases run there)."""
+    return EnvError(f"vLLM {version} ({kind} tree) is not ready in the cache {cache_dir()}, and that "
+                    f"cache is read-only here ({why}; in the CPU image only the releases baked into "
+                    f"it run): prepare it on the host (vllm-repro prepare {version}), or build the "
+                    f'image with it (make images VLLM_VERSIONS="catalog {version}")')
+
+
 def prepare_release(version: str, say: Say = lambda s: None,
                     progress: Callable[[int, int | None], None] | None = None,
                     tree: str | None = None) -> ReleaseEnv:
@@ -221,7 +238,7 @@ def prepare_release(version: str, say: Say = lambda s: None,
     vLLM must be ``version``. Raises :class:`~vllm_repro.errors.InputError` for a release the
     index does not have (or ``slice`` without a committed slice) and
     :class:`~vllm_repro.errors.EnvError` for network, hash or install failures, or a cache that
-    cannot be written.
+    cannot be written (one without the release's sdist or record: before the index is asked).
     """
     version = validate_version(version)
     inst = installed()
@@ -230,12 +247,13 @@ def prepare_release(version: str, say: Say = lambda s: None,
         return ReleaseEnv(version, None, inst.python.parent.parent, interpreter=inst.python)
     t = time.perf_counter()
     kind = resolve_tree(version, tree, None)
+    if not _writable(cache_dir() / "sdists") and cached_release(version) is None:
+        # nothing of it here and nowhere to fetch it to: said before asking the index
+        raise _read_only(version, kind, f"{cache_dir() / 'sdists'} is not writable")
     try:
         env = build_tree_env(version, kind, say, progress)
-    except PermissionError as exc:  # e.g. the CPU image's cache, read-only with its baked releases
-        raise EnvError(f"vLLM {version} ({kind} tree) is not ready in the cache {cache_dir()} and it "
-                       f"cannot be written ({exc.strerror}: {exc.filename}); in the CPU image only the "
-                       "releases baked into it run (make images VLLM_VERSIONS=...)") from None
+    except PermissionError as exc:
+        raise _read_only(version, kind, f"{exc.strerror}: {exc.filename}") from None
     say(f"vLLM {version}: {kind} tree ready in {time.perf_counter() - t:.1f}s ({env.root})")
     return env
 
