@@ -1,7 +1,7 @@
 """Fixtures for the image and gpu-verify tests: a Docker engine with the CPU image, and an
 OpenSSH server on 127.0.0.1 with a throwaway user, host key, user key, known_hosts and ssh config.
 
-They are heavy (the CPU image is about 3.1 GB and takes about 15 minutes to build on two cores),
+They are heavy (the CPU image is about 2.9 GB and takes about 15 minutes to build on two cores),
 so they run only with ``VLLM_REPRO_TEST_IMAGES=1`` (``.ci/run`` passes it on). The engine comes
 from ``../shared/tools/docker-host.sh`` (this workplace's machines cannot pull from a registry;
 the script installs docker.io and builds a local base image). Without the setting or the script
@@ -39,7 +39,7 @@ def docker_settings(gate: str = "VLLM_REPRO_TEST_IMAGES") -> dict[str, str]:
     Skips the calling test unless the setting ``gate`` is ``1`` (``VLLM_REPRO_TEST_IMAGES``: the
     CPU image's tests; the CUDA image's test has its own) and the script exists."""
     if os.environ.get(gate) != "1":
-        _skip(f"image tests are opt-in: {gate}=1 builds the image (the CPU one: ~3.1 GB, ~15 min)")
+        _skip(f"image tests are opt-in: {gate}=1 builds the image (the CPU one: ~2.9 GB, ~15 min)")
     if not DOCKER_HOST_SH.is_file():
         _skip(f"no Docker engine set-up script at {DOCKER_HOST_SH} (image tests need it here)")
     proc = subprocess.run(["bash", str(DOCKER_HOST_SH)], capture_output=True, text=True, timeout=1800)
