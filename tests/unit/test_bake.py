@@ -136,13 +136,22 @@ def test_test_suites_go_but_a_test_module_runtime_code_imports_stays_and_still_i
         "numpy/_core/tests/_natype.py": "from ._helper import NA as pd_NA\n",
         "numpy/_core/tests/_helper.py": "NA = 'NA'\n",
         "numpy/_core/tests/test_multiarray.py": "import numpy\n",
-        "numpy/_core/tests/data/huge.csv": "1,2\n" * 100,
+        "numpy/_core/tests/data/table.csv": "1,2\n",  # data a kept module may read stays
         "numpy/_core/tests/nested/tests/test_deep.py": "",
         "scipy/__init__.py": "",
         "scipy/stats/tests/__init__.py": "",
         "scipy/stats/tests/test_stats.py": "from scipy.stats.tests import common\n",
         "scipy/stats/tests/common.py": "",
-        "scipy/stats/tests/data/table.txt": "x",
+        "scipy/stats/tests/data/table.txt": "x" * 500,
+        # the ways runtime code may name a test module, each of which keeps it
+        "lib/__init__.py": "from lib.tests import \\\n    cont\n"
+                           "try: from lib.tests import compound\nexcept ImportError: pass\n"
+                           "from .tests import (a,  # see (b)\n    paren)\n"
+                           "def f():\n    import importlib\n"
+                           "    return importlib.import_module('lib.tests.dynamic')\n",
+        "lib/tests/__init__.py": "",
+        "lib/tests/cont.py": "", "lib/tests/compound.py": "", "lib/tests/paren.py": "",
+        "lib/tests/dynamic.py": "", "lib/tests/test_lib.py": "",
         "mpmath/__init__.py": "def runtests():\n    from .tests import runtests\n",
         "mpmath/tests/__init__.py": "",
         "mpmath/tests/runtests.py": "",
@@ -152,11 +161,13 @@ def test_test_suites_go_but_a_test_module_runtime_code_imports_stays_and_still_i
         "pkg-1.0.dist-info/tests/x.txt": "",
     })
     freed = _bake().prune_test_suites(site)
-    assert freed > 400
+    assert freed > 500
     assert _files(site) == [
+        "lib/__init__.py", "lib/tests/__init__.py", "lib/tests/compound.py", "lib/tests/cont.py",
+        "lib/tests/dynamic.py", "lib/tests/paren.py",
         "mpmath/__init__.py", "mpmath/tests/__init__.py", "mpmath/tests/runtests.py",
         "numpy/__init__.py", "numpy/_core/__init__.py", "numpy/_core/tests/_helper.py",
-        "numpy/_core/tests/_natype.py", "numpy/testing/__init__.py",
+        "numpy/_core/tests/_natype.py", "numpy/_core/tests/data/table.csv", "numpy/testing/__init__.py",
         "numpy/testing/_private/__init__.py", "numpy/testing/_private/utils.py",
         "pkg-1.0.dist-info/tests/x.txt", "pkg/tests_helpers.py", "scipy/__init__.py",
         "tests/conftest.py"]
@@ -177,6 +188,9 @@ def test_modules_that_import_an_absent_framework_at_top_level_go(tmp_path):
         "transformers/models/bert/modeling_bert.py": 'doc = """\nimport tensorflow as tf\n"""\nimport torch\n',
         "transformers/utils/import_utils.py": "try:\n    import tensorflow\nexcept ImportError:\n    pass\n",
         "transformers/jax_compat.py": "def f():\n    import jax\n",
+        # a package that imports tensorflow keeps its __init__.py: without it, the folder would
+        # import (as a namespace package) where it failed before
+        "tf_only/__init__.py": "import tensorflow\n",
     })
     bake = _bake()
     other = tmp_path / "with-tf"
@@ -184,7 +198,8 @@ def test_modules_that_import_an_absent_framework_at_top_level_go(tmp_path):
                    "transformers/models/bert/modeling_tf_bert.py": "import tensorflow as tf\n"})
     assert bake.prune_unimportable(other) == 0
     assert bake.prune_unimportable(site) > 0
-    assert _files(site) == ["transformers/jax_compat.py", "transformers/models/bert/modeling_bert.py",
+    assert _files(site) == ["tf_only/__init__.py", "transformers/jax_compat.py",
+                            "transformers/models/bert/modeling_bert.py",
                             "transformers/utils/import_utils.py"]
 
 
@@ -217,3 +232,29 @@ def test_without_console_scripts_one_distribution_has_one_record_in_every_enviro
     assert a == b == "torch/__init__.py,sha256=e3b0,0\ntorch-2.13.0.dist-info/RECORD,,\n"
     assert bake.dedupe(tmp_path) > 0
     assert len({(s / "torch-2.13.0.dist-info/RECORD").stat().st_ino for s in sites}) == 1
+
+
+def test_bake_writes_the_bytecode_of_what_a_run_imports_in_its_own_layer(tmp_path):
+    """compile_imports: the environment's interpreter imports every vllm module of a slice tree
+    and each top-level package of its site-packages, so their bytecode (and what they import)
+    is written where the files are; a module that fails to import is passed over, and what
+    nothing imports gets none."""
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next(env.glob("lib/python3*/site-packages"))
+    tree = tmp_path / "tree"
+    _write(tree, {"vllm/__init__.py": "", "vllm/core/__init__.py": "",
+                  "vllm/core/sched.py": "import helper\n", "vllm/cuda_only.py": "raise ImportError('no CUDA')\n"})
+    _write(site, {"helper.py": "X = 1\n", "grammar/__init__.py": "from . import compiler\n",
+                  "grammar/compiler.py": "", "grammar/unused.py": "",
+                  "vllm-repro-release.pth": f"{tree}\n"})
+    line = _bake().compile_imports({"env": str(env), "python": str(env / "bin/python"),
+                                    "tree": str(tree), "kind": "slice"})
+    # tried: sitecustomize (none here), vllm, vllm.core, vllm.core.sched, vllm.cuda_only, grammar
+    assert line.startswith("env: 4 6 "), line
+    compiled = sorted(Path(importlib.util.source_from_cache(str(p))).relative_to(tmp_path).as_posix()
+                      for p in tmp_path.rglob("__pycache__/*.pyc"))
+    rel = site.relative_to(tmp_path).as_posix()
+    assert compiled == sorted([f"{rel}/grammar/__init__.py", f"{rel}/grammar/compiler.py",
+                               f"{rel}/helper.py", "tree/vllm/__init__.py", "tree/vllm/core/__init__.py",
+                               "tree/vllm/core/sched.py", "tree/vllm/cuda_only.py"]), compiled
