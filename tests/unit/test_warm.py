@@ -80,16 +80,19 @@ def _envs(tree: Path, extra_parent_path: str = "") -> tuple[dict, dict]:
     return parent, worker
 
 
-def _spawn(tree: Path, log: Path, parent_env: dict, worker_env: dict):
-    if not warm_client.modules_file(PYTHON, ROOT_ENV).exists():  # preload nothing: fast
-        warm_client.modules_file(PYTHON, ROOT_ENV).write_text("[]")
+def _spawn(tree: Path, log: Path, parent_env: dict, worker_env: dict, python: Path = PYTHON,
+           root: Path = ROOT_ENV, mode: str = "full"):
+    """Have the warm parent of ``python`` (of the environment ``root``) fork the stand-in in
+    ``tree`` (its folder); ``mode``: how the worker finds vLLM (the parent key's)."""
+    if not warm_client.modules_file(python, root).exists():  # preload nothing: fast
+        warm_client.modules_file(python, root).write_text("[]")
     stdin_r, stdin_w = os.pipe()
     reply_r, reply_w = os.pipe()
     logf = open(log, "a")
     try:
-        proc = warm_client.spawn(PYTHON, ROOT_ENV, ["--model-dir", "x"], worker_env, parent_env,
+        proc = warm_client.spawn(python, root, ["--model-dir", "x"], worker_env, parent_env,
                                  str(tree), (stdin_r, logf.fileno(), reply_w), stdin=None,
-                                 module="standin")
+                                 mode=mode, module="standin")
     finally:
         os.close(stdin_r)
         os.close(reply_w)
@@ -310,25 +313,26 @@ def test_the_parent_key_follows_the_environment_and_its_variables(tmp_path, monk
     (root / "bin" / "python").write_text("")
     (root / "pyvenv.cfg").write_text("home = /usr\n")
     py = root / "bin" / "python"
-    env = {"HF_HOME": "/a", "PWD": "/x", "PYTEST_CURRENT_TEST": "t1", "PYTHONPATH": "/tree1"}
-    key = warm_client.parent_key(py, root, env)
-    # a different shell folder, test or tree: the same parent
-    same = {**env, "PWD": "/y", "PYTEST_CURRENT_TEST": "t2", "PYTHONPATH": "/tree2"}
-    assert warm_client.parent_key(py, root, same) == key
+    env = {"HF_HOME": "/a", "PWD": "/x", "PYTEST_CURRENT_TEST": "t1", "PYTHONPATH": "/lab"}
+    key = warm_client.parent_key(py, root, env, "full")
+    # a different shell folder or test: the same parent
+    same = {**env, "PWD": "/y", "PYTEST_CURRENT_TEST": "t2"}
+    assert warm_client.parent_key(py, root, same, "full") == key
     # what make exports from its command line (make cpu-repro REPORTS=...): the same parent
     made = {**env, "MAKEOVERRIDES": "${-*-command-variables-*-}", "REPORTS": "/r1",
             "MAKEFLAGS": " -- RUNNER=native REPORTS=/r1", "RUNNER": "native"}
-    assert warm_client.parent_key(py, root, made) == key
+    assert warm_client.parent_key(py, root, made, "full") == key
     assert warm_client.parent_key(py, root, {**made, "REPORTS": "/r2",
-                                             "MAKEFLAGS": " -- RUNNER=native REPORTS=/r2"}) == key
+                                             "MAKEFLAGS": " -- RUNNER=native REPORTS=/r2"},
+                                  "full") == key
     # a variable an import reads: another parent
-    assert warm_client.parent_key(py, root, {**env, "HF_HOME": "/b"}) != key
+    assert warm_client.parent_key(py, root, {**env, "HF_HOME": "/b"}, "full") != key
     # a package installed (site-packages changes) or the environment rebuilt: another parent
     os.utime(site, ns=(1, 1))
-    rebuilt = warm_client.parent_key(py, root, env)
+    rebuilt = warm_client.parent_key(py, root, env, "full")
     assert rebuilt != key
     (root / "pyvenv.cfg").write_text("home = /usr/local\n")
-    assert warm_client.parent_key(py, root, env) != rebuilt
+    assert warm_client.parent_key(py, root, env, "full") != rebuilt
     # another python path: another environment
     assert warm_client.env_identity(tmp_path / "other" / "python", root) != \
         warm_client.env_identity(py, root)
@@ -379,6 +383,92 @@ def test_the_childs_sys_path_is_a_cold_python_m_one():
     parent_path = ["/warm/dir", "/lab", "/usr/lib/python3.11", "/env/site-packages"]
     assert warm.child_sys_path("/tree", "/lab:/tree", parent_path, "/lab") == \
         ["/tree", "/lab", "/tree", "/usr/lib/python3.11", "/env/site-packages"]
+
+
+def test_the_parent_key_follows_the_import_path_the_mode_and_a_slices_tree(tmp_path, monkeypatch):
+    """The CPU image: a parent started for a release's runs (``vllm-repro run``: the slice tree
+    on the parent's PYTHONPATH) was reused by an installed-mode run of the same interpreter
+    (VLLM_REPRO_VLLM=installed:<its python>, gpu-judge), whose worker then could not import
+    vLLM. The mode and the parent's own path (a slice's tree) are part of the key; the run's
+    tree of a full environment is not (each worker puts its own in front)."""
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path / "c"))
+    py, root = tmp_path / "env" / "bin" / "python", tmp_path / "env"
+    release = {"HF_HOME": "/a", "PYTHONPATH": "/lab:/slices/1.0-abc"}
+    installed = {"HF_HOME": "/a", "PYTHONPATH": "/lab"}
+    key = warm_client.parent_key(py, root, release, "slice")
+    assert warm_client.parent_key(py, root, installed, "installed") != key
+    assert warm_client.parent_key(py, root, {**release, "PYTHONPATH": "/lab"}, "slice") != key
+    assert warm_client.parent_key(py, root, {**release, "PYTHONPATH": "/lab:/slices/1.0-def"},
+                                  "slice") != key  # another slice: its own stubs
+    # the same mode and path with another run's tree: the same parent
+    full = warm_client.parent_key(py, root, installed, "full")
+    assert full != warm_client.parent_key(py, root, installed, "installed")
+    assert warm_client.parent_key(py, root, dict(installed), "full") == full
+
+
+def test_the_childs_sys_path_keeps_an_entry_a_pth_adds_that_the_parents_pythonpath_named():
+    """A baked environment's .pth names its release tree; a parent whose PYTHONPATH named that
+    tree too has it once (site skipped the .pth's as a duplicate). Dropping the parent's
+    PYTHONPATH entries must not drop the tree for a worker whose own PYTHONPATH lacks it (an
+    installed-mode run: vLLM from the .pth), and a worker whose PYTHONPATH names it gets it once,
+    as a cold one does."""
+    parent_path = ["/warm/dir", "/lab", "/tree", "/usr/lib/python3.11", "/env/site-packages"]
+    interpreter = ["/usr/lib/python3.11", "/env/site-packages", "/tree"]  # the .pth's, last
+    assert warm.child_sys_path("/logs", "/lab", parent_path, "/lab:/tree", interpreter) == \
+        ["/logs", "/lab", "/usr/lib/python3.11", "/env/site-packages", "/tree"]
+    assert warm.child_sys_path("/tree", "/lab:/tree", parent_path, "/lab:/tree", interpreter) == \
+        ["/tree", "/lab", "/tree", "/usr/lib/python3.11", "/env/site-packages"]
+    # an entry a preloaded module added stays where it is
+    grown = [*parent_path, "/added"]
+    assert warm.child_sys_path("/logs", "/lab", grown, "/lab:/tree", interpreter) == \
+        ["/logs", "/lab", "/usr/lib/python3.11", "/env/site-packages", "/tree", "/added"]
+
+
+def _pth_venv(env: Path, tree: Path) -> Path:
+    """A virtual environment of this Python whose ``.pth`` names ``tree`` (as the CPU image's
+    baked environments name their release trees)."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next(env.glob("lib/python3*/site-packages"))
+    (site / "vllm-repro-release.pth").write_text(f"{tree}\n")
+    return env / "bin" / "python"
+
+
+def test_a_worker_imports_what_the_environments_pth_adds_whatever_parent_serves_it(cache,
+                                                                                  tmp_path):
+    """The CPU image's failure end to end: an environment whose .pth names a tree (here the
+    module ``probe_value``), a parent started for a release run with that tree on its
+    PYTHONPATH, then a run that finds it through the .pth alone (installed mode). Its worker
+    imports from the tree, from a parent of its own (another key) and from the release run's
+    parent too (the child's sys.path keeps the .pth's entry)."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "probe_value.py").write_text("VALUE = 5\n")
+    run_dir = tmp_path / "run"  # the worker's folder: the stand-in, not the tree
+    run_dir.mkdir()
+    (run_dir / "standin.py").write_text(STANDIN)
+    py = _pth_venv(tmp_path / "env", tree)
+    root = py.parent.parent
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    lab = str(Path(warm.__file__).resolve().parents[2])
+    release_parent = {**base, "PYTHONPATH": os.pathsep.join([lab, str(tree)]), "PYTHONHASHSEED": "0"}
+    installed_parent = {**base, "PYTHONPATH": lab, "PYTHONHASHSEED": "0"}
+    worker = {**base, "PYTHONPATH": lab, "PYTHONHASHSEED": "0"}  # installed mode: no tree
+
+    def run(parent_env: dict, mode: str) -> dict:
+        proc, fd = _spawn(run_dir, tmp_path / "log", parent_env, worker, python=py, root=root,
+                          mode=mode)
+        hello = _reply(proc, fd)
+        proc.stdin.close()
+        proc.wait(timeout=20)
+        proc.close()
+        return hello
+
+    assert run(release_parent, "slice")["value"] == 5, (tmp_path / "log").read_text()
+    assert run(installed_parent, "installed")["value"] == 5, (tmp_path / "log").read_text()
+    parents = {json.loads(p.read_text())["pid"] for p in cache.glob("warm/*/parent.json")}
+    assert len(parents) == 2  # the installed-mode run started a parent of its own
 
 
 def _foreign(path: Path, how: str) -> None:

@@ -241,7 +241,7 @@ class Worker:
             proc = warm_client.spawn(
                 python, self.env.root, self._argv(), self._environment(),
                 self._parent_environment(), self._cwd(), (stdin_r, self._log.fileno(), w),
-                stdin=None)
+                stdin=None, mode=self.env.tree_kind)
         except (warm_client.WarmUnavailable, OSError) as exc:  # OSError: its folder or socket
             os.close(stdin_r)
             os.close(stdin_w)

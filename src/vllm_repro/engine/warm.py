@@ -7,9 +7,12 @@ on the next run, and then runs :mod:`vllm_repro.engine.worker` exactly as a cold
 ``python -m vllm_repro.engine.worker`` would (``runpy``, same arguments, same environment).
 
 Run as ``python -m vllm_repro.engine.warm --dir DIR --idle SECONDS --modules FILE`` by the host
-(:mod:`vllm_repro.engine.warm_client`), with the worker's environment but only the lab on
-``PYTHONPATH``. ``DIR`` is this parent's folder under the cache: ``sock`` (a unix socket),
-``parent.json`` (pid, python, the lab package's folder), ``parent.log`` (its stderr). ``FILE`` is the list of modules
+(:mod:`vllm_repro.engine.warm_client`), with the worker's environment but only the lab (and a
+slice's tree) on ``PYTHONPATH``. A child's ``sys.path`` is the run's folder and ``PYTHONPATH``,
+then the interpreter's own path as a process with no ``PYTHONPATH`` has it (asked once at
+start: :func:`interpreter_path`; :func:`child_sys_path`). ``DIR`` is this parent's folder under
+the cache: ``sock`` (a unix socket), ``parent.json`` (pid, python, the interpreter's own path,
+the lab package's folder), ``parent.log`` (its stderr). ``FILE`` is the list of modules
 to import (a JSON list of names, written by a worker; absent: :data:`DEFAULT_MODULES`); a list
 that appears later is imported on the next idle tick.
 
@@ -25,7 +28,8 @@ Protocol, one JSON object a line on a stream connection to ``sock``:
 
 First line on stdout: ``{"ready": true, "pid": N, "modules": count, "import_s": s}``, or
 ``{"ready": false, "unsafe": reason}`` when forking is not safe here (a thread already started
-by an imported module, no ``os.fork``); stdout is the log after it. The parent exits after
+by an imported module, no ``os.fork``), ``{"ready": false, "error": reason}`` when it cannot
+start (the interpreter's own path cannot be told); stdout is the log after it. The parent exits after
 ``--idle`` seconds with no child and no request, and when its environment's python is gone.
 Standard library only.
 """
@@ -38,6 +42,7 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -203,17 +208,57 @@ def _die_with_parent(parent: int) -> None:
         os._exit(3)
 
 
-def child_sys_path(cwd: str, pythonpath: str, parent_path: list[str], parent_pythonpath: str) -> list[str]:
+def interpreter_path() -> list[str]:
+    """``sys.path`` of this interpreter started with no ``PYTHONPATH`` (``sys.path[0]`` left
+    out): its standard library, ``site-packages`` and every entry a ``.pth`` file there adds.
+    Asked of a new process of it (once per parent, a few hundredths of a second): an entry this
+    process's ``PYTHONPATH`` also names (a release tree that an image's ``.pth`` names too) was
+    skipped by ``site`` as a duplicate at start-up, so this process's own path cannot tell.
+    Raises ``OSError`` / ``subprocess.SubprocessError`` / ``ValueError`` when it cannot say."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import json, sys; p = sys.path if getattr(sys.flags, 'safe_path', False) "
+            "else sys.path[1:]; print(json.dumps(p))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120, check=True)
+    path = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
+        raise ValueError(f"not a list of folders: {proc.stdout[:200]!r}")
+    return path
+
+
+def child_sys_path(cwd: str, pythonpath: str, parent_path: list[str], parent_pythonpath: str,
+                   interpreter: list[str] | None = None) -> list[str]:
     """``sys.path`` of a cold ``python -m`` started in ``cwd`` with ``pythonpath``: the folder,
     the ``PYTHONPATH`` entries, then the interpreter's own (this parent's minus its folder and
-    its ``PYTHONPATH``)."""
-    own = [p for p in parent_pythonpath.split(os.pathsep) if p]
+    its ``PYTHONPATH``).
+
+    ``interpreter`` (:func:`interpreter_path`): the interpreter's own path as a process with no
+    ``PYTHONPATH`` has it. An entry of the parent's ``PYTHONPATH`` that is also on it (a ``.pth``
+    names it too; ``site`` skipped that one as a duplicate) is not dropped but kept where the
+    interpreter has it: a worker with another ``PYTHONPATH`` imports from it. Entries of the
+    interpreter's own path that the run's ``PYTHONPATH`` names already are left out there, as
+    ``site`` leaves them out of a cold worker's."""
+    own = {p for p in parent_pythonpath.split(os.pathsep) if p}
     base = [p for p in parent_path[1:] if p not in own]
-    return [cwd, *[p for p in pythonpath.split(os.pathsep) if p], *base]
+    if interpreter:
+        # each entry of the interpreter's own path that base lacks goes in after the entry
+        # before it there (where site put it), or first
+        at = 0
+        for entry in interpreter:
+            if entry in base:
+                at = base.index(entry) + 1
+            else:
+                base.insert(at, entry)
+                at += 1
+    front = [p for p in pythonpath.split(os.pathsep) if p]
+    named = {os.path.abspath(p) for p in front}
+    return [cwd, *front, *[p for p in base if os.path.abspath(p) not in named]]
 
 
-def _run_child(req: dict, fds: list[int], owned: list[int], parent: int) -> None:
-    """In the forked child: become the run's worker; never returns."""
+def _run_child(req: dict, fds: list[int], owned: list[int], parent: int,
+               interpreter: list[str] | None = None) -> None:
+    """In the forked child: become the run's worker; never returns. ``interpreter``: the
+    interpreter's own ``sys.path`` (:func:`interpreter_path`)."""
     code = 3
     try:
         os.setsid()  # its own session and process group: the host's procs kills it whole
@@ -240,7 +285,7 @@ def _run_child(req: dict, fds: list[int], owned: list[int], parent: int) -> None
         os.environ.clear()
         os.environ.update(env)
         sys.path[:] = child_sys_path(os.getcwd(), env.get("PYTHONPATH", ""), list(sys.path),
-                                     parent_pythonpath)
+                                     parent_pythonpath, interpreter)
         import importlib
 
         importlib.invalidate_caches()
@@ -282,9 +327,17 @@ class Parent:
         self.conns: set[socket.socket] = set()
         self.last = time.monotonic()
         self.python = sys.executable
+        #: this interpreter's own sys.path (no PYTHONPATH): what each child's path ends with
+        self.interpreter: list[str] | None = None
 
     def start(self) -> dict:
         t0 = time.perf_counter()
+        try:
+            self.interpreter = interpreter_path()
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            # without it a child could lose an entry a .pth adds: no warm start at all
+            return {"ready": False, "error": f"cannot tell this interpreter's own sys.path: "
+                                             f"{type(exc).__name__}: {exc}"}
         names = read_modules(self.modules_file)
         self.loaded_list = names is not None
         try:  # a slice environment's parent sees its tree's stubs, as each child will
@@ -314,6 +367,7 @@ class Parent:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         info = {"pid": os.getpid(), "python": self.python, "modules": count,
+                "interpreter_path": self.interpreter,
                 "lab": os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
                 "import_s": round(time.perf_counter() - t0, 3)}
         with open(os.path.join(self.folder, "parent.json"), "w") as f:
@@ -466,7 +520,7 @@ class Parent:
             conn.close()
             return
         if pid == 0:
-            _run_child(req, fds, owned, me)
+            _run_child(req, fds, owned, me, self.interpreter)
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn

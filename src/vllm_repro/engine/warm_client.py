@@ -3,8 +3,10 @@ environment (:mod:`vllm_repro.engine.warm`) and have it fork a run's engine work
 
 A parent is keyed by the environment's identity (its python, the stamps of its ``pyvenv.cfg``,
 ``.ready.json`` and ``site-packages``: a rebuilt environment gets a new parent), the lab's
-package (its path and the modules the parent imports) and the worker's environment variables
-(volatile ones such as ``PWD`` aside). Its folder is ``<cache>/warm/<key>/``: ``sock`` (mode
+package (its path and the modules the parent imports), the worker's environment variables
+(volatile ones such as ``PWD`` aside) and its import path (:func:`path_identity`: the mode, a
+release's tree or an installed vLLM, and the parent's own ``PYTHONPATH``, which names a slice's
+tree). Its folder is ``<cache>/warm/<key>/``: ``sock`` (mode
 0700 folder; ``<tmp>/vllm-repro-<uid>/warm`` where the cache is not this user's own and
 writable, as in the images), ``lock`` (``flock``: one client starts a parent, a retiring parent waits for no
 client), ``parent.json``, ``parent.log``. What a worker imported is recorded once per
@@ -46,6 +48,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 #: the lab's files a parent has imported (a change to one of them needs a new parent)
 _PARENT_FILES = ("__init__.py", "engine/__init__.py", "engine/warm.py")
 #: environment variables that change between shells or calls and that no import reads
+#: (``PYTHONPATH``: the lab sets the parent's, and keys it with the mode, :func:`path_identity`)
 _VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONPATH",
                        "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKE_TERMOUT", "MAKE_TERMERR",
                        # the lab's own settings for building environments (Makefile exports)
@@ -213,8 +216,25 @@ def warm_root() -> Path:
                           + ", ".join(map(str, candidates)) + ")")
 
 
-def parent_key(python: Path, root: Path, env: dict[str, str]) -> str:
-    return f"{env_identity(python, root)}-{lab_identity()}-{env_vars_identity(env)}"
+def path_identity(env: dict[str, str], mode: str) -> str:
+    """A hash of what decides the import path of the parent and its workers beyond the
+    environment: ``mode``, how the worker finds vLLM (the run's ``tree_kind``: ``full`` or
+    ``slice``, a release's tree on its ``PYTHONPATH``; ``installed``, the interpreter's own),
+    and the parent's ``PYTHONPATH`` (``env``'s: the lab, and a slice's tree, whose stubs and
+    ``_vllm_slice`` the parent imports and its workers inherit). Each shapes the parent's
+    ``sys.path``, and so what it preloads from where: a parent started for a release tree's runs
+    (the tree at the front of the path) never serves an installed vLLM's (the same interpreter,
+    the tree a ``.pth`` adds last), nor a slice's tree's runs another slice tree's. A full
+    tree's runs share one parent: the parent never has their tree on its path, and each worker
+    puts its own in front (:func:`vllm_repro.engine.warm.child_sys_path`), as a cold one does."""
+    return hashlib.sha256(json.dumps([mode, env.get("PYTHONPATH", "")]).encode()).hexdigest()[:8]
+
+
+def parent_key(python: Path, root: Path, env: dict[str, str], mode: str) -> str:
+    """The key of the parent serving the runs of the interpreter ``python`` of the environment
+    ``root`` started with ``env`` (the parent's variables) in ``mode`` (:func:`path_identity`)."""
+    return (f"{env_identity(python, root)}-{lab_identity()}-{env_vars_identity(env)}"
+            f"-{path_identity(env, mode)}")
 
 
 def modules_file(python: Path, root: Path) -> Path:
@@ -549,17 +569,18 @@ def _kill_starting(proc: subprocess.Popen) -> None:
 
 def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
           parent_env: dict[str, str], cwd: str, fds: tuple[int, int, int], stdin,
-          module: str | None = None) -> WarmProc:
+          mode: str, module: str | None = None) -> WarmProc:
     """Have the environment's warm parent (started here if none serves) fork a worker with
     ``argv`` (the worker's, ``--reply-fd`` aside), ``worker_env`` and ``cwd``; ``fds``: its
-    stdin, log and reply pipe. Raises :class:`WarmUnavailable` with the reason it cannot."""
+    stdin, log and reply pipe; ``mode``: how the worker finds vLLM (:func:`path_identity`).
+    Raises :class:`WarmUnavailable` with the reason it cannot."""
     if not hasattr(socket, "send_fds") or not hasattr(os, "fork"):
         raise WarmUnavailable(f"this platform ({sys.platform}) has no os.fork / socket.send_fds")
     unsafe = unsafe_file(python, root)
     if unsafe.is_file():
         raise WarmUnavailable(f"forking is not safe in this environment: "
                               f"{unsafe.read_text(errors='replace').strip()}")
-    folder = warm_root() / parent_key(python, root, parent_env)
+    folder = warm_root() / parent_key(python, root, parent_env, mode)
     if not _own_folder(folder):
         raise WarmUnavailable(f"the warm parent's folder {folder} is not this user's own")
     if not (folder / "vars.json").exists():
@@ -567,6 +588,9 @@ def spawn(python: Path, root: Path, argv: list[str], worker_env: dict[str, str],
             (folder / "vars.json").write_text(json.dumps(
                 {k: hashlib.sha256(v.encode()).hexdigest()[:8]
                  for k, v in keyed_vars(parent_env).items()}, indent=0))
+            # and which import path (folders only)
+            (folder / "path.json").write_text(json.dumps(
+                {"mode": mode, "PYTHONPATH": parent_env.get("PYTHONPATH", "")}, indent=0))
         except OSError:
             pass
     sock = folder / "sock"
@@ -637,5 +661,5 @@ def _parent_pid(folder: Path) -> int:
 
 
 __all__ = ["WarmUnavailable", "WarmAborted", "WarmProc", "enabled", "idle_seconds", "max_parents", "spawn",
-           "note", "parent_key", "env_identity", "lab_identity", "env_vars_identity",
+           "note", "parent_key", "path_identity", "env_identity", "lab_identity", "env_vars_identity",
            "modules_file", "SETTING", "IDLE_SETTING", "MAX_SETTING", "MODULES_OUT"]
