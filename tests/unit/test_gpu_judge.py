@@ -151,19 +151,75 @@ def test_the_cpu_image_judges_a_patched_copy_and_never_writes_the_baked_tree(tmp
     assert summary["verified"] and summary["patched_copy"] == str(after.package_dir.parent)
 
 
+def _pip_venv(env: Path, version: str) -> Path:
+    """A virtual environment with ``vllm`` (``vllm/core.py``: ``FIXED = False``) and its
+    metadata in its own site-packages, as pip installs it in the CUDA image."""
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(env)], check=True)
+    _release_tree(next(env.glob("lib/python3*/site-packages")), version)
+    return env / "bin" / "python"
+
+
 def test_a_vllm_outside_the_cache_is_patched_in_place(tmp_path, baked_cache):
-    """The CUDA image's vLLM (installed by pip, writable, outside the lab's cache) is patched in
-    place, as before."""
+    """The CUDA image's vLLM (installed by pip in its interpreter's environment, writable,
+    outside the lab's cache) is patched in place, as before."""
     from vllm_repro.remote.judge import apply_patch
     from vllm_repro.sources.installed import probe
 
-    py = _fake_env(tmp_path / "cuda", "1.0.0+cu128")
-    (tmp_path / "cuda" / "site" / "vllm" / "core.py").write_text("FIXED = False\n")
+    py = _pip_venv(tmp_path / "cuda", "1.0.0+cu128")
+    core = next((tmp_path / "cuda").glob("lib/python3*/site-packages")) / "vllm" / "core.py"
     (tmp_path / "fix.diff").write_text(PATCH)
     inst = probe(py)
+    assert inst.in_environment
     assert apply_patch(tmp_path / "fix.diff", inst, tmp_path / "scratch") == inst
-    assert (tmp_path / "cuda" / "site" / "vllm" / "core.py").read_text() == "FIXED = True\n"
+    assert core.read_text() == "FIXED = True\n"
     assert not (baked_cache / "patched").exists()
+
+
+def test_a_baked_tree_outside_the_cache_is_patched_as_a_copy(tmp_path, baked_cache):
+    """gpu-judge with VLLM_REPRO_CACHE pointed away from the image's cache and
+    VLLM_REPRO_VLLM=installed:<a baked environment's python> patched the baked tree in place
+    (as root: the pristine release of every other run), since the tree was not under the cache
+    then in use. What decides is what the vLLM is: a tree the interpreter imports by path (the
+    environment's .pth; or PYTHONPATH) is never written, wherever it lies; the copy goes to the
+    cache in use."""
+    from vllm_repro.errors import EnvError
+    from vllm_repro.remote.judge import apply_patch
+    from vllm_repro.sources.installed import probe
+
+    image = tmp_path / "image-cache"  # the image's own cache, not VLLM_REPRO_CACHE's
+    tree = _release_tree(image / "slices" / "1.0.0-abc", "1.0.0+cpu")
+    py = _baked_venv(image / "envs" / "1.0.0-slice", tree)
+    (tmp_path / "fix.diff").write_text(PATCH)
+    pristine = _digest(tree)
+    inst = probe(py)
+    assert not inst.in_environment
+    patched = apply_patch(tmp_path / "fix.diff", inst, tmp_path / "scratch")
+    assert _digest(tree) == pristine
+    assert patched != inst and patched.package_dir.parent.parent == baked_cache / "patched"
+    assert _fixed(patched.python) == "True" and _fixed(py) == "False"
+    # a tree on a PYTHONPATH (no virtual environment to import a copy): refused, never written
+    other = _fake_env(tmp_path / "pp", "1.0.0+cpu")
+    (tmp_path / "pp" / "site" / "vllm" / "core.py").write_text("FIXED = False\n")
+    with pytest.raises(EnvError, match="not a virtual environment"):
+        apply_patch(tmp_path / "fix.diff", probe(other), tmp_path / "scratch2")
+    assert (tmp_path / "pp" / "site" / "vllm" / "core.py").read_text() == "FIXED = False\n"
+
+
+def test_no_vllm_names_the_mode_variable_only_where_it_is_set(tmp_path, baked_cache, monkeypatch):
+    """gpu-judge in the CPU image asks the lab's own interpreter first, VLLM_REPRO_VLLM unset:
+    "unset VLLM_REPRO_VLLM" is no advice there."""
+    from vllm_repro.errors import EnvError
+    from vllm_repro.sources.installed import probe
+
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    bare = tmp_path / "bare" / "bin" / "python"
+    with pytest.raises(EnvError) as unset:
+        probe(bare)
+    assert "has no vLLM installed" in str(unset.value) and "VLLM_REPRO_VLLM" not in str(unset.value)
+    monkeypatch.setenv("VLLM_REPRO_VLLM", f"installed:{bare}")
+    with pytest.raises(EnvError, match=r"has no vLLM installed .*; unset VLLM_REPRO_VLLM to run "
+                                       "releases from their sdists"):
+        probe(bare)
 
 
 def test_no_baked_environment_is_said_first(baked_cache):

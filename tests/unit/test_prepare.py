@@ -213,3 +213,33 @@ def test_prepare_of_a_ready_release_logs_elsewhere_when_the_cache_is_read_only(t
     assert lines[-1].startswith("vLLM 0.10.1.1: ready, imported in 0.1 s under cpu")
     assert logs[0].name == "0.10.1.1.log" and logs[0].is_file()
     assert logs[0].parent.parent == tmp_path / "tmp"
+
+
+def test_prepare_in_a_read_only_cache_reuses_one_private_log_folder_per_user(tmp_path, read_only_cache,
+                                                                             monkeypatch):
+    """Each `prepare` in the CPU image left a new <tmp>/vllm-repro-prepare-* folder behind; the
+    log goes to one folder per user instead, <tmp>/vllm-repro-prepare-<uid> (mode 0700, narrowed
+    if it was wider), the same every time. A name another user holds (not a folder of this
+    user: here a link) is not used."""
+    import os
+    import stat
+
+    from vllm_repro.commands.prepare import log_path
+
+    (read_only_cache / "prepare").symlink_to(NOBODY_WRITES)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    own = tmp / f"vllm-repro-prepare-{os.getuid()}"
+    first = log_path("0.10.1.1")
+    assert first == own / "0.10.1.1.log"
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700
+    own.chmod(0o755)
+    assert log_path("0.10.1.1") == first and log_path("0.10.2") == own / "0.10.2.log"
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700
+    assert [p.name for p in tmp.iterdir()] == [own.name]
+    own.rmdir()
+    (tmp / "elsewhere").mkdir()
+    own.symlink_to(tmp / "elsewhere")
+    other = log_path("0.10.1.1")
+    assert other.parent.parent == tmp and other.parent not in (own, tmp / "elsewhere")

@@ -10,11 +10,30 @@ from typing import List, Optional
 import typer
 
 
+def _own_tmp_folder(path: Path) -> bool:
+    """``path`` made (mode 0700) where missing, and this user's alone: a folder (not a link)
+    of this uid, mode 0700 (narrowed if it was wider), writable. ``False`` otherwise (another
+    user made it first in a shared temporary folder) and on any ``OSError``."""
+    import stat
+
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            path.chmod(0o700)
+        return os.access(path, os.W_OK | os.X_OK)
+    except OSError:
+        return False
+
+
 def log_path(version: str) -> Path:
     """Where the prepare worker's log goes: ``<cache>/prepare/<version>.log``, or, where that
     folder cannot be written (the CPU image's cache, read-only to its user but for the folders
-    runs write), a new folder in the temporary folder. Raises :class:`EnvError` when neither
-    can be written."""
+    runs write), ``<tmp>/vllm-repro-prepare-<uid>/<version>.log``: one folder per user (mode
+    0700), reused by every prepare (the worker appends to its log), a new one only where another
+    user holds that name. Raises :class:`EnvError` when none can be written."""
     from ..errors import EnvError
     from ..settings import cache_dir
 
@@ -25,11 +44,14 @@ def log_path(version: str) -> Path:
             return folder / f"{version}.log"
     except OSError:
         pass
+    own = Path(tempfile.gettempdir()) / f"vllm-repro-prepare-{os.getuid()}"
+    if _own_tmp_folder(own):
+        return own / f"{version}.log"
     try:
-        return Path(tempfile.mkdtemp(prefix="vllm-repro-prepare-")) / f"{version}.log"
+        return Path(tempfile.mkdtemp(prefix=f"{own.name}-")) / f"{version}.log"
     except OSError as exc:
         raise EnvError(f"no folder for the log of vLLM {version}'s worker can be written: not "
-                       f"{folder}, nor the temporary folder ({exc})") from None
+                       f"{folder}, nor {own}, nor the temporary folder ({exc})") from None
 
 
 def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build."),

@@ -119,18 +119,22 @@ def apply_in_place(patch: Path, inst: InstalledVllm) -> None:
 
 
 def apply_patch(patch: Path, inst: InstalledVllm, scratch: Path) -> InstalledVllm:
-    """Apply the patch for the suite's second run; returns the vLLM to run it on. A vLLM outside
-    the lab's cache (the CUDA image's, installed by pip) is patched in place
-    (:func:`apply_in_place`). A release tree of the cache (the CPU image's baked trees standing
-    in for it) is never written: the patch goes to a copy, made as ``vllm-repro verify`` makes
-    its patched copies (:func:`~vllm_repro.verify.patch.patched_tree`, under
-    ``<cache>/patched/``), and an interpreter of the same environment made in ``scratch``
-    imports the copy (:func:`~vllm_repro.sources.installed.python_importing`). Raises
-    :class:`InputError` when the patch does not apply cleanly, :class:`EnvError` when the copy
-    or its interpreter cannot be made."""
+    """Apply the patch for the suite's second run; returns the vLLM to run it on. Decided by
+    what the vLLM is, not where the cache is (``VLLM_REPRO_CACHE`` may point anywhere): a vLLM
+    installed as a distribution in its interpreter's own environment (its package folder in that
+    environment's site-packages: the CUDA image's, installed by pip;
+    :attr:`~vllm_repro.sources.installed.InstalledVllm.in_environment`) is patched in place
+    (:func:`apply_in_place`). Any other tree the interpreter imports by path (a ``.pth`` or
+    ``PYTHONPATH`` entry outside site-packages: the CPU image's baked release trees standing in
+    for it) is never written: the patch goes to a copy, made as ``vllm-repro verify`` makes its
+    patched copies (:func:`~vllm_repro.verify.patch.patched_tree`, under ``<cache>/patched/``),
+    and an interpreter of the same environment made in ``scratch`` imports the copy
+    (:func:`~vllm_repro.sources.installed.python_importing`). Raises :class:`InputError` when
+    the patch does not apply cleanly, :class:`EnvError` when the copy or its interpreter cannot
+    be made."""
     from ..verify.patch import patched_tree
 
-    if not inst.root.resolve().is_relative_to(cache_dir().resolve()):
+    if inst.in_environment:
         apply_in_place(patch, inst)
         return inst
     try:

@@ -33,15 +33,17 @@ from ..errors import EnvError, InputError
 MODE_VAR = "VLLM_REPRO_VLLM"
 
 _PROBE = r"""
-import importlib.metadata as md, importlib.util as u, json, sys
+import importlib.metadata as md, importlib.util as u, json, site, sys, sysconfig
 spec = u.find_spec("vllm")
 try:
     version = md.version("vllm")
 except md.PackageNotFoundError:
     version = None
 loc = list(spec.submodule_search_locations or []) if spec else []
+sites = list(getattr(site, "getsitepackages", lambda: [])())
+sites += [sysconfig.get_paths()[k] for k in ("purelib", "platlib")]
 print(json.dumps({"found": spec is not None, "version": version, "package_dir": loc[0] if loc else None,
-                  "python": sys.executable}))
+                  "python": sys.executable, "site_packages": list(dict.fromkeys(sites))}))
 """
 
 
@@ -51,17 +53,32 @@ class InstalledVllm:
 
     ``version`` as installed (``0.10.1.1+cu128``); ``release`` its public part (``0.10.1.1``);
     ``package_dir`` the ``vllm`` package folder; ``root`` the folder a patch's ``vllm/...`` paths
-    are relative to (site-packages, or a release tree).
+    are relative to (site-packages, or a release tree); ``site_packages`` the interpreter's own
+    environment's package folders (``site.getsitepackages()``, ``sysconfig``'s ``purelib`` and
+    ``platlib``).
     """
 
     python: Path
     version: str
     release: str
     package_dir: Path
+    site_packages: tuple[Path, ...] = ()
 
     @property
     def root(self) -> Path:
         return self.package_dir.parent
+
+    @property
+    def in_environment(self) -> bool:
+        """Whether this vLLM is a distribution installed in its interpreter's own environment
+        (its package folder directly in one of :attr:`site_packages`, as pip installs it: the
+        CUDA image), not a tree the interpreter imports by path (a ``.pth`` or ``PYTHONPATH``
+        entry outside them: the CPU image's baked release trees, a source checkout)."""
+        try:
+            root = self.root.resolve()
+            return any(root == Path(s).resolve() for s in self.site_packages)
+        except OSError:
+            return False
 
 
 def installed_python() -> Path | None:
@@ -94,8 +111,12 @@ def probe(python: Path) -> InstalledVllm:
         raise EnvError(f"installed mode: {python} failed to probe for vLLM: {tail}")
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     if not info["found"] or not info["package_dir"]:
-        raise EnvError(f"installed mode: {python} has no vLLM installed (import vllm would fail); "
-                       f"unset {MODE_VAR} to run releases from their sdists")
+        # the way back to releases only where the variable is what asked for this interpreter
+        # (gpu-judge in the CPU image asks the lab's own without it)
+        back = (f"; unset {MODE_VAR} to run releases from their sdists"
+                if os.environ.get(MODE_VAR, "").strip() else "")
+        raise EnvError(f"installed mode: {python} has no vLLM installed (import vllm would fail)"
+                       f"{back}")
     if not info["version"]:
         raise EnvError(f"installed mode: the vLLM at {info['package_dir']} has no package metadata "
                        "(no vllm-*.dist-info), so its release is unknown")
@@ -103,7 +124,8 @@ def probe(python: Path) -> InstalledVllm:
         release = Version(info["version"]).public
     except InvalidVersion:
         raise EnvError(f"installed mode: vLLM version {info['version']!r} is not a version") from None
-    return InstalledVllm(Path(python), info["version"], release, Path(info["package_dir"]))
+    return InstalledVllm(Path(python), info["version"], release, Path(info["package_dir"]),
+                         tuple(Path(p) for p in info.get("site_packages") or ()))
 
 
 def python_importing(tree: Path, inst: InstalledVllm, where: Path) -> Path:
