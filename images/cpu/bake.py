@@ -479,7 +479,8 @@ def compile_imports(info: dict) -> str:
     afterwards compiled 57 more files (0.3 MB: what a run imports only when it needs it,
     xgrammar's and tiktoken's modules), so the image has no layer of bytecode of its own (the
     warm-up runs without writing any). Importing every top-level package of the environment
-    too would add 45 MB of bytecode that no run loads. Returns a one-line summary (modules
+    too added 10 MB of bytecode that no run loads (the catalog image's releases layer: 2,530
+    MB with, 2,520 without). Returns a one-line summary (modules
     imported of those tried, and the seconds taken)."""
     import subprocess
 
