@@ -327,8 +327,15 @@ def test_the_parent_key_follows_the_environment_and_its_variables(tmp_path, monk
                                   "full") == key
     # a variable an import reads: another parent
     assert warm_client.parent_key(py, root, {**env, "HF_HOME": "/b"}, "full") != key
-    # a package installed (site-packages changes) or the environment rebuilt: another parent
+    # the bytecode folder the first parent's imports create in site-packages: the same parent
+    # (it changes the folder's mtime; keyed by that, the second run started a second parent)
+    (site / "__pycache__").mkdir()
+    (site / "__pycache__" / "typing_extensions.cpython-311.pyc").write_bytes(b"x")
     os.utime(site, ns=(1, 1))
+    assert warm_client.parent_key(py, root, env, "full") == key
+    # a package installed or upgraded (site-packages' entries change) or the environment
+    # rebuilt: another parent
+    (site / "numpy-2.2.6.dist-info").mkdir()
     rebuilt = warm_client.parent_key(py, root, env, "full")
     assert rebuilt != key
     (root / "pyvenv.cfg").write_text("home = /usr/local\n")

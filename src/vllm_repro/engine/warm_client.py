@@ -143,13 +143,25 @@ def _stamp(path: Path) -> str:
     return f"{path}:{st.st_mtime_ns}:{st.st_size}"
 
 
+def _entries(folder: Path) -> str:
+    """``folder``'s entries by name, ``__pycache__`` aside: a package installed, upgraded (its
+    ``.dist-info`` is named with its version) or removed changes them; the bytecode folder
+    that the first parent's imports create does not (the folder's mtime did, so the second run
+    after an environment was built started a second parent)."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n != "__pycache__")
+    except OSError:
+        return f"{folder}:-"
+    return f"{folder}:" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+
 def env_identity(python: Path, root: Path) -> str:
-    """A hash of the environment: its python's path and the stamps (mtime, size) of its
-    ``pyvenv.cfg``, ``.ready.json``, the python binary and each ``site-packages`` folder (a
-    package installed or removed changes the folder's mtime)."""
+    """A hash of the environment: its python's path, the stamps (mtime, size) of its
+    ``pyvenv.cfg``, ``.ready.json`` and the python binary, and the entries of each
+    ``site-packages`` folder (:func:`_entries`)."""
     parts = [str(python), _stamp(python), _stamp(root / "pyvenv.cfg"), _stamp(root / ".ready.json")]
     for lib in sorted(root.glob("lib*/python*/site-packages")):
-        parts.append(_stamp(lib))
+        parts.append(_entries(lib))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
