@@ -360,45 +360,30 @@ def prune_test_suites(site: Path) -> int:
                     keep.update(x for x in f.parent.rglob("*") if x.is_file() and x.suffix != ".py")
                     todo.append(f)
     freed = 0
-    for d in suites:
-        if not d.is_dir():
-            continue
-        for f in sorted(d.rglob("*"), key=lambda f: len(f.parts), reverse=True):
-            if f.is_symlink() or f.is_file():
-                if f in keep:
-                    continue
+    for d in suites:  # the folders left empty go with prune_empty_dirs
+        for f in list(d.rglob("*")):
+            if (f.is_symlink() or f.is_file()) and f not in keep:
                 freed += f.lstat().st_size
                 f.unlink()
-            elif f.is_dir() and not any(f.iterdir()):
-                f.rmdir()
-        if not any(d.iterdir()):
-            d.rmdir()
     return freed
 
 
 def prune_console_scripts(site: Path) -> int:
     """Remove the console scripts each distribution installed in the environment's ``bin``
-    (``torchrun``, ``huggingface-cli``, ``uvicorn``...: the lab runs only ``bin/python``) and
-    their lines from its ``RECORD``. Each script's first line names its own environment's
-    interpreter, so the ``RECORD`` of one torch differed in every environment; without them the
-    ``RECORD`` files of one distribution are one file (:func:`dedupe`): torch's is 1.3 MB, 24
-    times over the catalog. Returns the bytes removed."""
+    (``torchrun``, ``huggingface-cli``, ``uvicorn``...: the lab runs only ``bin/python``);
+    :func:`trim_records` then drops their lines from each ``RECORD``. Each script's first line
+    names its own environment's interpreter, so the ``RECORD`` of one torch differed in every
+    environment; without them the ``RECORD`` files of one distribution are one file
+    (:func:`dedupe`): torch's is 1.3 MB, 24 times over the catalog. Returns the bytes removed."""
     freed = 0
     bindir = site.parents[2] / "bin"
     for record in site.glob("*.dist-info/RECORD"):
-        lines = record.read_text().splitlines(keepends=True)
-        kept = []
-        for line in lines:
-            rel = next(csv.reader([line]), [""])[0]
-            target = Path(os.path.normpath(site / rel))
-            if target.parent == bindir and not target.name.startswith("python"):
-                if target.is_file() or target.is_symlink():
-                    freed += target.lstat().st_size
-                    target.unlink()
-                continue
-            kept.append(line)
-        if len(kept) != len(lines):
-            _rewrite(record, "".join(kept))
+        for line in record.read_text().splitlines():
+            target = Path(os.path.normpath(site / next(csv.reader([line]), [""])[0]))
+            if target.parent == bindir and not target.name.startswith("python") \
+                    and (target.is_file() or target.is_symlink()):
+                freed += target.lstat().st_size
+                target.unlink()
     return freed
 
 

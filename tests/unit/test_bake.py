@@ -161,6 +161,7 @@ def test_test_suites_go_but_a_test_module_runtime_code_imports_stays_and_still_i
         "pkg-1.0.dist-info/tests/x.txt": "",
     })
     freed = _bake().prune_test_suites(site)
+    _bake().prune_empty_dirs(site)
     assert freed > 500
     assert _files(site) == [
         "lib/__init__.py", "lib/tests/__init__.py", "lib/tests/compound.py", "lib/tests/cont.py",
@@ -224,7 +225,7 @@ def test_without_console_scripts_one_distribution_has_one_record_in_every_enviro
                 "torch-2.13.0.dist-info/RECORD,,\n")})
         (site / "torch/include/x.h").unlink()
         assert bake.prune_console_scripts(site) == len(script)
-        assert bake.trim_records(site) == 2
+        assert bake.trim_records(site) == 3  # the script's, the header's and the odd name's
         assert bake.prune_empty_dirs(site) == 1  # torch/include
         assert _files(env / "bin") == ["activate", "python"]
         sites.append(site)
