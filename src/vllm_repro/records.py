@@ -287,7 +287,10 @@ class AuditSummary(Record):
     ``by_code`` (code -> distinct violations), ``distinct``, ``dropped`` (over the record cap),
     ``hooks`` (block-pool methods hooked), ``hook_calls`` (method -> calls) and ``unread`` (books
     the audit could not read on this release, e.g. ``EmbeddingModelBlockSpaceManager`` at level
-    v0-engine: a clean run says so in its verdict)."""
+    v0-engine: a clean run says so in its verdict) and ``off`` (the checks that did not run
+    because the release lacks a book they read, one line each naming the attribute and the
+    checks: ``Capabilities.audit_off``; a clean run's verdict then reads ``clean (audit
+    partial: KV hash checks off; ...)``)."""
 
     keep_going: bool = False
     stopped: dict | None = None
@@ -298,12 +301,14 @@ class AuditSummary(Record):
     hooks: list[str] = field(default_factory=list)
     hook_calls: dict[str, int] = field(default_factory=dict)
     unread: list[str] = field(default_factory=list)
+    off: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d.setdefault("stopped", None)  # "the audit did not stop the run", said explicitly
-        if not d.get("unread"):
-            d.pop("unread", None)  # nothing unread: left out, as absent reads the same
+        for k in ("unread", "off"):
+            if not d.get(k):
+                d.pop(k, None)  # nothing unread / off: left out, as absent reads the same
         return d
 
 

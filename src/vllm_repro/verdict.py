@@ -121,6 +121,15 @@ def findings_lines(verdicts: list["Verdict"]) -> list[str]:
     return lines
 
 
+def audit_partial(result: RunResult) -> str:
+    """``audit partial: KV hash checks off; `` where checks did not run on the release
+    (``AuditSummary.off``: its lines name the checks after the last ``: ``), else ``""``."""
+    off = result.audit.off if result.audit is not None else []
+    if not off:
+        return ""
+    return f"audit partial: {', '.join(line.rsplit(': ', 1)[-1] for line in off)}; "
+
+
 def describe_observed(result: RunResult) -> str:
     """The table's ``observed`` text, e.g.
     ``crash AssertionError vllm/v1/core/sched/scheduler.py:schedule @3``."""
@@ -142,8 +151,8 @@ def describe_observed(result: RunResult) -> str:
             refused += f", {ignored} ignored by the scheduler"
         unread = result.audit.unread if result.audit is not None else []
         caveat = f"; audit: KV books unread: {', '.join(unread)}" if unread else ""
-        return (f"clean ({len(result.finished or {})} finished{refused}, {result.steps} "
-                f"steps{caveat})")
+        return (f"clean ({audit_partial(result)}{len(result.finished or {})} finished{refused}, "
+                f"{result.steps} steps{caveat})")
     if outcome == "incomplete":
         return (f"incomplete (max_steps {result.steps} reached, {len(result.unfinished or [])} "
                 f"unfinished, {len(result.finished or {})} finished)")

@@ -33,7 +33,8 @@ import traceback
 
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import, call_supported,
                       fields_of, init_params, iter_queue)
-from .executor import FakeWorker, available_memory, kv_cache_spec, make_executor_class
+from .executor import (FakeWorker, available_memory, kv_cache_spec, make_executor_class,
+                       unknown_call)
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from . import state
 from .fake_runner import FakeModelRunner
@@ -94,6 +95,9 @@ class EngineCoreLoop(StepLoop):
         except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:
+            unknown = unknown_call(self.worker, exc, a.version)
+            if unknown is not None:
+                raise AdapterError(unknown) from exc
             if not vllm_frames(exc.__traceback__, a.vllm_file) or _raised_in_lab(exc):
                 raise AdapterError(f"building vLLM {a.version}'s EngineCore failed in the lab: "
                                    f"{type(exc).__name__}: {exc}") from exc
@@ -320,6 +324,9 @@ class EngineCoreLoop(StepLoop):
         except MemoryError:  # the worker's memory limit, not vLLM's failure
             raise
         except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
+            unknown = unknown_call(getattr(self, "worker", None), exc, a.version)
+            if unknown is not None:
+                raise AdapterError(unknown) from exc
             if _raised_in_lab(exc):
                 # the fake worker (called from inside vLLM's executor) or the observer
                 # failed: a lab error, never a reproduction
@@ -435,8 +442,10 @@ class EngineCoreLoop(StepLoop):
             except TypeError:
                 pass
         arrival = r["arrival_time"] if r.get("arrival_time") is not None else float(self.order)
+        # prompt: the text prompt, a required field up to 0.8.4 that the front end sets to None
+        # once the detokenizer has it ("set to None when it is added to EngineCoreClient")
         values = dict(
-            request_id=r["id"], prompt_token_ids=self.prompt_of(r), mm_features=None,
+            request_id=r["id"], prompt=None, prompt_token_ids=self.prompt_of(r), mm_features=None,
             mm_inputs=None, mm_kwargs=None, mm_hashes=None, mm_placeholders=None,
             sampling_params=sp, pooling_params=None, eos_token_id=2, arrival_time=arrival,
             lora_request=None, cache_salt=None, data_parallel_rank=None, prompt_embeds=None,
