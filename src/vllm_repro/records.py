@@ -413,7 +413,9 @@ class TraceLine(Record):
     ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``);
     ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
     many batches ``update_from_output`` applied, which with async scheduling or a batch queue
-    is not the one just scheduled); events (``reset_prefix_cache``: what it returned,
+    is not the one just scheduled), with a batch queue ``applied_from`` (the steps that
+    scheduled them) and ``in_flight`` (batches in flight at the step's peak); events
+    (``reset_prefix_cache``: what it returned,
     ``paused``: the mode or true, ``resumed``); after the step the request ids
     ``finished``, the scheduler's ``waiting``, ``running`` and ``preempted`` queues and
     ``free_blocks`` (the block pool's free count), or ``state_error`` when they could not be
@@ -431,6 +433,11 @@ class TraceLine(Record):
     kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None
     applied: int | None = None
+    #: engine-core with a batch queue (``max_concurrent_batches`` > 1): the steps whose batches
+    #: ``update_from_output`` applied in this step, and the batches in flight at the step's
+    #: peak (in the queue after its ``schedule()``, before its updates took them out)
+    applied_from: list[int] | None = None
+    in_flight: int | None = None
     reset_prefix_cache: Any = None
     paused: Any = None
     resumed: bool | None = None

@@ -53,11 +53,6 @@ class EngineCoreLoop(StepLoop):
         cfg = self.cfg
         if not a.caps.engine_core:
             raise LevelMissing("engine-core", a.caps.refusal("engine-core"))
-        if cfg.get("max_concurrent_batches") is not None and a.caps.batch_queue_from_config:
-            raise RefusedByRelease(
-                f"config.max_concurrent_batches: vLLM {a.version}'s EngineCore sizes its batch "
-                "queue from VllmConfig.max_concurrent_batches, not from the executor; use "
-                "pipeline_parallel_size / async_scheduling on this release")
         self._structured = any(r.get("structured_outputs") for r in self.sc["requests"])
         if self._structured and not a.caps.structured_outputs:
             raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
@@ -67,6 +62,18 @@ class EngineCoreLoop(StepLoop):
         build_cfg = {**cfg, "kv_transfer_config": kv} if kv else cfg
         vllm_config, _ = self._config_or_refusal(
             lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured))
+        want = cfg.get("max_concurrent_batches")
+        if want is not None and a.caps.batch_queue_from_config:
+            # the release sizes its batch queue from VllmConfig.max_concurrent_batches, a
+            # property of the parallel and scheduler configs: the scenario's depth is taken
+            # where vLLM's own config gives it, else refused with what gives it
+            got = getattr(vllm_config, "max_concurrent_batches", None)
+            if got != want:
+                raise RefusedByRelease(
+                    f"config.max_concurrent_batches: {want}, where vLLM {a.version}'s "
+                    f"VllmConfig.max_concurrent_batches is {got} for this config (its EngineCore "
+                    "sizes the batch queue from it: pipeline_parallel_size, or 2 with "
+                    f"async_scheduling); set pipeline_parallel_size: {want} instead")
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
         cap = self.lab_limits.get("max_kv_blocks")
@@ -214,6 +221,7 @@ class EngineCoreLoop(StepLoop):
             scheduled = loop._lab(loop.adapter.scheduled, so)
             loop._line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
             loop._scheduled_so.append(so)
+            loop._so_step[id(so)] = loop.step
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
                                                        so, scheduled):
                 raise _ObserverStop()
@@ -224,6 +232,7 @@ class EngineCoreLoop(StepLoop):
             loop._phase = "update_from_output"
             out = update(so, *args, **kwargs)
             loop._updated_so.append(so)
+            loop._applied_from.append(loop._so_step.pop(id(so), None))
             loop._phase = "step"
             return out
 
@@ -242,6 +251,8 @@ class EngineCoreLoop(StepLoop):
         self._in_flight: dict[int, list[str]] = {}
         self._scheduled_so: list = []
         self._updated_so: list = []
+        self._so_step: dict[int, int] = {}
+        self._applied_from: list = []
         self._phase = "engine-build"
         self._reach: dict[str, int] = {}
         self.kv_worker = None
@@ -284,7 +295,7 @@ class EngineCoreLoop(StepLoop):
         a = self.adapter
         engine = self.engine
         self._line = line
-        self._scheduled_so, self._updated_so = [], []
+        self._scheduled_so, self._updated_so, self._applied_from = [], [], []
         self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
@@ -305,6 +316,11 @@ class EngineCoreLoop(StepLoop):
             if not self._scheduled_so:
                 line.idle = not self._updated_so
             line.applied = len(self._updated_so)
+            queue_ = getattr(engine, "batch_queue", None)
+            if queue_ is not None:  # which batches were applied, and what is still in flight
+                line.applied_from = [s for s in self._applied_from if s is not None]
+                # at the step's peak: queued after its schedule(), before its updates popped
+                line.in_flight = len(queue_) + len(line.applied_from)
             if record_stats is not None:
                 self._phase = "record_stats"
                 while not engine.output_queue.empty():
