@@ -60,6 +60,13 @@ class EngineCoreLoop(StepLoop):
         kv = self.sc.get("kv_transfer_config")
         self.kv_worker = self._kv_worker(kv) if kv else None
         build_cfg = {**cfg, "kv_transfer_config": kv} if kv else cfg
+        from .topology import topology
+
+        self.topology = topology(cfg)
+        if self.topology.multiprocess:  # the ranks' worker, named through vLLM's own setting
+            from . import ranks
+
+            build_cfg = ranks.multiproc_config(a, build_cfg)
         vllm_config, _ = self._config_or_refusal(
             lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured))
         want = cfg.get("max_concurrent_batches")
@@ -91,7 +98,13 @@ class EngineCoreLoop(StepLoop):
                 getattr(multiproc, "max_concurrent_batches", None), property):
             # what the deployment's executor (vLLM's MultiprocExecutor) reports for this config
             depth = multiproc.max_concurrent_batches.fget
-        executor_cls = self._lab(make_executor_class, self.worker, depth)
+        if self.topology.multiprocess:
+            # the release's own MultiprocExecutor, unchanged: it forks a WorkerProc per rank
+            self.ranks = self._lab(ranks.RankSet, self.worker, self.topology.world_size)
+            self.ranks.start()
+            executor_cls = self._lab(ranks.multiproc_executor)
+        else:
+            executor_cls = self._lab(make_executor_class, self.worker, depth)
         engine_cls = _import("vllm.v1.engine.core:EngineCore")
         self.vllm_config = vllm_config
         try:
@@ -107,6 +120,8 @@ class EngineCoreLoop(StepLoop):
             raise _EngineBuildCrash(exc) from exc
         self.engine = engine
         self.scheduler = engine.scheduler
+        if self.ranks is not None:
+            self.ranks.attach(engine.model_executor)
         if not hasattr(engine, "step_fn"):  # <= 0.10: EngineCoreProc.__init__ picks it
             engine.step_fn = (engine.step if getattr(engine, "batch_queue", None) is None
                               else engine.step_with_batch_queue)
@@ -256,6 +271,28 @@ class EngineCoreLoop(StepLoop):
         self._phase = "engine-build"
         self._reach: dict[str, int] = {}
         self.kv_worker = None
+        self.ranks = None
+        self.engine = None
+        try:
+            with _rank_env(self.cfg):
+                return self._run(t0)
+        finally:
+            self._close_engine()
+
+    def _close_engine(self) -> None:
+        """vLLM's ``EngineCore.shutdown`` (with ranks: its executor stops their processes), then
+        the lab's side of the ranks."""
+        engine = self.engine
+        if engine is not None and not getattr(self, "_shut", False):
+            self._shut = True
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
+                pass
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def _run(self, t0: float) -> RunResult:
         try:
             self._build_engine(self.runner)
         except _EngineBuildCrash as crash:
@@ -270,10 +307,10 @@ class EngineCoreLoop(StepLoop):
             getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
             getattr(engine, "batch_queue_size", 1),
             getattr(engine.step_fn, "__name__", str(engine.step_fn)), type(self.scheduler).__name__)
-        try:
-            engine.shutdown()
-        except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
-            pass
+        if self.ranks is not None:
+            result.engine.topology = self.topology.describe()
+            result.engine.executor = type(engine.model_executor).__name__
+            result.faults = [f.brief() for f in self.ranks.fired] or None
         return result
 
     def _build_crashed(self, exc: BaseException, build_s: float) -> RunResult:
@@ -540,6 +577,44 @@ class EngineCoreLoop(StepLoop):
                 h.flush()
             except Exception:  # noqa: BLE001
                 pass
+
+
+class _rank_env:
+    """The variables of vLLM's that a multi-process run sets for its duration (restored after):
+    ``VLLM_WORKER_MULTIPROC_METHOD=fork`` (vLLM's default, said explicitly: the ranks inherit
+    the emulated platform and the lab's setup) and, where the scenario gives
+    ``config.execute_model_timeout_seconds``, the release's own
+    ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (``MultiprocExecutor``'s RPC timeout)."""
+
+    def __init__(self, cfg: dict):
+        import os
+
+        self.os = os
+        self.want: dict[str, str] = {}
+        if cfg.get("execute_model_timeout_seconds") is not None:
+            self.want["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = str(
+                int(cfg["execute_model_timeout_seconds"]))
+        from .topology import topology
+
+        try:
+            if topology(cfg).multiprocess:
+                self.want["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        except ValueError:
+            pass
+        self.before: dict[str, str | None] = {}
+
+    def __enter__(self):
+        for k, v in self.want.items():
+            self.before[k] = self.os.environ.get(k)
+            self.os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.before.items():
+            if v is None:
+                self.os.environ.pop(k, None)
+            else:
+                self.os.environ[k] = v
 
 
 class _EngineBuildCrash(Exception):
