@@ -316,12 +316,16 @@ class AuditSummary(Record):
 class EngineInfo(Record):
     """``level: engine-core``: what vLLM's ``EngineCore`` built: ``num_gpu_blocks`` (its KV
     sizing), ``batch_queue_size``, ``step_fn`` (``step`` or ``step_with_batch_queue``) and the
-    ``scheduler`` class name (``Scheduler``, ``AsyncScheduler``)."""
+    ``scheduler`` class name (``Scheduler``, ``AsyncScheduler``); with rank processes
+    (``distributed_executor_backend: mp``) the ``topology`` (``TP=2 PP=1 DP=1 (mp)``) and the
+    ``executor`` class vLLM ran (``MultiprocExecutor``)."""
 
     num_gpu_blocks: int | None = None
     batch_queue_size: int | None = None
     step_fn: str | None = None
     scheduler: str | None = None
+    topology: str | None = None
+    executor: str | None = None
 
 
 # ---- a run -----------------------------------------------------------------------------------
@@ -351,7 +355,8 @@ class RunResult(Record):
     ``tree`` which tree ran: ``full`` (the sdist's), ``slice`` (a committed slice proven
     equivalent to it: docs/slices.md) or ``installed`` (an installed vLLM); ``warm`` whether
     the worker was forked by a warm parent (docs/warm-runs.md) rather than started cold.
-    ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
+    ``planted`` (tests only) names a fault planted into vLLM; ``faults`` the rank faults that
+    fired (``events[].fault``, multi-process ranks); ``engine_log`` the worker's log;
     ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the
     report is written.
     """
@@ -379,6 +384,9 @@ class RunResult(Record):
     timing: Timing | None = None
     engine: EngineInfo | None = None
     planted: dict | None = None
+    #: the rank faults that fired (``events[].fault``): ``{rank, kind, seconds | exit_code,
+    #: execute_model}`` each, in firing order
+    faults: list[dict] | None = None
     engine_log: str | None = None
     verdict: dict | None = None
 
@@ -418,7 +426,9 @@ class TraceLine(Record):
     ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``);
     ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
     many batches ``update_from_output`` applied, which with async scheduling or a batch queue
-    is not the one just scheduled); events (``reset_prefix_cache``: what it returned,
+    is not the one just scheduled), with a batch queue ``applied_from`` (the steps that
+    scheduled them) and ``in_flight`` (batches in flight at the step's peak); events
+    (``reset_prefix_cache``: what it returned,
     ``paused``: the mode or true, ``resumed``); after the step the request ids
     ``finished``, the scheduler's ``waiting``, ``running`` and ``preempted`` queues and
     ``free_blocks`` (the block pool's free count), or ``state_error`` when they could not be
@@ -436,6 +446,13 @@ class TraceLine(Record):
     kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None
     applied: int | None = None
+    #: engine-core with a batch queue (``max_concurrent_batches`` > 1): the steps whose batches
+    #: ``update_from_output`` applied in this step, and the batches in flight at the step's
+    #: peak (in the queue after its ``schedule()``, before its updates took them out)
+    applied_from: list[int] | None = None
+    in_flight: int | None = None
+    #: a rank fault the step's events armed (``events[].fault``: rank, kind, ...)
+    fault: dict | None = None
     reset_prefix_cache: Any = None
     paused: Any = None
     resumed: bool | None = None

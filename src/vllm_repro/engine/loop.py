@@ -438,6 +438,23 @@ def slice_gap(events: list, version: str, crash: Crash | None = None) -> str | N
             f"this path (vllm-repro slice {version})")
 
 
+def _emulate_devices(scenario: dict) -> int | None:
+    """Make the emulated platform report the devices the scenario's topology needs
+    (:func:`~vllm_repro.engine.topology.topology`); returns the count before, or None where the
+    scenario asks for one device (nothing changed). Raises :class:`RefusedByRelease` for sizes
+    the lab refuses."""
+    from .adapter import platform
+    from .topology import topology
+
+    try:
+        topo = topology(scenario.get("config") or {})
+    except ValueError as exc:
+        raise RefusedByRelease(str(exc)) from None
+    if topo.devices == 1:
+        return None
+    return platform.set_device_count(topo.devices)
+
+
 def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
                  limits: dict | None = None) -> RunResult:
     """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
@@ -474,8 +491,10 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
                                 "fewer requests or steps, or raise VLLM_REPRO_MAX_TRACE_MB")
             trace_f.write(text)
 
+    devices_before = None
     try:
         level = scenario.get("level") or "scheduler"
+        devices_before = _emulate_devices(scenario)
         if level == "v0-engine":
             from .v0 import V0EngineLoop
 
@@ -514,6 +533,10 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     finally:
         if trace_f is not None:
             trace_f.close()
+        if devices_before is not None:
+            from .adapter import platform
+
+            platform.set_device_count(devices_before)
     runtime = _slice_runtime()
     gap = None if runtime is None else \
         slice_gap(getattr(runtime, "EVENTS", [])[events_before:], adapter.version, result.crash)

@@ -257,6 +257,9 @@ class SchedulerSettings(Strict):
                                      f"{float(value)!r}")
                 raise ValueError(f"config.{key}: {value!r} is a quoted string; write it without "
                                  "quotes if it is a number or a boolean")
+        from ..engine.topology import topology
+
+        topology({"passthrough": extra})  # parallel sizes: positive, a bounded world
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when enable_chunked_prefill is "
