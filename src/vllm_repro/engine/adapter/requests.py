@@ -152,22 +152,16 @@ class RequestsMixin:
         long = isinstance(max_len, int) and len(prompt) >= max_len
         if not priority and not long:
             return
-        if not hasattr(self, "_processor"):
-            self._processor = None
-            proc_cls = _try_import("vllm.v1.engine.processor:Processor",
-                                   "vllm.v1.engine.input_processor:InputProcessor")
-            if proc_cls is not None:
-                try:
-                    self._processor = call_supported(proc_cls, vllm_config=self.vllm_config,
-                                                     tokenizer=None)
-                except Exception:  # noqa: BLE001 - API drift: no front-door check possible
-                    self._processor = None
-        if self._processor is None:
+        processor = self._front_processor("Processor", "vllm.v1.engine.processor:Processor")
+        if processor is None and long:  # later releases: the InputProcessor
+            processor = self._front_processor(
+                "InputProcessor", "vllm.v1.engine.input_processor:InputProcessor")
+        if processor is None:
             self._over_max_model_len(req_id, prompt, max_len, long)
             return
         sp = call_supported(self.SamplingParams, max_tokens=max_tokens)
         try:
-            call_supported(self._processor.process_inputs, request_id=req_id,
+            call_supported(processor.process_inputs, request_id=req_id,
                            prompt={"prompt_token_ids": list(prompt)}, params=sp,
                            arrival_time=0.0, priority=priority)
         except (ValueError, NotImplementedError) as exc:
@@ -185,6 +179,21 @@ class RequestsMixin:
                     "config.max_model_len", exc, "add_request") from None
         except Exception:  # noqa: BLE001 - anything else is not about priority or length
             self._over_max_model_len(req_id, prompt, max_len, long)
+
+    def _front_processor(self, name: str, where: str):
+        """The release's front-door processor class at ``where`` built once (on this
+        adapter's ``vllm_config``, no tokenizer), or None where it has none or it cannot be
+        built so."""
+        cache = self.__dict__.setdefault("_front_processors", {})
+        if name not in cache:
+            cache[name] = None
+            cls = _try_import(where)
+            if cls is not None:
+                try:
+                    cache[name] = call_supported(cls, vllm_config=self.vllm_config, tokenizer=None)
+                except Exception:  # noqa: BLE001 - API drift: no front-door check possible
+                    cache[name] = None
+        return cache[name]
 
     @staticmethod
     def _over_max_model_len(req_id: str, prompt: list[int], max_len, long: bool) -> None:
