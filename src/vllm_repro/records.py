@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 #: the outcomes of a run (``RunResult.outcome``); ``incomplete``: ``limits.max_steps`` reached
-#: with requests unfinished and nothing else wrong (never clean)
-OUTCOMES = ("clean", "crash", "violation", "stall", "incomplete", "error")
+#: with requests unfinished and nothing else wrong (never clean); ``hang``: a step (or start-up)
+#: did not return within the watchdog's time (``RunResult.hang``); ``refused``: vLLM refused the
+#: scenario's configuration or a request, where the scenario expects that (``RunResult.refusal``;
+#: on a release where the scenario expects a run, a refusal stays an input ``error``)
+OUTCOMES = ("clean", "crash", "violation", "stall", "incomplete", "hang", "refused", "error")
 
 
 class RecordError(ValueError):
@@ -159,6 +162,42 @@ class Frame(Record):
 
 
 @dataclass
+class CrashContext(Record):
+    """What the innermost vLLM frame held when it raised (``engine/explain.py``), bounded:
+    ``statement`` the full text of the statement that raised (``file``:``line`` of
+    :attr:`Crash.where`), ``locals`` its local variables (name -> ``repr`` cut to 200
+    characters, at most 40 of them), ``operands`` for a failed ``assert``: each operand of its
+    test evaluated again in that frame, as pytest's assertion rewriting shows them (``len(self.
+    running)`` -> ``1``; at most 12), ``operand_error`` why they could not be evaluated."""
+
+    statement: str | None = None
+    locals: dict[str, str] | None = None
+    operands: dict[str, str] | None = None
+    operand_error: str | None = None
+
+
+@dataclass
+class Hang(Record):
+    """A step (or start-up, ``step`` 0) that had not returned after ``limit_s`` seconds (the
+    watchdog: ``engine/watchdog.py``, ``VLLM_REPRO_STEP_TIMEOUT_S`` or the scenario's
+    ``limits.step_timeout_s``): ``phase`` (the vLLM call: ``engine-build``, ``schedule``,
+    ``step``...), ``where`` the innermost vLLM frame the run's thread sat in when the time ran
+    out (``None``: none of its frames was vLLM's), ``vllm_frames`` (its last 8 vLLM frames,
+    outermost first), ``stacks`` the Python stacks of every thread of the worker as
+    ``faulthandler`` dumps them (the last 20,000 characters), ``stopped``: how the run ended
+    (``interrupted``: the step was interrupted with an exception and the worker lived on;
+    ``exited``: the step never let go, the worker sent this and exited)."""
+
+    step: int
+    limit_s: float
+    phase: str | None = None
+    where: Frame | None = None
+    vllm_frames: list[Frame] | None = None
+    stacks: str | None = None
+    stopped: str | None = None
+
+
+@dataclass
 class Crash(Record):
     """vLLM raised: the exception's ``type`` name and first ``message`` line, ``where`` (the
     innermost vLLM frame, ``None`` when no frame is vLLM's), ``vllm_frames`` (the last 8 vLLM
@@ -173,6 +212,9 @@ class Crash(Record):
     step: int | None = None
     phase: str | None = None
     traceback: str | None = None
+    #: why, where the lab could see it (:class:`CrashContext`): the innermost vLLM frame's
+    #: statement, locals and, for a failed ``assert``, its operands' values
+    context: "CrashContext | None" = None
 
     def brief(self) -> "Crash":
         """The trace line's copy: type, message, where and phase."""
@@ -333,9 +375,13 @@ class EngineInfo(Record):
 class RunResult(Record):
     """What one run of a scenario on one release observed: ``result.json``.
 
-    ``outcome`` is one of ``clean``, ``crash``, ``violation``, ``stall``, ``incomplete`` or
-    ``error`` (:data:`OUTCOMES`); its evidence is in ``crash``, ``violations``,
-    ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
+    ``outcome`` is one of ``clean``, ``crash``, ``violation``, ``stall``, ``incomplete``,
+    ``hang``, ``refused`` or ``error`` (:data:`OUTCOMES`); its evidence is in ``crash``,
+    ``violations``, ``stall``, ``hang``, ``refusal`` or ``error``. ``refusal`` (a
+    :class:`Crash` record: vLLM's exception, its innermost vLLM frame, ``phase`` ``config``,
+    ``engine-build`` or ``add_request``) is kept with an input ``error`` too, where vLLM's own
+    code refused the scenario: the verdict turns such a run into ``refused`` where the scenario
+    expects a refusal. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
     finish status (``FINISHED_STOPPED``...; at ``level: v0-engine`` the finish reason of its
     ``RequestOutput``, ``stop`` / ``length`` / ``abort``, and ``FINISHED_IGNORED`` for a request
     the V0 scheduler ignored, whose reason vLLM gives as ``length``), ``refused`` maps the requests the release's front
@@ -373,6 +419,8 @@ class RunResult(Record):
     warm: bool | None = None
     crash: Crash | None = None
     stall: Stall | None = None
+    hang: Hang | None = None
+    refusal: Crash | None = None
     violations: list[Violation] | None = None
     audit: AuditSummary | None = None
     error: RunError | None = None
@@ -778,7 +826,8 @@ def schema() -> str:
     import inspect
 
     out = []
-    for cls in (RunResult, Crash, Frame, Stall, Violation, RunError, Timing, AuditSummary,
+    for cls in (RunResult, Crash, CrashContext, Frame, Stall, Hang, Violation, RunError, Timing,
+                AuditSummary,
                 EngineInfo, TraceLine, MatrixReport, MatrixCell, CampaignReport,
                 CampaignTaskResult, CampaignFinding, SignatureSpan):
         out.append(f"### `{cls.__name__}`\n")
@@ -799,7 +848,8 @@ def schema() -> str:
     return "\n".join(out)
 
 
-__all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "Stall", "Violation", "RunError",
+__all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "CrashContext", "Stall", "Hang",
+           "Violation", "RunError",
            "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
            "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport",
            "CampaignFinding", "CampaignTaskResult", "SignatureSpan", "CampaignReport"]

@@ -298,9 +298,12 @@ class EngineCoreLoop(StepLoop):
 
     def _run(self, t0: float) -> RunResult:
         try:
-            self._build_engine(self.runner)
+            built = self._watched(0, "engine-build", lambda: self._build_engine(self.runner) or True,
+                                  lambda: None)
         except _EngineBuildCrash as crash:
             return self._build_crashed(crash.__cause__, time.perf_counter() - t0)
+        if built is None:  # the watchdog: EngineCore's start-up never returned
+            return self._build_hung(time.perf_counter() - t0)
         self._check_events()
         record_stats = self._front_door_and_stats(self.vllm_config)
         build_s = time.perf_counter() - t0
