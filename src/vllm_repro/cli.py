@@ -19,22 +19,95 @@ from .commands import slice as slice_
 from .console import err, error
 from .errors import EXIT_ENV, EXIT_INPUT, LabError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(no_args_is_help=True, invoke_without_command=True,
                   help="Reproduce vLLM engine crashes on CPU with vLLM's real scheduler code.")
 
+#: each command's line in `vllm-repro --help` (its own --help has the whole docstring)
+SUMMARIES = {
+    "run": "Run scenarios on vLLM releases; print the verdict table.",
+    "prepare": "Fetch, check and build releases' CPU environments ahead of a run.",
+    "catalog": "List the catalog of real vLLM bugs, or run it (catalog run).",
+    "triage": "Read a vLLM crash log: root cause, where, release; draft a scenario.",
+    "fuzz": "Search workloads on one release until vLLM fails; shrink the failure.",
+    "campaign": "Fuzz releases x seeds x feature sets; a heat map of the findings.",
+    "slice": "Trace and commit the slice of a release's tree that runs use.",
+    "verify": "Prove a patch on CPU: reproduced before, clean after.",
+    "gpu-verify": "Confirm a patch on a GPU host over SSH (full vLLM, CUDA image).",
+    "gpu-judge": "Inside the CUDA image: judge a verification bundle (gpu-verify runs it).",
+    "bisect": "Find the first release (or commit) where a scenario's outcome changes.",
+    "matrix": "Run a scenario on every release in a range, in each mode; a picture.",
+}
+
 # the order of `vllm-repro --help`
-app.command("run")(run.run)
-app.command("prepare")(prepare.prepare)
-app.add_typer(catalog.app, name="catalog")
-app.command("triage")(triage.triage)
-app.command("fuzz")(fuzz.fuzz)
-app.command("campaign")(campaign.campaign)
-app.command("slice")(slice_.slice_cmd)
-app.command("verify")(verify.verify)
-app.command("gpu-verify")(remote.gpu_verify)
-app.command("gpu-judge")(remote.gpu_judge)
-app.command("bisect")(bisect.bisect)
-app.command("matrix")(matrix.matrix)
+app.command("run", short_help=SUMMARIES["run"])(run.run)
+app.command("prepare", short_help=SUMMARIES["prepare"])(prepare.prepare)
+app.add_typer(catalog.app, name="catalog", short_help=SUMMARIES["catalog"])
+app.command("triage", short_help=SUMMARIES["triage"])(triage.triage)
+app.command("fuzz", short_help=SUMMARIES["fuzz"])(fuzz.fuzz)
+app.command("campaign", short_help=SUMMARIES["campaign"])(campaign.campaign)
+app.command("slice", short_help=SUMMARIES["slice"])(slice_.slice_cmd)
+app.command("verify", short_help=SUMMARIES["verify"])(verify.verify)
+app.command("gpu-verify", short_help=SUMMARIES["gpu-verify"])(remote.gpu_verify)
+app.command("gpu-judge", short_help=SUMMARIES["gpu-judge"])(remote.gpu_judge)
+app.command("bisect", short_help=SUMMARIES["bisect"])(bisect.bisect)
+app.command("matrix", short_help=SUMMARIES["matrix"])(matrix.matrix)
+
+
+def cached_releases() -> list[tuple[str, list[str]]]:
+    """The vLLM releases in the cache (``VLLM_REPRO_CACHE``), in version order, each with what
+    of it is there: ``sdist``, ``tree``, ``env`` (the full tree's CPU environment), ``slice``
+    (a slice's environment)."""
+    from packaging.version import InvalidVersion, Version
+
+    from .settings import cache_dir
+
+    root = cache_dir()
+    found: dict[str, list[str]] = {}
+    for f in (root / "sdists").glob("vllm-*.tar.gz"):
+        found.setdefault(f.name[len("vllm-"):-len(".tar.gz")], []).append("sdist")
+    for d in (root / "trees").glob("*"):
+        if d.is_dir():
+            found.setdefault(d.name, []).append("tree")
+    for d in (root / "envs").glob("*"):
+        if (d / "bin" / "python").exists():
+            name, _, key = d.name.partition("-slice-")
+            what = "slice" if key else "env"
+            if what not in found.setdefault(name, []):
+                found[name].append(what)
+
+    def key(v: str):
+        try:
+            return (0, Version(v))
+        except InvalidVersion:
+            return (1, Version("0"))
+    return sorted(found.items(), key=lambda kv: (key(kv[0]), kv[0]))
+
+
+@app.callback()
+def top(ctx: typer.Context,
+        version: bool = typer.Option(False, "--version", help="Print the lab's version (with -v, "
+                                     "also the vLLM releases in the cache) and exit."),
+        verbose: bool = typer.Option(False, "-v", "--verbose", help="With --version: the "
+                                     "cached releases too.")) -> None:
+    """Reproduce vLLM engine crashes on CPU with vLLM's real scheduler code."""
+    if version:
+        from . import __version__
+        from .console import out
+
+        out.print(f"vllm-repro {__version__}", highlight=False)
+        if verbose:
+            from .settings import cache_dir
+
+            releases = cached_releases()
+            out.print(f"cache {cache_dir()}: {len(releases)} vLLM release(s)", highlight=False)
+            for name, what in releases:
+                out.print(f"  {name}  {', '.join(what)}", highlight=False)
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        from .console import out
+
+        out.print(ctx.get_help())
+        raise typer.Exit(0)
 
 
 def _check_cache() -> None:
@@ -59,6 +132,19 @@ def crash_report(exc: BaseException) -> Path | None:
         return Path(name)
     except Exception:  # noqa: BLE001 - a last resort must not fail itself
         return None
+
+
+def usage_error(exc) -> None:
+    """A usage error from click (an unknown option, a value not among an option's choices, a
+    missing argument) as one line, ``error: MESSAGE (vllm-repro CMD --help: ...)``, as every
+    input error is said (README, "Exit codes")."""
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None and ctx.command_path else "vllm-repro"
+    try:
+        message = exc.format_message()
+    except Exception:  # noqa: BLE001 - a click exception without it: its text
+        message = str(exc)
+    error(f"{message} ({where} --help lists the arguments and options)")
 
 
 def main(args: list[str] | None = None, *, signals: bool = True) -> None:
@@ -98,7 +184,7 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
         # usage errors from click (bundled inside typer in newer releases): they know how to
         # show themselves and carry their exit code (2 for usage)
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
+            usage_error(exc)
             sys.exit(EXIT_INPUT)
         if signals:  # the entry point owns its children; a caller in-process owns its own
             procs.kill_all()

@@ -28,6 +28,9 @@ from .sources.sdist import validate_version
 from .verdict import Verdict, audit_keeps_going, judge
 
 Say = Callable[[str], None]
+#: called with each run item as soon as its run has ended (a progress bar's step); from the
+#: release's worker thread
+OnRun = Callable[["RunItem"], None]
 
 
 @dataclass
@@ -65,9 +68,10 @@ class RunItem:
 
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                  audit: bool, keep_going: bool, say: Say, log_name: str | None = None,
-                 platform: str | None = None) -> None:
+                 platform: str | None = None, on_run: OnRun | None = None) -> None:
     with _claimed_log(ReportDir.engine_log(reports, log_name or version)) as log:
-        _run_release_logged(version, env, items, reports, log, audit, keep_going, say, platform)
+        _run_release_logged(version, env, items, reports, log, audit, keep_going, say, platform,
+                            on_run)
 
 
 @contextmanager
@@ -95,7 +99,7 @@ def _claimed_log(log: Path):
 
 def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                         log: Path, audit: bool, keep_going: bool, say: Say,
-                        platform: str | None) -> None:
+                        platform: str | None, on_run: OnRun | None = None) -> None:
     from .scenario.release_fields import unknown_passthrough
 
     for item in items:  # a config field the release lacks: refused before vLLM is imported
@@ -123,6 +127,8 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
                 item.result.tree_changes = changed
                 item.result.tree = env.tree_kind
                 item.result.warm = bool(worker.warm_started)
+                if on_run is not None:
+                    on_run(item)
     except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
             item.fail_from(exc)
@@ -199,11 +205,13 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
                prepare: Callable[[str], ReleaseEnv] | None = None,
                tree: str | None = None, timelines: bool = True,
                prepare_tree: Callable[[str, str], ReleaseEnv] | None = None,
-               resolve: Callable[[str, str], str] | None = None) -> list[RunItem]:
+               resolve: Callable[[str, str], str] | None = None,
+               on_run: OnRun | None = None) -> list[RunItem]:
     """Run every item; fill in ``result`` and ``verdict``; write each run's ``result.json``
     (with its verdict, through :class:`~vllm_repro.records.ReportDir`: its only writer) and,
     with ``timelines``, its ``timeline.png`` (about 2 s of matplotlib a run on a busy machine;
-    the release matrix draws its own picture instead).
+    the release matrix draws its own picture instead). ``on_run(item)``: called as each run
+    ends (from its release's thread).
 
     Releases are prepared one after the other (network and disk), then run in parallel, one
     worker per release, at most ``jobs`` at a time (default: the number of CPUs, at most 4).
@@ -255,7 +263,7 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
         futures = [pool.submit(_run_release, v, envs[(v, k)], group, reports, audit,
                                keep_going, say,
                                _log_name(v, k, kinds_of[v] > 1, platform, len(groups[(v, k)]) > 1),
-                               platform)
+                               platform, on_run)
                    for v, k in runnable for platform, group in groups[(v, k)].items()]
         for f in futures:
             f.result()

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from . import COLD_HELP, warm_setting
+from . import COLD_HELP, Level, Policy, value, warm_setting
 from ..executor import RAY_HELP, RAY_REMOTE_HELP  # standard library only at import: --help stays light
 
 
@@ -16,8 +16,8 @@ def campaign(
     releases: str | None = typer.Option(None, "--releases", help="Release range on the index, a packaging specifier set such as '>=0.10,<0.34' (default: every final V1 release)."),
     seeds: int = typer.Option(2, "--seeds", min=1, help="Seeds per release: 0 .. N-1 (one task per release and seed)."),
     features: str = typer.Option("default", "--features", help="Feature sets, comma-separated: default, single, concurrent, long, mixed (each searched in every task)."),
-    level: str = typer.Option("scheduler", "--level", help="scheduler | engine-core: the level the scenarios run at."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="Fix the scheduling policy (fcfs|priority)."),
+    level: Level = typer.Option(Level.scheduler, "--level", help="The level the scenarios run at (scheduler or engine-core)."),
+    policy: Optional[Policy] = typer.Option(None, "--policy", help="Fix the scheduling policy."),
     spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Force spec decode on or off."),
     target: Optional[str] = typer.Option(None, "--target", help="Only count failures whose signature contains this text."),
     examples: int = typer.Option(200, "--examples", min=1, help="Examples per task and feature set: the bound that makes a campaign repeatable."),
@@ -44,6 +44,7 @@ def campaign(
     environment failure; the report is written, and a resume runs those tasks again).
     """
     warm_setting(cold)
+    policy, level = value(policy), value(level)
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -88,7 +89,7 @@ def campaign(
         say(f"tasks run on {executor.name}")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[note]}"), console=err,
-                      transient=False) as bar:
+                      transient=False, disable=not err.is_terminal) as bar:
             task = bar.add_task("campaign", total=len(versions) * seeds, note="")
 
             def on_event(p):

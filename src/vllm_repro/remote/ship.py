@@ -56,6 +56,28 @@ class Ship:
 
 
 # ---- connecting ------------------------------------------------------------------------------
+def check_reachable(ship: Ship, conn, where: str) -> None:
+    """A TCP connection to the host's SSH port, opened and closed before any key is checked, so
+    that a host both down and unknown is said to be unreachable (what is wrong), not to have an
+    unknown host key. Skipped when the ssh config reaches the host through a ProxyCommand or
+    ProxyJump (the port is then not ours to try). Raises :class:`EnvError`, one line."""
+    sc = conn.ssh_config
+    if sc.get("proxycommand") or sc.get("proxyjump"):
+        return
+    try:
+        socket.create_connection((conn.host, int(conn.port)), timeout=ship.connect_timeout).close()
+    except socket.gaierror as exc:
+        raise EnvError(f"cannot reach {ship.host}: unknown host name {conn.host!r} "
+                       f"({exc.strerror})") from None
+    except (socket.timeout, TimeoutError):
+        raise EnvError(f"cannot reach {ship.host} ({where}): timed out after "
+                       f"{ship.connect_timeout}s") from None
+    except OSError as exc:
+        why = "connection refused" if isinstance(exc, ConnectionRefusedError) else (
+            exc.strerror or str(exc))
+        raise EnvError(f"cannot reach {ship.host} ({where}): {why}") from None
+
+
 def connect(ship: Ship):
     """An open fabric ``Connection`` to ``ship.host``.
 
@@ -90,6 +112,7 @@ def connect(ship: Ship):
     accept = ship.accept_new_host_key or strict in ("no", "accept-new", "off")
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept else paramiko.RejectPolicy())
     where = f"{conn.host}:{conn.port}"
+    check_reachable(ship, conn, where)  # before the key: a host down and new is "cannot reach"
     try:
         conn.open()
     except paramiko.BadHostKeyException:
