@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from .commands import bisect, campaign, catalog, fuzz, matrix, prepare, remote, run, triage, verify
+from .commands.doctor import doctor
 from .commands import slice as slice_
 from .console import err, error
 from .errors import EXIT_ENV, EXIT_INPUT, LabError
@@ -35,6 +36,7 @@ app.command("gpu-verify")(remote.gpu_verify)
 app.command("gpu-judge")(remote.gpu_judge)
 app.command("bisect")(bisect.bisect)
 app.command("matrix")(matrix.matrix)
+app.command("doctor")(doctor)
 
 
 def _check_cache() -> None:
