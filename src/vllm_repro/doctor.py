@@ -9,24 +9,28 @@ outputs, a KV connector, the V0 engine) runs on each release through
 - ``degraded``: it finished, but part of the audit could not run on the release (the
   capabilities record's ``audit_off``: e.g. ``KV hash checks off``);
 - ``n/a``: the release lacks the mode (its :class:`~vllm_repro.engine.capabilities.Capabilities`
-  say why: no V0 engine on 0.34, no engine-core level on 0.7); not a failure;
+  say why: no V0 engine on 0.34, no engine-core level on 0.7), or refuses a field the workload
+  needs (the release's own words); not a failure;
+- ``finding``: the run finished but observed something other than ``clean`` on a workload that
+  is clean on the releases it names (vLLM's own bug, or a seam the lab misreads: the report says
+  which); the flagship is judged by its catalog expectation instead;
 - ``fails``: a lab or environment error, with the seam it broke in (:func:`seam_of`: the lab
-  file of the traceback's last lab frame), or an observation other than ``clean`` on a workload
-  that is clean on every release the lab knows.
+  file of the traceback's last lab frame).
 
-Exit 0 only when every row works (or is n/a). The smoke workloads are the repository's own
+Exit 0 only when every row works (or is n/a); 3 when a row fails; else 1. The smoke workloads are the repository's own
 scenario files (``scenarios/``, see :data:`SMOKE`), overlaid with the row's level and fields.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import EXIT_ENV, EXIT_OK, InputError
+from .errors import EXIT_ENV, EXIT_MISMATCH, EXIT_OK, InputError
 from .scenario.schema import Scenario
 
 Say = Callable[[str], None]
@@ -94,7 +98,8 @@ SEAMS = (
 
 @dataclass
 class DoctorRow:
-    """One smoke row on one release: ``status`` ``works`` / ``degraded`` / ``n/a`` / ``fails``,
+    """One smoke row on one release: ``status`` ``works`` / ``degraded`` / ``n/a`` / ``finding``
+    / ``fails``,
     ``detail`` its one line (what is degraded, why n/a, the seam and the error), ``seconds``
     the run's wall time (None where nothing ran), ``report`` its report folder."""
 
@@ -114,8 +119,11 @@ class DoctorReport:
     seconds: float = 0.0
 
     def exit_code(self) -> int:
-        """0 when every row works or is n/a, else 3 (a release the lab does not run fully)."""
-        return EXIT_OK if all(r.status in ("works", "n/a") for r in self.rows) else EXIT_ENV
+        """0 when every row works or is n/a; 3 when one fails (the lab cannot run the mode);
+        else 1 (a row degraded, or a finding where the workload is clean elsewhere)."""
+        if any(r.status == "fails" for r in self.rows):
+            return EXIT_ENV
+        return EXIT_OK if all(r.status in ("works", "n/a") for r in self.rows) else EXIT_MISMATCH
 
 
 def smoke_scenarios(directory: Path) -> list[tuple[str, Scenario, tuple[str, ...]]]:
@@ -138,9 +146,11 @@ def smoke_scenarios(directory: Path) -> list[tuple[str, Scenario, tuple[str, ...
         d = {**d, **{k: v for k, v in overlay.items() if k not in ("config", "matrix_mode")}}
         d["config"] = {**d.get("config", {}), **overlay.get("config", {})}
         d["name"] = f"doctor-{n:02d}-{d['name']}"
-        d["vllm"] = {}
-        d.pop("expect", None)
         d.pop("description", None)
+        if rel != FLAGSHIP:  # (the flagship keeps its catalog expectation, judged as `run` does)
+            d["vllm"] = {}
+            d.pop("expect", None)
+            d.pop("fixed", None)
         sc = Scenario.model_validate(d)
         if overlay.get("matrix_mode"):
             from .matrix import mode_scenario
@@ -168,7 +178,9 @@ def seam_of(error_message: str, traceback: str | None) -> str:
 def row_of(version: str, mode: str, needs: tuple[str, ...], item, caps) -> DoctorRow:
     """The row of one smoke run (``item``: a :class:`~vllm_repro.lab.RunItem` after
     :func:`~vllm_repro.lab.run_matrix`; ``caps``: the release's capabilities record, None where
-    the worker never started)."""
+    the worker never started). A run the release refused (an input error: a field or report
+    it lacks) is ``n/a`` with the release's words; the flagship, a catalog entry, is judged by
+    its own expectation where its ranges name the release (``works`` when ``run`` says ok)."""
     from .verdict import describe_observed
 
     res = item.result
@@ -189,18 +201,30 @@ def row_of(version: str, mode: str, needs: tuple[str, ...], item, caps) -> Docto
     if res.outcome == "error":
         err = res.error
         msg = " ".join((err.message if err else "unknown").split())
+        if err is not None and err.kind == "input":
+            return DoctorRow(version, mode, "n/a", f"the release refuses it: {msg}", secs, report)
         if err is not None and err.kind == "env":
             return DoctorRow(version, mode, "fails", f"environment: {msg}", secs, report)
         return DoctorRow(version, mode, "fails",
                          f"{seam_of(msg, err.traceback if err else None)}: {msg}", secs, report)
     observed = describe_observed(res)
-    if res.outcome != "clean":
-        return DoctorRow(version, mode, "fails", f"observed {observed} on a workload clean on "
-                         "every release the lab knows (a release bug, or a seam the lab misreads)",
-                         secs, report)
     off = res.audit.off if res.audit is not None else []
     if off:
         return DoctorRow(version, mode, "degraded", "; ".join(off), secs, report)
+    verdict = getattr(item, "verdict", None)
+    if item.scenario.expect is not None and verdict is not None \
+            and item.scenario.vllm.expectation_for(version) is not None:
+        if verdict.ok:
+            also = f" (+{len(verdict.also)} audit finding(s) outside its bug)" if verdict.also \
+                else ""
+            return DoctorRow(version, mode, "works", f"as the catalog expects: {observed}{also}",
+                             secs, report)
+        return DoctorRow(version, mode, "finding", f"observed {observed}, expected "
+                         f"{verdict.expected}: {verdict.reason}", secs, report)
+    if res.outcome != "clean":
+        return DoctorRow(version, mode, "finding", f"observed {observed} on a workload clean on "
+                         "the releases it names (vLLM's bug, or a seam the lab misreads: see the "
+                         "report)", secs, report)
     return DoctorRow(version, mode, "works", "", secs, report)
 
 
@@ -222,7 +246,11 @@ def run(versions: list[str], directory: Path, reports: Path, say: Say = lambda s
         v = item.version
         if v not in caps_of:
             caps_of[v] = capabilities.load(cache_dir(), v)
-        report.rows.append(row_of(v, mode, needs, item, caps_of[v]))
+        row = row_of(v, mode, needs, item, caps_of[v])
+        if row.status == "n/a" and row.report is None and item.report_dir is not None:
+            # refused before anything ran, for a mode the release lacks (as matrix does)
+            shutil.rmtree(item.report_dir, ignore_errors=True)
+        report.rows.append(row)
     report.seconds = round(time.perf_counter() - t0, 1)
     return report
 

@@ -7,6 +7,10 @@ runs it.
   only its KV hash checks, says so in one line naming the fields and the checks, records them in
   ``result.json`` (``audit.off``), and the verdict reads ``clean (audit partial: KV hash checks
   off; ...)``, never a plain ``clean``.
+- Partial-block hashes (``KVCacheBlock.block_hash_num_tokens``, 0.34): a full-attention group
+  whose block size is twice the hash block size caches each prompt's last hash boundary inside
+  a block; the audit runs clean over dozens of such entries, and finds a token count moved off
+  its boundary.
 - ``EngineCore._initialize_kv_caches`` calling a worker method no release had: one line, "the
   lab does not know vLLM 0.34.0's worker call `...`", a lab error (exit 3), no traceback in the
   table.
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_repro.engine.host import Worker
 from vllm_repro.lab import RunItem, run_matrix
 from vllm_repro.scenario.schema import Scenario
 from vllm_repro.sources.prepare import prepare_release
@@ -31,6 +36,7 @@ pytestmark = pytest.mark.slow
 
 RELEASE = "0.34.0"
 UNKNOWN_CALL = "report_kv_cache_topology"
+PLANTS = Path(__file__).resolve().parent / "plant_partial.py"
 
 
 def scenario(level: str = "scheduler") -> Scenario:
@@ -130,3 +136,60 @@ def test_an_unknown_worker_call_is_one_line_and_exit_3(tmp_path):
         f"the lab does not know vLLM {RELEASE}'s worker call `{UNKNOWN_CALL}`")
     assert "\n" not in res.error.message and "Traceback" not in item.verdict.observed
     assert exit_code([item.verdict]) == 3
+
+
+def partial_scenario() -> Scenario:
+    """A full-attention group of 16-token blocks beside a Mamba group of 64 (align mode) and
+    ``prefix_match_unit: 8`` (vLLM's CacheConfig field): prefix hashes every 8 tokens, so a
+    prompt whose last boundary falls inside a 16-token block gets a partial entry there
+    (``FullAttentionManager._cache_partial_tail_block``), and later prompts hit it."""
+    return Scenario.model_validate({
+        "name": "new-release-partial-hashes",
+        "level": "engine-core",
+        "config": {"block_size": 16, "num_gpu_blocks": 200, "max_num_seqs": 8,
+                   "max_num_batched_tokens": 256, "max_model_len": 1024,
+                   "enable_prefix_caching": True, "mamba_cache_mode": "align",
+                   "prefix_match_unit": 8,
+                   "kv_cache_groups": [{"type": "full"}, {"type": "mamba", "block_size": 64}]},
+        "requests": [
+            {"id": "A", "at_step": 1, "prompt_len": 100, "max_tokens": 8, "prefix": "p",
+             "prefix_len": 96},
+            {"id": "B", "at_step": 6, "prompt_len": 110, "max_tokens": 8, "prefix": "p",
+             "prefix_len": 96},
+            {"id": "C", "at_step": 12, "prompt_len": 75, "max_tokens": 8, "prefix": "p",
+             "prefix_len": 72},
+            {"id": "D", "at_step": 18, "prompt_len": 130, "max_tokens": 8, "prefix": "p",
+             "prefix_len": 96},
+        ],
+        "limits": {"max_steps": 200},
+    })
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    with Worker(prepare_release(RELEASE), tmp_path_factory.mktemp("engine") / "w.log") as w:
+        yield w
+
+
+def test_partial_block_hashes_are_checked_by_their_token_count(worker, tmp_path):
+    sc = partial_scenario()
+    res = worker.run(sc.child_payload(), tmp_path / "counted", audit=True, keep_going=False,
+                     plant=f"{PLANTS}:count_partial")
+    assert res.outcome == "clean", (res.outcome, res.error, res.violations)
+    assert not res.audit.off
+    assert res.planted["notes"]["partial"]["entries"] >= 10, res.planted
+    # keep going: both sides of the audit see it, the pool's (every hashed block's count is a
+    # whole number of hash blocks) and the request's (its block after the cached ones)
+    res = worker.run(sc.child_payload(), tmp_path / "corrupt", audit=True, keep_going=True,
+                     plant=f"{PLANTS}:partial_count_off_boundary")
+    notes = res.planted["notes"]
+    assert res.outcome == "violation", (res.outcome, res.error, notes)
+    # (vLLM's own move_block_hashes may carry the count on to another block later: only the
+    # findings at the planted step are about the planted block)
+    found = [v for v in res.violations if v.code == "KV_PREFIX_MAP" and v.step == notes["step"]]
+    assert found and all(v.blocks == [notes["block"]] for v in found), (res.violations, notes)
+    pool_side = [v for v in found if f"hash covers {notes['tokens']} prefix tokens" in v.message]
+    req_side = [v for v in found if "after its cached ones" in v.message
+                and f"covering {notes['tokens']} prefix tokens" in v.message]
+    assert pool_side and req_side, found
+    assert min(v.step for v in res.violations) == notes["step"]

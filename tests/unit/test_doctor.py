@@ -19,7 +19,8 @@ V1 = Capabilities(version="9.9.0", priority=True, engine_core=True, async_schedu
 
 
 def item(res: RunResult | None):
-    return SimpleNamespace(result=res, report_dir=None)
+    return SimpleNamespace(result=res, report_dir=None, scenario=SimpleNamespace(expect=None),
+                           verdict=None)
 
 
 def clean(off=()) -> RunResult:
@@ -39,8 +40,8 @@ def test_the_smoke_set_covers_every_mode_at_its_level():
     assert any(r.structured_outputs for r in by_mode["structured outputs (engine-core)"].requests)
     assert by_mode["kv connector (engine-core)"].kv_transfer_config
     assert by_mode["hybrid kv cache groups"].config.kv_cache_groups
-    # no row carries an expectation of its own: its status is the doctor's
-    assert all(sc.expect is None for _, sc, _ in smoke)
+    # no row but the flagship (a catalog entry, judged by its expectation) carries one
+    assert [m for m, sc, _ in smoke if sc.expect is not None] == ["flagship (scheduler)"]
     assert len({sc.name for _, sc, _ in smoke}) == len(smoke)
 
 
@@ -56,9 +57,16 @@ def test_rows_read_works_degraded_na_and_fails():
     row = row_of("9.9.0", "m", ("v1-engine", "engine-core"), item(lab), V1)
     assert row.status == "fails" and row.detail.startswith("the fake worker (engine/executor.py")
     assert row.detail.endswith("worker call `frob`")
-    assert row_of("9.9.0", "m", (), item(RunResult("incomplete", steps=3)), V1).status == "fails"
+    assert row_of("9.9.0", "m", (), item(RunResult("incomplete", steps=3)), V1).status == "finding"
     env = RunResult.failed("env", "cannot build the environment")
     assert row_of("9.9.0", "m", (), item(env), None).detail.startswith("environment: ")
+    # a field the release lacks: the release's own refusal, not a failure of the lab
+    refused = RunResult.failed("input", "config.mamba_cache_mode: vLLM 9.9.0 has no such field")
+    row = row_of("9.9.0", "m", (), item(refused), V1)
+    assert row.status == "n/a" and row.detail.endswith("has no such field")
+    # a finding on a workload clean elsewhere: the lab ran it; the report says what vLLM did
+    found = RunResult("violation", steps=9, finished={}, audit=AuditSummary(checks=9))
+    assert row_of("9.9.0", "m", (), item(found), V1).status == "finding"
 
 
 def test_the_seam_is_the_last_lab_frame():
@@ -70,10 +78,13 @@ def test_the_seam_is_the_last_lab_frame():
 
 
 def test_exit_zero_only_when_every_row_works():
+    """0 all work (n/a aside), 3 a row fails (the lab cannot run a mode), else 1."""
     rows = [DoctorRow("9.9.0", "a", "works"), DoctorRow("9.9.0", "b", "n/a", "no V0")]
     assert DoctorReport(rows).exit_code() == 0
-    assert DoctorReport(rows + [DoctorRow("9.9.0", "c", "degraded", "x")]).exit_code() == 3
-    assert DoctorReport(rows + [DoctorRow("9.9.0", "c", "fails", "x")]).exit_code() == 3
+    assert DoctorReport(rows + [DoctorRow("9.9.0", "c", "degraded", "x")]).exit_code() == 1
+    assert DoctorReport(rows + [DoctorRow("9.9.0", "c", "finding", "x")]).exit_code() == 1
+    assert DoctorReport(rows + [DoctorRow("9.9.0", "c", "degraded", "x"),
+                                DoctorRow("9.9.0", "d", "fails", "x")]).exit_code() == 3
 
 
 def test_a_partial_audit_is_never_plain_clean():
