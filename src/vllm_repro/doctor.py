@@ -1,8 +1,8 @@
 """``vllm-repro doctor VERSION...``: does the lab run this release, seam by seam?
 
 A fixed smoke set (:data:`SMOKE`: the flagship, a stress workload at each level, async
-scheduling at both levels, spec decode, prefix caching, hybrid KV cache groups, structured
-outputs, a KV connector, the V0 engine) runs on each release through
+scheduling at both levels, spec decode, prefix caching, hybrid KV cache groups, partial-block
+prefix hashes, structured outputs, a KV connector, the V0 engine) runs on each release through
 :func:`vllm_repro.lab.run_matrix`, as ``run`` runs it, and each row reads:
 
 - ``works``: the run finished with the whole audit on and nothing found;
@@ -37,7 +37,8 @@ Say = Callable[[str], None]
 
 FLAGSHIP = "vllm-23347-priority-preempt-scheduled.yaml"
 
-#: (mode, scenario file under the scenarios folder or None for :data:`STRUCTURED`, overlay:
+#: (mode, scenario file under the scenarios folder, None for :data:`STRUCTURED` or
+#: ``partial`` for :data:`PARTIAL`, overlay:
 #: top-level fields, ``config`` fields and ``matrix_mode`` (the release matrix's overlay,
 #: :func:`vllm_repro.matrix.mode_scenario`: ``spec`` drafts 2 tokens a step, all accepted),
 #: what the mode needs of the release: Capabilities features / generations, or ``structured
@@ -58,6 +59,8 @@ SMOKE: tuple[tuple[str, str | None, dict, tuple[str, ...]], ...] = (
      ("v1-engine", "engine-core")),
     ("hybrid kv cache groups", "stress/stress-fcfs-hybrid.yaml", {},
      ("v1-engine", "kv cache groups")),
+    ("partial-block prefix hashes (engine-core)", "partial", {},
+     ("v1-engine", "engine-core", "kv cache groups")),
     ("structured outputs (engine-core)", None, {}, ("v1-engine", "engine-core",
                                                     "structured outputs")),
     ("kv connector (engine-core)", "stress/stress-kv-connector.yaml", {},
@@ -78,6 +81,31 @@ STRUCTURED = {
          "structured_outputs": {"json": {"type": "object"}}},
     ],
     "limits": {"max_steps": 60, "stall_steps": 20},
+}
+
+#: the partial-block prefix hashes row: a full-attention group of 16-token blocks beside a Mamba
+#: group of 64 (align mode) and ``prefix_match_unit: 8`` (vLLM's CacheConfig field, 0.33+):
+#: prefix hashes every 8 tokens, so a prompt whose last boundary falls inside a 16-token block
+#: gets a partial entry there (``FullAttentionManager._cache_partial_tail_block``,
+#: ``KVCacheBlock.block_hash_num_tokens``), and later prompts hit it
+PARTIAL = {
+    "level": "engine-core",
+    "config": {"block_size": 16, "num_gpu_blocks": 200, "max_num_seqs": 8,
+               "max_num_batched_tokens": 256, "max_model_len": 1024,
+               "enable_prefix_caching": True, "mamba_cache_mode": "align",
+               "prefix_match_unit": 8,
+               "kv_cache_groups": [{"type": "full"}, {"type": "mamba", "block_size": 64}]},
+    "requests": [
+        {"id": "A", "at_step": 1, "prompt_len": 100, "max_tokens": 8, "prefix": "p",
+         "prefix_len": 96},
+        {"id": "B", "at_step": 6, "prompt_len": 110, "max_tokens": 8, "prefix": "p",
+         "prefix_len": 96},
+        {"id": "C", "at_step": 12, "prompt_len": 75, "max_tokens": 8, "prefix": "p",
+         "prefix_len": 72},
+        {"id": "D", "at_step": 18, "prompt_len": 130, "max_tokens": 8, "prefix": "p",
+         "prefix_len": 96},
+    ],
+    "limits": {"max_steps": 200},
 }
 
 #: a lab file -> the seam it is (what to read and change when a release breaks it)
@@ -137,6 +165,8 @@ def smoke_scenarios(directory: Path) -> list[tuple[str, Scenario, tuple[str, ...
     for n, (mode, rel, overlay, needs) in enumerate(SMOKE, 1):
         if rel is None:
             d = {"name": "structured-outputs", **STRUCTURED}
+        elif rel == "partial":
+            d = {"name": "partial-block-hashes", **PARTIAL}
         else:
             path = directory / rel
             if not path.is_file():

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_repro.doctor import PARTIAL
 from vllm_repro.engine.host import Worker
 from vllm_repro.lab import RunItem, run_matrix
 from vllm_repro.scenario.schema import Scenario
@@ -139,30 +140,9 @@ def test_an_unknown_worker_call_is_one_line_and_exit_3(tmp_path):
 
 
 def partial_scenario() -> Scenario:
-    """A full-attention group of 16-token blocks beside a Mamba group of 64 (align mode) and
-    ``prefix_match_unit: 8`` (vLLM's CacheConfig field): prefix hashes every 8 tokens, so a
-    prompt whose last boundary falls inside a 16-token block gets a partial entry there
-    (``FullAttentionManager._cache_partial_tail_block``), and later prompts hit it."""
-    return Scenario.model_validate({
-        "name": "new-release-partial-hashes",
-        "level": "engine-core",
-        "config": {"block_size": 16, "num_gpu_blocks": 200, "max_num_seqs": 8,
-                   "max_num_batched_tokens": 256, "max_model_len": 1024,
-                   "enable_prefix_caching": True, "mamba_cache_mode": "align",
-                   "prefix_match_unit": 8,
-                   "kv_cache_groups": [{"type": "full"}, {"type": "mamba", "block_size": 64}]},
-        "requests": [
-            {"id": "A", "at_step": 1, "prompt_len": 100, "max_tokens": 8, "prefix": "p",
-             "prefix_len": 96},
-            {"id": "B", "at_step": 6, "prompt_len": 110, "max_tokens": 8, "prefix": "p",
-             "prefix_len": 96},
-            {"id": "C", "at_step": 12, "prompt_len": 75, "max_tokens": 8, "prefix": "p",
-             "prefix_len": 72},
-            {"id": "D", "at_step": 18, "prompt_len": 130, "max_tokens": 8, "prefix": "p",
-             "prefix_len": 96},
-        ],
-        "limits": {"max_steps": 200},
-    })
+    """doctor's partial-block row (:data:`vllm_repro.doctor.PARTIAL`): a full-attention group
+    of 16-token blocks beside a Mamba group of 64 and ``prefix_match_unit: 8``."""
+    return Scenario.model_validate({"name": "new-release-partial-hashes", **PARTIAL})
 
 
 @pytest.fixture(scope="module")
