@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 REPRO := $(BIN)/vllm-repro
 SCENARIO ?= scenarios/vllm-23347-priority-preempt-scheduled.yaml
 CATALOG ?=
-# CATALOG=all also runs every entry on the newest release (it must be clean there)
-NEWEST ?= 0.33.0
+# CATALOG=all also runs every entry on the newest release (it must be clean there); make test
+# runs `vllm-repro doctor` on it. The lab's setting (settings.py NEWEST_RELEASE), read from there
+NEWEST ?= $(or $(VLLM_REPRO_NEWEST),$(shell sed -n 's/^NEWEST_RELEASE = "\(.*\)"$$/\1/p' src/vllm_repro/settings.py))
 JOBS ?=
 REPORTS ?= reports
 # Torch source (docs/settings.md): a local wheelhouse, or PyTorch's CPU index.
@@ -225,7 +226,9 @@ gpu-verify: venv
 lint: venv
 	$(BIN)/ruff check src tests bench images scripts
 
+# doctor first: a release that breaks one of the lab's seams fails CI here, in a minute or two
 test: venv lint docs
+	$(REPRO) doctor $(NEWEST) --reports $(abspath $(REPORTS))/doctor
 	$(BIN)/python -m pytest -q --junitxml=$(REPORTS)/junit.xml tests
 
 # the documentation (mkdocs.yml, docs/), strict: a broken link or anchor fails; served beside

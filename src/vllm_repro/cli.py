@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from .commands import bisect, campaign, catalog, fuzz, matrix, prepare, remote, run, triage, verify
+from .commands.doctor import doctor
 from .commands import slice as slice_
 from .console import err, error
 from .errors import EXIT_ENV, EXIT_INPUT, LabError
@@ -36,6 +37,7 @@ SUMMARIES = {
     "gpu-judge": "Inside the CUDA image: judge a verification bundle (gpu-verify runs it).",
     "bisect": "Find the first release (or commit) where a scenario's outcome changes.",
     "matrix": "Run a scenario on every release in a range, in each mode; a picture.",
+    "doctor": "Smoke-test releases at every level and mode: works, degraded or fails.",
 }
 
 # the order of `vllm-repro --help`
@@ -51,6 +53,7 @@ app.command("gpu-verify", short_help=SUMMARIES["gpu-verify"])(remote.gpu_verify)
 app.command("gpu-judge", short_help=SUMMARIES["gpu-judge"])(remote.gpu_judge)
 app.command("bisect", short_help=SUMMARIES["bisect"])(bisect.bisect)
 app.command("matrix", short_help=SUMMARIES["matrix"])(matrix.matrix)
+app.command("doctor", short_help=SUMMARIES["doctor"])(doctor)
 
 
 def cached_releases() -> list[tuple[str, list[str]]]:

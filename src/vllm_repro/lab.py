@@ -114,6 +114,9 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
     try:
         with Worker(env, log, platform=platform) as worker:
             say(f"vLLM {version}: imported in {worker.import_time}" + warm_note(worker))
+            v1 = audit and any(item.scenario.level != "v0-engine" for item in items)
+            for line in worker.capabilities.audit_off() if v1 else ():
+                say(f"vLLM {version}: audit partial: {line}")
             for item in items:
                 item.report = ReportDir(reports, item.scenario.name, version)
                 start = _size(log)

@@ -12,6 +12,9 @@ same name through. Nothing here touches the network.
   ``TORCH_INDEX_URL`` (default PyTorch's CPU index, used when no local wheel is found).
 - Per range of releases (``SPECIFIER=VALUE`` entries, :func:`release_rules`): ``TORCH_BY_RELEASE``
   (the torch version) and ``REQUIREMENTS_BY_RELEASE`` (extra requirements).
+- ``VLLM_REPRO_NEWEST``: the newest release the lab is kept working on (default
+  :data:`NEWEST_RELEASE`): ``make test`` runs ``vllm-repro doctor`` on it, ``make cpu-repro
+  CATALOG=all`` runs every catalog entry on it too (the Makefile's ``NEWEST`` reads this file).
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ from pathlib import Path
 PYPI_SIMPLE = "https://pypi.org/simple"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 DEFAULT_TORCH_VERSION = "2.13.0"
+#: the newest vLLM release the lab is kept working on (``doctor`` in ``make test``); the
+#: Makefile's ``NEWEST`` reads this line
+NEWEST_RELEASE = "0.34.0"
+
+
+def newest_release() -> str:
+    """``VLLM_REPRO_NEWEST``, else :data:`NEWEST_RELEASE`."""
+    return os.environ.get("VLLM_REPRO_NEWEST", "").strip() or NEWEST_RELEASE
 
 
 def cache_dir() -> Path:

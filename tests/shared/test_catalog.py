@@ -16,11 +16,14 @@ import json
 
 import pytest
 
+from vllm_repro.settings import newest_release
+
 from .conftest import catalog_files
 
 pytestmark = [pytest.mark.shared, pytest.mark.slow]
 
-NEWEST = "0.33.0"
+#: the lab's setting (settings.py NEWEST_RELEASE, VLLM_REPRO_NEWEST)
+NEWEST = newest_release()
 
 
 def _entries() -> dict:

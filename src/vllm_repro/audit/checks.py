@@ -527,13 +527,17 @@ class RequestHashCheck:
                     req_hashes = side.get(rid)
                 if req_hashes is None:
                     continue
-                for i in range(start, min(k, len(table))):
+                tail = tokens_of is not None and bool(hbs) and bool(bs) and bs != hbs
+                for i in range(start, min(k + tail, len(table))):
                     b = table[i]
                     if b.block_id == null:
                         continue
                     h = hash_of(b)
                     if h is None:
                         continue  # a hit block re-cached later; the map check covers it
+                    if i == k:  # the tail: a partial entry (cache_partial_block), if any
+                        out += self._partial_tail(rid, i, b, h, bs, hbs, req_hashes)
+                        continue
                     if tokens_of is None or not hbs or not bs:
                         if i < len(req_hashes) and plain(h) != req_hashes[i]:
                             out.append(self._other_hash(rid, i, b.block_id, f"#{i}"))
@@ -558,6 +562,34 @@ class RequestHashCheck:
                                                     f"#{j} (its first {t} tokens)"))
                 done[rid] = (id(table), k)
         return out
+
+    def _partial_tail(self, rid: str, i: int, b, h, bs: int, hbs: int,
+                      req_hashes) -> list[Violation]:
+        """The block after a request's cached ones, where it carries a hash: a partial entry
+        (``FullAttentionManager._cache_partial_tail_block``: the prompt's last hash boundary
+        inside a cache block). Its token count must end inside the block on a hash-block
+        boundary, and one of its hashes (the primary or a secondary one: the block may be shared
+        from a request whose prefix it was cached for) must be the request's hash at one of the
+        hash boundaries inside the block."""
+        books = self.books
+        t = books.tokens_of(b)
+        if t is None:
+            return []
+        if t % hbs or not (i * bs < t <= (i + 1) * bs):
+            return [make_violation(KV_PREFIX_MAP, (
+                f"block {b.block_id} is {rid}'s block #{i} (after its cached ones) and carries a "
+                f"hash covering {t} prefix tokens (expected a multiple of the hash block size "
+                f"{hbs} in {i * bs + 1}..{(i + 1) * bs})"), requests=[rid], blocks=[b.block_id])]
+        plain = state.plain_block_hash
+        lo, hi = i * bs // hbs, min((i + 1) * bs // hbs, len(req_hashes))
+        want = set(req_hashes[lo:hi])
+        if not want:
+            return []  # the request has not hashed into this block
+        have = {plain(h)} | {plain(x) for x in books.secondary_hashes().get(b.block_id, ())}
+        if want.isdisjoint(have):
+            return [self._other_hash(rid, i, b.block_id, f"#{lo}..#{hi - 1} (a partial entry "
+                                     f"covering {t} tokens)")]
+        return []
 
     @staticmethod
     def _other_hash(rid: str, i: int, bid: int, which: str) -> Violation:

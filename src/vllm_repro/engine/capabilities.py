@@ -97,8 +97,9 @@ class Capabilities:
 
     def audit_off(self) -> list[str]:
         """The audit's checks this release's books keep from running, one line each naming
-        the attribute it lacks and the checks (empty: the whole audit runs)."""
-        if self.kv_block_hash is None:
+        the attribute it lacks and the checks (empty: the whole audit runs); the V1 audit's
+        (``level: scheduler`` / ``engine-core``), none where the release has no V1 engine."""
+        if self.v1_engine and self.kv_block_hash is None:
             return [f"vLLM {self.version}'s KVCacheBlock has none of the fields "
                     f"{', '.join(BLOCK_HASH_FIELDS)}: {HASH_CHECKS} off"]
         return []

@@ -22,6 +22,8 @@ Runs inside the release environment (standard library + vLLM).
 
 from __future__ import annotations
 
+import inspect
+from concurrent.futures import Future
 from typing import Any, Callable
 
 from .adapter import AdapterError, V1Adapter, _try_import
@@ -173,6 +175,14 @@ def unknown_call(worker: FakeWorker | None, exc: BaseException, version: str) ->
     return None
 
 
+def _params(fn) -> set[str]:
+    """The parameter names of ``fn`` (empty where it has no signature)."""
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def executor_base():
     """The release's single-process executor class (``UniProcExecutor``), whose worker the lab
     replaces. Raises :class:`AdapterError` where none is found."""
@@ -216,6 +226,20 @@ def make_executor_class(worker: FakeWorker, max_concurrent_batches: int | Callab
                               get_kv_connector_handshake_metadata,
                           "__doc__": "vllm-repro's fake executor: the release's UniProcExecutor "
                                      "with a FakeWorker (no GPU)."}
+    if max_concurrent_batches is not None and "non_block" not in _params(base.execute_model):
+        # a release whose executors decide blocking themselves (0.10's execute_model has no
+        # non_block): its MultiprocExecutor hands EngineCore's batch queue a Future whenever
+        # max_concurrent_batches > 1 (step_with_batch_queue calls .done() / .result() on it);
+        # UniProcExecutor returns the output itself, so it comes back in a finished Future
+        def execute_model(self, scheduler_output, *args, **kwargs):
+            out = base.execute_model(self, scheduler_output, *args, **kwargs)
+            if self.max_concurrent_batches > 1 and not isinstance(out, Future):
+                done: Future = Future()
+                done.set_result(out)
+                return done
+            return out
+
+        ns["execute_model"] = execute_model
     if max_concurrent_batches is not None:
         ns["max_concurrent_batches"] = property(
             max_concurrent_batches if callable(max_concurrent_batches)

@@ -162,7 +162,9 @@ class Worker:
             raise EnvError(f"vLLM {self.env.version}: {error} (log: {self.log_path})")
         from .capabilities import save
 
-        save(cache_dir(), self.capabilities)
+        if self.env.tree is None or cache_dir() in self.env.tree.resolve().parents:
+            # (a tree outside the cache, a test's edited copy, is not the release's record)
+            save(cache_dir(), self.capabilities)
 
     def _limit_was_why(self, mb: int) -> bool:
         """Whether the worker's failed import was its address-space limit (``mb`` MB) although

@@ -1,0 +1,107 @@
+"""``vllm-repro doctor`` without a release: the smoke set read from the repository's scenarios,
+a row per run as a user reads it (works / degraded / n/a / fails with its seam), the exit code,
+and the partial audit's verdict text (issue #42)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from vllm_repro.doctor import SMOKE, DoctorReport, DoctorRow, row_of, seam_of, smoke_scenarios
+from vllm_repro.engine.capabilities import Capabilities
+from vllm_repro.records import AuditSummary, RunError, RunResult
+from vllm_repro.verdict import describe_observed
+
+from ..conftest import SCENARIOS
+
+V1 = Capabilities(version="9.9.0", priority=True, engine_core=True, async_scheduling=True,
+                  spec_decode=True, kv_cache_groups=True, structured_outputs=True,
+                  kv_connectors=True, kv_block_hash="block_hash")
+
+
+def item(res: RunResult | None):
+    return SimpleNamespace(result=res, report_dir=None, scenario=SimpleNamespace(expect=None),
+                           verdict=None)
+
+
+def clean(off=()) -> RunResult:
+    return RunResult("clean", finished={"A": "FINISHED_LENGTH_CAPPED"}, steps=7,
+                     audit=AuditSummary(checks=7, off=list(off)))
+
+
+def test_the_smoke_set_covers_every_mode_at_its_level():
+    smoke = smoke_scenarios(SCENARIOS)
+    assert len(smoke) == len(SMOKE)
+    levels = {sc.level for _, sc, _ in smoke}
+    assert levels == {"scheduler", "engine-core", "v0-engine"}
+    by_mode = {m: sc for m, sc, _ in smoke}
+    assert by_mode["async scheduling (engine-core)"].config.async_scheduling
+    assert by_mode["async scheduling (engine-core)"].level == "engine-core"
+    assert by_mode["spec decode (scheduler)"].config.num_speculative_tokens == 2
+    assert any(r.structured_outputs for r in by_mode["structured outputs (engine-core)"].requests)
+    assert by_mode["kv connector (engine-core)"].kv_transfer_config
+    assert by_mode["hybrid kv cache groups"].config.kv_cache_groups
+    # no row but the flagship (a catalog entry, judged by its expectation) carries one
+    assert [m for m, sc, _ in smoke if sc.expect is not None] == ["flagship (scheduler)"]
+    assert len({sc.name for _, sc, _ in smoke}) == len(smoke)
+
+
+def test_rows_read_works_degraded_na_and_fails():
+    off = ["vLLM 9.9.0's KVCacheBlock has none of the fields _block_hash, block_hash: "
+           "KV hash checks off"]
+    assert row_of("9.9.0", "m", ("v1-engine",), item(clean()), V1).status == "works"
+    row = row_of("9.9.0", "m", ("v1-engine",), item(clean(off)), V1)
+    assert (row.status, row.detail) == ("degraded", off[0])
+    na = row_of("9.9.0", "V0 engine", ("v0-engine",), item(None), V1)
+    assert na.status == "n/a" and "no V0 engine" in na.detail
+    lab = RunResult.failed("lab", "the lab does not know vLLM 9.9.0's worker call `frob`")
+    row = row_of("9.9.0", "m", ("v1-engine", "engine-core"), item(lab), V1)
+    assert row.status == "fails" and row.detail.startswith("the fake worker (engine/executor.py")
+    assert row.detail.endswith("worker call `frob`")
+    assert row_of("9.9.0", "m", (), item(RunResult("incomplete", steps=3)), V1).status == "finding"
+    env = RunResult.failed("env", "cannot build the environment")
+    assert row_of("9.9.0", "m", (), item(env), None).detail.startswith("environment: ")
+    # a field the release lacks: the release's own refusal, not a failure of the lab
+    refused = RunResult.failed("input", "config.mamba_cache_mode: vLLM 9.9.0 has no such field")
+    row = row_of("9.9.0", "m", (), item(refused), V1)
+    assert row.status == "n/a" and row.detail.endswith("has no such field")
+    # a finding on a workload clean elsewhere: the lab ran it; the report says what vLLM did
+    found = RunResult("violation", steps=9, finished={}, audit=AuditSummary(checks=9))
+    assert row_of("9.9.0", "m", (), item(found), V1).status == "finding"
+
+
+def test_the_seam_is_the_last_lab_frame():
+    tb = ('File "/x/vllm_repro/engine/loop.py", line 1\n'
+          'File "/x/vllm_repro/audit/checks.py", line 2\n')
+    assert seam_of("Auditor.after_schedule: AttributeError: x", tb).startswith("the audit's books")
+    assert seam_of("x", 'File "/x/vllm_repro/engine/adapter/build.py"').startswith("the adapter")
+    assert seam_of("x", None).startswith("the lab")
+
+
+def test_exit_zero_only_when_every_row_works():
+    """0 all work (n/a aside), 3 a row fails (the lab cannot run a mode), else 1."""
+    rows = [DoctorRow("9.9.0", "a", "works"), DoctorRow("9.9.0", "b", "n/a", "no V0")]
+    assert DoctorReport(rows).exit_code() == 0
+    assert DoctorReport(rows + [DoctorRow("9.9.0", "c", "degraded", "x")]).exit_code() == 1
+    assert DoctorReport(rows + [DoctorRow("9.9.0", "c", "finding", "x")]).exit_code() == 1
+    assert DoctorReport(rows + [DoctorRow("9.9.0", "c", "degraded", "x"),
+                                DoctorRow("9.9.0", "d", "fails", "x")]).exit_code() == 3
+
+
+def test_a_partial_audit_is_never_plain_clean():
+    res = clean(["vLLM 9.9.0's KVCacheBlock has none of the fields _block_hash, block_hash: "
+                 "KV hash checks off"])
+    assert describe_observed(res) == "clean (audit partial: KV hash checks off; 1 finished, 7 steps)"
+    assert describe_observed(clean()) == "clean (1 finished, 7 steps)"
+    assert AuditSummary.from_dict(res.audit.to_dict()).off == res.audit.off
+    assert "off" not in clean().audit.to_dict()
+
+
+def test_the_capabilities_name_what_the_audit_turns_off():
+    assert V1.audit_off() == []
+    none = Capabilities(version="9.9.0", kv_block_hash=None)
+    [line] = none.audit_off()
+    assert "_block_hash, block_hash" in line and line.endswith("KV hash checks off")
+    # a release without the V1 engine has no V1 audit to turn off
+    assert Capabilities(version="0.5.0", v1_engine=False).audit_off() == []
+    assert Capabilities.from_dict(V1.to_dict()).kv_block_hash == "block_hash"
+    assert RunError("lab", "x").kind == "lab"
