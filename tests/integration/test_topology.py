@@ -186,3 +186,30 @@ def test_an_interrupt_while_a_rank_hangs_leaves_no_rank_process(tmp_path):
     assert proc.returncode == 130, out
     time.sleep(1)
     assert lab_processes() - before == set()
+
+
+@pytest.mark.parametrize("versions", [("0.10.2", "0.33.0")])
+def test_the_engine_core_catalog_gives_the_same_verdicts_at_tensor_parallel_2(cli, tmp_path,
+                                                                              versions):
+    """Every engine-core catalog entry, as written and with tensor_parallel_size: 2 under the
+    release's MultiprocExecutor: the same outcome, observation and verdict on each release."""
+    entries = [f for f in sorted((ROOT / "scenarios").glob("vllm-*.yaml"))
+               if yaml.safe_load(f.read_text()).get("level") == "engine-core"]
+    assert len(entries) >= 8
+    tp2 = []
+    for f in entries:
+        d = yaml.safe_load(f.read_text())
+        d["config"].update(tensor_parallel_size=2, distributed_executor_backend="mp")
+        (tmp_path / "tp2").mkdir(exist_ok=True)
+        tp2.append(tmp_path / "tp2" / f.name)
+        tp2[-1].write_text(yaml.safe_dump(d, sort_keys=False))
+    vs = [a for v in versions for a in ("--vllm", v)]
+    tables = []
+    for files, reports in ((entries, "plain"), (tp2, "tp2")):
+        proc = cli("run", *map(str, files), *vs, "--json", "--reports", str(tmp_path / reports))
+        tables.append({(r["scenario"], r["vllm"]): (r["outcome"], r["observed"], r["ok"])
+                       for r in json.loads(proc.stdout)})
+    assert tables[0] == tables[1]
+    ran = [json.loads(p.read_text()).get("engine") or {}
+           for p in (tmp_path / "tp2").glob("*/*/result.json")]
+    assert sum(e.get("executor") == "MultiprocExecutor" for e in ran) >= len(entries)
