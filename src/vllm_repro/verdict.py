@@ -353,6 +353,11 @@ def _compare(exp, result: RunResult) -> list[str]:
     outcome = result.outcome
     if outcome != exp.outcome:
         return [f"outcome {outcome} != {exp.outcome}"]
+    fault = getattr(exp, "fault", None)
+    if fault and not any(f.get("kind") == fault for f in result.faults or ()):
+        # the expected rank fault (events[].fault) never fired: the outcome is not its doing
+        return [f"no rank fault of kind {fault} fired (fired: "
+                f"{[f.get('kind') for f in result.faults or ()] or 'none'})"]
     if outcome == "crash":
         return _compare_crash(exp, result.crash)
     if outcome == "refused":

@@ -61,3 +61,155 @@ def test_a_world_over_the_lab_bound_is_an_input_error(cli, tmp_path):
     proc = cli("run", str(f), "--vllm", "0.33.0", "--reports", str(tmp_path / "r"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "16 ranks" in proc.stdout + proc.stderr
+
+
+TOPOLOGY = ROOT / "scenarios" / "topology"
+
+
+def lab_processes() -> set[int]:
+    """Live processes of this checkout's lab runs (their PYTHONPATH holds this checkout's lab
+    link, engine/host.py lab_path), rank processes included: forked ranks keep the environment."""
+    from vllm_repro.engine.host import lab_path
+
+    mark = str(lab_path()).encode()
+    found = set()
+    for d in __import__("pathlib").Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if mark in env:
+            found.add(int(d.name))
+    return found
+
+
+def test_tensor_parallel_2_runs_two_rank_processes_with_the_in_process_trace_and_leaves_none(
+        cli, tmp_path):
+    """TP=2 under the release's MultiprocExecutor gives step for step the trace of the
+    in-process executor (same tokens, same scheduling), and no rank outlives the run."""
+    before = lab_processes()
+    plain = at_engine_core(STRESS / "stress-fcfs-cache.yaml", tmp_path)
+    tp2 = at_engine_core(STRESS / "stress-fcfs-cache.yaml", tmp_path, tensor_parallel_size=2,
+                         distributed_executor_backend="mp")
+    proc = cli("run", str(plain), str(tp2), "--vllm", "0.33.0", "--cold",
+               "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = [tmp_path / "r" / yaml.safe_load(f.read_text())["name"] / "0.33.0" for f in (plain, tp2)]
+    res = json.loads((runs[1] / "result.json").read_text())
+    assert res["outcome"] == "clean"
+    assert res["engine"]["executor"] == "MultiprocExecutor"
+    assert res["engine"]["topology"].startswith("TP=2")
+    assert trace(runs[0] / "trace.jsonl") == trace(runs[1] / "trace.jsonl")
+    assert "Parent process exited, terminating worker queues" in (runs[1] / "engine.log").read_text()
+    assert lab_processes() - before == set()
+
+
+@pytest.mark.parametrize("version,function", [("0.10.2", "collective_rpc"),
+                                              ("0.33.0", "get_response")])
+def test_a_hung_rank_replays_crash_log_009_and_triage_reads_it_back(cli, tmp_path, version,
+                                                                     function):
+    before = lab_processes()
+    f = TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml"
+    proc = cli("run", str(f), "--vllm", version, "--cold", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "r" / "tp2-rank-hang-rpc-timeout" / version
+    res = json.loads((run / "result.json").read_text())
+    assert res["crash"]["type"] == "TimeoutError"
+    assert res["crash"]["message"] == "RPC call to execute_model timed out."
+    assert res["faults"] == [{"rank": 1, "kind": "hang", "seconds": 60.0, "execute_model": 5}]
+    lines = trace(run / "trace.jsonl")
+    assert [x["fault"] for x in lines if x.get("fault")] == [{"rank": 1, "kind": "hang",
+                                                             "seconds": 60.0}]
+    ours = json.loads(cli("triage", str(run / "engine.log"), "--json").stdout)
+    assert ours["exception_type"] == "TimeoutError"
+    assert ours["exception_message"] == "RPC call to execute_model timed out."
+    assert ours["last_vllm_frame"]["module"] == "vllm/v1/executor/multiproc_executor.py"
+    assert ours["last_vllm_frame"]["function"] == function
+    assert ours["cause_chain"][0]["type"] == "TimeoutError"
+    assert ours["cause_chain"][0]["last_vllm_frame"]["module"] == \
+        "vllm/distributed/device_communicators/shm_broadcast.py"
+    if version == "0.10.2":  # the release whose collective_rpc raises as 0.9.0's did
+        logs = [d / "shared" / "crashlogs" / "009-v1-rpc-timeout-sched-stats.log"
+                for d in (ROOT.parent, ROOT.parent.parent)]
+        for log009 in (p for p in logs if p.is_file()):
+            theirs = json.loads(cli("triage", str(log009), "--json").stdout)
+            for key in ("exception_type", "exception_message"):
+                assert ours[key] == theirs[key]
+            assert (ours["last_vllm_frame"]["module"], ours["last_vllm_frame"]["function"]) == \
+                (theirs["last_vllm_frame"]["module"], theirs["last_vllm_frame"]["function"])
+    assert lab_processes() - before == set()
+
+
+def test_a_fault_without_rank_processes_is_refused_naming_the_fix(cli, tmp_path):
+    d = yaml.safe_load((TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml").read_text())
+    del d["config"]["distributed_executor_backend"]
+    f = tmp_path / "x.yaml"
+    f.write_text(yaml.safe_dump(d))
+    proc = cli("run", str(f), "--vllm", "0.33.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "distributed_executor_backend: mp" in proc.stdout + proc.stderr
+
+
+def test_an_interrupt_while_a_rank_hangs_leaves_no_rank_process(tmp_path):
+    """SIGINT to ``vllm-repro run`` while rank 1 hangs and rank 0 waits for it (the RPC timeout
+    far away): exit 130, and neither the engine worker nor any rank survives."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = yaml.safe_load((TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml").read_text())
+    d["config"]["execute_model_timeout_seconds"] = 300
+    d["events"][0]["fault"]["seconds"] = 300
+    f = tmp_path / "hang.yaml"
+    f.write_text(yaml.safe_dump(d))
+    before = lab_processes()
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(f), "--vllm",
+                             "0.33.0", "--cold", "--reports", str(tmp_path / "r")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ), cwd=ROOT)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # the engine worker and its two ranks are up
+        if len(lab_processes() - before) >= 3:
+            break
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the ranks never started")
+    time.sleep(8)  # step 5 comes within a second: rank 1 hangs, rank 0 waits for it
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    time.sleep(1)
+    assert lab_processes() - before == set()
+
+
+@pytest.mark.parametrize("versions", [("0.10.2", "0.33.0")])
+def test_the_engine_core_catalog_gives_the_same_verdicts_at_tensor_parallel_2(cli, tmp_path,
+                                                                              versions):
+    """Every engine-core catalog entry, as written and with tensor_parallel_size: 2 under the
+    release's MultiprocExecutor: the same outcome, observation and verdict on each release."""
+    entries = [f for f in sorted((ROOT / "scenarios").glob("vllm-*.yaml"))
+               if yaml.safe_load(f.read_text()).get("level") == "engine-core"]
+    assert len(entries) >= 8
+    tp2 = []
+    for f in entries:
+        d = yaml.safe_load(f.read_text())
+        d["config"].update(tensor_parallel_size=2, distributed_executor_backend="mp")
+        (tmp_path / "tp2").mkdir(exist_ok=True)
+        tp2.append(tmp_path / "tp2" / f.name)
+        tp2[-1].write_text(yaml.safe_dump(d, sort_keys=False))
+    vs = [a for v in versions for a in ("--vllm", v)]
+    tables = []
+    for files, reports in ((entries, "plain"), (tp2, "tp2")):
+        proc = cli("run", *map(str, files), *vs, "--json", "--reports", str(tmp_path / reports))
+        tables.append({(r["scenario"], r["vllm"]): (r["outcome"], r["observed"], r["ok"])
+                       for r in json.loads(proc.stdout)})
+    assert tables[0] == tables[1]
+    ran = [json.loads(p.read_text()).get("engine") or {}
+           for p in (tmp_path / "tp2").glob("*/*/result.json")]
+    assert sum(e.get("executor") == "MultiprocExecutor" for e in ran) >= len(entries)

@@ -521,6 +521,9 @@ class EngineCoreLoop(StepLoop):
         engine = self.engine
         events = self.adapter.caps.events
         for e in self.sc.get("events", []):
+            if e.get("fault") and self.ranks is None:
+                raise RefusedByRelease(f"events[at_step {e['at_step']}].fault: a rank fault needs "
+                                       "rank processes; add config.distributed_executor_backend: mp")
             if e.get("when") == "in_flight" and not hasattr(engine, "aborts_queue") \
                     and getattr(engine, "batch_queue", None) is None:
                 raise RefusedByRelease(
@@ -563,6 +566,15 @@ class EngineCoreLoop(StepLoop):
                 call_supported(engine.pause_scheduler)
             self._paused = True
             line.paused = e.get("mode") or True
+        elif e.get("fault"):
+            from .ranks import Fault
+
+            f = e["fault"]
+            fault = Fault(rank=f["rank"], kind=f["kind"], at_step=e["at_step"],
+                          seconds=float(f.get("seconds", 60.0)), exit_code=f.get("exit_code", 1),
+                          on_execute_model=f.get("on_execute_model"))
+            self.ranks.arm(fault)
+            line.fault = fault.brief()
         elif e.get("resume"):
             engine.resume_scheduler()
             self._paused = False

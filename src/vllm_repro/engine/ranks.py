@@ -127,6 +127,7 @@ class RankWorker:
         self.local_rank = local_rank
         self.rank = rank
         self.is_driver_worker = is_driver_worker
+        self._init_method = distributed_init_method
         self.executed = 0
         self._queue = _SETUP.queues[rank]
         self._barrier = _SETUP.barrier
@@ -136,6 +137,34 @@ class RankWorker:
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._fake, name)
+
+    def init_device(self) -> None:
+        """Where the release's ``WorkerProc`` reads vLLM's parallel groups right after
+        ``init_device`` without asking whether they exist (``setup_proc_title_and_log_prefix``
+        before ``model_parallel_is_initialized`` guards it), the groups are made as the GPU
+        worker makes them (``init_worker_distributed_environment``: vLLM's
+        ``init_distributed_environment`` and ``ensure_model_parallel_initialized``), on the
+        ``gloo`` backend, CPU collectives only; elsewhere nothing (no device to set up)."""
+        import inspect
+
+        proc = _try_import("vllm.v1.executor.multiproc_executor:WorkerProc")
+        setup = getattr(proc, "setup_proc_title_and_log_prefix", None)
+        try:
+            guarded = setup is None or "model_parallel_is_initialized" in inspect.getsource(setup)
+        except (OSError, TypeError):
+            guarded = True
+        if guarded:
+            return
+        from vllm.distributed import parallel_state as ps
+
+        pc = self.vllm_config.parallel_config
+        ps.init_distributed_environment(pc.world_size, self.rank, self._init_method,
+                                        self.local_rank, "gloo")
+        sizes = [pc.tensor_parallel_size, pc.pipeline_parallel_size]
+        if "decode_context_parallel_size" in inspect.signature(
+                ps.ensure_model_parallel_initialized).parameters:
+            sizes.append(getattr(pc, "decode_context_parallel_size", 1))
+        ps.ensure_model_parallel_initialized(*sizes, backend="gloo")
 
     def _answer(self, method: str):
         got, answer, fault = self._queue.get()

@@ -203,6 +203,9 @@ class SchedulerSettings(Strict):
     #: ``level: engine-core`` only: the bytes the fake executor's ``determine_available_memory``
     #: reports (what profiling would find free for the KV cache); vLLM sizes the pool from it.
     kv_cache_memory_bytes: NonNegInt | None = None
+    #: ``level: engine-core`` with ``distributed_executor_backend: mp``: the release's own
+    #: ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` for the run (``MultiprocExecutor``'s RPC timeout)
+    execute_model_timeout_seconds: Annotated[int, Field(ge=1, le=600)] | None = None
     #: ``level: engine-core`` only: the executor's ``max_concurrent_batches`` (pipeline depth;
     #: > 1 makes EngineCore use ``step_with_batch_queue``), where the release reads it there.
     max_concurrent_batches: PosInt | None = None
@@ -366,6 +369,29 @@ class RequestSpec(Strict):
         return self
 
 
+class RankFault(Strict):
+    """A fault injected into one rank process (``distributed_executor_backend: mp``,
+    ``engine/ranks.py``): ``kind`` ``hang`` / ``late`` (the rank sleeps ``seconds`` before its
+    forward pass: longer than the RPC timeout, vLLM's ``collective_rpc`` times out; shorter,
+    the answer is late), ``raise`` (the rank's ``execute_model`` raises), ``exit`` (the rank
+    process exits with ``exit_code``); on the first ``execute_model`` after the event's step,
+    or on the run's ``on_execute_model``-th. ``rank``: the global rank (0 to world size - 1)."""
+
+    rank: NonNegInt
+    kind: Literal["hang", "late", "raise", "exit"]
+    seconds: float = Field(default=60.0, gt=0, le=600)
+    exit_code: int = Field(default=1, ge=0, le=255)
+    on_execute_model: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _fields(self):
+        if "seconds" in self.model_fields_set and self.kind not in ("hang", "late"):
+            raise ValueError("`seconds` goes with kind: hang or late")
+        if "exit_code" in self.model_fields_set and self.kind != "exit":
+            raise ValueError("`exit_code` goes with kind: exit")
+        return self
+
+
 class Event(Strict):
     """Something done to the engine at step ``at_step``: one of
 
@@ -392,14 +418,18 @@ class Event(Strict):
     pause: bool = False
     mode: Literal["abort", "keep", "wait"] | None = None
     resume: bool = False
+    #: a fault injected into a rank process (:class:`RankFault`; ``level: engine-core`` with
+    #: ``distributed_executor_backend: mp``)
+    fault: RankFault | None = None
 
     @model_validator(mode="after")
     def _one_action(self):
-        actions = [k for k in ("abort", "reset_prefix_cache", "pause", "resume")
+        actions = [k for k in ("abort", "reset_prefix_cache", "pause", "resume", "fault")
                    if getattr(self, k)]
         if len(actions) != 1:
             raise ValueError("an event does exactly one of abort: [ids], reset_prefix_cache: true, "
-                             f"pause: true, resume: true (this one: {actions or 'none'})")
+                             f"pause: true, resume: true, fault: {{...}} (this one: "
+                             f"{actions or 'none'})")
         if self.when == "in_flight" and not self.abort:
             raise ValueError("`when: in_flight` applies to abort only")
         if self.mode is not None and not self.pause:
@@ -593,6 +623,8 @@ class Expect(Strict):
     #: where the crash happened: ``engine-build`` (vLLM's start-up: config checks, KV cache
     #: sizing), ``add_request``, ``schedule``, ``update_from_output``, ``step`` ...
     phase: str | None = None
+    #: the kind of rank fault (``events[].fault``) that must have fired in the run
+    fault: Literal["hang", "late", "raise", "exit"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -763,7 +795,9 @@ class Scenario(Strict):
             # door (engine/adapter/requests.py:front_door; V0's LLMEngine._validate_model_inputs
             # from 0.8.4, before which it reached the scheduler: vLLM #8881)
         engine_only = {"kv_cache_memory_bytes": self.config.kv_cache_memory_bytes,
-                       "max_concurrent_batches": self.config.max_concurrent_batches}
+                       "max_concurrent_batches": self.config.max_concurrent_batches,
+                       "execute_model_timeout_seconds":
+                           self.config.execute_model_timeout_seconds}
         blocks = self.config.num_gpu_blocks
         if self.level != "v0-engine":
             if blocks is not None and blocks < 2:
@@ -802,6 +836,17 @@ class Scenario(Strict):
             if self.level == "scheduler" and (e.when == "in_flight" or not e.abort):
                 raise ValueError(f"events[{i}]: in-flight aborts, reset_prefix_cache and "
                                  "pause/resume are EngineCore calls; add `level: engine-core`")
+            if e.fault is not None:
+                from ..engine.topology import topology
+
+                topo = topology({"passthrough": self.config.model_extra or {}})
+                if not topo.multiprocess:
+                    raise ValueError(f"events[{i}].fault: a rank fault needs rank processes; add "
+                                     "config.distributed_executor_backend: mp")
+                if e.fault.rank >= topo.world_size:
+                    raise ValueError(f"events[{i}].fault.rank: {e.fault.rank} is not a rank of "
+                                     f"this world ({topo.world_size} ranks: 0 to "
+                                     f"{topo.world_size - 1}); use one of them")
             arrives = {r.id: r.at_step for r in self.requests}
             for rid in e.abort or ():
                 if rid not in ids:
