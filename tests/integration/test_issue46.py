@@ -121,3 +121,47 @@ def test_vllms_refusals_are_outcome_refused_where_expected(cli, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     res = json.loads((tmp_path / "r" / "capped" / "0.10.2" / "result.json").read_text())
     assert res["outcome"] == "clean" and res["finished"] == {"A": "FINISHED_LENGTH_CAPPED"}
+
+
+def test_the_crash_page_shows_the_asserts_operands_in_a_browser(cli, tmp_path):
+    """#23347 on 0.10.1.1, its page as headless Chromium renders it: the assert's statement in
+    full and its operands with their values above the traceback, what schedule() had built (L
+    both scheduled and preempted), the scenario's description and issue link."""
+    import re
+    import threading
+
+    from vllm_repro.report.serve import make_server
+
+    from ..conftest import FLAGSHIP
+    from .test_report_browser import browser, load
+
+    chromium = browser()
+    reports = tmp_path / "reports"
+    proc = cli("run", str(FLAGSHIP), "--vllm", "0.10.1.1", "--reports", str(reports))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    server = make_server(reports, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = (f"http://127.0.0.1:{server.server_address[1]}/"
+               "vllm-23347-priority-preempt-scheduled/0.10.1.1/index.html")
+        dom, console = load(chromium, url, tmp_path / "profile")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not console, console
+
+    def value(expr: str) -> str:
+        m = re.search(rf"<td><code>{re.escape(expr)}</code></td><td><code>([^<]*)</code>", dom)
+        assert m, f"{expr} not on the page"
+        return m.group(1)
+
+    assert value("len(self.running)") == "1"
+    assert value("len(scheduled_running_reqs)") == "2"
+    assert value("len(scheduled_new_reqs) + len(scheduled_resumed_reqs) + "
+                 "len(scheduled_running_reqs)") == "2"
+    assert value("preempted_reqs") == "[&lt;Request L&gt;]"
+    assert "&lt;Request L&gt;" in value("scheduled_running_reqs")
+    assert "assert (len(scheduled_new_reqs) + len(scheduled_resumed_reqs) +" in dom
+    assert dom.index("len(self.running)") < dom.index("<h2>Traceback</h2>")
+    assert "Scheduler.schedule() walks the running queue" in dom
+    assert "href=\"https://github.com/vllm-project/vllm/issues/23347\"" in dom

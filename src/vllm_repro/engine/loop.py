@@ -29,6 +29,7 @@ from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, r
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
 from .state import stall_message, worker_max_num_reqs
+from .explain import crash_context
 from .watchdog import StepTimeout, Watchdog
 
 
@@ -49,12 +50,18 @@ def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
 
 def describe_exception(exc: BaseException, vllm_root: Path, step: int, phase: str) -> Crash:
     """The :class:`~vllm_repro.records.Crash` record: type, first message line, innermost vLLM
-    frame, step, phase."""
+    frame, step, phase, and its :class:`~vllm_repro.records.CrashContext` (``engine/explain.py``:
+    the statement, its frame's locals, an assert's operands)."""
     frames = vllm_frames(exc.__traceback__, vllm_root)
     msg = str(exc).strip().splitlines()
+    try:  # why: the innermost vLLM frame's statement, locals and an assert's operands
+        context = crash_context(exc.__traceback__, vllm_root)
+    except Exception:  # noqa: BLE001 - never in the way of the crash itself
+        context = None
     return Crash(type(exc).__name__, msg[0] if msg else "", frames[-1] if frames else None,
                  frames[-8:], step, phase,
-                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:])
+                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],
+                 context)
 
 
 class _NeverRaised(BaseException):

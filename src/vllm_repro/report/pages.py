@@ -16,6 +16,7 @@ import html
 from pathlib import Path
 
 from ..records import RecordError, ReportDir, RunResult, TraceLine, read_trace
+from .crash import why_section
 
 #: the step table shows at most this many rows (steps where something changed come first)
 MAX_TABLE_ROWS = 400
@@ -42,6 +43,8 @@ svg.timeline text{font-family:ui-monospace,monospace}
 .legend i{display:inline-block;width:1.1em;height:.8em;margin-right:.3em;vertical-align:middle}
 dl.facts{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;font-size:.92em}
 dl.facts dt{color:#555} dl.facts dd{margin:0}
+table.operands,table.locals{border-collapse:collapse;font-size:.85em}
+table.operands td,table.locals td{border-bottom:1px solid #e3e3e3;padding:2px 8px;vertical-align:top}
 """
 
 #: request state -> (colour, label) in the timeline
@@ -293,8 +296,10 @@ def _verdict_block(result: RunResult) -> str:
             f"</b>, observed <b>{_e(v.get('observed', result.outcome))}</b>{reason}</div>")
 
 
-def run_page(result: RunResult, trace: list[TraceLine], files: list[str]) -> str:
-    """The page's HTML. ``files``: the report's files present, linked relative to the page."""
+def run_page(result: RunResult, trace: list[TraceLine], files: list[str],
+             scenario_text: str | None = None) -> str:
+    """The page's HTML. ``files``: the report's files present, linked relative to the page;
+    ``scenario_text``: the scenario file (its description, links, config: ``crash.py``)."""
     title = f"{result.scenario} on vLLM {result.vllm}"
     links = " ".join(f"<a href='{_e(f)}'>{_e(f)}</a>" for f in files)
     facts = [("outcome", result.outcome), ("level", result.level), ("platform", result.platform),
@@ -315,7 +320,7 @@ def run_page(result: RunResult, trace: list[TraceLine], files: list[str]) -> str
             f"<h1>{_e(title)}</h1>", _verdict_block(result),
             "<h2>What happened</h2>",
             "".join(f"<p class='sentence'>{_e(s)}</p>" for s in explain(result)) or "<p>-</p>",
-            f"<dl class='facts'>{dl}</dl>"]
+            f"<dl class='facts'>{dl}</dl>", why_section(result, scenario_text)]
     c = result.crash
     if c is not None and c.vllm_frames:
         frames = "".join(f"<li><code>{_e(f.file)}:{_e(f.line)}</code> {_e(f.function)}</li>"
@@ -355,7 +360,7 @@ def write_run_page(run_dir: Path, result: RunResult, scenario_text: str | None =
              ReportDir.TIMELINE]
     files = [n for n in names if (run_dir / n).is_file() or n == ReportDir.RESULT]
     path = run_dir / PAGE
-    path.write_text(run_page(result, trace, files), encoding="utf-8")
+    path.write_text(run_page(result, trace, files, scenario_text), encoding="utf-8")
     return path
 
 
