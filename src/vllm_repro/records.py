@@ -454,8 +454,13 @@ class TraceLine(Record):
     ``step`` (0: ``EngineCore`` start-up, with ``phase: engine-build``); the request ids
     ``added`` and ``aborted`` before it, and ``refused`` (request id -> the release's
     front-door error: the request never reached EngineCore); ``scheduled`` (request id ->
-    tokens scheduled in this step's ``schedule()``); ``sampled`` (structured-output requests:
-    request id -> the token ids the fake worker sampled through the grammar bitmask in this
+    tokens scheduled in this step's ``schedule()``); ``drafts`` (request id -> draft tokens
+    scheduled for verification in it, spec decode); ``preemptions`` (request id -> what
+    preempted it in this step: ``schedule`` (the scheduler, for blocks), ``reset_prefix_cache``
+    or ``pause``, the engine-core events before it); ``stats`` (the release's ``SchedulerStats``
+    of this step, flattened: ``num_running_reqs``, ``prefix_cache_stats.hits``,
+    ``spec_decoding_stats.num_draft_tokens``, ...: what ``expect.stats`` reads); ``sampled``
+    (structured-output requests: request id -> the token ids the fake worker sampled through the grammar bitmask in this
     step); ``kv_connector`` (with a scripted KV connector: what its worker half did in this
     step, event -> request ids: ``load`` started, ``recv`` reported in ``finished_recving``,
     ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``);
@@ -475,6 +480,9 @@ class TraceLine(Record):
     aborted: list[str] | None = None
     refused: dict[str, str] | None = None
     scheduled: dict[str, int] | None = None
+    drafts: dict[str, int] | None = None
+    preemptions: dict[str, str] | None = None
+    stats: dict | None = None
     sampled: dict[str, list[int]] | None = None
     kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None

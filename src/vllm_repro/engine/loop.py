@@ -28,7 +28,8 @@ from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLi
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
-from .state import stall_message, worker_max_num_reqs
+from .state import (flat_stats, preempted_since, preemption_marks, stall_message,
+                    worker_max_num_reqs)
 from .explain import crash_context
 from .watchdog import StepTimeout, Watchdog
 
@@ -218,9 +219,10 @@ class StepLoop:
                 line.idle = True  # EngineCore.step returns without scheduling: nothing to do
                 return None, None
             phase = self._phase = "schedule"
+            self._marks = self._lab(preemption_marks, sched)
             so = sched.schedule()
             scheduled = self._lab(a.scheduled, so)
-            line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+            self._note_schedule(line, scheduled)
             if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
                                                        scheduled):
                 return self._stopped(line), so
@@ -229,10 +231,12 @@ class StepLoop:
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
             phase = self._phase = "update_from_output"
             engine_core_outputs = sched.update_from_output(so, mro)
+            all_stats = self._lab(a.scheduler_stats, engine_core_outputs)
+            self._note_stats(line, all_stats)
             if record_stats is not None:
                 # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
                 phase = self._phase = "record_stats"
-                for stats in a.scheduler_stats(engine_core_outputs):
+                for stats in all_stats:
                     record_stats(stats)
             phase = self._phase = "update_draft_token_ids"
             a.deliver_drafts(sched, req_ids, drafts)
@@ -254,6 +258,31 @@ class StepLoop:
                          unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
                          level=self.level, timing=Timing(round(build_s, 4)))
 
+    def _note_schedule(self, line: TraceLine, scheduled) -> None:
+        """What ``schedule()`` decided, into ``line``: tokens and draft tokens scheduled per
+        request, and the requests it preempted (against the marks taken before it)."""
+        line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+        drafts = {s.req_id: len(s.spec_tokens) for s in scheduled if s.spec_tokens}
+        line.drafts = drafts or line.drafts
+        self._note_preemptions(line, "schedule")
+
+    def _note_preemptions(self, line: TraceLine, cause: str) -> None:
+        """The requests preempted since ``self._marks`` (taken before the call that ``cause``
+        names: ``schedule``, ``reset_prefix_cache``, ``pause``), into ``line.preemptions``."""
+        before = getattr(self, "_marks", None)
+        if before is None:
+            return
+        self._marks = None
+        for rid in self._lab(preempted_since, self.scheduler, before):
+            line.preemptions = {**(line.preemptions or {}), rid: cause}
+
+    def _note_stats(self, line: TraceLine, all_stats) -> None:
+        """The step's ``SchedulerStats`` (the last one made), flattened, its non-zero numbers
+        into ``line.stats``."""
+        for stats in all_stats or ():
+            if stats is not None:  # zeros left out (absent reads 0): the trace stays small
+                line.stats = {k: v for k, v in self._lab(flat_stats, stats).items() if v}
+
     def _stop_exception(self) -> type[BaseException]:
         """The observer's ``stop_exception`` (raised from inside a vLLM call), or one never
         raised."""
@@ -269,6 +298,11 @@ class StepLoop:
         """vLLM raised ``exc`` in ``phase`` of ``step``: the line written, outcome ``crash``."""
         crash = describe_exception(exc, self.adapter.vllm_file, step, phase)
         line.crash = crash.brief()
+        if phase == "schedule":  # what it had preempted before it raised
+            try:
+                self._note_preemptions(line, "schedule")
+            except Exception:  # noqa: BLE001 - the books after a crash may be unreadable
+                pass
         self._state(line)
         self._emit(line)
         return RunResult("crash", crash=crash)

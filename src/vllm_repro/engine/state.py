@@ -550,3 +550,52 @@ def stall_message(scheduler, unfinished: list[str], waiting: list[str] | None,
             parts.append(f"{placeholders} output placeholder(s)")
         clauses.append(", ".join(parts))
     return "; ".join(clauses)
+
+
+def preemption_marks(scheduler) -> dict[str, tuple[str, int]]:
+    """Request id -> ``(status name, Request.num_preemptions or -1)`` of every request the
+    scheduler holds: what :func:`preempted_since` compares (issue 46: a step's preemptions and
+    their cause)."""
+    out = {}
+    for rid, req in getattr(scheduler, "requests", {}).items():
+        status = getattr(req, "status", None)
+        out[rid] = (getattr(status, "name", str(status)), getattr(req, "num_preemptions", -1))
+    return out
+
+
+def preempted_since(scheduler, before: dict[str, tuple[str, int]]) -> list[str]:
+    """The requests preempted since ``before`` (:func:`preemption_marks`): now ``PREEMPTED``
+    and either not so then or preempted again (``num_preemptions`` up), in the scheduler's
+    request order."""
+    out = []
+    for rid, (status, count) in preemption_marks(scheduler).items():
+        if status != "PREEMPTED":
+            continue
+        was = before.get(rid)
+        if was is None or was[0] != "PREEMPTED" or (count >= 0 and count > was[1]):
+            out.append(rid)
+    return out
+
+
+def flat_stats(stats) -> dict:
+    """A ``SchedulerStats`` (``vllm/v1/metrics/stats.py``) as ``{dotted name: number}``: its
+    numbers, those of its ``prefix_cache_stats`` / ``spec_decoding_stats`` / ... as
+    ``prefix_cache_stats.hits``, list entries as ``name.0``, ``name.1``; strings, sets and
+    ``None`` left out."""
+    out: dict = {}
+
+    def walk(prefix: str, value, depth: int) -> None:
+        if isinstance(value, bool):
+            out[prefix] = int(value)
+        elif isinstance(value, (int, float)):
+            out[prefix] = value
+        elif isinstance(value, (list, tuple)) and depth < 3:
+            for i, v in enumerate(value[:32]):
+                walk(f"{prefix}.{i}", v, depth + 1)
+        elif depth < 3 and hasattr(value, "__dict__") and not isinstance(value, type):
+            for k, v in vars(value).items():
+                if not k.startswith("_"):
+                    walk(f"{prefix}.{k}" if prefix else k, v, depth + 1)
+
+    walk("", stats, 0)
+    return out
