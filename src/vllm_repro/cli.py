@@ -16,6 +16,7 @@ import typer
 
 from .commands import bisect, campaign, catalog, fuzz, matrix, prepare, remote, run, triage, verify
 from .commands import slice as slice_
+from .commands.diff import diff as diff_
 from .console import err, error
 from .errors import EXIT_ENV, EXIT_INPUT, LabError
 
@@ -35,6 +36,7 @@ app.command("gpu-verify")(remote.gpu_verify)
 app.command("gpu-judge")(remote.gpu_judge)
 app.command("bisect")(bisect.bisect)
 app.command("matrix")(matrix.matrix)
+app.command("diff")(diff_)
 
 
 def _check_cache() -> None:

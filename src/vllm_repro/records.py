@@ -135,7 +135,7 @@ def _load(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         inner = [a for a in args if a is not type(None)]
-        recs = [a for a in inner if _is_record(a) or typing.get_origin(a) is list]
+        recs = [a for a in inner if _is_record(a) or typing.get_origin(a) in (list, dict)]
         return _load(recs[0], value, where) if recs else value
     if _is_record(tp):
         return tp.from_dict(value)
@@ -143,6 +143,10 @@ def _load(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise RecordError(f"{where}: expected a list, got {type(value).__name__}")
         return [args[0].from_dict(v) for v in value]
+    if origin is dict and len(args) == 2 and _is_record(args[1]):
+        if not isinstance(value, dict):
+            raise RecordError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return {k: args[1].from_dict(v) for k, v in value.items()}
     return value
 
 
@@ -512,6 +516,46 @@ class TraceLine(Record):
         return bool(self.finished) or any(n > 0 for n in (self.scheduled or {}).values())
 
 
+# ---- release diffs (vllm-repro diff: src/vllm_repro/diff.py) ------------------------------------
+@dataclass
+class StepDecisions(Record):
+    """What the scheduler decided in one step of one run (from its :class:`TraceLine`), the
+    fields ``vllm-repro diff`` compares: ``scheduled`` (request id -> tokens; ``None``: no
+    ``schedule()`` returned in that step), ``preempted`` (request id -> cause),
+    ``finished``, ``free_blocks``, ``crash`` (``Type file:line``), ``waiting`` and
+    ``running`` (shown, not compared); ``present``: the run had this step."""
+
+    step: int
+    present: bool = True
+    scheduled: dict[str, int] | None = None
+    preempted: dict[str, str] | None = None
+    finished: list[str] | None = None
+    free_blocks: int | None = None
+    crash: str | None = None
+    waiting: list[str] | None = None
+    running: list[str] | None = None
+
+
+@dataclass
+class ReleaseDiff(Record):
+    """``vllm-repro diff``: one scenario on two releases, aligned step by step. ``releases``
+    (the two, in the order given), ``outcomes`` and ``reports`` (release -> the run's outcome /
+    report folder), ``step`` the first step where their decisions differ (``None``: none
+    does), ``differs`` which fields differ there (``scheduled``, ``preempted``, ``finished``,
+    ``free_blocks``, ``crash``, ``present``), ``decisions`` (release -> its
+    :class:`StepDecisions` at that step), ``scheduled_and_preempted`` (release -> the requests
+    both scheduled and preempted in that step, one ``schedule()`` call)."""
+
+    scenario: str
+    releases: list[str]
+    outcomes: dict[str, str] = field(default_factory=dict)
+    reports: dict[str, str] = field(default_factory=dict)
+    step: int | None = None
+    differs: list[str] = field(default_factory=list)
+    decisions: dict[str, StepDecisions] = field(default_factory=dict)
+    scheduled_and_preempted: dict[str, list[str]] = field(default_factory=dict)
+
+
 # ---- campaigns (vllm-repro campaign: src/vllm_repro/campaign/) ---------------------------------
 @dataclass
 class CampaignFinding(Record):
@@ -814,7 +858,8 @@ def schema() -> str:
     out = []
     for cls in (RunResult, Crash, CrashContext, Frame, Stall, Hang, Violation, RunError, Timing,
                 AuditSummary,
-                EngineInfo, TraceLine, MatrixReport, MatrixCell, CampaignReport,
+                EngineInfo, TraceLine, StepDecisions, ReleaseDiff, MatrixReport, MatrixCell,
+                CampaignReport,
                 CampaignTaskResult, CampaignFinding, SignatureSpan):
         out.append(f"### `{cls.__name__}`\n")
         doc = inspect.cleandoc(cls.__doc__ or "")
@@ -835,7 +880,7 @@ def schema() -> str:
 
 
 __all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "CrashContext", "Stall", "Hang",
-           "Violation", "RunError",
+           "Violation", "RunError", "StepDecisions", "ReleaseDiff",
            "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
            "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport",
            "CampaignFinding", "CampaignTaskResult", "SignatureSpan", "CampaignReport"]

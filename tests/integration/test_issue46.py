@@ -165,3 +165,28 @@ def test_the_crash_page_shows_the_asserts_operands_in_a_browser(cli, tmp_path):
     assert dom.index("len(self.running)") < dom.index("<h2>Traceback</h2>")
     assert "Scheduler.schedule() walks the running queue" in dom
     assert "href=\"https://github.com/vllm-project/vllm/issues/23347\"" in dom
+
+
+def test_diff_names_step_3_with_l_scheduled_and_preempted(cli, tmp_path):
+    """#23347 on 0.10.1.1 and 0.10.2: the first step whose decisions differ is step 3, where
+    0.10.1.1's schedule() raised and 0.10.2's scheduled L and preempted it in the same call."""
+    from ..conftest import FLAGSHIP
+
+    args = ("diff", str(FLAGSHIP), "--vllm", "0.10.1.1", "--vllm", "0.10.2", "--reports",
+            str(tmp_path / "r"))
+    done = cli(*args)
+    assert done.returncode == 1, done.stdout + done.stderr  # a step differs
+    text = done.stdout
+    assert "first difference at step 3 (scheduled, crash)" in text, text
+    row = next(ln for ln in text.splitlines() if "scheduled (tokens)" in ln)
+    assert "(schedule() did not return)" in row and "L=1 H=1" in row
+    row = next(ln for ln in text.splitlines() if "preempted (by)" in ln)
+    assert row.count("L (schedule)") == 2
+    assert "on 0.10.2: L scheduled and preempted in one schedule() call" in text
+    done = cli(*args, "--json")
+    data = json.loads(done.stdout)
+    assert data["step"] == 3 and data["releases"] == ["0.10.1.1", "0.10.2"]
+    assert data["decisions"]["0.10.2"]["scheduled"] == {"L": 1, "H": 1}
+    assert data["decisions"]["0.10.2"]["preempted"] == {"L": "schedule"}
+    assert data["scheduled_and_preempted"] == {"0.10.2": ["L"]}
+    assert data["decisions"]["0.10.1.1"]["crash"].startswith("AssertionError vllm/v1/core/sched/")
