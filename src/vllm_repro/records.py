@@ -231,9 +231,11 @@ class Stall(Record):
     step without progress), the ``unfinished`` request ids, the ``waiting`` / ``running`` queues
     (request ids) and ``free_blocks`` (KV blocks) at that step; ``message``: where each
     unfinished request is stuck, one clause per request separated by ``; ``
-    (:func:`vllm_repro.engine.state.stall_message`: its queue, the KV blocks it needs to finish
-    when that is more than the pool can give, its output placeholders); what a scenario's
-    ``expect.message`` is matched against for ``outcome: stall`` ("" from older labs)."""
+    (:func:`vllm_repro.engine.state.stall_clauses`: its queue, the KV blocks it needs to finish
+    when that is more than the pool can give, a KV load in flight or never promoted, the blocks
+    it waits for and who holds them, a 0-token step, its output placeholders); what a
+    scenario's ``expect.message`` is matched against for ``outcome: stall`` ("" from older
+    labs); ``cause`` the most specific of those as a tag."""
 
     step: int
     since: int
@@ -242,6 +244,9 @@ class Stall(Record):
     running: list[str] | None = None
     free_blocks: int | None = None
     message: str = ""
+    #: what holds it, as a tag (``engine/state.py:STALL_CAUSES``: ``kv-load-in-flight``,
+    #: ``no-free-blocks``, ``zero-tokens``, ...); the fuzz signature's ``stall:CAUSE``
+    cause: str | None = None
 
 
 #: the mechanism tags the audit gives, by violation code (:attr:`Violation.mechanism`): what a

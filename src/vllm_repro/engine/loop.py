@@ -28,7 +28,7 @@ from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLi
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
-from .state import (flat_stats, preempted_since, preemption_marks, stall_message,
+from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
 from .explain import crash_context
 from .watchdog import StepTimeout, Watchdog
@@ -331,15 +331,18 @@ class StepLoop:
         if self._idle < stall_steps:
             return None, False
         self.stall_since = step - stall_steps + 1
+        clauses = self._stall_clauses(unfinished, line)
         return RunResult("stall", stall=Stall(step, self.stall_since, unfinished, line.waiting,
                                               line.running, line.free_blocks,
-                                              self._stall_message(unfinished, line))), True
+                                              "; ".join(text for text, _ in clauses),
+                                              stall_cause(clauses))), True
 
-    def _stall_message(self, unfinished: list[str], line: TraceLine) -> str:
-        """The stall's ``message``: where each unfinished request is stuck
-        (:func:`~vllm_repro.engine.state.stall_message` over the live scheduler)."""
-        return stall_message(self.scheduler, unfinished, line.waiting, line.running,
-                             int(self.cfg.get("block_size") or 16))
+    def _stall_clauses(self, unfinished: list[str], line: TraceLine) -> list[tuple[str, str]]:
+        """Where each unfinished request is stuck and why, ``(clause, cause)``
+        (:func:`~vllm_repro.engine.state.stall_clauses` over the live scheduler): the stall's
+        ``message`` and ``cause``."""
+        return stall_clauses(self.scheduler, unfinished, line.waiting, line.running,
+                             int(self.cfg.get("block_size") or 16), line.scheduled)
 
     def _progressed(self, line: TraceLine) -> bool:
         """Progress at the scheduler level: some request had tokens scheduled."""
