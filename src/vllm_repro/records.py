@@ -753,7 +753,7 @@ class ReportDir:
 # ---- the release matrix (``vllm-repro matrix``) ---------------------------------------------
 #: a matrix cell's outcomes beyond a run's (:data:`OUTCOMES`): ``refused`` (the release or the
 #: index refuses the run: exit 2), ``n/a`` (the release's Capabilities lack the mode)
-MATRIX_OUTCOMES = (*OUTCOMES, "refused", "n/a")
+MATRIX_OUTCOMES = (*OUTCOMES, "n/a")  # (refused: OUTCOMES has it)
 
 
 @dataclass
