@@ -646,27 +646,28 @@ def _blocks_short(scheduler, req, block_size: int, free) -> str | None:
         return None
 
 
-def preemption_marks(scheduler) -> dict[str, tuple[str, int]]:
-    """Request id -> ``(status name, Request.num_preemptions or -1)`` of every request the
-    scheduler holds: what :func:`preempted_since` compares (issue 46: a step's preemptions and
-    their cause)."""
-    out = {}
-    for rid, req in getattr(scheduler, "requests", {}).items():
-        status = getattr(req, "status", None)
-        out[rid] = (getattr(status, "name", str(status)), getattr(req, "num_preemptions", -1))
-    return out
+def preemption_marks(scheduler) -> dict[str, int]:
+    """Running request id -> ``Request.num_preemptions`` (-1 where the release's ``Request``
+    has none), read before a call that may preempt (``schedule()``, ``reset_prefix_cache``,
+    ``pause_scheduler``): what :func:`preempted_since` compares. Only running requests can be
+    preempted (``Scheduler._preempt_request``), so only they are read."""
+    return {r.request_id: getattr(r, "num_preemptions", -1)
+            for r in iter_queue(getattr(scheduler, "running", ()))}
 
 
-def preempted_since(scheduler, before: dict[str, tuple[str, int]]) -> list[str]:
-    """The requests preempted since ``before`` (:func:`preemption_marks`): now ``PREEMPTED``
-    and either not so then or preempted again (``num_preemptions`` up), in the scheduler's
-    request order."""
+def preempted_since(scheduler, before: dict[str, int]) -> list[str]:
+    """The requests running at ``before`` (:func:`preemption_marks`) preempted since: status
+    ``PREEMPTED`` now, or ``num_preemptions`` up (preempted and resumed in one call), in the
+    running order they had."""
+    requests = getattr(scheduler, "requests", {})
     out = []
-    for rid, (status, count) in preemption_marks(scheduler).items():
-        if status != "PREEMPTED":
+    for rid, count in before.items():
+        req = requests.get(rid)
+        if req is None:
             continue
-        was = before.get(rid)
-        if was is None or was[0] != "PREEMPTED" or (count >= 0 and count > was[1]):
+        status = getattr(getattr(req, "status", None), "name", None)
+        now = getattr(req, "num_preemptions", -1)
+        if status == "PREEMPTED" or (count >= 0 and isinstance(now, int) and now > count):
             out.append(rid)
     return out
 
