@@ -17,6 +17,7 @@ import typer
 from .commands import bisect, campaign, catalog, fuzz, matrix, prepare, remote, run, triage, verify
 from .commands.doctor import doctor
 from .commands import slice as slice_
+from .commands.diff import diff as diff_
 from .console import err, error
 from .errors import EXIT_ENV, EXIT_INPUT, LabError
 
@@ -38,6 +39,7 @@ SUMMARIES = {
     "bisect": "Find the first release (or commit) where a scenario's outcome changes.",
     "matrix": "Run a scenario on every release in a range, in each mode; a picture.",
     "doctor": "Smoke-test releases at every level and mode: works, degraded or fails.",
+    "diff": "Run a scenario on two releases; the first step their decisions differ.",
 }
 
 # the order of `vllm-repro --help`
@@ -54,6 +56,7 @@ app.command("gpu-judge", short_help=SUMMARIES["gpu-judge"])(remote.gpu_judge)
 app.command("bisect", short_help=SUMMARIES["bisect"])(bisect.bisect)
 app.command("matrix", short_help=SUMMARIES["matrix"])(matrix.matrix)
 app.command("doctor", short_help=SUMMARIES["doctor"])(doctor)
+app.command("diff", short_help=SUMMARIES["diff"])(diff_)
 
 
 def cached_releases() -> list[tuple[str, list[str]]]:

@@ -272,7 +272,7 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
             f.result()
     for item in items:
         item.fail("lab", "the run produced no result")  # never silently clean
-        item.verdict = judge(item.scenario, item.version, item.result)
+        item.verdict = judge(item.scenario, item.version, item.result, _trace_path(item))
         err = item.result.error
         if item.report is None and err is not None and err.kind != "input":
             # a lab or environment failure before the run began (its worker did not start):
@@ -329,8 +329,18 @@ def run_matrix_on(executor, items: list[RunItem], reports: Path, audit: bool = T
         say(f"vLLM {versions[n]}: {len(group)} run(s) back from the executor")
     for item in items:
         item.fail("lab", "the run produced no result")  # never silently clean
-        item.verdict = judge(item.scenario, item.version, item.result)
+        item.verdict = judge(item.scenario, item.version, item.result, _trace_path(item))
     return items
+
+
+def _trace_path(item: RunItem) -> Path | None:
+    """The run's ``trace.jsonl`` (staged, or committed), for ``expect.steps`` / ``stats``."""
+    if item.report is None:
+        return None
+    for folder in (getattr(item.report, "current", None), item.report.path):
+        if folder is not None and (folder / ReportDir.TRACE).is_file():
+            return folder / ReportDir.TRACE
+    return None
 
 
 def _prefetch_timeline() -> None:

@@ -356,7 +356,7 @@ def write(report: MatrixReport, folder: Path) -> Path:
 #: a cell's colour in the picture and the table
 COLOURS = {"clean": "#4caf50", "n/a": "#d9d9d9", "refused": "#ffb300", "error": "#e53935",
            "crash": "#8e24aa", "violation": "#8e24aa", "stall": "#8e24aa",
-           "incomplete": "#8e24aa"}
+           "incomplete": "#8e24aa", "hang": "#8e24aa"}
 STYLES = {"clean": "green", "n/a": "dim", "refused": "yellow", "error": "red"}
 
 

@@ -135,7 +135,7 @@ def _load(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         inner = [a for a in args if a is not type(None)]
-        recs = [a for a in inner if _is_record(a) or typing.get_origin(a) is list]
+        recs = [a for a in inner if _is_record(a) or typing.get_origin(a) in (list, dict)]
         return _load(recs[0], value, where) if recs else value
     if _is_record(tp):
         return tp.from_dict(value)
@@ -143,6 +143,10 @@ def _load(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise RecordError(f"{where}: expected a list, got {type(value).__name__}")
         return [args[0].from_dict(v) for v in value]
+    if origin is dict and len(args) == 2 and _is_record(args[1]):
+        if not isinstance(value, dict):
+            raise RecordError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return {k: args[1].from_dict(v) for k, v in value.items()}
     return value
 
 
@@ -227,9 +231,11 @@ class Stall(Record):
     step without progress), the ``unfinished`` request ids, the ``waiting`` / ``running`` queues
     (request ids) and ``free_blocks`` (KV blocks) at that step; ``message``: where each
     unfinished request is stuck, one clause per request separated by ``; ``
-    (:func:`vllm_repro.engine.state.stall_message`: its queue, the KV blocks it needs to finish
-    when that is more than the pool can give, its output placeholders); what a scenario's
-    ``expect.message`` is matched against for ``outcome: stall`` ("" from older labs)."""
+    (:func:`vllm_repro.engine.state.stall_clauses`: its queue, the KV blocks it needs to finish
+    when that is more than the pool can give, a KV load in flight or never promoted, the blocks
+    it waits for and who holds them, a 0-token step, its output placeholders); what a
+    scenario's ``expect.message`` is matched against for ``outcome: stall`` ("" from older
+    labs); ``cause`` the most specific of those as a tag."""
 
     step: int
     since: int
@@ -238,6 +244,9 @@ class Stall(Record):
     running: list[str] | None = None
     free_blocks: int | None = None
     message: str = ""
+    #: what holds it, as a tag (``engine/state.py:STALL_CAUSES``: ``kv-load-in-flight``,
+    #: ``no-free-blocks``, ``zero-tokens``, ...); the fuzz signature's ``stall:CAUSE``
+    cause: str | None = None
 
 
 #: the mechanism tags the audit gives, by violation code (:attr:`Violation.mechanism`): what a
@@ -467,8 +476,13 @@ class TraceLine(Record):
     ``step`` (0: ``EngineCore`` start-up, with ``phase: engine-build``); the request ids
     ``added`` and ``aborted`` before it, and ``refused`` (request id -> the release's
     front-door error: the request never reached EngineCore); ``scheduled`` (request id ->
-    tokens scheduled in this step's ``schedule()``); ``sampled`` (structured-output requests:
-    request id -> the token ids the fake worker sampled through the grammar bitmask in this
+    tokens scheduled in this step's ``schedule()``); ``drafts`` (request id -> draft tokens
+    scheduled for verification in it, spec decode); ``preemptions`` (request id -> what
+    preempted it in this step: ``schedule`` (the scheduler, for blocks), ``reset_prefix_cache``
+    or ``pause``, the engine-core events before it); ``stats`` (the release's ``SchedulerStats``
+    of this step, flattened: ``num_running_reqs``, ``prefix_cache_stats.hits``,
+    ``spec_decoding_stats.num_draft_tokens``, ...: what ``expect.stats`` reads); ``sampled``
+    (structured-output requests: request id -> the token ids the fake worker sampled through the grammar bitmask in this
     step); ``kv_connector`` (with a scripted KV connector: what its worker half did in this
     step, event -> request ids: ``load`` started, ``recv`` reported in ``finished_recving``,
     ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``);
@@ -490,6 +504,9 @@ class TraceLine(Record):
     aborted: list[str] | None = None
     refused: dict[str, str] | None = None
     scheduled: dict[str, int] | None = None
+    drafts: dict[str, int] | None = None
+    preemptions: dict[str, str] | None = None
+    stats: dict | None = None
     sampled: dict[str, list[int]] | None = None
     kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None
@@ -524,6 +541,46 @@ class TraceLine(Record):
     def progressed(self) -> bool:
         """A request finished or a token was scheduled in this step."""
         return bool(self.finished) or any(n > 0 for n in (self.scheduled or {}).values())
+
+
+# ---- release diffs (vllm-repro diff: src/vllm_repro/diff.py) ------------------------------------
+@dataclass
+class StepDecisions(Record):
+    """What the scheduler decided in one step of one run (from its :class:`TraceLine`), the
+    fields ``vllm-repro diff`` compares: ``scheduled`` (request id -> tokens; ``None``: no
+    ``schedule()`` returned in that step), ``preempted`` (request id -> cause),
+    ``finished``, ``free_blocks``, ``crash`` (``Type file:line``), ``waiting`` and
+    ``running`` (shown, not compared); ``present``: the run had this step."""
+
+    step: int
+    present: bool = True
+    scheduled: dict[str, int] | None = None
+    preempted: dict[str, str] | None = None
+    finished: list[str] | None = None
+    free_blocks: int | None = None
+    crash: str | None = None
+    waiting: list[str] | None = None
+    running: list[str] | None = None
+
+
+@dataclass
+class ReleaseDiff(Record):
+    """``vllm-repro diff``: one scenario on two releases, aligned step by step. ``releases``
+    (the two, in the order given), ``outcomes`` and ``reports`` (release -> the run's outcome /
+    report folder), ``step`` the first step where their decisions differ (``None``: none
+    does), ``differs`` which fields differ there (``scheduled``, ``preempted``, ``finished``,
+    ``free_blocks``, ``crash``, ``present``), ``decisions`` (release -> its
+    :class:`StepDecisions` at that step), ``scheduled_and_preempted`` (release -> the requests
+    both scheduled and preempted in that step, one ``schedule()`` call)."""
+
+    scenario: str
+    releases: list[str]
+    outcomes: dict[str, str] = field(default_factory=dict)
+    reports: dict[str, str] = field(default_factory=dict)
+    step: int | None = None
+    differs: list[str] = field(default_factory=list)
+    decisions: dict[str, StepDecisions] = field(default_factory=dict)
+    scheduled_and_preempted: dict[str, list[str]] = field(default_factory=dict)
 
 
 # ---- campaigns (vllm-repro campaign: src/vllm_repro/campaign/) ---------------------------------
@@ -718,7 +775,7 @@ class ReportDir:
 # ---- the release matrix (``vllm-repro matrix``) ---------------------------------------------
 #: a matrix cell's outcomes beyond a run's (:data:`OUTCOMES`): ``refused`` (the release or the
 #: index refuses the run: exit 2), ``n/a`` (the release's Capabilities lack the mode)
-MATRIX_OUTCOMES = (*OUTCOMES, "refused", "n/a")
+MATRIX_OUTCOMES = (*OUTCOMES, "n/a")  # (refused: OUTCOMES has it)
 
 
 @dataclass
@@ -828,7 +885,8 @@ def schema() -> str:
     out = []
     for cls in (RunResult, Crash, CrashContext, Frame, Stall, Hang, Violation, RunError, Timing,
                 AuditSummary,
-                EngineInfo, TraceLine, MatrixReport, MatrixCell, CampaignReport,
+                EngineInfo, TraceLine, StepDecisions, ReleaseDiff, MatrixReport, MatrixCell,
+                CampaignReport,
                 CampaignTaskResult, CampaignFinding, SignatureSpan):
         out.append(f"### `{cls.__name__}`\n")
         doc = inspect.cleandoc(cls.__doc__ or "")
@@ -849,7 +907,7 @@ def schema() -> str:
 
 
 __all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "CrashContext", "Stall", "Hang",
-           "Violation", "RunError",
+           "Violation", "RunError", "StepDecisions", "ReleaseDiff",
            "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
            "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport",
            "CampaignFinding", "CampaignTaskResult", "SignatureSpan", "CampaignReport"]

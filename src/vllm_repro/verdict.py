@@ -20,7 +20,11 @@ import re
 from dataclasses import dataclass
 
 from .errors import EXIT_ENV, EXIT_INPUT, EXIT_MISMATCH, EXIT_OK
-from .records import Crash, Frame, RunResult, Violation, violation_label
+from pathlib import Path
+
+from .decisions import decision_reasons, has_decisions
+from .records import (Crash, Frame, RecordError, RunResult, TraceLine, Violation, read_trace,
+                      violation_label)
 from .scenario.schema import Scenario
 
 
@@ -79,12 +83,15 @@ def _ran(result: RunResult) -> str:
 def audit_keeps_going(scenario: Scenario, version: str) -> bool:
     """Whether the audit must collect violations and let the run go on (rather than stop at
     the first) for the verdict on ``version`` to be about the run's end: a ``clean_on`` release,
-    or a ``reproduces_on`` release whose expected outcome is a crash or a stall."""
+    or a ``reproduces_on`` release whose expected outcome is a crash or a stall, or that has
+    ``steps`` / ``stats`` to check."""
     kind = scenario.vllm.expectation_for(version)
     if kind == "clean":
         return True
     exp = scenario.expect
-    return kind == "reproduce" and exp is not None and exp.outcome != "violation"
+    # a step or stats expectation reads the steps after the first finding too
+    return kind == "reproduce" and exp is not None and (exp.outcome != "violation"
+                                                        or has_decisions(exp))
 
 
 def _is_expected_kind(exp, x: Violation) -> bool:
@@ -182,14 +189,42 @@ def _expected(scenario: Scenario, kind: str | None) -> str:
     return "clean" if kind == "clean" else "-"
 
 
-def judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
+def judge(scenario: Scenario, version: str, result: RunResult,
+          trace: Path | list[TraceLine] | None = None) -> Verdict:
     """The verdict for one (scenario, release) run (see the module's rules for audit
     findings that are not the scenario's bug). A run on a tree that differs from the release's
-    sdist (``result.tree_changes``) says so in ``observed``: it observed the edit."""
-    v = _judge(scenario, version, result)
+    sdist (``result.tree_changes``) says so in ``observed``: it observed the edit. ``trace``:
+    the run's ``trace.jsonl`` (or its lines), read only where the scenario has step or stats
+    expectations (:mod:`vllm_repro.decisions`)."""
+    v = _judge(scenario, version, result, _Trace(trace))
     if result.tree_changes:
         v.observed += f" (on an edited tree: {len(result.tree_changes)} file(s))"
     return v
+
+
+class _Trace:
+    """The judged run's trace (``judge``'s ``trace``: a path or the lines), read once and only
+    where an expectation has ``steps`` / ``stats``."""
+
+    def __init__(self, source: Path | list[TraceLine] | None):
+        self._source = source
+        self._lines: list[TraceLine] | None = source if isinstance(source, list) else None
+
+    def lines(self) -> list[TraceLine] | None:
+        if self._lines is None and self._source is not None and not isinstance(self._source, list):
+            try:
+                self._lines = read_trace(Path(self._source))
+            except (OSError, RecordError):
+                self._lines = None
+            self._source = None
+        return self._lines
+
+    def reasons(self, exp, result: RunResult) -> list[str]:
+        """Why ``exp``'s ``steps`` / ``stats`` do not hold on the run (empty: they do)."""
+        return decision_reasons(exp, self.lines(), result) if has_decisions(exp) else []
+
+
+_NO_TRACE = _Trace(None)
 
 
 def refusal_of(result: RunResult) -> Crash | None:
@@ -241,7 +276,7 @@ def _settle_refusal(scenario: Scenario, kind: str | None, result: RunResult) -> 
     result.error = None
 
 
-def _judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
+def _judge(scenario: Scenario, version: str, result: RunResult, tr: _Trace = _NO_TRACE) -> Verdict:
     kind = scenario.vllm.expectation_for(version)
     if not result.planted:
         _settle_refusal(scenario, kind, result)
@@ -272,21 +307,29 @@ def _judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
     if kind == "clean" and getattr(scenario, "fixed", None) is not None:
         # the fix does something other than run clean (e.g. refuses the config at start-up)
         v.expected = scenario.fixed.outcome
-        reasons = _compare(scenario.fixed, result)
+        reasons = _compare(scenario.fixed, result, tr)
+        if not has_decisions(scenario.fixed):
+            reasons += _bug_decisions_show(scenario, version, result, tr)
         v.ok = not reasons
         v.reason = "; ".join(f"fixed release: {r}" for r in reasons)
         return v
     if kind == "clean":
-        return _judge_clean(v, scenario, version, result)
-    return _judge_reproduce(v, scenario, result)
+        return _judge_clean(v, scenario, version, result, tr)
+    return _judge_reproduce(v, scenario, result, tr)
 
 
-def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult) -> Verdict:
+def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult,
+                 tr: _Trace = _NO_TRACE) -> Verdict:
     """A ``clean_on`` release: no crash, no stall, the whole run, none of the scenario's own
     signature; other audit findings are shown as ``also``."""
     outcome, stopped = result.outcome, result.stopped
     violations = result.all_violations()
     sig = _signature(scenario, violations)
+    shows = _bug_decisions_show(scenario, version, result, tr)
+    if shows and outcome in ("clean", "violation"):
+        v.ok = False
+        v.reason = shows[0]
+        return v
     if outcome == "clean":
         v.ok = True
         return v
@@ -312,7 +355,22 @@ def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult
     return v
 
 
-def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdict:
+def _bug_decisions_show(scenario: Scenario, version: str, result: RunResult,
+                        tr: _Trace) -> list[str]:
+    """On a ``clean_on`` release: where ``expect`` has ``steps`` / ``stats`` (the bug is a
+    wrong decision) and they all hold here too, the reason why that is the bug showing (one
+    item); else empty."""
+    exp = scenario.expect
+    if not has_decisions(exp) or tr.lines() is None or tr.reasons(exp, result):
+        return []
+    said = [f"step {s.at_step}" for s in exp.steps or ()] + \
+        [f"stats{' at step ' + str(s.at_step) if s.at_step else ''}" for s in exp.stats or ()]
+    return [f"the scenario's own wrong decision ({', '.join(said)} as expect says) shows on "
+            f"{version}, a clean_on release"]
+
+
+def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult,
+                     tr: _Trace = _NO_TRACE) -> Verdict:
     """A ``reproduces_on`` release: the run must show ``expect`` (any non-clean outcome when
     the scenario gives none); findings other than an expected crash or stall are ``also``."""
     exp = scenario.expect
@@ -335,7 +393,7 @@ def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdi
     if exp.outcome != "violation" and violations and outcome != "violation":
         v.also = violations
         v.observed = f"{v.observed}; also: {violations_at(violations)}"
-    reasons = _compare(exp, result)
+    reasons = _compare(exp, result, tr)
     v.ok = not reasons
     v.reason = "; ".join(reasons)
     return v
@@ -347,7 +405,7 @@ def _incomplete_reason(result: RunResult) -> str:
             "neither clean nor a reproduction (raise limits.max_steps)")
 
 
-def _compare(exp, result: RunResult) -> list[str]:
+def _compare(exp, result: RunResult, tr: _Trace = _NO_TRACE) -> list[str]:
     """Why ``result`` does not show ``exp`` (an ``Expect``: the scenario's ``expect`` on its
     buggy releases, or its ``fixed`` on the fixed ones); empty when it does."""
     outcome = result.outcome
@@ -358,6 +416,12 @@ def _compare(exp, result: RunResult) -> list[str]:
         # the expected rank fault (events[].fault) never fired: the outcome is not its doing
         return [f"no rank fault of kind {fault} fired (fired: "
                 f"{[f.get('kind') for f in result.faults or ()] or 'none'})"]
+    return _compare_outcome(exp, result) + tr.reasons(exp, result)
+
+
+def _compare_outcome(exp, result: RunResult) -> list[str]:
+    """:func:`_compare` for a run of the expected outcome: its evidence."""
+    outcome = result.outcome
     if outcome == "crash":
         return _compare_crash(exp, result.crash)
     if outcome == "refused":

@@ -121,3 +121,72 @@ def test_vllms_refusals_are_outcome_refused_where_expected(cli, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     res = json.loads((tmp_path / "r" / "capped" / "0.10.2" / "result.json").read_text())
     assert res["outcome"] == "clean" and res["finished"] == {"A": "FINISHED_LENGTH_CAPPED"}
+
+
+def test_the_crash_page_shows_the_asserts_operands_in_a_browser(cli, tmp_path):
+    """#23347 on 0.10.1.1, its page as headless Chromium renders it: the assert's statement in
+    full and its operands with their values above the traceback, what schedule() had built (L
+    both scheduled and preempted), the scenario's description and issue link."""
+    import re
+    import threading
+
+    from vllm_repro.report.serve import make_server
+
+    from ..conftest import FLAGSHIP
+    from .test_report_browser import browser, load
+
+    chromium = browser()
+    reports = tmp_path / "reports"
+    proc = cli("run", str(FLAGSHIP), "--vllm", "0.10.1.1", "--reports", str(reports))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    server = make_server(reports, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = (f"http://127.0.0.1:{server.server_address[1]}/"
+               "vllm-23347-priority-preempt-scheduled/0.10.1.1/index.html")
+        dom, console = load(chromium, url, tmp_path / "profile")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not console, console
+
+    def value(expr: str) -> str:
+        m = re.search(rf"<td><code>{re.escape(expr)}</code></td><td><code>([^<]*)</code>", dom)
+        assert m, f"{expr} not on the page"
+        return m.group(1)
+
+    assert value("len(self.running)") == "1"
+    assert value("len(scheduled_running_reqs)") == "2"
+    assert value("len(scheduled_new_reqs) + len(scheduled_resumed_reqs) + "
+                 "len(scheduled_running_reqs)") == "2"
+    assert value("preempted_reqs") == "[&lt;Request L&gt;]"
+    assert "&lt;Request L&gt;" in value("scheduled_running_reqs")
+    assert "assert (len(scheduled_new_reqs) + len(scheduled_resumed_reqs) +" in dom
+    assert dom.index("len(self.running)") < dom.index("<h2>Traceback</h2>")
+    assert "Scheduler.schedule() walks the running queue" in dom
+    assert "href=\"https://github.com/vllm-project/vllm/issues/23347\"" in dom
+
+
+def test_diff_names_step_3_with_l_scheduled_and_preempted(cli, tmp_path):
+    """#23347 on 0.10.1.1 and 0.10.2: the first step whose decisions differ is step 3, where
+    0.10.1.1's schedule() raised and 0.10.2's scheduled L and preempted it in the same call."""
+    from ..conftest import FLAGSHIP
+
+    args = ("diff", str(FLAGSHIP), "--vllm", "0.10.1.1", "--vllm", "0.10.2", "--reports",
+            str(tmp_path / "r"))
+    done = cli(*args)
+    assert done.returncode == 1, done.stdout + done.stderr  # a step differs
+    text = done.stdout
+    assert "first difference at step 3 (scheduled, crash)" in text, text
+    row = next(ln for ln in text.splitlines() if "scheduled (tokens)" in ln)
+    assert "(schedule() did not return)" in row and "L=1 H=1" in row
+    row = next(ln for ln in text.splitlines() if "preempted (by)" in ln)
+    assert row.count("L (schedule)") == 2
+    assert "on 0.10.2: L scheduled and preempted in one schedule() call" in text
+    done = cli(*args, "--json")
+    data = json.loads(done.stdout)
+    assert data["step"] == 3 and data["releases"] == ["0.10.1.1", "0.10.2"]
+    assert data["decisions"]["0.10.2"]["scheduled"] == {"L": 1, "H": 1}
+    assert data["decisions"]["0.10.2"]["preempted"] == {"L": "schedule"}
+    assert data["scheduled_and_preempted"] == {"0.10.2": ["L"]}
+    assert data["decisions"]["0.10.1.1"]["crash"].startswith("AssertionError vllm/v1/core/sched/")

@@ -236,9 +236,10 @@ class EngineCoreLoop(StepLoop):
 
         def observed_schedule(*args, **kwargs):
             loop._phase = "schedule"
+            loop._marks = loop._lab(state.preemption_marks, sched)
             so = schedule(*args, **kwargs)
             scheduled = loop._lab(loop.adapter.scheduled, so)
-            loop._line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+            loop._note_schedule(loop._line, scheduled)
             loop._scheduled_so.append(so)
             loop._so_step[id(so)] = loop.step
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
@@ -365,14 +366,14 @@ class EngineCoreLoop(StepLoop):
                 line.applied_from = [s for s in self._applied_from if s is not None]
                 # at the step's peak: queued after its schedule(), before its updates popped
                 line.in_flight = len(queue_) + len(line.applied_from)
-            if record_stats is not None:
-                self._phase = "record_stats"
-                while not engine.output_queue.empty():
-                    _, outs = engine.output_queue.get_nowait()
-                    for stats in a.scheduler_stats({0: outs}):
+            self._phase = "record_stats"
+            while not engine.output_queue.empty():
+                _, outs = engine.output_queue.get_nowait()
+                all_stats = self._lab(a.scheduler_stats, {0: outs})
+                self._note_stats(line, all_stats)
+                if record_stats is not None:
+                    for stats in all_stats:
                         record_stats(stats)
-            else:
-                _drain(engine.output_queue)
         except (RefusedByRelease, AdapterError):
             raise
         except (self._stop_exception(), _ObserverStop):
@@ -558,12 +559,16 @@ class EngineCoreLoop(StepLoop):
             line.aborted.extend(e["abort"])
         elif e.get("reset_prefix_cache"):
             kwargs = {"reset_running_requests": True} if e.get("reset_running_requests") else {}
+            self._marks = self._lab(state.preemption_marks, self.scheduler)
             line.reset_prefix_cache = engine.reset_prefix_cache(**kwargs)
+            self._note_preemptions(line, "reset_prefix_cache")
         elif e.get("pause"):
+            self._marks = self._lab(state.preemption_marks, self.scheduler)
             if e.get("mode"):
                 engine.pause_scheduler(mode=e["mode"])
             else:
                 call_supported(engine.pause_scheduler)
+            self._note_preemptions(line, "pause")
             self._paused = True
             line.paused = e.get("mode") or True
         elif e.get("fault"):
@@ -657,11 +662,6 @@ def _process_engine_step():
     if fn is None:
         raise AdapterError("vLLM's EngineCoreProc has no _process_engine_step")
     return fn
-
-
-def _drain(q) -> None:
-    while not q.empty():
-        q.get_nowait()
 
 
 def _raised_in_lab(exc: BaseException) -> bool:

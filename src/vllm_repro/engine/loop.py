@@ -28,7 +28,9 @@ from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLi
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
-from .state import stall_message, worker_max_num_reqs
+from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
+                    worker_max_num_reqs)
+from .explain import crash_context
 from .watchdog import StepTimeout, Watchdog
 
 
@@ -49,12 +51,18 @@ def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
 
 def describe_exception(exc: BaseException, vllm_root: Path, step: int, phase: str) -> Crash:
     """The :class:`~vllm_repro.records.Crash` record: type, first message line, innermost vLLM
-    frame, step, phase."""
+    frame, step, phase, and its :class:`~vllm_repro.records.CrashContext` (``engine/explain.py``:
+    the statement, its frame's locals, an assert's operands)."""
     frames = vllm_frames(exc.__traceback__, vllm_root)
     msg = str(exc).strip().splitlines()
+    try:  # why: the innermost vLLM frame's statement, locals and an assert's operands
+        context = crash_context(exc.__traceback__, vllm_root)
+    except Exception:  # noqa: BLE001 - never in the way of the crash itself
+        context = None
     return Crash(type(exc).__name__, msg[0] if msg else "", frames[-1] if frames else None,
                  frames[-8:], step, phase,
-                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:])
+                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],
+                 context)
 
 
 class _NeverRaised(BaseException):
@@ -211,9 +219,10 @@ class StepLoop:
                 line.idle = True  # EngineCore.step returns without scheduling: nothing to do
                 return None, None
             phase = self._phase = "schedule"
+            self._marks = self._lab(preemption_marks, sched)
             so = sched.schedule()
             scheduled = self._lab(a.scheduled, so)
-            line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+            self._note_schedule(line, scheduled)
             if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
                                                        scheduled):
                 return self._stopped(line), so
@@ -222,10 +231,12 @@ class StepLoop:
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
             phase = self._phase = "update_from_output"
             engine_core_outputs = sched.update_from_output(so, mro)
+            all_stats = self._lab(a.scheduler_stats, engine_core_outputs)
+            self._note_stats(line, all_stats)
             if record_stats is not None:
                 # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
                 phase = self._phase = "record_stats"
-                for stats in a.scheduler_stats(engine_core_outputs):
+                for stats in all_stats:
                     record_stats(stats)
             phase = self._phase = "update_draft_token_ids"
             a.deliver_drafts(sched, req_ids, drafts)
@@ -247,6 +258,31 @@ class StepLoop:
                          unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
                          level=self.level, timing=Timing(round(build_s, 4)))
 
+    def _note_schedule(self, line: TraceLine, scheduled) -> None:
+        """What ``schedule()`` decided, into ``line``: tokens and draft tokens scheduled per
+        request, and the requests it preempted (against the marks taken before it)."""
+        line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+        drafts = {s.req_id: len(s.spec_tokens) for s in scheduled if s.spec_tokens}
+        line.drafts = drafts or line.drafts
+        self._note_preemptions(line, "schedule")
+
+    def _note_preemptions(self, line: TraceLine, cause: str) -> None:
+        """The requests preempted since ``self._marks`` (taken before the call that ``cause``
+        names: ``schedule``, ``reset_prefix_cache``, ``pause``), into ``line.preemptions``."""
+        before = getattr(self, "_marks", None)
+        if before is None:
+            return
+        self._marks = None
+        for rid in self._lab(preempted_since, self.scheduler, before):
+            line.preemptions = {**(line.preemptions or {}), rid: cause}
+
+    def _note_stats(self, line: TraceLine, all_stats) -> None:
+        """The step's ``SchedulerStats`` (the last one made), flattened, its non-zero numbers
+        into ``line.stats``."""
+        for stats in all_stats or ():
+            if stats is not None:  # zeros left out (absent reads 0): the trace stays small
+                line.stats = {k: v for k, v in self._lab(flat_stats, stats).items() if v}
+
     def _stop_exception(self) -> type[BaseException]:
         """The observer's ``stop_exception`` (raised from inside a vLLM call), or one never
         raised."""
@@ -262,6 +298,11 @@ class StepLoop:
         """vLLM raised ``exc`` in ``phase`` of ``step``: the line written, outcome ``crash``."""
         crash = describe_exception(exc, self.adapter.vllm_file, step, phase)
         line.crash = crash.brief()
+        if phase == "schedule":  # what it had preempted before it raised
+            try:
+                self._note_preemptions(line, "schedule")
+            except Exception:  # noqa: BLE001 - the books after a crash may be unreadable
+                pass
         self._state(line)
         self._emit(line)
         return RunResult("crash", crash=crash)
@@ -290,15 +331,18 @@ class StepLoop:
         if self._idle < stall_steps:
             return None, False
         self.stall_since = step - stall_steps + 1
+        clauses = self._stall_clauses(unfinished, line)
         return RunResult("stall", stall=Stall(step, self.stall_since, unfinished, line.waiting,
                                               line.running, line.free_blocks,
-                                              self._stall_message(unfinished, line))), True
+                                              "; ".join(text for text, _ in clauses),
+                                              stall_cause(clauses))), True
 
-    def _stall_message(self, unfinished: list[str], line: TraceLine) -> str:
-        """The stall's ``message``: where each unfinished request is stuck
-        (:func:`~vllm_repro.engine.state.stall_message` over the live scheduler)."""
-        return stall_message(self.scheduler, unfinished, line.waiting, line.running,
-                             int(self.cfg.get("block_size") or 16))
+    def _stall_clauses(self, unfinished: list[str], line: TraceLine) -> list[tuple[str, str]]:
+        """Where each unfinished request is stuck and why, ``(clause, cause)``
+        (:func:`~vllm_repro.engine.state.stall_clauses` over the live scheduler): the stall's
+        ``message`` and ``cause``."""
+        return stall_clauses(self.scheduler, unfinished, line.waiting, line.running,
+                             int(self.cfg.get("block_size") or 16), line.scheduled)
 
     def _progressed(self, line: TraceLine) -> bool:
         """Progress at the scheduler level: some request had tokens scheduled."""

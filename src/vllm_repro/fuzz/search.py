@@ -62,7 +62,9 @@ def signature(result: RunResult) -> str | None:
     """The failure signature of a run, or None for ``clean`` and ``error``.
 
     ``crash:AssertionError@vllm/v1/core/sched/scheduler.py:schedule``,
-    ``violation:REQ_STATE``, ``stall``; a violation whose record names its mechanism (two ways
+    ``violation:REQ_STATE``, ``stall:kv-load-in-flight`` (the stall's cause, :class:`~vllm_repro.
+    records.Stall`: ``--target stall`` matches every stall, ``--target stall:kv-load`` the
+    loads'), ``hang@vllm/...:schedule``; a violation whose record names its mechanism (two ways
     to one code: :attr:`~vllm_repro.records.Violation.mechanism`) carries it,
     ``violation:KV_PREFIX_MAP/fresh-block``, so that a search, its database and a campaign's
     table keep the two apart (``--target violation:KV_PREFIX_MAP`` still matches both).
@@ -77,7 +79,11 @@ def signature(result: RunResult) -> str | None:
             return "violation"
         return f"violation:{vs[0].label()}"
     if outcome == "stall":
-        return "stall"
+        cause = result.stall.cause if result.stall is not None else None
+        return f"stall:{cause}" if cause else "stall"
+    if outcome == "hang":
+        h = result.hang
+        return f"hang@{h.where.where() if h is not None and h.where else '<no vLLM frame>'}"
     return None
 
 

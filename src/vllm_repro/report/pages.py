@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..records import RecordError, ReportDir, RunResult, TraceLine, read_trace
+from .crash import why_section
 
 #: the step table shows at most this many rows (steps where something changed come first)
 MAX_TABLE_ROWS = 400
@@ -66,6 +67,8 @@ dl.facts dt{color:#555} dl.facts dd{margin:0}
 table.requests{border-collapse:collapse;font-size:.85em}
 table.requests td,table.requests th{border-bottom:1px solid #e3e3e3;padding:2px 8px;text-align:left;
 font-family:ui-monospace,monospace}
+table.operands,table.locals{border-collapse:collapse;font-size:.85em}
+table.operands td,table.locals td{border-bottom:1px solid #e3e3e3;padding:2px 8px;vertical-align:top}
 """
 
 #: request state -> (colour, label) in the timeline
@@ -441,6 +444,13 @@ def scenario_section(ctx: PageContext) -> str:
     return "\n".join(out)
 
 
+def why_crash_section(ctx: PageContext) -> str:
+    """Why the run ended as it did (``report/crash.py``): the raising statement, a failed
+    assert's operands and the frame's locals, vLLM's refusal, or where a hang sat; above the
+    traceback. The scenario itself is :func:`scenario_section`'s."""
+    return why_section(ctx.result)
+
+
 def timeline_section(ctx: PageContext) -> str:
     svg = timeline_svg(ctx.trace, ctx.result)
     return f"<h2>Timeline</h2>{svg}" if svg else ""
@@ -466,6 +476,7 @@ def log_tail_section(ctx: PageContext) -> str:
 SECTIONS: list[Callable[[PageContext], str]] = [
     header_section,
     happened_section,
+    why_crash_section,
     crash_section,
     scenario_section,
     timeline_section,

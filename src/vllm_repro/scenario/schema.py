@@ -598,6 +598,77 @@ class Limits(Strict):
     step_timeout_s: Annotated[float, Field(gt=0, le=3600)] | None = None
 
 
+class StepExpect(Strict):
+    """What the scheduler decided at step ``at_step`` (``expect.steps``; docs/scenarios.md):
+    ``scheduled`` (request id -> the exact tokens scheduled), ``not_scheduled``, ``preempted``
+    (in that step; by ``preempted_by`` where given), ``not_preempted``, ``finished`` (request id
+    -> ``length``, ``stop``, ``abort``, ``ignored`` or vLLM's ``FINISHED_*`` name), ``drafts``
+    (request id -> draft tokens scheduled). Judged by :mod:`vllm_repro.decisions`."""
+
+    at_step: PosInt
+    scheduled: dict[str, NonNegInt] | None = None
+    not_scheduled: list[str] | None = None
+    preempted: list[str] | None = None
+    preempted_by: Literal["schedule", "reset_prefix_cache", "pause"] | None = None
+    not_preempted: list[str] | None = None
+    finished: dict[str, str] | None = None
+    drafts: dict[str, NonNegInt] | None = None
+
+    @model_validator(mode="after")
+    def _something(self):
+        given = [k for k in ("scheduled", "not_scheduled", "preempted", "not_preempted",
+                             "finished", "drafts") if getattr(self, k) is not None]
+        if not given:
+            raise ValueError(f"step {self.at_step}: say what to check (scheduled, not_scheduled, "
+                             "preempted, not_preempted, finished, drafts)")
+        if self.preempted_by and not self.preempted:
+            raise ValueError("`preempted_by` goes with `preempted: [ids]`")
+        from ..decisions import FINISH_NAMES
+
+        for rid, how in (self.finished or {}).items():
+            if how.lower() not in FINISH_NAMES and not re.fullmatch(r"FINISHED_[A-Z_]+", how):
+                raise ValueError(f"finished.{rid}: {how!r} is no finish; use one of "
+                                 f"{', '.join(FINISH_NAMES)} or vLLM's FINISHED_* name")
+        return self
+
+    def request_ids(self) -> set[str]:
+        """Every request id it names."""
+        return {*(self.scheduled or {}), *(self.not_scheduled or ()), *(self.preempted or ()),
+                *(self.not_preempted or ()), *(self.finished or {}), *(self.drafts or {})}
+
+
+class StatsExpect(Strict):
+    """The release's own ``SchedulerStats`` (``expect.stats``): ``at_step`` (none: over the
+    run, counters summed), and any other key a stat's dotted name (``prefix_cache_stats.hits``,
+    ``num_running_reqs``, ``spec_decoding_stats.num_accepted_tokens``) with a number (equal)
+    or a comparison (``">= 1"``, ``"< 0.5"``, ``"!= 0"``). Judged by
+    :mod:`vllm_repro.decisions`."""
+
+    model_config = ConfigDict(extra="allow", frozen=False, strict=True, allow_inf_nan=False)
+
+    at_step: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _stats(self):
+        from ..decisions import COMPARISON
+
+        if not self.model_extra:
+            raise ValueError("name at least one stat (e.g. prefix_cache_stats.hits: 0)")
+        for key, value in self.model_extra.items():
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z0-9_]+){0,3}", key):
+                raise ValueError(f"{key!r} is not a SchedulerStats field name (dotted: "
+                                 "prefix_cache_stats.hits)")
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
+                    isinstance(value, str) and not COMPARISON.match(value)):
+                raise ValueError(f"{key}: give a number or a comparison such as '>= 1' "
+                                 f"(got {value!r})")
+        return self
+
+    def values(self) -> dict:
+        """Stat name -> expected number or comparison."""
+        return dict(self.model_extra or {})
+
+
 class Expect(Strict):
     """What the buggy releases (``reproduces_on``) show (``fixed``: the fixed ones). ``outcome:
     refused``: vLLM refuses the configuration or a request (``exception``, ``message``,
@@ -625,6 +696,11 @@ class Expect(Strict):
     phase: str | None = None
     #: the kind of rank fault (``events[].fault``) that must have fired in the run
     fault: Literal["hang", "late", "raise", "exit"] | None = None
+    #: what the scheduler decided at given steps (a wrong decision, no crash): on a release
+    #: with ``clean_on`` and no ``fixed.steps``, they must not all hold
+    steps: list[StepExpect] | None = Field(default=None, min_length=1, max_length=200)
+    #: the release's own SchedulerStats, at a step or over the run (likewise)
+    stats: list[StatsExpect] | None = Field(default=None, min_length=1, max_length=50)
 
     @model_validator(mode="before")
     @classmethod
@@ -890,6 +966,16 @@ class Scenario(Strict):
                     raise ValueError(f"model.spec_decode.propose.{rid}: {over[0]} drafts, over "
                                      f"config.num_speculative_tokens {k} (vLLM's drafter "
                                      "proposes at most that many a step); give at most that many")
+        for key in ("expect", "fixed"):
+            exp = getattr(self, key)
+            for j, st in enumerate((exp.steps or ()) if exp is not None else ()):
+                for rid in sorted(st.request_ids()):
+                    if rid not in ids:
+                        raise ValueError(f"{key}.steps[{j}]: unknown request id {rid!r}"
+                                         f"{_id_fix(rid, ids)}")
+                if st.at_step > max_steps:
+                    raise ValueError(f"{key}.steps[{j}].at_step {st.at_step} is past "
+                                     f"limits.max_steps {max_steps}")
         self._check_drafts()
         self._check_kv_transfer()
         self._check_lab_limits()
