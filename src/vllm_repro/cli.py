@@ -119,6 +119,24 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
             procs.sweep()
 
 
+def _written_file(exc: BaseException) -> str | None:
+    """The file a failed write was writing (a write's OSError names none): the innermost frame
+    of the traceback holding an open file or a path."""
+    import io
+
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                return value.name
+            if isinstance(value, Path):
+                return str(value)
+    return None
+
+
 def _disk_full(exc: BaseException) -> str | None:
     """The one line for a full disk or an exceeded quota anywhere in ``exc``'s chain
     (``no space left on device: PATH``), else None."""
@@ -127,7 +145,7 @@ def _disk_full(exc: BaseException) -> str | None:
     seen = 0
     while exc is not None and seen < 10:
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            where = exc.filename or "a file the lab was writing"
+            where = exc.filename or _written_file(exc) or "a file the lab was writing"
             what = "no space left on device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
             return (f"{what}: {where}; free some space there (or point --reports / "
                     "VLLM_REPRO_CACHE at a disk with room) and run it again")

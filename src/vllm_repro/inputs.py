@@ -284,23 +284,35 @@ def check_node_shape(root, source: str | Path, *, max_depth: int = MAX_YAML_DEPT
     (no recursion, no expansion: a billion-node alias bomb costs its own few nodes). A node that
     contains itself (``&a [*a]``) is refused."""
     yaml = _yaml()
+    scalar = yaml.ScalarNode
+    if isinstance(root, scalar):
+        return
     size: dict[int, int] = {}
     height: dict[int, int] = {}
-    # iterative post-order; a node on the stack being expanded is "open" (a cycle if met again)
+
+    def kids(node):
+        if isinstance(node, yaml.SequenceNode):
+            return node.value
+        return [n for pair in node.value for n in pair]
+
+    # iterative post-order over the collections (a scalar is 1 node, 0 high, never stacked);
+    # a collection met again while it is open is a cycle
     opened: set[int] = set()
     stack: list[tuple[object, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
         key = id(node)
-        if isinstance(node, yaml.ScalarNode):
-            size[key], height[key] = 1, 0
-            continue
-        kids = node.value if isinstance(node, yaml.SequenceNode) else \
-            [n for pair in node.value for n in pair]
         if done:
             opened.discard(key)
-            total = 1 + sum(size[id(k)] for k in kids)
-            high = 1 + max((height[id(k)] for k in kids), default=0)
+            total, high = 1, 0
+            for k in kids(node):
+                if isinstance(k, scalar):
+                    total += 1
+                    continue
+                total += size[id(k)]
+                if height[id(k)] > high:
+                    high = height[id(k)]
+            high += 1
             size[key], height[key] = total, high
             if high > max_depth:
                 raise InputError(_too_deep(source, node.start_mark, max_depth))
@@ -315,7 +327,8 @@ def check_node_shape(root, source: str | Path, *, max_depth: int = MAX_YAML_DEPT
                              "recursive anchor); write the value out")
         opened.add(key)
         stack.append((node, True))
-        stack.extend((k, False) for k in kids if id(k) not in size)
+        stack.extend((k, False) for k in kids(node)
+                     if not isinstance(k, scalar) and id(k) not in size)
 
 
 def _yaml_error(source: str | Path, exc: Exception, text: str = "") -> str:

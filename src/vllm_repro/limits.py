@@ -86,6 +86,7 @@ def run_limits() -> RunLimits:
                              f"(default {defaults[key]} here); "
                              "set it to one, or unset it")
     max_log_bytes()  # (checked with the others, before anything runs)
+    max_processes()
     return RunLimits(**values, memory_gib=round(mem / (1 << 30), 1))
 
 

@@ -231,7 +231,11 @@ def _watchdog(fd: int) -> None:
             return
         if not data:
             return
-        signum = data[-1]
+        # (the wakeup fd carries every signal Python handles; only these two end the lab)
+        ours = [b for b in data if b in (signal.SIGINT, signal.SIGTERM)]
+        if not ours:
+            continue
+        signum = ours[-1]
         deadline = time.monotonic() + SIGNAL_GRACE_S
         while time.monotonic() < deadline and not _raised:
             time.sleep(0.02)

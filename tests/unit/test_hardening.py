@@ -426,3 +426,18 @@ def test_a_port_that_is_not_ssh_is_one_line_without_tracebacks(tmp_path, capfd):
         srv.close()
     captured = capfd.readouterr()
     assert "Traceback" not in captured.err + captured.out, captured.err
+
+
+def test_a_full_disk_names_the_file_a_write_was_writing(tmp_path):
+    """A write's OSError names no file: the line names the file being written all the same."""
+    from vllm_repro.cli import _disk_full
+
+    target = tmp_path / "reports" / "result.json"
+    target.parent.mkdir()
+    try:
+        with open(target, "w") as fh:  # noqa: F841 - the frame's open file is the clue
+            raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError as exc:
+        line = _disk_full(exc)
+    assert line is not None and line.startswith("no space left on device: ")
+    assert str(target) in line
