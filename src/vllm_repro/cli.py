@@ -129,9 +129,11 @@ def _written_file(exc: BaseException) -> str | None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
     for frame in reversed(frames):
-        for value in frame.f_locals.values():
+        values = list(frame.f_locals.values())
+        for value in values:  # an open file says it best
             if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
                 return value.name
+        for value in values:
             if isinstance(value, Path):
                 return str(value)
     return None
