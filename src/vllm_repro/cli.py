@@ -192,6 +192,12 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             usage_error(exc)
             sys.exit(EXIT_INPUT)
+        full = _disk_full(exc)
+        if full is not None:  # the machine's, not the lab's: exit 3 saying where
+            if signals:
+                procs.kill_all()
+            error(full)
+            sys.exit(EXIT_ENV)
         if signals:  # the entry point owns its children; a caller in-process owns its own
             procs.kill_all()
         where = crash_report(exc)
@@ -200,6 +206,46 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
         error(f"lab failure ({type(exc).__name__}{': ' + first if first else ''}); {saved}; "
               "please report it with that file")
         sys.exit(EXIT_ENV)
+    finally:
+        if signals:  # what a worker's code left behind (the lab is their subreaper)
+            procs.sweep()
+
+
+def _written_file(exc: BaseException) -> str | None:
+    """The file a failed write was writing (a write's OSError names none): the innermost frame
+    of the traceback holding an open file or a path."""
+    import io
+
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        values = list(frame.f_locals.values())
+        for value in values:  # an open file says it best
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                return value.name
+        for value in values:
+            if isinstance(value, Path):
+                return str(value)
+    return None
+
+
+def _disk_full(exc: BaseException) -> str | None:
+    """The one line for a full disk or an exceeded quota anywhere in ``exc``'s chain
+    (``no space left on device: PATH``), else None."""
+    import errno
+
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = exc.filename or _written_file(exc) or "a file the lab was writing"
+            what = "no space left on device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+            return (f"{what}: {where}; free some space there (or point --reports / "
+                    "VLLM_REPRO_CACHE at a disk with room) and run it again")
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ processes, and returns the verdicts in input order. Releases are made ready by
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -80,21 +82,41 @@ def _claimed_log(log: Path):
     while another process (a concurrent run into the same reports folder) holds ``log``, so
     that two runs never write one log and each run's ``engine.log`` is its own. Held with
     ``flock`` on ``.<name>.lock`` until the release's runs end."""
+    from .inputs import open_append
+
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log.parent / f".{log.stem}.lock", "a") as lock:
+    with open_append(log.parent / f".{log.stem}.lock", "log's lock file") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # held by another run
-            yield log.with_name(f"{log.stem}.{os.getpid()}.log")
+            mine = log.with_name(f"{log.stem}.{os.getpid()}.log")
+            try:
+                yield mine
+            finally:  # each run's part is in its report's engine.log: nothing is left behind
+                if not mine.is_symlink():
+                    mine.unlink(missing_ok=True)
             return
         for old in log.parent.glob(f"{log.stem}.*.log"):  # those of runs that have ended
             pid = old.name[len(log.stem) + 1:-len(".log")]
             if pid.isdigit() and not _alive(int(pid)):
                 old.unlink(missing_ok=True)
+        _rotate(log)
         try:
             yield log
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _rotate(log: Path) -> None:
+    """Keep a worker's log under ``VLLM_REPRO_MAX_LOG_MB``: one over it becomes
+    ``<name>.log.1`` (replacing the one before), and the run starts a new one."""
+    from .limits import max_log_bytes
+
+    try:
+        if not log.is_symlink() and log.stat().st_size > max_log_bytes():
+            os.replace(log, log.with_name(log.name + ".1"))
+    except FileNotFoundError:
+        pass
 
 
 def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
@@ -192,15 +214,44 @@ def _size(path: Path) -> int:
 
 def _run_log(log: Path, start: int, report: ReportDir) -> Path:
     """This run's part of the worker's log (what vLLM logged from ``start`` on, its crash dump
-    included) copied into the run's report as ``engine.log``; returns where it will be once the
-    report is committed (the worker's whole log, ``log``, when it cannot be read)."""
+    included) moved into the run's report as ``engine.log``: stored once (the worker's log is
+    cut back to ``start`` after the copy), and at most ``VLLM_REPRO_MAX_LOG_MB``: over it, the
+    first and last halves are kept with a line saying how much was left out between. Returns
+    where it will be once the report is committed (the worker's whole log, ``log``, when it
+    cannot be read)."""
+    from .limits import max_log_bytes
+
+    cap = max_log_bytes()
     try:
-        with open(log, "rb") as f:
+        with open(log, "rb") as f, open(report.current / ReportDir.ENGINE_LOG, "wb") as dst:
+            size = os.fstat(f.fileno()).st_size
             f.seek(start)
-            (report.current / ReportDir.ENGINE_LOG).write_bytes(f.read())
-    except OSError:
+            length = max(0, size - start)
+            if length <= cap:
+                shutil.copyfileobj(f, dst, 1 << 20)
+            else:
+                half = cap // 2
+                _copy(f, dst, half)
+                dst.write(f"\n==== vllm-repro: {length - 2 * half:,} bytes of the worker's output "
+                          f"left out here (VLLM_REPRO_MAX_LOG_MB keeps {cap >> 20} MB) ====\n"
+                          .encode())
+                f.seek(size - half)
+                _copy(f, dst, half)
+        os.truncate(log, start)  # this run's part lives in its report now
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
         return log
     return report.path / ReportDir.ENGINE_LOG
+
+
+def _copy(src, dst, n: int) -> None:
+    while n > 0:
+        block = src.read(min(n, 1 << 20))
+        if not block:
+            return
+        dst.write(block)
+        n -= len(block)
 
 
 def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
@@ -227,6 +278,10 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     the slice).
     """
     custom = prepare is not None
+    if jobs is not None:
+        from .limits import check_count, max_processes
+
+        check_count("--jobs", jobs, max_processes(), setting="VLLM_REPRO_MAX_PROCESSES")
     reports = reports.resolve()
     try:
         reports.mkdir(parents=True, exist_ok=True)

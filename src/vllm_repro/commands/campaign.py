@@ -66,6 +66,12 @@ def campaign(
         raise InputError(f"--policy {policy!r}: use fcfs or priority")
     if level not in ("scheduler", "engine-core"):
         raise InputError(f"--level {level!r}: use scheduler or engine-core")
+    from ..limits import MAX_EXAMPLES, MAX_SEEDS, check_count, max_processes
+
+    check_count("--seeds", seeds, MAX_SEEDS)
+    check_count("--examples", examples, MAX_EXAMPLES)
+    if jobs is not None:
+        check_count("--jobs", jobs, max_processes(), setting="VLLM_REPRO_MAX_PROCESSES")
     check_ray(ray, ray_remote)
     parse_range(releases)
     names = parse_features(features)
@@ -80,7 +86,16 @@ def campaign(
                          level=level, policy=policy, spec_decode=spec, target=target,
                          examples=examples, time_s=seconds, audit=audit, db=db,
                          shrink=shrink)
+    if out_dir is not None:  # a file there (or a link loop) is exit 2, before the index is read
+        out_dir = folder(out_dir, "--out folder", "give --out a folder (made if missing; an "
+                         "existing one resumes its campaign)", creatable=True)
     versions = select_releases(list_releases(), releases, FIRST_V1)
+    from ..limits import MAX_CAMPAIGN_TASKS
+
+    if len(versions) * seeds > MAX_CAMPAIGN_TASKS:
+        raise InputError(f"--seeds {seeds:,} x {len(versions)} releases: "
+                         f"{len(versions) * seeds:,} tasks, over {MAX_CAMPAIGN_TASKS:,} (the "
+                         "lab's limit); give fewer --seeds or a narrower --releases")
     reports = reports_dir(reports, create=False)
     where = (out_dir or reports / "_campaign" / cspec.campaign_id()).resolve()
     say(f"campaign {cspec.campaign_id()}: {len(versions)} releases ({versions[0]} .. "

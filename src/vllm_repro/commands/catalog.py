@@ -61,6 +61,9 @@ def catalog_run(
     from ..lab import checked_releases
     from ..inputs import folder, release_name, reports_dir
 
+    from ..limits import check_jobs
+
+    check_jobs(jobs)
     t0 = time.perf_counter()
     folder(directory, "catalog folder (--directory)", "give --directory a folder of scenario "
            "files such as scenarios/")

@@ -67,6 +67,10 @@ def fuzz(
     if use_db and db is not None:
         db = str(folder(Path(db), "--db folder", "give --db a folder you can write, or none",
                         creatable=True))
+    from ..limits import MAX_EXAMPLES, check_count, max_processes
+
+    check_count("--workers", workers, max_processes(), setting="VLLM_REPRO_MAX_PROCESSES")
+    check_count("--shrink-runs", shrink_runs, MAX_EXAMPLES, low=0)
     vllm = release_name(vllm)
     seconds = parse_duration(time_)
     reports = reports_dir(reports, create=False)
@@ -120,6 +124,14 @@ def fuzz(
             out.print(f"[red]searched nothing[/red]: 0 examples ran in {seconds:g}s; "
                       "give --time more")
             raise typer.Exit(EXIT_ENV)
+        refused = camp.by_outcome.get("refused", 0)
+        checked = camp.examples - refused - n_errors
+        if checked <= 0 and not camp.findings:
+            # every example refused (or an error): nothing of vLLM was checked, so no verdict
+            raise InputError(f"fuzz --vllm {vllm} --level {level}: nothing checked: vLLM {vllm} "
+                             f"refused {refused} and the lab failed {n_errors} of the "
+                             f"{camp.examples} examples; give a --level (or --vllm) that "
+                             "release runs")
         for sig, f in camp.findings.items():
             path, test = write_finding(f, vllm, out_dir)
             out.print(f"[red]{sig}[/red]: {len(f.scenario['requests'])} requests after shrinking, "
@@ -137,5 +149,8 @@ def fuzz(
                 break
             out.print(f"ladder: level {profile.name} clean after {camp.examples} examples")
     if not found_any:
-        out.print("no failure found")
+        refused = camp.by_outcome.get("refused", 0)
+        n_errors = camp.by_outcome.get("error", 0)
+        out.print(f"no failure found in {camp.examples - refused - n_errors} examples checked "
+                  f"({refused} refused by the release, {n_errors} lab errors, not checked)")
     raise typer.Exit(EXIT_MISMATCH if found_any else 0)

@@ -43,6 +43,9 @@ def matrix(
     from ..matrix import check_modes, index_releases, matrix_dir, parse_range, run, table
     from ..scenario.load import unique_scenarios
 
+    from ..limits import check_jobs
+
+    check_jobs(jobs)
     chosen_modes = check_modes(value(m) for m in modes)
     specs = [parse_range(r) for r in releases] or [parse_range(None)]
     text = " | ".join(str(s) for s in specs)

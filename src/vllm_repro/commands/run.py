@@ -38,6 +38,9 @@ def run(
     from ..scenario.load import unique_scenarios
     from ..sources.prepare import check_tree
 
+    from ..limits import check_jobs
+
+    check_jobs(jobs)
     t0 = time.perf_counter()
     vllm = [release_name(v) for v in vllm]
     reports = reports_dir(reports, create=False)

@@ -160,6 +160,19 @@ def _last_resort_for(reply, job: dict, adapter) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The worker: a child subreaper (a process vLLM's code or a patch under test starts in
+    its own session, or double-forks, is re-parented to it), which kills every process left
+    below it when it ends (:func:`vllm_repro.procs.sweep`), cold or forked by a warm parent."""
+    from .. import procs
+
+    procs.make_subreaper()
+    try:
+        return _main(argv)
+    finally:
+        procs.sweep()
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vllm_repro.engine.worker")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--reply-fd", type=int, required=True)

@@ -29,6 +29,12 @@ PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
+
+#: the most pass-through fields a scenario's ``config:`` may hold (each is read against the
+#: release's config classes; all of vLLM's scheduler, cache, parallel and speculative configs
+#: together have about 150)
+MAX_PASSTHROUGH_FIELDS = 256
+
 class Strict(BaseModel):
     """Unknown fields are errors, and so are values of the wrong type: ``true`` or ``"2"`` for a
     count is refused, not coerced to 1 or 2 (YAML ints are still fine where floats go). A
@@ -241,6 +247,10 @@ class SchedulerSettings(Strict):
             raise ValueError("config.num_gpu_blocks: missing required field (the KV pool in "
                              "blocks; at level engine-core kv_cache_memory_bytes, the memory "
                              "start-up sizes it from, may stand for it); add it")
+        if len(extra) > MAX_PASSTHROUGH_FIELDS:  # each is looked up in the release's classes
+            raise ValueError(f"{len(extra):,} fields besides the lab's own, over "
+                             f"{MAX_PASSTHROUGH_FIELDS} (the lab's limit; vLLM's config classes "
+                             "have fewer); keep the ones the bug needs")
         for key, value in extra.items():
             if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a vLLM config field name")
