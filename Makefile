@@ -57,7 +57,9 @@ help:
 	@echo "make test        ruff, the docs build, unit tests and the real-release scenario tests"
 	@echo "make docs        the documentation into $(REPORTS)/site/ (make docs-pictures: its pictures from real runs)"
 	@echo "make images      the CPU image (Docker); make cpu-repro RUNNER=docker|native"
+	@echo "make compose-up  docker compose up (or docker-compose up): the catalog, then its pages on 127.0.0.1:8080"
 	@echo "make gpu-verify REMOTE=host PATCH=fix.diff SCENARIO=...   confirm a fix on a GPU host"
+	@echo "                 (BUNDLE=reports/verify/<id> ships a verified bundle; ACCEPT_NEW_HOST_KEY=1 trusts a new host)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
