@@ -17,6 +17,10 @@ setting that allows it:
 - ``VLLM_REPRO_WORKER_MEMORY_MB``: the address space of an engine worker (``RLIMIT_AS``, set by
   the worker on itself before it imports vLLM); a run that exhausts it is ``error: out of memory
   (limit N MB)``, never a crash of vLLM. Default: three quarters of this machine's memory.
+- ``VLLM_REPRO_STEP_TIMEOUT_S``: the watchdog (``engine/watchdog.py``): a step, or an engine's
+  start-up, that has not returned after this many seconds ends the run as ``hang``, with every
+  thread's stack. Default 300 s, far above the slowest catalog step (start-ups included, under
+  a minute on a busy two-core machine); a scenario's ``limits.step_timeout_s`` sets its own.
 
 Standard library only: the trace limit is applied inside the worker (it arrives in the job).
 """
@@ -44,6 +48,7 @@ class RunLimits:
     max_trace_mb: float
     worker_memory_mb: int
     memory_gib: float
+    step_timeout_s: float = 300.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -51,7 +56,8 @@ class RunLimits:
 
 SETTINGS = {"max_kv_blocks": "VLLM_REPRO_MAX_KV_BLOCKS", "max_tokens": "VLLM_REPRO_MAX_TOKENS",
             "max_steps": "VLLM_REPRO_MAX_STEPS", "max_trace_mb": "VLLM_REPRO_MAX_TRACE_MB",
-            "worker_memory_mb": "VLLM_REPRO_WORKER_MEMORY_MB"}
+            "worker_memory_mb": "VLLM_REPRO_WORKER_MEMORY_MB",
+            "step_timeout_s": "VLLM_REPRO_STEP_TIMEOUT_S"}
 
 
 def run_limits() -> RunLimits:
@@ -61,15 +67,17 @@ def run_limits() -> RunLimits:
 
     mem = _memory_bytes()
     defaults = {"max_kv_blocks": mem // 8192, "max_tokens": mem // 2048, "max_steps": 200_000,
-                "max_trace_mb": 256, "worker_memory_mb": (mem * 3 // 4) >> 20}
+                "max_trace_mb": 256, "worker_memory_mb": (mem * 3 // 4) >> 20,
+                "step_timeout_s": 300.0}
     values = {}
     for key, env in SETTINGS.items():
         raw = os.environ.get(env)
         if raw is None or raw.strip() == "":
             values[key] = defaults[key]
             continue
-        # the trace's size may be a fraction of a MB; the others are counts
-        kind = float if key == "max_trace_mb" else int
+        # the trace's size may be a fraction of a MB, the watchdog's time of a second; the
+        # others are counts
+        kind = float if key in ("max_trace_mb", "step_timeout_s") else int
         try:
             values[key] = kind(raw.replace("_", ""))
         except ValueError:

@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 #: the outcomes of a run (``RunResult.outcome``); ``incomplete``: ``limits.max_steps`` reached
-#: with requests unfinished and nothing else wrong (never clean)
-OUTCOMES = ("clean", "crash", "violation", "stall", "incomplete", "error")
+#: with requests unfinished and nothing else wrong (never clean); ``hang``: a step (or start-up)
+#: did not return within the watchdog's time (``RunResult.hang``); ``refused``: vLLM refused the
+#: scenario's configuration or a request, where the scenario expects that (``RunResult.refusal``;
+#: on a release where the scenario expects a run, a refusal stays an input ``error``)
+OUTCOMES = ("clean", "crash", "violation", "stall", "incomplete", "hang", "refused", "error")
 
 
 class RecordError(ValueError):
@@ -159,6 +162,42 @@ class Frame(Record):
 
 
 @dataclass
+class CrashContext(Record):
+    """What the innermost vLLM frame held when it raised (``engine/explain.py``), bounded:
+    ``statement`` the full text of the statement that raised (``file``:``line`` of
+    :attr:`Crash.where`), ``locals`` its local variables (name -> ``repr`` cut to 200
+    characters, at most 40 of them), ``operands`` for a failed ``assert``: each operand of its
+    test evaluated again in that frame, as pytest's assertion rewriting shows them (``len(self.
+    running)`` -> ``1``; at most 12), ``operand_error`` why they could not be evaluated."""
+
+    statement: str | None = None
+    locals: dict[str, str] | None = None
+    operands: dict[str, str] | None = None
+    operand_error: str | None = None
+
+
+@dataclass
+class Hang(Record):
+    """A step (or start-up, ``step`` 0) that had not returned after ``limit_s`` seconds (the
+    watchdog: ``engine/watchdog.py``, ``VLLM_REPRO_STEP_TIMEOUT_S`` or the scenario's
+    ``limits.step_timeout_s``): ``phase`` (the vLLM call: ``engine-build``, ``schedule``,
+    ``step``...), ``where`` the innermost vLLM frame the run's thread sat in when the time ran
+    out (``None``: none of its frames was vLLM's), ``vllm_frames`` (its last 8 vLLM frames,
+    outermost first), ``stacks`` the Python stacks of every thread of the worker as
+    ``faulthandler`` dumps them (the last 20,000 characters), ``stopped``: how the run ended
+    (``interrupted``: the step was interrupted with an exception and the worker lived on;
+    ``exited``: the step never let go, the worker sent this and exited)."""
+
+    step: int
+    limit_s: float
+    phase: str | None = None
+    where: Frame | None = None
+    vllm_frames: list[Frame] | None = None
+    stacks: str | None = None
+    stopped: str | None = None
+
+
+@dataclass
 class Crash(Record):
     """vLLM raised: the exception's ``type`` name and first ``message`` line, ``where`` (the
     innermost vLLM frame, ``None`` when no frame is vLLM's), ``vllm_frames`` (the last 8 vLLM
@@ -173,6 +212,9 @@ class Crash(Record):
     step: int | None = None
     phase: str | None = None
     traceback: str | None = None
+    #: why, where the lab could see it (:class:`CrashContext`): the innermost vLLM frame's
+    #: statement, locals and, for a failed ``assert``, its operands' values
+    context: "CrashContext | None" = None
 
     def brief(self) -> "Crash":
         """The trace line's copy: type, message, where and phase."""
@@ -287,7 +329,10 @@ class AuditSummary(Record):
     ``by_code`` (code -> distinct violations), ``distinct``, ``dropped`` (over the record cap),
     ``hooks`` (block-pool methods hooked), ``hook_calls`` (method -> calls) and ``unread`` (books
     the audit could not read on this release, e.g. ``EmbeddingModelBlockSpaceManager`` at level
-    v0-engine: a clean run says so in its verdict)."""
+    v0-engine: a clean run says so in its verdict) and ``off`` (the checks that did not run
+    because the release lacks a book they read, one line each naming the attribute and the
+    checks: ``Capabilities.audit_off``; a clean run's verdict then reads ``clean (audit
+    partial: KV hash checks off; ...)``)."""
 
     keep_going: bool = False
     stopped: dict | None = None
@@ -298,12 +343,14 @@ class AuditSummary(Record):
     hooks: list[str] = field(default_factory=list)
     hook_calls: dict[str, int] = field(default_factory=dict)
     unread: list[str] = field(default_factory=list)
+    off: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d.setdefault("stopped", None)  # "the audit did not stop the run", said explicitly
-        if not d.get("unread"):
-            d.pop("unread", None)  # nothing unread: left out, as absent reads the same
+        for k in ("unread", "off"):
+            if not d.get(k):
+                d.pop(k, None)  # nothing unread / off: left out, as absent reads the same
         return d
 
 
@@ -311,12 +358,16 @@ class AuditSummary(Record):
 class EngineInfo(Record):
     """``level: engine-core``: what vLLM's ``EngineCore`` built: ``num_gpu_blocks`` (its KV
     sizing), ``batch_queue_size``, ``step_fn`` (``step`` or ``step_with_batch_queue``) and the
-    ``scheduler`` class name (``Scheduler``, ``AsyncScheduler``)."""
+    ``scheduler`` class name (``Scheduler``, ``AsyncScheduler``); with rank processes
+    (``distributed_executor_backend: mp``) the ``topology`` (``TP=2 PP=1 DP=1 (mp)``) and the
+    ``executor`` class vLLM ran (``MultiprocExecutor``)."""
 
     num_gpu_blocks: int | None = None
     batch_queue_size: int | None = None
     step_fn: str | None = None
     scheduler: str | None = None
+    topology: str | None = None
+    executor: str | None = None
 
 
 # ---- a run -----------------------------------------------------------------------------------
@@ -324,9 +375,13 @@ class EngineInfo(Record):
 class RunResult(Record):
     """What one run of a scenario on one release observed: ``result.json``.
 
-    ``outcome`` is one of ``clean``, ``crash``, ``violation``, ``stall``, ``incomplete`` or
-    ``error`` (:data:`OUTCOMES`); its evidence is in ``crash``, ``violations``,
-    ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
+    ``outcome`` is one of ``clean``, ``crash``, ``violation``, ``stall``, ``incomplete``,
+    ``hang``, ``refused`` or ``error`` (:data:`OUTCOMES`); its evidence is in ``crash``,
+    ``violations``, ``stall``, ``hang``, ``refusal`` or ``error``. ``refusal`` (a
+    :class:`Crash` record: vLLM's exception, its innermost vLLM frame, ``phase`` ``config``,
+    ``engine-build`` or ``add_request``) is kept with an input ``error`` too, where vLLM's own
+    code refused the scenario: the verdict turns such a run into ``refused`` where the scenario
+    expects a refusal. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
     finish status (``FINISHED_STOPPED``...; at ``level: v0-engine`` the finish reason of its
     ``RequestOutput``, ``stop`` / ``length`` / ``abort``, and ``FINISHED_IGNORED`` for a request
     the V0 scheduler ignored, whose reason vLLM gives as ``length``), ``refused`` maps the requests the release's front
@@ -346,7 +401,8 @@ class RunResult(Record):
     ``tree`` which tree ran: ``full`` (the sdist's), ``slice`` (a committed slice proven
     equivalent to it: docs/slices.md) or ``installed`` (an installed vLLM); ``warm`` whether
     the worker was forked by a warm parent (docs/warm-runs.md) rather than started cold.
-    ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
+    ``planted`` (tests only) names a fault planted into vLLM; ``faults`` the rank faults that
+    fired (``events[].fault``, multi-process ranks); ``engine_log`` the worker's log;
     ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the
     report is written.
     """
@@ -363,6 +419,8 @@ class RunResult(Record):
     warm: bool | None = None
     crash: Crash | None = None
     stall: Stall | None = None
+    hang: Hang | None = None
+    refusal: Crash | None = None
     violations: list[Violation] | None = None
     audit: AuditSummary | None = None
     error: RunError | None = None
@@ -374,6 +432,9 @@ class RunResult(Record):
     timing: Timing | None = None
     engine: EngineInfo | None = None
     planted: dict | None = None
+    #: the rank faults that fired (``events[].fault``): ``{rank, kind, seconds | exit_code,
+    #: execute_model}`` each, in firing order
+    faults: list[dict] | None = None
     engine_log: str | None = None
     verdict: dict | None = None
 
@@ -413,7 +474,9 @@ class TraceLine(Record):
     ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``);
     ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
     many batches ``update_from_output`` applied, which with async scheduling or a batch queue
-    is not the one just scheduled); events (``reset_prefix_cache``: what it returned,
+    is not the one just scheduled), with a batch queue ``applied_from`` (the steps that
+    scheduled them) and ``in_flight`` (batches in flight at the step's peak); events
+    (``reset_prefix_cache``: what it returned,
     ``paused``: the mode or true, ``resumed``); after the step the request ids
     ``finished``, the scheduler's ``waiting``, ``running`` and ``preempted`` queues and
     ``free_blocks`` (the block pool's free count), or ``state_error`` when they could not be
@@ -431,6 +494,13 @@ class TraceLine(Record):
     kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None
     applied: int | None = None
+    #: engine-core with a batch queue (``max_concurrent_batches`` > 1): the steps whose batches
+    #: ``update_from_output`` applied in this step, and the batches in flight at the step's
+    #: peak (in the queue after its ``schedule()``, before its updates took them out)
+    applied_from: list[int] | None = None
+    in_flight: int | None = None
+    #: a rank fault the step's events armed (``events[].fault``: rank, kind, ...)
+    fault: dict | None = None
     reset_prefix_cache: Any = None
     paused: Any = None
     resumed: bool | None = None
@@ -756,7 +826,8 @@ def schema() -> str:
     import inspect
 
     out = []
-    for cls in (RunResult, Crash, Frame, Stall, Violation, RunError, Timing, AuditSummary,
+    for cls in (RunResult, Crash, CrashContext, Frame, Stall, Hang, Violation, RunError, Timing,
+                AuditSummary,
                 EngineInfo, TraceLine, MatrixReport, MatrixCell, CampaignReport,
                 CampaignTaskResult, CampaignFinding, SignatureSpan):
         out.append(f"### `{cls.__name__}`\n")
@@ -777,7 +848,8 @@ def schema() -> str:
     return "\n".join(out)
 
 
-__all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "Stall", "Violation", "RunError",
+__all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "CrashContext", "Stall", "Hang",
+           "Violation", "RunError",
            "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
            "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport",
            "CampaignFinding", "CampaignTaskResult", "SignatureSpan", "CampaignReport"]

@@ -121,6 +121,15 @@ def findings_lines(verdicts: list["Verdict"]) -> list[str]:
     return lines
 
 
+def audit_partial(result: RunResult) -> str:
+    """``audit partial: KV hash checks off; `` where checks did not run on the release
+    (``AuditSummary.off``: its lines name the checks after the last ``: ``), else ``""``."""
+    off = result.audit.off if result.audit is not None else []
+    if not off:
+        return ""
+    return f"audit partial: {', '.join(line.rsplit(': ', 1)[-1] for line in off)}; "
+
+
 def describe_observed(result: RunResult) -> str:
     """The table's ``observed`` text, e.g.
     ``crash AssertionError vllm/v1/core/sched/scheduler.py:schedule @3``."""
@@ -135,6 +144,13 @@ def describe_observed(result: RunResult) -> str:
     if outcome == "stall":
         s = result.stall
         return f"stall @{s.step} ({len(s.unfinished)} unfinished)"
+    if outcome == "hang":
+        h = result.hang
+        loc = h.where.where() if h.where else "(no vLLM frame)"
+        return f"hang {loc} @{h.step} (over {h.limit_s:g} s in {h.phase})"
+    if outcome == "refused":
+        r = result.refusal
+        return f"refused {r.type}: {r.message[:120]} ({r.phase})" if r else "refused"
     if outcome == "clean":
         refused = f", {len(result.refused)} refused" if result.refused else ""
         ignored = sum(1 for s in (result.finished or {}).values() if s == "FINISHED_IGNORED")
@@ -142,8 +158,8 @@ def describe_observed(result: RunResult) -> str:
             refused += f", {ignored} ignored by the scheduler"
         unread = result.audit.unread if result.audit is not None else []
         caveat = f"; audit: KV books unread: {', '.join(unread)}" if unread else ""
-        return (f"clean ({len(result.finished or {})} finished{refused}, {result.steps} "
-                f"steps{caveat})")
+        return (f"clean ({audit_partial(result)}{len(result.finished or {})} finished{refused}, "
+                f"{result.steps} steps{caveat})")
     if outcome == "incomplete":
         return (f"incomplete (max_steps {result.steps} reached, {len(result.unfinished or [])} "
                 f"unfinished, {len(result.finished or {})} finished)")
@@ -176,9 +192,60 @@ def judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
     return v
 
 
+def refusal_of(result: RunResult) -> Crash | None:
+    """vLLM's refusal of the scenario in ``result``, as a :class:`Crash` record, or ``None``:
+    its configuration refused where the configs are built (an input error with
+    ``result.refusal``: a ``ValidationError`` of ``VllmConfig`` / ``SchedulerConfig``, an
+    assert in ``VllmConfig.__post_init__``), at ``EngineCore`` start-up (a crash in phase
+    ``engine-build``), or requests refused at ``add_request`` (``result.refused``: the first
+    one, its text ``Type: message``)."""
+    if result.outcome == "error" and result.error is not None and result.error.kind == "input":
+        return result.refusal
+    if result.outcome == "crash" and result.crash is not None \
+            and result.crash.phase == "engine-build":
+        return result.crash
+    if result.outcome == "refused":
+        return result.refusal
+    if result.refused and result.outcome in ("clean", "incomplete"):
+        rid, text = next(iter(result.refused.items()))
+        kind, sep, rest = text.partition(": ")
+        if not sep or not re.fullmatch(r"[A-Za-z_][\w.]*", kind):
+            kind, rest = "Refused", text
+        return Crash(kind, f"{rid}: {rest}", phase="add_request")
+    return None
+
+
+def _expectation(scenario: Scenario, kind: str | None):
+    """The ``Expect`` that applies on a release the scenario says ``kind`` of: ``expect`` on
+    ``reproduces_on``, ``fixed`` on ``clean_on`` (None: run clean, or nothing expected)."""
+    if kind == "reproduce":
+        return scenario.expect
+    if kind == "clean":
+        return getattr(scenario, "fixed", None)
+    return None
+
+
+def _settle_refusal(scenario: Scenario, kind: str | None, result: RunResult) -> None:
+    """Where the release's expectation is ``outcome: refused`` and vLLM refused
+    (:func:`refusal_of`), the result becomes ``refused`` (its ``refusal`` set, an input
+    error's ``error`` dropped): the expected outcome observed, not an input error. Elsewhere
+    a refusal stays what it was (an input error: exit 2)."""
+    exp = _expectation(scenario, kind)
+    if exp is None or exp.outcome != "refused":
+        return
+    refusal = refusal_of(result)
+    if refusal is None:
+        return
+    result.outcome = "refused"
+    result.refusal = refusal
+    result.error = None
+
+
 def _judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
-    outcome = result.outcome
     kind = scenario.vllm.expectation_for(version)
+    if not result.planted:
+        _settle_refusal(scenario, kind, result)
+    outcome = result.outcome
     v = Verdict(scenario.name, version, _expected(scenario, kind), describe_observed(result),
                 None, outcome)
     if outcome == "error":
@@ -288,6 +355,10 @@ def _compare(exp, result: RunResult) -> list[str]:
         return [f"outcome {outcome} != {exp.outcome}"]
     if outcome == "crash":
         return _compare_crash(exp, result.crash)
+    if outcome == "refused":
+        return _compare_crash(exp, result.refusal, "refusal")
+    if outcome == "hang":
+        return _compare_hang(exp, result.hang)
     reasons = []
     if outcome == "violation":
         found = result.all_violations()
@@ -311,9 +382,25 @@ def _compare(exp, result: RunResult) -> list[str]:
     return reasons
 
 
-def _compare_crash(exp, c: Crash) -> list[str]:
-    """Why crash ``c`` is not the expected one: exception, innermost vLLM frame, message,
-    step and phase."""
+def _compare_hang(exp, h) -> list[str]:
+    """Why hang ``h`` is not the expected one: the frame the run's thread sat in
+    (``where``), the stacks (``message``: a regular expression searched in them), step and
+    phase."""
+    reasons = []
+    if exp.where and not _matches_where(exp.where, h.where):
+        reasons.append(f"hung in {h.where.where() if h.where else None}, not {exp.where}")
+    if exp.message and not re.search(exp.message, h.stacks or ""):
+        reasons.append(f"the stacks do not match {exp.message!r}")
+    if exp.step and h.step != exp.step:
+        reasons.append(f"step {h.step} != {exp.step}")
+    if getattr(exp, "phase", None) and h.phase != exp.phase:
+        reasons.append(f"phase {h.phase} != {exp.phase}")
+    return reasons
+
+
+def _compare_crash(exp, c: Crash, what: str = "crash") -> list[str]:
+    """Why crash ``c`` (or a refusal: ``what``) is not the expected one: exception,
+    innermost vLLM frame, message, step and phase."""
     reasons = []
     if exp.exception and c.type != exp.exception:
         reasons.append(f"exception {c.type} != {exp.exception}")

@@ -76,11 +76,18 @@ class Auditor:
         self.hook_names: list[str] = []
         self._last_progress = 0
         self._vllm_root = str(getattr(adapter, "vllm_file", "") or "")
+        self.off: list[str] = []
 
     # ---- observer protocol ----------------------------------------------------------------
     def attach(self, loop) -> None:
         self.loop = loop
-        self.books = Books(loop.scheduler)
+        caps = getattr(self.adapter, "caps", None)
+        if caps is not None:
+            self.books = Books(loop.scheduler, caps.kv_block_hash, caps.kv_block_hash_tokens)
+            #: the checks this release's books keep from running (Capabilities.audit_off)
+            self.off = caps.audit_off()
+        else:
+            self.books = Books(loop.scheduler)
         self.req_checks = RequestChecks(
             self.books, getattr(self.adapter, "computed_advanced_in_schedule", True))
         self.hash_check = RequestHashCheck(self.books)
@@ -172,7 +179,7 @@ class Auditor:
         by_code = Counter(v.code for v in self.violations)
         return AuditSummary(self.keep_going, self.stopped, self.checks, dict(by_code),
                             len(self.violations), self.dropped, list(self.hook_names),
-                            dict(self.hooks.calls) if self.hooks else {})
+                            dict(self.hooks.calls) if self.hooks else {}, off=list(self.off))
 
     # ---- checks ---------------------------------------------------------------------------
     def _kv_checks(self, with_leaks: bool = True, quick: bool = False,

@@ -14,11 +14,15 @@ from itertools import chain, compress, filterfalse
 from operator import attrgetter, is_, ne
 
 from ..engine import state
-from ..engine.state import WAITING_QUEUES, block_hash_of  # noqa: F401 - re-exported
+from ..engine.state import WAITING_QUEUES  # noqa: F401 - re-exported
 
 _ref = attrgetter("ref_cnt")
 _bid = attrgetter("block_id")
-_hash_of = attrgetter("_block_hash")  # KVCacheBlock._block_hash, 0.8 to 0.33
+
+
+def _no_hash(block) -> None:
+    """A block's hash where the release's ``KVCacheBlock`` has no hash field the lab knows."""
+    return None
 
 #: waiting statuses under which a request may legitimately hold KV blocks (a KV connector's
 #: async load, a paused streaming session)
@@ -28,12 +32,24 @@ HOLDING_WAIT_STATUSES = ("WAITING_FOR_REMOTE_KVS", "WAITING_FOR_STREAMING_REQ")
 class Books:
     """The live books of one scheduler: block pool, block tables, holders, queues.
 
-    ``scheduler``: a release's ``vllm.v1.core.sched.scheduler.Scheduler``. Raises
-    ``AttributeError`` naming what is missing when the KV cache manager has no block pool.
+    ``scheduler``: a release's ``vllm.v1.core.sched.scheduler.Scheduler``; ``hash_field``: the
+    ``KVCacheBlock`` field that stores a block's prefix-cache hash (the capabilities record's
+    ``kv_block_hash``: ``_block_hash`` up to 0.33, ``block_hash`` in 0.34), None where the
+    release has none the lab knows (every hash then reads None and the hash checks are off:
+    :attr:`hash_books`); ``tokens_field``: the field with the prefix tokens the hash covers
+    (``kv_block_hash_tokens``), None without partial-block hashing. Raises ``AttributeError``
+    naming what is missing when the KV cache manager has no block pool.
     """
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, hash_field: str | None = "_block_hash",
+                 tokens_field: str | None = None):
         self.scheduler = scheduler
+        self.hash_field = hash_field
+        self.tokens_field = tokens_field
+        #: a block's prefix-cache hash (None: not cached, or no hash field known)
+        self.hash_of = attrgetter(hash_field) if hash_field else _no_hash
+        #: the prefix tokens a block's hash covers (None where unknown)
+        self.tokens_of = attrgetter(tokens_field) if tokens_field else _no_hash
         lay = state.KVLayout(scheduler)
         self.layout = lay
         self.kvm = lay.kvm
@@ -63,7 +79,7 @@ class Books:
         """Keep ``ref_cnt`` and ``_block_hash`` of every block in lists as they are written
         (:class:`BlockMirror`); None when installed, else why not (the blocks are then read
         one by one at every check, as before)."""
-        mirror = BlockMirror(self.blocks)
+        mirror = BlockMirror(self.blocks, self.hash_field)
         why = mirror.install()
         if why is None:
             self.mirror = mirror
@@ -259,10 +275,15 @@ class Books:
         m = self._exact_mirror()
         return list(m.refs) if m is not None else list(map(_ref, self.blocks))
 
+    @property
+    def hash_books(self) -> bool:
+        """Whether blocks' hashes can be read (the KV hash checks run only then)."""
+        return self.hash_field is not None
+
     def hashes(self) -> list:
-        """``_block_hash`` of every block (None: not cached), indexed by block id."""
+        """Every block's hash (:attr:`hash_field`; None: not cached), indexed by block id."""
         m = self._exact_mirror()
-        return list(m.hashes) if m is not None else list(map(_hash_of, self.blocks))
+        return list(m.hashes) if m is not None else list(map(self.hash_of, self.blocks))
 
     # ---- free queue ------------------------------------------------------------------------
     def free_list(self, ids: list | None = None) -> tuple[list, bool]:
@@ -335,7 +356,8 @@ class HeldIds:
 
 
 class BlockMirror:
-    """``ref_cnt`` and ``_block_hash`` of every block of a pool, kept as they are written: each
+    """``ref_cnt`` and the hash (``hash_field``: ``_block_hash``, ``block_hash`` in 0.34) of
+    every block of a pool, kept as they are written: each
     block's class is swapped, for the run, for a subclass of the release's ``KVCacheBlock``
     (same name, fields, methods and equality) whose ``ref_cnt`` and ``_block_hash`` are data
     descriptors that also store those two fields into ``refs`` / ``hashes`` by block id (see
@@ -354,8 +376,10 @@ class BlockMirror:
     :meth:`uninstall` gives every block its class back.
     """
 
-    def __init__(self, blocks: list):
+    def __init__(self, blocks: list, hash_field: str | None = "_block_hash"):
         self.blocks = blocks
+        #: the hash field tracked (None: only ref counts; every hash stays None)
+        self.hash_field = hash_field
         self.refs: list[int] = []
         self.hashes: list = []
         self.ref_old: dict[int, int] = {}
@@ -377,9 +401,10 @@ class BlockMirror:
             return "block ids are not their positions in the pool"
         try:
             self.refs = list(map(_ref, blocks))
-            self.hashes = list(map(_hash_of, blocks))
+            self.hashes = (list(map(attrgetter(self.hash_field), blocks)) if self.hash_field
+                           else [None] * len(blocks))
         except AttributeError as exc:
-            return f"a block has no {exc.name or 'ref_cnt/_block_hash'}"
+            return f"a block has no {exc.name or 'ref_cnt/' + str(self.hash_field)}"
         self.nzero = self.refs.count(0)
         self.nhashed = len(list(filter(None, self.hashes)))
         self.nhashed_held = len(list(filter(None, compress(self.hashes, self.refs))))
@@ -467,8 +492,10 @@ class BlockMirror:
         ``block_id`` makes the mirror inexact. Reads and other fields are untouched (a slot's
         own getter; an instance dict wins over a descriptor without ``__get__``)."""
         ns: dict = {}
-        for name, on in (("ref_cnt", self._on_ref), ("_block_hash", self._on_hash),
-                         ("block_id", None)):
+        tracked = [("ref_cnt", self._on_ref), ("block_id", None)]
+        if self.hash_field:
+            tracked.insert(1, (self.hash_field, self._on_hash))
+        for name, on in tracked:
             md = next((vars(k)[name] for k in base.__mro__ if name in vars(k)), None)
             if isinstance(md, types.MemberDescriptorType):  # __slots__ (0.33's dataclass)
                 ns[name] = self._slot_field(md, on)

@@ -14,7 +14,7 @@ from operator import attrgetter, is_not, ne
 
 from ..engine import state
 from ..records import Violation
-from .books import HOLDING_WAIT_STATUSES, Books, block_hash_of
+from .books import HOLDING_WAIT_STATUSES, Books
 from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_TRANSFER_FREED,
                     KV_REFCOUNT, PREEMPT_UNREPORTED, REQ_OVER_MAX_LEN, REQ_RESIDUE, REQ_STARVED,
                     REQ_STATE, WORKER_BATCH_OVERFLOW, make_violation, names)
@@ -29,7 +29,6 @@ def used_blocks(refs: list[int], null: int | None) -> int:
     return len(refs) - refs.count(0) - (1 if null is not None and refs[null] != 0 else 0)
 
 
-_hash_of = attrgetter("_block_hash")  # KVCacheBlock._block_hash, 0.8 to 0.33
 MAX_PER_CHECK = 20  # block-level findings reported per check and step (the rest are counted)
 
 
@@ -316,7 +315,7 @@ class PrefixMapCheck:
         books = self.books
         inner = self._inner()
         self.hashes = hashes = snap[0] if snap is not None else books.hashes()
-        if inner is None:
+        if inner is None or not books.hash_books:
             return []
         self.n += 1
         nkeys = len(inner)
@@ -345,7 +344,7 @@ class PrefixMapCheck:
         last check are the mirror's ``hash_old`` keys whose hash is another object now (what
         comparing every block's hash with the last list found); the same findings."""
         inner = self._inner()
-        if inner is None:
+        if inner is None or not self.books.hash_books:
             return []
         self.n += 1
         nkeys = len(inner)
@@ -431,6 +430,33 @@ class PrefixMapCheck:
                 out.append(self._unmapped(bid))
                 if len(out) >= MAX_PER_CHECK:
                     break
+        return out + self._token_counts(hashes)[:max(0, MAX_PER_CHECK - len(out))]
+
+    def _token_counts(self, hashes: list) -> list[Violation]:
+        """With partial-block hashing (the books' ``tokens_field``,
+        ``KVCacheBlock.block_hash_num_tokens``): a block's count of prefix tokens is set with its
+        hash and cleared with it (``set_block_hash`` / ``reset_hash``), and is a positive
+        multiple of ``BlockPool.hash_block_size`` (``cache_partial_block``'s rule)."""
+        books = self.books
+        if books.tokens_field is None:
+            return []
+        hbs = books.layout.hash_block_size or 1
+        tokens_of, null = books.tokens_of, books.null_id
+        out = []
+        for bid, t in enumerate(map(tokens_of, books.blocks)):
+            if bid == null:
+                continue
+            h = hashes[bid] if bid < len(hashes) else None
+            if h is None and t is not None:
+                out.append(make_violation(KV_PREFIX_MAP, (
+                    f"block {bid} has no hash but block_hash_num_tokens {t} (expected None: "
+                    "reset_hash clears both)"), blocks=[bid]))
+            elif h is not None and t is not None and (t <= 0 or t % hbs):
+                out.append(make_violation(KV_PREFIX_MAP, (
+                    f"block {bid}'s hash covers {t} prefix tokens (expected a positive multiple "
+                    f"of the hash block size {hbs})"), blocks=[bid]))
+            if len(out) >= MAX_PER_CHECK:
+                break
         return out
 
 
@@ -439,32 +465,43 @@ class RequestHashCheck:
     request's i-th block hash (``Request.block_hashes``, 0.10.1+, or
     ``KVCacheManager.req_to_block_hashes``, older), for ``i < num_cached_block[request]``.
 
+    With partial-block hashing (``KVCacheBlock.block_hash_num_tokens``, 0.26+: the books'
+    ``tokens_field``) the block's hash covers ``t`` prefix tokens: ``t`` must end inside the
+    block (``i * block_size < t <= (i + 1) * block_size``) on a hash-block boundary, and the
+    hash is the request's hash at that boundary (``block_hashes[t // hash_block_size - 1]``,
+    as ``BlockPool.cache_full_blocks`` / ``_get_partial_block_hash`` key it), or one of the
+    block's secondary hashes (``cached_block_hashes_by_block``) is.
+
     Incremental: each (group, request) table is verified once per block; the requests whose
-    table object and cached count are as at their last look are told apart at C speed. Skipped
-    where a cache block spans several hash blocks (0.33's ``hash_block_size`` != the group's
-    block size).
+    table object and cached count are as at their last look are told apart at C speed. Without
+    ``block_hash_num_tokens``, skipped where a cache block spans several hash blocks (0.33's
+    ``hash_block_size`` != the group's block size). Off where the books cannot read hashes.
     """
 
     def __init__(self, books: Books):
         self.books = books
         #: group -> request id -> (id of its table list, its blocks verified) at the last look
         self.done: dict[int, dict[str, tuple[int, int]]] = {}
-        self.groups = state.hash_checkable_groups(books.layout)
+        self.groups = state.hash_checkable_groups(books.layout, books.tokens_field is not None)
 
     def check(self, requests: dict, only=None) -> list[Violation]:
         """``only``: the request ids to look at (those scheduled in the step: a request's
         blocks are cached when ``schedule()`` allocates for it); None for all."""
-        if not self.books.caching:
+        books = self.books
+        if not books.caching or not books.hash_books:
             return []
         out = []
-        side = state.req_block_hashes(self.books.kvm)
-        null = self.books.null_id
-        hash_of, plain = block_hash_of, state.plain_block_hash
+        side = state.req_block_hashes(books.kvm)
+        null = books.null_id
+        hash_of, plain = books.hash_of, state.plain_block_hash
+        tokens_of = books.tokens_of if books.tokens_field is not None else None
+        hbs = books.layout.hash_block_size
         for g in self.groups:
-            m = self.books.managers[g]
+            m = books.managers[g]
             counts = m.num_cached_block
             done = self.done.setdefault(g, {})
             tables = m.req_to_blocks
+            bs = getattr(m, "block_size", None) or hbs
             if only is None:
                 pairs = counts.items()
             else:
@@ -490,20 +527,43 @@ class RequestHashCheck:
                     req_hashes = side.get(rid)
                 if req_hashes is None:
                     continue
-                for i in range(start, min(k, len(table), len(req_hashes))):
+                for i in range(start, min(k, len(table))):
                     b = table[i]
                     if b.block_id == null:
                         continue
                     h = hash_of(b)
                     if h is None:
                         continue  # a hit block re-cached later; the map check covers it
-                    if plain(h) != req_hashes[i]:
+                    if tokens_of is None or not hbs or not bs:
+                        if i < len(req_hashes) and plain(h) != req_hashes[i]:
+                            out.append(self._other_hash(rid, i, b.block_id, f"#{i}"))
+                        continue
+                    t = tokens_of(b)
+                    if t is None:  # no count written (an offload pool's copy): a full block
+                        t = (i + 1) * bs
+                    if t % hbs or not (i * bs < t <= (i + 1) * bs):
                         out.append(make_violation(KV_PREFIX_MAP, (
-                            f"block {b.block_id} is {rid}'s cached block #{i} but carries another "
-                            f"hash than {rid}'s block hash #{i} (expected the same content hash)"),
+                            f"block {b.block_id} is {rid}'s cached block #{i} and carries a hash "
+                            f"covering {t} prefix tokens (expected a multiple of the hash block "
+                            f"size {hbs} in {i * bs + 1}..{(i + 1) * bs})"),
                             requests=[rid], blocks=[b.block_id]))
+                        continue
+                    j = t // hbs - 1
+                    if j >= len(req_hashes):
+                        continue  # the request has not hashed that far (a partial hit)
+                    want = req_hashes[j]
+                    if plain(h) != want and not any(
+                            plain(x) == want for x in books.secondary_hashes().get(b.block_id, ())):
+                        out.append(self._other_hash(rid, i, b.block_id,
+                                                    f"#{j} (its first {t} tokens)"))
                 done[rid] = (id(table), k)
         return out
+
+    @staticmethod
+    def _other_hash(rid: str, i: int, bid: int, which: str) -> Violation:
+        return make_violation(KV_PREFIX_MAP, (
+            f"block {bid} is {rid}'s cached block #{i} but carries another hash than {rid}'s "
+            f"block hash {which} (expected the same content hash)"), requests=[rid], blocks=[bid])
 
 
 # ---- requests and the batch ----------------------------------------------------------------

@@ -26,7 +26,7 @@ import sys
 from collections import Counter
 
 from ..engine import state
-from .books import Books, block_hash_of
+from .books import Books
 from .codes import KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_PREFIX_MAP, KV_REFCOUNT, names
 from .checks import _req_ids
 
@@ -261,7 +261,7 @@ class PoolHooks:
                     f"block {b.block_id} ref_cnt {r} is below 0 when touched for a prefix hit"),
                     [], [b.block_id])
                 continue
-            if books.caching and block_hash_of(b) is None:
+            if books.caching and books.hash_books and books.hash_of(b) is None:
                 self.report(KV_PREFIX_MAP, (
                     f"block {b.block_id} is touched as a prefix-cache hit but carries no hash "
                     f"(ref_cnt {r}; expected a cached block)"), [], [b.block_id])

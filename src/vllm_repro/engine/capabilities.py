@@ -18,6 +18,11 @@ from pathlib import Path
 #: the scenario features a release may refuse, with what a refusal says (``refusal()``)
 FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups",
             "engine-core", "kv connectors")
+#: where a release's ``KVCacheBlock`` may keep its hash / the tokens it covers, in probe order
+BLOCK_HASH_FIELDS = ("_block_hash", "block_hash")
+BLOCK_HASH_TOKENS_FIELDS = ("_block_hash_num_tokens", "block_hash_num_tokens")
+#: what the audit turns off without a block hash field (the verdict's ``audit partial`` text)
+HASH_CHECKS = "KV hash checks"
 #: the engine generations a release may lack, which ``refusal()`` also answers for
 GENERATIONS = ("v0-engine", "v1-engine")
 
@@ -79,7 +84,24 @@ class Capabilities:
     v1_engine: bool = True
     v0_engine: bool = False
     v0_priority: bool = False
+    #: the ``KVCacheBlock`` field (``vllm/v1/core/kv_cache_utils.py``) that stores a block's
+    #: prefix-cache hash: ``_block_hash`` (behind a ``block_hash`` property, 0.8 to 0.33) or
+    #: ``block_hash`` (a plain field, 0.34); None where the class has neither: the audit's KV
+    #: hash checks are then off (:data:`HASH_CHECKS`), the rest of the audit runs
+    kv_block_hash: str | None = None
+    #: the ``KVCacheBlock`` field with the number of prefix tokens its hash covers (partial-block
+    #: hashing: ``_block_hash_num_tokens`` 0.26 to 0.33, ``block_hash_num_tokens`` 0.34); None
+    #: where blocks are hashed whole only
+    kv_block_hash_tokens: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def audit_off(self) -> list[str]:
+        """The audit's checks this release's books keep from running, one line each naming
+        the attribute it lacks and the checks (empty: the whole audit runs)."""
+        if self.kv_block_hash is None:
+            return [f"vLLM {self.version}'s KVCacheBlock has none of the fields "
+                    f"{', '.join(BLOCK_HASH_FIELDS)}: {HASH_CHECKS} off"]
+        return []
 
     def supports(self, feature: str) -> bool:
         """Whether the release supports ``feature`` (one of :data:`FEATURES`)."""
@@ -244,8 +266,32 @@ def probe(adapter) -> Capabilities:
         kv_load_failures=load_failures,
         own_kv_connectors=_own_kv_connectors(connector),
         v0_engine=_module_exists("vllm.engine.llm_engine") and _module_exists("vllm.core.scheduler"),
+        kv_block_hash=_block_field(BLOCK_HASH_FIELDS),
+        kv_block_hash_tokens=_block_field(BLOCK_HASH_TOKENS_FIELDS),
         notes=tuple(adapter.platform_notes),
     )
+
+
+def _block_field(names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` that ``vllm/v1/core/kv_cache_utils.py:KVCacheBlock`` stores
+    (a dataclass field, a slot or an annotated attribute; a property that reads another field
+    is not one); None where the class or every name is absent."""
+    import dataclasses
+
+    from .adapter import _try_import
+
+    cls = _try_import("vllm.v1.core.kv_cache_utils:KVCacheBlock")
+    if cls is None:
+        return None
+    stored: set[str] = set()
+    if dataclasses.is_dataclass(cls):
+        stored |= {f.name for f in dataclasses.fields(cls)}
+    for k in cls.__mro__:
+        stored |= set(getattr(k, "__annotations__", {})) | set(getattr(k, "__slots__", ()))
+    for name in names:
+        if name in stored and not isinstance(getattr(cls, name, None), property):
+            return name
+    return None
 
 
 def _mamba_cache_modes(adapter) -> tuple[str, ...]:
@@ -368,4 +414,5 @@ def _class_source(module: str, cls: str) -> tuple[dict[str, set[str]], str] | No
     return None
 
 
-__all__ = ["Capabilities", "FEATURES", "GENERATIONS", "probe", "probe_v0", "save", "load", "cache_path"]
+__all__ = ["Capabilities", "FEATURES", "HASH_CHECKS", "BLOCK_HASH_FIELDS", "GENERATIONS", "probe",
+           "probe_v0", "save", "load", "cache_path"]

@@ -33,7 +33,8 @@ import traceback
 
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import, call_supported,
                       fields_of, init_params, iter_queue)
-from .executor import FakeWorker, available_memory, kv_cache_spec, make_executor_class
+from .executor import (FakeWorker, available_memory, kv_cache_spec, make_executor_class,
+                       unknown_call)
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from . import state
 from .fake_runner import FakeModelRunner
@@ -53,11 +54,6 @@ class EngineCoreLoop(StepLoop):
         cfg = self.cfg
         if not a.caps.engine_core:
             raise LevelMissing("engine-core", a.caps.refusal("engine-core"))
-        if cfg.get("max_concurrent_batches") is not None and a.caps.batch_queue_from_config:
-            raise RefusedByRelease(
-                f"config.max_concurrent_batches: vLLM {a.version}'s EngineCore sizes its batch "
-                "queue from VllmConfig.max_concurrent_batches, not from the executor; use "
-                "pipeline_parallel_size / async_scheduling on this release")
         self._structured = any(r.get("structured_outputs") for r in self.sc["requests"])
         if self._structured and not a.caps.structured_outputs:
             raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
@@ -65,8 +61,27 @@ class EngineCoreLoop(StepLoop):
         kv = self.sc.get("kv_transfer_config")
         self.kv_worker = self._kv_worker(kv) if kv else None
         build_cfg = {**cfg, "kv_transfer_config": kv} if kv else cfg
+        from .topology import topology
+
+        self.topology = topology(cfg)
+        if self.topology.multiprocess:  # the ranks' worker, named through vLLM's own setting
+            from . import ranks
+
+            build_cfg = ranks.multiproc_config(a, build_cfg)
         vllm_config, _ = self._config_or_refusal(
             lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured))
+        want = cfg.get("max_concurrent_batches")
+        if want is not None and a.caps.batch_queue_from_config:
+            # the release sizes its batch queue from VllmConfig.max_concurrent_batches, a
+            # property of the parallel and scheduler configs: the scenario's depth is taken
+            # where vLLM's own config gives it, else refused with what gives it
+            got = getattr(vllm_config, "max_concurrent_batches", None)
+            if got != want:
+                raise RefusedByRelease(
+                    f"config.max_concurrent_batches: {want}, where vLLM {a.version}'s "
+                    f"VllmConfig.max_concurrent_batches is {got} for this config (its EngineCore "
+                    "sizes the batch queue from it: pipeline_parallel_size, or 2 with "
+                    f"async_scheduling); set pipeline_parallel_size: {want} instead")
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
         cap = self.lab_limits.get("max_kv_blocks")
@@ -84,7 +99,13 @@ class EngineCoreLoop(StepLoop):
                 getattr(multiproc, "max_concurrent_batches", None), property):
             # what the deployment's executor (vLLM's MultiprocExecutor) reports for this config
             depth = multiproc.max_concurrent_batches.fget
-        executor_cls = self._lab(make_executor_class, self.worker, depth)
+        if self.topology.multiprocess:
+            # the release's own MultiprocExecutor, unchanged: it forks a WorkerProc per rank
+            self.ranks = self._lab(ranks.RankSet, self.worker, self.topology.world_size)
+            self.ranks.start()
+            executor_cls = self._lab(ranks.multiproc_executor)
+        else:
+            executor_cls = self._lab(make_executor_class, self.worker, depth)
         engine_cls = _import("vllm.v1.engine.core:EngineCore")
         self.vllm_config = vllm_config
         try:
@@ -94,12 +115,17 @@ class EngineCoreLoop(StepLoop):
         except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:
+            unknown = unknown_call(self.worker, exc, a.version)
+            if unknown is not None:
+                raise AdapterError(unknown) from exc
             if not vllm_frames(exc.__traceback__, a.vllm_file) or _raised_in_lab(exc):
                 raise AdapterError(f"building vLLM {a.version}'s EngineCore failed in the lab: "
                                    f"{type(exc).__name__}: {exc}") from exc
             raise _EngineBuildCrash(exc) from exc
         self.engine = engine
         self.scheduler = engine.scheduler
+        if self.ranks is not None:
+            self.ranks.attach(engine.model_executor)
         if not hasattr(engine, "step_fn"):  # <= 0.10: EngineCoreProc.__init__ picks it
             engine.step_fn = (engine.step if getattr(engine, "batch_queue", None) is None
                               else engine.step_with_batch_queue)
@@ -214,6 +240,7 @@ class EngineCoreLoop(StepLoop):
             scheduled = loop._lab(loop.adapter.scheduled, so)
             loop._line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
             loop._scheduled_so.append(so)
+            loop._so_step[id(so)] = loop.step
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
                                                        so, scheduled):
                 raise _ObserverStop()
@@ -224,6 +251,7 @@ class EngineCoreLoop(StepLoop):
             loop._phase = "update_from_output"
             out = update(so, *args, **kwargs)
             loop._updated_so.append(so)
+            loop._applied_from.append(loop._so_step.pop(id(so), None))
             loop._phase = "step"
             return out
 
@@ -242,13 +270,40 @@ class EngineCoreLoop(StepLoop):
         self._in_flight: dict[int, list[str]] = {}
         self._scheduled_so: list = []
         self._updated_so: list = []
+        self._so_step: dict[int, int] = {}
+        self._applied_from: list = []
         self._phase = "engine-build"
         self._reach: dict[str, int] = {}
         self.kv_worker = None
+        self.ranks = None
+        self.engine = None
         try:
-            self._build_engine(self.runner)
+            with _rank_env(self.cfg):
+                return self._run(t0)
+        finally:
+            self._close_engine()
+
+    def _close_engine(self) -> None:
+        """vLLM's ``EngineCore.shutdown`` (with ranks: its executor stops their processes), then
+        the lab's side of the ranks."""
+        engine = self.engine
+        if engine is not None and not getattr(self, "_shut", False):
+            self._shut = True
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
+                pass
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def _run(self, t0: float) -> RunResult:
+        try:
+            built = self._watched(0, "engine-build", lambda: self._build_engine(self.runner) or True,
+                                  lambda: None)
         except _EngineBuildCrash as crash:
             return self._build_crashed(crash.__cause__, time.perf_counter() - t0)
+        if built is None:  # the watchdog: EngineCore's start-up never returned
+            return self._build_hung(time.perf_counter() - t0)
         self._check_events()
         record_stats = self._front_door_and_stats(self.vllm_config)
         build_s = time.perf_counter() - t0
@@ -259,10 +314,10 @@ class EngineCoreLoop(StepLoop):
             getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
             getattr(engine, "batch_queue_size", 1),
             getattr(engine.step_fn, "__name__", str(engine.step_fn)), type(self.scheduler).__name__)
-        try:
-            engine.shutdown()
-        except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
-            pass
+        if self.ranks is not None:
+            result.engine.topology = self.topology.describe()
+            result.engine.executor = type(engine.model_executor).__name__
+            result.faults = [f.brief() for f in self.ranks.fired] or None
         return result
 
     def _build_crashed(self, exc: BaseException, build_s: float) -> RunResult:
@@ -284,7 +339,7 @@ class EngineCoreLoop(StepLoop):
         a = self.adapter
         engine = self.engine
         self._line = line
-        self._scheduled_so, self._updated_so = [], []
+        self._scheduled_so, self._updated_so, self._applied_from = [], [], []
         self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
@@ -305,6 +360,11 @@ class EngineCoreLoop(StepLoop):
             if not self._scheduled_so:
                 line.idle = not self._updated_so
             line.applied = len(self._updated_so)
+            queue_ = getattr(engine, "batch_queue", None)
+            if queue_ is not None:  # which batches were applied, and what is still in flight
+                line.applied_from = [s for s in self._applied_from if s is not None]
+                # at the step's peak: queued after its schedule(), before its updates popped
+                line.in_flight = len(queue_) + len(line.applied_from)
             if record_stats is not None:
                 self._phase = "record_stats"
                 while not engine.output_queue.empty():
@@ -320,6 +380,9 @@ class EngineCoreLoop(StepLoop):
         except MemoryError:  # the worker's memory limit, not vLLM's failure
             raise
         except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
+            unknown = unknown_call(getattr(self, "worker", None), exc, a.version)
+            if unknown is not None:
+                raise AdapterError(unknown) from exc
             if _raised_in_lab(exc):
                 # the fake worker (called from inside vLLM's executor) or the observer
                 # failed: a lab error, never a reproduction
@@ -435,8 +498,10 @@ class EngineCoreLoop(StepLoop):
             except TypeError:
                 pass
         arrival = r["arrival_time"] if r.get("arrival_time") is not None else float(self.order)
+        # prompt: the text prompt, a required field up to 0.8.4 that the front end sets to None
+        # once the detokenizer has it ("set to None when it is added to EngineCoreClient")
         values = dict(
-            request_id=r["id"], prompt_token_ids=self.prompt_of(r), mm_features=None,
+            request_id=r["id"], prompt=None, prompt_token_ids=self.prompt_of(r), mm_features=None,
             mm_inputs=None, mm_kwargs=None, mm_hashes=None, mm_placeholders=None,
             sampling_params=sp, pooling_params=None, eos_token_id=2, arrival_time=arrival,
             lora_request=None, cache_salt=None, data_parallel_rank=None, prompt_embeds=None,
@@ -524,6 +589,44 @@ class EngineCoreLoop(StepLoop):
                 h.flush()
             except Exception:  # noqa: BLE001
                 pass
+
+
+class _rank_env:
+    """The variables of vLLM's that a multi-process run sets for its duration (restored after):
+    ``VLLM_WORKER_MULTIPROC_METHOD=fork`` (vLLM's default, said explicitly: the ranks inherit
+    the emulated platform and the lab's setup) and, where the scenario gives
+    ``config.execute_model_timeout_seconds``, the release's own
+    ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (``MultiprocExecutor``'s RPC timeout)."""
+
+    def __init__(self, cfg: dict):
+        import os
+
+        self.os = os
+        self.want: dict[str, str] = {}
+        if cfg.get("execute_model_timeout_seconds") is not None:
+            self.want["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = str(
+                int(cfg["execute_model_timeout_seconds"]))
+        from .topology import topology
+
+        try:
+            if topology(cfg).multiprocess:
+                self.want["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        except ValueError:
+            pass
+        self.before: dict[str, str | None] = {}
+
+    def __enter__(self):
+        for k, v in self.want.items():
+            self.before[k] = self.os.environ.get(k)
+            self.os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.before.items():
+            if v is None:
+                self.os.environ.pop(k, None)
+            else:
+                self.os.environ[k] = v
 
 
 class _EngineBuildCrash(Exception):

@@ -10,7 +10,10 @@ The executor here is the release's own single-process executor (``UniProcExecuto
 probing ``vllm/v1/executor/uniproc_executor.py`` or ``vllm/v1/executor/abstract.py``), so its
 ``collective_rpc``, its futures for ``non_block=True`` and its result handling are vLLM's code.
 Only its worker is replaced: :class:`FakeWorker` answers the worker methods
-(``vllm/v1/worker/gpu_worker.py:Worker``) with what a GPU would have reported or computed. Its
+(``vllm/v1/worker/gpu_worker.py:Worker``) with what a GPU would have reported or computed; a
+call it does not define is answered by the release's own ``WorkerBase``
+(``vllm/v1/worker/worker_base.py``) where that defines it, else it is a lab error naming the
+call (:func:`unknown_call`: "the lab does not know vLLM X's worker call `name`"). Its
 tokens come from :class:`~vllm_repro.engine.fake_runner.FakeModelRunner`, the same runner the
 scheduler level uses, so both levels emit the same tokens.
 
@@ -58,10 +61,44 @@ class FakeWorker:
         self._pending: list = []
         self._drafts = None
         self.executed = 0
+        #: worker calls vLLM asked for that neither this class nor the release's WorkerBase
+        #: answers, in order (read by :func:`unknown_call`)
+        self.unknown: list[str] = []
+        #: the engine's config, for the release's WorkerBase methods (set by the executor)
+        self.vllm_config: Any = None
+
+    #: the release's ``WorkerBase`` (None: not looked up yet; False: the release has none)
+    _base: Any = None
 
     def __getattr__(self, name: str):
+        """A worker call the class does not define: a no-op (:data:`_NO_OPS`), else the
+        release's ``WorkerBase`` method of that name bound to this worker (e.g. 0.34's
+        ``extensible_kv_cache_unsupported_reason``: not supported by a worker that is not the
+        GPU one, so EngineCore turns the extensible KV cache off; its
+        ``disable_extensible_kv_cache``), else ``AttributeError`` (so ``hasattr`` answers as
+        vLLM expects), the name kept in :attr:`unknown` for :func:`unknown_call`. A base
+        method that raises ``NotImplementedError`` (what only a real device answers) is
+        reported as an unknown call too."""
+        if name.startswith("__") or name in ("unknown", "vllm_config"):
+            raise AttributeError(name)
         if name in _NO_OPS:
             return lambda *a, **k: None
+        base = type(self)._base
+        if base is None:
+            base = type(self)._base = _try_import("vllm.v1.worker.worker_base:WorkerBase") or False
+        fn = getattr(base, name, None) if base else None
+        if callable(fn) and not name.startswith("_"):
+            bound = fn.__get__(self)
+
+            def call(*args, **kwargs):
+                try:
+                    return bound(*args, **kwargs)
+                except NotImplementedError:
+                    self.unknown.append(name)
+                    raise NotImplementedError(f"Method {name!r} is not implemented.") from None
+
+            return call
+        vars(self).setdefault("unknown", []).append(name)
         raise AttributeError(name)
 
     # ---- start-up (EngineCore._initialize_kv_caches) ----------------------------------------
@@ -120,6 +157,22 @@ class FakeWorker:
         return drafts
 
 
+def unknown_call(worker: FakeWorker | None, exc: BaseException, version: str) -> str | None:
+    """The one-line lab error for ``exc`` when it is vLLM calling a worker method the fake
+    worker does not know (``run_method``'s ``NotImplementedError: Method 'x' is not
+    implemented.``, or the ``AttributeError`` of a direct call), naming the call and the
+    release; None for any other exception."""
+    if worker is None or not worker.unknown or not isinstance(
+            exc, (NotImplementedError, AttributeError)):
+        return None
+    text = str(exc)
+    for name in reversed(worker.unknown):
+        if name in text:
+            return (f"the lab does not know vLLM {version}'s worker call `{name}` "
+                    "(engine/executor.py FakeWorker answers the calls it knows)")
+    return None
+
+
 def executor_base():
     """The release's single-process executor class (``UniProcExecutor``), whose worker the lab
     replaces. Raises :class:`AdapterError` where none is found."""
@@ -145,6 +198,7 @@ def make_executor_class(worker: FakeWorker, max_concurrent_batches: int | Callab
         # whose worker returns finished outputs (no AsyncModelRunnerOutput to wait on)
         self.mm_receiver_cache = None
         self.async_output_thread = None
+        worker.vllm_config = self.vllm_config  # what WorkerBase's methods read
         self.driver_worker = worker
 
     def check_health(self) -> None:
@@ -207,4 +261,4 @@ def available_memory(cfg: dict, bytes_per_block: int) -> int:
 
 
 __all__ = ["FakeWorker", "FakeModelRunner", "make_executor_class", "kv_cache_spec",
-           "available_memory", "executor_base"]
+           "available_memory", "executor_base", "unknown_call"]

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLine
-from .adapter import AdapterError, LevelMissing, RefusedByRelease, V1Adapter, token_stream
+from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
+                      token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
 from .state import stall_message, worker_max_num_reqs
+from .watchdog import StepTimeout, Watchdog
 
 
 def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
@@ -107,11 +109,14 @@ class StepLoop:
         a = self.adapter
         t0 = time.perf_counter()
         try:
-            _, self.scheduler = a.build(self.cfg)
+            built = self._watched(0, "engine-build", lambda: a.build(self.cfg), lambda: None)
         except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:
             raise self.refusal(exc) from exc
+        if built is None:  # the watchdog: the build never returned
+            return self._build_hung(time.perf_counter() - t0)
+        _, self.scheduler = built
         model = self.sc.get("model") or {}
         if model.get("empty_at") and not a.caps.empty_outputs:
             raise RefusedByRelease(f"model.empty_at: {a.caps.refusal('empty outputs')}")
@@ -135,7 +140,8 @@ class StepLoop:
         for step in range(1, max_steps + 1):
             self.step = step
             line = TraceLine.begin(step, None if scheduled is None else dict(scheduled))
-            ended, so = step_fn(step, line)
+            ended, so = self._watched(step, "step", lambda s=step, ln=line: step_fn(s, ln),
+                                      lambda ln=line: (self._hung(ln), None))
             done = ended is not None
             if not done:
                 ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
@@ -147,6 +153,35 @@ class StepLoop:
         return self.finish_result(result, step, build_s, time.perf_counter() - t1,
                                   time.process_time() - c1)
 
+    def _watched(self, step: int, phase: str, call, on_hang):
+        """``call()`` timed by the run's watchdog (``self.watchdog``, none: untimed), armed for
+        ``step`` in ``phase``; where it runs out of time (:class:`~.watchdog.StepTimeout`),
+        ``on_hang()`` instead."""
+        wd = getattr(self, "watchdog", None)
+        if wd is None:
+            return call()
+        try:
+            wd.arm(step, phase)
+            out = call()
+        except StepTimeout:
+            wd.disarm()
+            return on_hang()
+        except BaseException:
+            wd.disarm()
+            raise
+        wd.disarm()
+        return out
+
+    def _hung(self, line: TraceLine | None) -> RunResult:
+        """The watchdog interrupted this step (or start-up: no ``line``): the line written, with
+        the state as it was left, outcome ``hang``."""
+        hang = self.watchdog.hang
+        if line is not None:
+            line.phase = "hang"
+            self._state(line)
+            self._emit(line)
+        return RunResult("hang", hang=hang)
+
     def _step(self, step: int, line: TraceLine, runner: FakeModelRunner, record_stats):
         """One ``EngineCore.step`` at the scheduler level: this step's requests added, aborts
         applied, then ``schedule()``, the fake runner, ``update_from_output``, stats and drafts.
@@ -155,7 +190,7 @@ class StepLoop:
         a = self.adapter
         sched = self.scheduler
         so = None
-        phase = "add_request"
+        phase = self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
                 req = self._lab(a.make_request, r["id"], self.prompt_of(r), r["max_tokens"],
@@ -166,7 +201,7 @@ class StepLoop:
                 self.created[r["id"]] = req
                 sched.add_request(req)
                 line.added.append(r["id"])
-            phase = "abort"
+            phase = self._phase = "abort"
             for e in self.events_by_step.get(step, []):
                 if e.get("abort"):
                     a.abort(sched, e["abort"])
@@ -175,7 +210,7 @@ class StepLoop:
                 line.scheduled = {}
                 line.idle = True  # EngineCore.step returns without scheduling: nothing to do
                 return None, None
-            phase = "schedule"
+            phase = self._phase = "schedule"
             so = sched.schedule()
             scheduled = self._lab(a.scheduled, so)
             line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
@@ -185,14 +220,14 @@ class StepLoop:
             req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
                                                  getattr(so, "finished_req_ids", ()))
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
-            phase = "update_from_output"
+            phase = self._phase = "update_from_output"
             engine_core_outputs = sched.update_from_output(so, mro)
             if record_stats is not None:
                 # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
-                phase = "record_stats"
+                phase = self._phase = "record_stats"
                 for stats in a.scheduler_stats(engine_core_outputs):
                     record_stats(stats)
-            phase = "update_draft_token_ids"
+            phase = self._phase = "update_draft_token_ids"
             a.deliver_drafts(sched, req_ids, drafts)
         except (RefusedByRelease, AdapterError):
             raise
@@ -203,6 +238,14 @@ class StepLoop:
         except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
             return self._crashed(exc, step, phase, line), so
         return None, so
+
+    def _build_hung(self, build_s: float) -> RunResult:
+        """The build of the scheduler or engine never returned: ``hang`` at step 0, phase
+        ``engine-build``, with a step-0 trace line."""
+        self.trace(TraceLine(0, phase="hang"))
+        return RunResult("hang", hang=self.watchdog.hang, steps=0, finished={},
+                         unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
+                         level=self.level, timing=Timing(round(build_s, 4)))
 
     def _stop_exception(self) -> type[BaseException]:
         """The observer's ``stop_exception`` (raised from inside a vLLM call), or one never
@@ -341,8 +384,8 @@ class StepLoop:
                              and type(exc).__module__.startswith("pydantic"))
         if refused_by_config or vllm_frames(exc.__traceback__, a.vllm_file) and str(
                 a.vllm_file.resolve()) in str(Path(innermost).resolve()):
-            return RefusedByRelease(f"config: vLLM {a.version} refuses this configuration: "
-                                    f"{type(exc).__name__}: {first}")
+            return refused_by_vllm(f"config: vLLM {a.version} refuses this configuration: "
+                                   f"{type(exc).__name__}: {first}", exc)
         return AdapterError(f"building vLLM {a.version}'s scheduler failed: "
                             f"{type(exc).__name__}: {first}")
 
@@ -438,6 +481,23 @@ def slice_gap(events: list, version: str, crash: Crash | None = None) -> str | N
             f"this path (vllm-repro slice {version})")
 
 
+def _emulate_devices(scenario: dict) -> int | None:
+    """Make the emulated platform report the devices the scenario's topology needs
+    (:func:`~vllm_repro.engine.topology.topology`); returns the count before, or None where the
+    scenario asks for one device (nothing changed). Raises :class:`RefusedByRelease` for sizes
+    the lab refuses."""
+    from .adapter import platform
+    from .topology import topology
+
+    try:
+        topo = topology(scenario.get("config") or {})
+    except ValueError as exc:
+        raise RefusedByRelease(str(exc)) from None
+    if topo.devices == 1:
+        return None
+    return platform.set_device_count(topo.devices)
+
+
 def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
                  limits: dict | None = None) -> RunResult:
     """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
@@ -474,15 +534,23 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
                                 "fewer requests or steps, or raise VLLM_REPRO_MAX_TRACE_MB")
             trace_f.write(text)
 
+    devices_before = None
+    timeout = (scenario.get("limits") or {}).get("step_timeout_s") or limits.get("step_timeout_s")
+    current: list[StepLoop] = []
+    watchdog = Watchdog(float(timeout), adapter.vllm_file,
+                        lambda: getattr(current[0], "_phase", None) if current else None) \
+        if timeout else None
     try:
         level = scenario.get("level") or "scheduler"
+        devices_before = _emulate_devices(scenario)
         if level == "v0-engine":
             from .v0 import V0EngineLoop
 
             v0 = v0_adapter(adapter)
             with v0.platform_scope():
                 loop: StepLoop = V0EngineLoop(v0, scenario, write, observer)
-                loop.lab_limits = limits
+                loop.lab_limits, loop.watchdog = limits, watchdog
+                current.append(loop)
                 result = loop.run()
         elif getattr(adapter, "generation", "v1") == "v0":
             raise LevelMissing(level, adapter.caps.refusal("v1-engine"))
@@ -493,12 +561,17 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         else:
             loop = StepLoop(adapter, scenario, write, observer)
         if level != "v0-engine":
-            loop.lab_limits = limits
+            loop.lab_limits, loop.watchdog = limits, watchdog
+            current.append(loop)
             result = loop.run()
     except LevelMissing as exc:
         result = RunResult.failed("input", str(exc), lacks_level=exc.level)
     except RefusedByRelease as exc:
         result = RunResult.failed("input", str(exc))
+        if exc.vllm_exc is not None:  # vLLM's own refusal: what `outcome: refused` is judged on
+            result.refusal = describe_exception(exc.vllm_exc, adapter.vllm_file, 0, exc.phase)
+            # the whole text, not its first line: a ValidationError's reason is on its second
+            result.refusal.message = " ".join(str(exc.vllm_exc).split())[:800]
     except MemoryError:
         mb = (limits or {}).get("worker_memory_mb")
         result = RunResult.failed("input", f"out of memory (limit {mb} MB, VLLM_REPRO_WORKER_MEMORY_MB): "
@@ -512,8 +585,14 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         result = RunResult.failed("lab", f"{type(exc).__name__}: {exc}",
                                   traceback=traceback.format_exc()[-4000:])
     finally:
+        if watchdog is not None:
+            watchdog.close()
         if trace_f is not None:
             trace_f.close()
+        if devices_before is not None:
+            from .adapter import platform
+
+            platform.set_device_count(devices_before)
     runtime = _slice_runtime()
     gap = None if runtime is None else \
         slice_gap(getattr(runtime, "EVENTS", [])[events_before:], adapter.version, result.crash)

@@ -17,8 +17,10 @@ each probe names the vLLM source it follows:
   ``free_list_head`` (older), ``num_free_blocks``; ``BlockPool.get_num_free_blocks()``.
 - the prefix-cache hash map ``BlockPool.cached_block_hash_to_block``: a dict of
   ``hash -> {block_id: block}`` (<= 0.10) or a ``BlockHashToBlockMap`` whose ``_cache`` maps a
-  hash to a block or a dict of them (0.11+); ``cached_block_hashes_by_block`` (secondary hashes
-  of one block, where it exists). A block's own hash is ``KVCacheBlock._block_hash``.
+  hash to a block or a dict of them (0.11 to 0.33), to a block id with ``_dup_ids`` for the
+  hashes of several blocks (0.34: :class:`BlockIdHashMap`); ``cached_block_hashes_by_block`` (secondary hashes
+  of one block, where it exists). A block's own hash is the ``KVCacheBlock`` field the
+  capabilities record names (``kv_block_hash``: ``_block_hash``, ``block_hash`` in 0.34).
 - the request queues: ``Scheduler.running``, ``waiting``, ``skipped_waiting``,
   ``kv_holding_waiting`` (whichever exist); a waiting queue is a deque, a list or a
   ``RequestQueue`` (``vllm/v1/core/sched/request_queue.py``).
@@ -200,10 +202,45 @@ def free_count(pool) -> int:
 
 
 def hash_map(pool):
-    """The prefix-cache map as a dict (hash -> block or {block_id: block}); None where the map
-    has no ``_cache`` dict."""
+    """The prefix-cache map as a dict (hash -> block or {block_id: block}), or a
+    :class:`BlockIdHashMap` read the same way where the map holds block ids (0.34); None where
+    the map has no ``_cache`` dict."""
     m = pool.cached_block_hash_to_block
-    return m if isinstance(m, dict) else getattr(m, "_cache", None)
+    if isinstance(m, dict):
+        return m
+    cache = getattr(m, "_cache", None)
+    dups, blocks = getattr(m, "_dup_ids", None), getattr(m, "_blocks", None)
+    if cache is not None and dups is not None and blocks is not None:
+        return BlockIdHashMap(cache, dups, blocks)
+    return cache
+
+
+class BlockIdHashMap:
+    """0.34's ``BlockHashToBlockMap`` (``vllm/v1/core/block_pool.py``), whose entries hold
+    block ids: ``_cache`` maps a hash to one block id, ``_dup_ids`` a hash several blocks are
+    cached under to ``{block id: None}`` (in insertion order), ``_blocks`` is the pool's list.
+    Read as the older map is: :meth:`get` gives the block, or ``{block id: block}`` for a hash
+    of several; :meth:`items` every key so; ``len`` the number of keys."""
+
+    __slots__ = ("_ids", "_dups", "_blocks")
+
+    def __init__(self, ids: dict, dups: dict, blocks: list):
+        self._ids, self._dups, self._blocks = ids, dups, blocks
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get(self, key, default=None):
+        dup = self._dups.get(key)
+        if dup is not None:
+            blocks = self._blocks
+            return {i: blocks[i] for i in dup}
+        i = self._ids.get(key)
+        return default if i is None else self._blocks[i]
+
+    def items(self):
+        get = self.get
+        return [(k, get(k)) for k in list(self._ids)]
 
 
 def secondary_hashes(pool) -> dict:
@@ -222,22 +259,18 @@ def plain_block_hash(key):
     return key
 
 
-def hash_checkable_groups(layout: KVLayout) -> list[int]:
+def hash_checkable_groups(layout: KVLayout, tokens_known: bool = False) -> list[int]:
     """The KV cache groups whose tables can be checked block by block against a request's block
     hashes: the manager counts its cached blocks (``num_cached_block``) and a cache block is one
-    hash block (``block_size`` == 0.33's ``BlockPool.hash_block_size``, where it exists)."""
+    hash block (``block_size`` == 0.33's ``BlockPool.hash_block_size``, where it exists), or,
+    where blocks say how many prefix tokens their hash covers (``tokens_known``:
+    ``KVCacheBlock.block_hash_num_tokens``), a whole number of hash blocks (the block's hash is
+    then the request's hash at that prefix boundary: ``BlockPool._get_partial_block_hash``)."""
     hbs = layout.hash_block_size
     return [g for g, m in enumerate(layout.managers)
             if hasattr(m, "num_cached_block")
-            and (hbs is None or getattr(m, "block_size", hbs) == hbs)]
-
-
-def block_hash_of(block):
-    """A block's prefix-cache hash (``KVCacheBlock._block_hash``; ``block_hash`` as fallback)."""
-    try:
-        return block._block_hash
-    except AttributeError:
-        return getattr(block, "block_hash", None)
+            and (hbs is None or getattr(m, "block_size", hbs) == hbs
+                 or (tokens_known and getattr(m, "block_size", 0) % hbs == 0))]
 
 
 # ---- request queues ------------------------------------------------------------------------

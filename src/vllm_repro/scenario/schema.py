@@ -21,7 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from ..engine.engine_args import yaml_word
 
-Outcome = Literal["clean", "crash", "violation", "stall"]
+#: what a scenario may expect: ``refused`` (vLLM refuses its configuration or a request: at
+#: ``EngineArgs`` / ``VllmConfig`` build, ``EngineCore`` start-up, ``add_request``) and ``hang``
+#: (a step, or start-up, that does not return within the watchdog's time)
+Outcome = Literal["clean", "crash", "violation", "stall", "refused", "hang"]
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
@@ -257,6 +260,9 @@ class SchedulerSettings(Strict):
                                      f"{float(value)!r}")
                 raise ValueError(f"config.{key}: {value!r} is a quoted string; write it without "
                                  "quotes if it is a number or a boolean")
+        from ..engine.topology import topology
+
+        topology({"passthrough": extra})  # parallel sizes: positive, a bounded world
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when enable_chunked_prefill is "
@@ -553,16 +559,23 @@ class KVTransferConfig(Strict):
 
 class Limits(Strict):
     """``max_steps``: stop after this many steps; ``stall_steps``: this many steps with no
-    progress while requests are unfinished is a stall."""
+    progress while requests are unfinished is a stall; ``step_timeout_s``: a step (or the
+    engine's start-up) that has not returned after this many seconds ends the run as ``hang``
+    (the watchdog; default ``VLLM_REPRO_STEP_TIMEOUT_S``, 300 s; at most an hour)."""
 
     max_steps: PosInt = 500
     stall_steps: PosInt = 20
+    step_timeout_s: Annotated[float, Field(gt=0, le=3600)] | None = None
 
 
 class Expect(Strict):
-    """What the buggy releases (``reproduces_on``) show. ``where`` is a vLLM file, optionally with
-    ``:function`` (``vllm/v1/core/sched/scheduler.py:schedule``), matched against the innermost
-    vLLM frame; ``code`` a violation code; ``mechanism`` which of the code's ways
+    """What the buggy releases (``reproduces_on``) show (``fixed``: the fixed ones). ``outcome:
+    refused``: vLLM refuses the configuration or a request (``exception``, ``message``,
+    ``where``, ``phase``: ``config``, ``engine-build`` or ``add_request``, matched as a crash's);
+    ``outcome: hang``: a step that did not return within the watchdog's time (``where``: the
+    frame vLLM's thread sat in; ``message``: searched in the threads' stacks). ``where`` is a
+    vLLM file, optionally with ``:function`` (``vllm/v1/core/sched/scheduler.py:schedule``),
+    matched against the innermost vLLM frame; ``code`` a violation code; ``mechanism`` which of the code's ways
     (:data:`vllm_repro.records.MECHANISMS`, e.g. ``KV_PREFIX_MAP``'s ``fresh-block``), matched
     against :attr:`~vllm_repro.records.Violation.mechanism`; ``message`` a regular expression;
     ``step`` exact. Raises ``ValueError`` (a schema error naming the field) for a field that does
@@ -596,8 +609,10 @@ class Expect(Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.outcome != "crash" and (self.exception or self.where or self.phase):
-            raise ValueError("`exception`, `where` and `phase` only apply to outcome: crash")
+        if self.outcome not in ("crash", "refused") and self.exception:
+            raise ValueError("`exception` only applies to outcome: crash or refused")
+        if self.outcome not in ("crash", "refused", "hang") and (self.where or self.phase):
+            raise ValueError("`where` and `phase` only apply to outcome: crash, refused or hang")
         if self.message:
             try:
                 re.compile(self.message)
@@ -743,16 +758,10 @@ class Scenario(Strict):
                     f"requests[{i}].n: parallel sampling is driven at level: v0-engine only (its "
                     "LLMEngine fans the request out); at this level write each child as a "
                     "request of its own")
-            if r.prompt_len + r.max_tokens > self.config.max_model_len and (
-                    self.level != "v0-engine"):
-                # V0 takes such a request and caps it at max_model_len (its StopChecker:
-                # FINISHED_LENGTH_CAPPED); a prompt over max_model_len goes to the release's
-                # own front door (LLMEngine._validate_model_inputs), which refuses it from 0.8.4
-                # and, before, let it through to the scheduler (vLLM #8881)
-                raise ValueError(
-                    f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
-                    f"config.max_model_len {self.config.max_model_len}; lower prompt_len or "
-                    "max_tokens, or raise config.max_model_len")
+            # prompt_len + max_tokens over max_model_len is vLLM's to take (it caps the output:
+            # FINISHED_LENGTH_CAPPED); a prompt over it is refused by the release's own front
+            # door (engine/adapter/requests.py:front_door; V0's LLMEngine._validate_model_inputs
+            # from 0.8.4, before which it reached the scheduler: vLLM #8881)
         engine_only = {"kv_cache_memory_bytes": self.config.kv_cache_memory_bytes,
                        "max_concurrent_batches": self.config.max_concurrent_batches}
         blocks = self.config.num_gpu_blocks

@@ -1,0 +1,123 @@
+"""Issue 46 on real releases: a livelock planted in a copy of 0.10.1.1's ``Scheduler.schedule``
+ends as ``hang`` within the watchdog's time, naming the looping frame, with no process left;
+vLLM's own refusal of a configuration judged as ``outcome: refused``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_repro.engine.host import Worker
+from vllm_repro.scenario.schema import Scenario
+from vllm_repro.sources.prepare import prepare_release
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANTS = ROOT / "tests" / "integration" / "plant_faults.py"
+RELEASE = "0.10.1.1"
+
+
+def small(level: str, timeout_s: float) -> Scenario:
+    return Scenario.model_validate({
+        "name": f"livelock-{level}", "level": level,
+        "config": {"block_size": 16, "num_gpu_blocks": 32, "max_num_seqs": 4,
+                   "max_num_batched_tokens": 64, "max_model_len": 256},
+        "requests": [{"id": "A", "prompt_len": 40, "max_tokens": 8},
+                     {"id": "B", "prompt_len": 20, "max_tokens": 8}],
+        "limits": {"max_steps": 30, "step_timeout_s": timeout_s}})
+
+
+def _alive_in_group(pgid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.parametrize("level", ["scheduler", "engine-core"])
+def test_a_livelock_in_schedule_ends_as_hang_naming_the_loop(tmp_path, level):
+    limit = 3.0
+    env = prepare_release(RELEASE)
+    with Worker(env, tmp_path / "engine.log") as worker:
+        pid = worker.proc.pid
+        t0 = time.monotonic()
+        res = worker.run(small(level, limit).child_payload(), tmp_path / "out", audit=True,
+                         keep_going=True, plant=f"{PLANTS}:livelock_in_schedule",
+                         plant_args={"at_step": 3})
+        took = time.monotonic() - t0
+        # the worker lives on: a second, unplanted run is clean
+        again = worker.run(small(level, limit).child_payload(), tmp_path / "again")
+    assert res.outcome == "hang", (res.outcome, res.error, res.crash)
+    h = res.hang
+    assert h.step == 3 and h.limit_s == limit and h.stopped == "interrupted"
+    assert h.where.where() == "vllm/v1/core/sched/scheduler.py:schedule"
+    assert h.where.line == res.planted["notes"]["line"]
+    assert h.phase in ("schedule", "step")
+    assert f'line {h.where.line} in schedule' in h.stacks and h.stacks.count("Thread 0x") >= 2
+    assert limit <= took < limit + 30, took
+    assert again.outcome == "clean", (again.outcome, again.stall, again.crash)
+    time.sleep(0.5)
+    assert not Path(f"/proc/{pid}").exists() or _alive_in_group(pid) == []
+
+
+REFUSED = """
+name: {name}
+vllm: {{reproduces_on: ["0.10.1.1"], clean_on: ["0.10.2"]}}
+config: {config}
+requests:
+  - {{id: A, prompt_len: 20, max_tokens: 40}}
+{more}
+expect: {{outcome: crash}}
+fixed: {fixed}
+"""
+
+
+def test_vllms_refusals_are_outcome_refused_where_expected(cli, tmp_path):
+    """0.10.2's SchedulerConfig refuses max_num_seqs over max_num_batched_tokens (a pydantic
+    ValidationError); its front door refuses a prompt longer than max_model_len, and takes a
+    prompt plus max_tokens over it (vLLM caps the output). Where the scenario expects a run
+    (0.10.1.1, expect: crash) the same refusal stays an input error: exit 2."""
+    config = ("{num_gpu_blocks: 32, max_num_seqs: 64, max_num_batched_tokens: 32, "
+              "max_model_len: 32}")
+    (tmp_path / "cfg.yaml").write_text(REFUSED.format(
+        name="refused-cfg", config=config, more="",
+        fixed="{outcome: refused, exception: ValidationError, phase: config, "
+              "message: 'max_num_batched_tokens \\(32\\) must be greater than or equal to "
+              "max_num_seqs'}"))
+    done = cli("run", str(tmp_path / "cfg.yaml"), "--vllm", "0.10.2", "--reports",
+               str(tmp_path / "r"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    res = json.loads((tmp_path / "r" / "refused-cfg" / "0.10.2" / "result.json").read_text())
+    assert res["outcome"] == "refused" and res["refusal"]["type"] == "ValidationError"
+    assert "error" not in res
+    done = cli("run", str(tmp_path / "cfg.yaml"), "--vllm", "0.10.1.1", "--reports",
+               str(tmp_path / "r"))
+    assert done.returncode == 2, done.stdout + done.stderr
+
+    (tmp_path / "long.yaml").write_text(REFUSED.format(
+        name="refused-long", config="{num_gpu_blocks: 32, max_model_len: 32}",
+        more="  - {id: B, prompt_len: 40, max_tokens: 4}",
+        fixed="{outcome: refused, phase: add_request, exception: ValueError, "
+              "message: 'prompt \\(length 40\\) is longer than the maximum model length'}"))
+    done = cli("run", str(tmp_path / "long.yaml"), "--vllm", "0.10.2", "--reports",
+               str(tmp_path / "r"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # A alone (prompt 20 + max_tokens 40 > 32) is vLLM's to cap: it runs and finishes capped
+    (tmp_path / "capped.yaml").write_text(REFUSED.format(
+        name="capped", config="{num_gpu_blocks: 32, max_model_len: 32}", more="",
+        fixed="{outcome: clean}").replace('reproduces_on: ["0.10.1.1"], ', ""))
+    done = cli("run", str(tmp_path / "capped.yaml"), "--vllm", "0.10.2", "--reports",
+               str(tmp_path / "r"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    res = json.loads((tmp_path / "r" / "capped" / "0.10.2" / "result.json").read_text())
+    assert res["outcome"] == "clean" and res["finished"] == {"A": "FINISHED_LENGTH_CAPPED"}
