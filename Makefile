@@ -49,25 +49,38 @@ GPU ?=
 GPU_MODEL ?=
 VLLM ?=
 
-.PHONY: venv docs docs-pictures compose-up lint cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
+.PHONY: venv lock docs docs-pictures compose-up lint cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
 	images image-cpu image-flagship image-cuda stage-images lint-images bench-image gpu-verify
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
 	@echo "make cpu-repro CATALOG=all   the whole catalog (each entry also on NEWEST=$(NEWEST))"
 	@echo "make test        ruff, the docs build, unit tests and the real-release scenario tests"
-	@echo "make docs        the documentation into $(REPORTS)/site/"
+	@echo "make docs        the documentation into $(REPORTS)/site/ (make docs-pictures: its pictures from real runs)"
 	@echo "make images      the CPU image (Docker); make cpu-repro RUNNER=docker|native"
+	@echo "make compose-up  docker compose up (or docker-compose up): the catalog, then its pages on 127.0.0.1:8080"
 	@echo "make gpu-verify REMOTE=host PATCH=fix.diff SCENARIO=...   confirm a fix on a GPU host"
+	@echo "                 (BUNDLE=reports/verify/<id> ships a verified bundle; ACCEPT_NEW_HOST_KEY=1 trusts a new host)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+# the lab's own dependencies at the versions of requirements.lock (make lock writes it): the
+# same on every machine, as each vLLM environment is pinned by its release's date
+$(VENV)/.installed: pyproject.toml requirements.lock $(BIN)/python
+	$(BIN)/python -m pip install -q -c requirements.lock -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+# requirements.lock from pyproject.toml: every dependency and extra (dev pulls them all), for
+# every platform and Python from 3.10 on (uv pip compile --universal); run it after editing
+# pyproject.toml's dependencies, and commit both. UV_LOCK_FLAGS: e.g. --upgrade.
+UV_LOCK_FLAGS ?=
+lock: $(BIN)/python
+	[ -x $(BIN)/uv ] || $(BIN)/python -m pip install -q 'uv>=0.5'
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --python-version 3.10 \
+	  --native-tls --quiet $(UV_LOCK_FLAGS) -o requirements.lock
 
 REPRO_ARGS = $(if $(filter all,$(CATALOG)),catalog run --also-on $(NEWEST),run $(SCENARIO)) \
   $(if $(JOBS),--jobs $(JOBS)) --reports $(abspath $(REPORTS))

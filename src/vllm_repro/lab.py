@@ -421,8 +421,10 @@ def _timeline(item: RunItem, result: RunResult, say: Say) -> None:
 
     try:
         write_timeline(item.report.current, result)
-    except Exception as exc:  # noqa: BLE001 - matplotlib or a damaged trace
-        say(f"{item.scenario.name} on {item.version}: no timeline.png ({type(exc).__name__}: {exc})")
+    except Exception as exc:  # noqa: BLE001 - matplotlib (or its absence) or a damaged trace
+        from .extras import why
+
+        say(f"{item.scenario.name} on {item.version}: no timeline.png ({why(exc)})")
 
 
 def _page(item: RunItem, result: RunResult, say: Say) -> None:

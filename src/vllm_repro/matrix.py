@@ -329,7 +329,9 @@ def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path
     try:
         draw(report, out / "matrix.png")
     except Exception as exc:  # noqa: BLE001 - a failed picture never fails the matrix
-        say(f"{scenario.name}: no matrix.png ({type(exc).__name__}: {exc})")
+        from .extras import why
+
+        say(f"{scenario.name}: no matrix.png ({why(exc)})")
     return report
 
 

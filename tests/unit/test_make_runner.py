@@ -78,6 +78,7 @@ def test_an_image_of_the_same_lab_is_used_as_it_is_whatever_the_files_mtimes(tmp
     for part in ("src", "images", "slices"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy)
+    shutil.copy(ROOT / "requirements.lock", copy)
     for f in copy.rglob("*"):  # every file newer than any image, as in a fresh clone
         os.utime(f)
     assert lab_hash(copy) == lab_hash(ROOT)
@@ -106,6 +107,7 @@ def test_slicing_a_release_the_image_does_not_bake_leaves_it_current(tmp_path):
     for part in ("src", "images", "slices", "scenarios"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy)
+    shutil.copy(ROOT / "requirements.lock", copy)
     before = lab_hash(copy, flagship), lab_hash(copy, "catalog"), lab_hash(copy)
     (copy / "slices" / "9.9.9.json").write_text("{}\n")  # a release no scenario names
     assert lab_hash(copy, flagship) == before[0] and lab_hash(copy, "catalog") == before[1]

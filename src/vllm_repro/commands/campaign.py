@@ -43,6 +43,9 @@ def campaign(
     Exit codes: 0 nothing found, 1 findings, 2 bad input, 3 a task could not run (lab or
     environment failure; the report is written, and a resume runs those tasks again).
     """
+    from ..extras import require
+
+    require("hypothesis", "vllm-repro campaign")
     warm_setting(cold)
     policy, level = value(policy), value(level)
     import time

@@ -39,6 +39,9 @@ def fuzz(
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Search workloads until vLLM raises or an invariant breaks; shrink; write reproducers."""
+    from ..extras import require
+
+    require("hypothesis", "vllm-repro fuzz")
     warm_setting(cold)
     policy, level = value(policy), value(level)
     from rich.console import Group

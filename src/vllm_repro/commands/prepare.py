@@ -72,24 +72,29 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
     tree = value(tree)
     check_tree(tree)
     versions = [release_name(v, "VERSION") for v in versions]
-    with progress("prepare", len(versions)) as bar:
-        for v in versions:
-            if restore:
-                for d in restore_trees(v):
-                    bar.say(f"vLLM {v}: removed {d}; extracting it again")
+    ready: list[str] = []
+    try:
+        with progress("prepare", len(versions)) as bar:
+            for v in versions:
+                if restore:
+                    for d in restore_trees(v):
+                        bar.say(f"vLLM {v}: removed {d}; extracting it again")
 
-            def fetched(done: int, total: int | None, v=v) -> None:
-                size = f"{done / 1e6:.0f}" + (f" of {total / 1e6:.0f}" if total else "")
-                bar.note(f"vLLM {v}: sdist {size} MB")
+                def fetched(done: int, total: int | None, v=v) -> None:
+                    size = f"{done / 1e6:.0f}" + (f" of {total / 1e6:.0f}" if total else "")
+                    bar.note(f"vLLM {v}: sdist {size} MB")
 
-            env = prepare_release(v, bar.say, progress=fetched, tree=tree)
-            for line in env.substitutions():
-                bar.say(f"vLLM {env.version}: substituted {line}")
-            # proven, not assumed: the worker imports vLLM's scheduler path and probes the
-            # release (an import failure is exit 3 with its cause and the log)
-            bar.note(f"vLLM {env.version}: importing its scheduler in a worker")
-            with Worker(env, log_path(env.version)) as worker:
-                hello = worker.hello
-            bar.advance()
-            out.print(f"vLLM {env.version}: ready, imported in {worker.import_time} under "
-                      f"{hello.get('platform')} ({env.python}, tree {env.tree})")
+                env = prepare_release(v, bar.say, progress=fetched, tree=tree)
+                for line in env.substitutions():
+                    bar.say(f"vLLM {env.version}: substituted {line}")
+                # proven, not assumed: the worker imports vLLM's scheduler path and probes the
+                # release (an import failure is exit 3 with its cause and the log)
+                bar.note(f"vLLM {env.version}: importing its scheduler in a worker")
+                with Worker(env, log_path(env.version)) as worker:
+                    hello = worker.hello
+                bar.advance()
+                ready.append(f"vLLM {env.version}: ready, imported in {worker.import_time} under "
+                             f"{hello.get('platform')} ({env.python}, tree {env.tree})")
+    finally:  # the releases made ready, on stdout once the bar on stderr is done drawing
+        for line in ready:
+            out.print(line, highlight=False)

@@ -28,6 +28,9 @@ def gpu_verify(
 ) -> None:
     """Confirm a fix on a GPU host: verified on CPU here, then judged there by the shared suite
     on the full vLLM of the release (CUDA image), JUnit and logs brought back."""
+    from ..extras import require
+
+    require("fabric", "vllm-repro gpu-verify")
     from ..console import out
     from ..errors import EXIT_MISMATCH, InputError
     from ..inputs import release_name, reports_dir
