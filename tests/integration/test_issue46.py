@@ -183,6 +183,14 @@ def test_diff_names_step_3_with_l_scheduled_and_preempted(cli, tmp_path):
     row = next(ln for ln in text.splitlines() if "preempted (by)" in ln)
     assert row.count("L (schedule)") == 2
     assert "on 0.10.2: L scheduled and preempted in one schedule() call" in text
+    # the diff's page beside the runs, and both run pages link to it
+    sdir = tmp_path / "r" / FLAGSHIP.stem
+    page = (sdir / "diff-0.10.1.1-0.10.2.html").read_text()
+    assert "first difference at step 3" in page and "L (schedule)" in page
+    assert json.loads((sdir / "diff-0.10.1.1-0.10.2.json").read_text())["step"] == 3
+    for release in ("0.10.1.1", "0.10.2"):
+        run_page = (sdir / release / "index.html").read_text()
+        assert "href='../diff-0.10.1.1-0.10.2.html'" in run_page, release
     done = cli(*args, "--json")
     data = json.loads(done.stdout)
     assert data["step"] == 3 and data["releases"] == ["0.10.1.1", "0.10.2"]

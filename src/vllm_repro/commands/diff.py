@@ -29,6 +29,7 @@ def diff(
     from ..inputs import release_name, reports_dir
     from ..lab import RunItem, checked_releases, run_matrix
     from ..records import ReportDir, read_trace
+    from ..report.diff_page import write_diff_page
     from ..report.index import write_index
     from ..scenario.load import unique_scenarios
     from ..sources.prepare import check_tree
@@ -44,9 +45,9 @@ def diff(
     items = [RunItem(sc, v) for v in versions]
     # both runs to their end: a finding of the audit does not stop either
     run_matrix(items, reports, audit=True, keep_going=True, say=say, tree=tree)
-    write_index(reports)
     errors = [i for i in items if i.result.outcome == "error"]
     if errors:
+        write_index(reports)
         for i in errors:
             err.print(f"{sc.name} on {i.version}: {i.result.error.message}", markup=False)
         raise typer.Exit(exit_code([i.verdict for i in errors]))
@@ -56,6 +57,9 @@ def diff(
         runs.append((i.version, i.result, read_trace(path) if path.is_file() else [],
                      str(i.report.path)))
     result = release_diff(sc.name, runs)
+    # the diff's page beside the two runs; the index links both run pages to it
+    page = write_diff_page(items[0].report.path.parent, result)
+    write_index(reports)
     if as_json:
         out.print_json(result.to_json())
     else:
@@ -69,4 +73,5 @@ def diff(
             out.print(t)
         for line in notes:
             out.print(line, markup=False, highlight=False)
+        out.print(f"page: {page}", markup=False, highlight=False)
     raise typer.Exit(0 if result.step is None else 1)

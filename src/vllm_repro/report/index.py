@@ -16,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import __version__
 from ..records import RecordError, ReportDir, RunResult, violation_label
+from .diff_page import diff_links
 from .pages import PAGE, SCENARIO_FILE, read_scenario, releases_nav, set_releases_nav
 
 STYLE = (
@@ -126,12 +127,14 @@ def _group(reports: Path, name: str, runs: list[tuple[Path, RunResult]]) -> str:
 
 
 def _fill_releases_nav(runs: list[tuple[Path, RunResult]]) -> None:
-    """Each run page's links to the same scenario's pages on its other releases."""
+    """Each run page's links to the same scenario's pages on its other releases, and to the
+    ``vllm-repro diff`` pages that compare its release with another (``report/diff_page.py``)."""
     pairs = [(d.name, _ok_text(r)) for d, r in runs if (d / PAGE).is_file()]
     for run_dir, _ in runs:
         if (run_dir / PAGE).is_file():
             try:
-                set_releases_nav(run_dir / PAGE, releases_nav(run_dir.name, pairs))
+                set_releases_nav(run_dir / PAGE, releases_nav(run_dir.name, pairs)
+                                 + diff_links(run_dir.parent, run_dir.name))
             except OSError:  # a page being replaced by a run right now: the next index fills it
                 pass
 
