@@ -105,3 +105,17 @@ def test_the_capabilities_name_what_the_audit_turns_off():
     assert Capabilities(version="0.5.0", v1_engine=False).audit_off() == []
     assert Capabilities.from_dict(V1.to_dict()).kv_block_hash == "block_hash"
     assert RunError("lab", "x").kind == "lab"
+
+
+def test_cli_newest_asks_the_index_and_no_release_is_exit_2(cli, tmp_path):
+    from .fake_index import FakeIndex, make_sdist
+
+    r = cli("doctor", "--reports", str(tmp_path / "r"))
+    assert r.returncode == 2 and "give a VERSION (e.g. 0.34.0) or --newest" in r.stderr
+    files = {f"vllm-{v}.tar.gz": make_sdist(v) for v in ("0.33.0", "0.34.0", "0.35.0rc1")}
+    with FakeIndex(files) as idx:
+        # a scenarios folder without the smoke set's files: the newest is named, then exit 2
+        r = cli("doctor", "--newest", "--directory", str(tmp_path), "--reports",
+                str(tmp_path / "r"), env={"PIP_INDEX_URL": idx.url})
+    assert "the index's newest release is 0.34.0" in r.stderr, r.stderr
+    assert r.returncode == 2 and "no such file" in r.stderr and "--directory" in r.stderr
