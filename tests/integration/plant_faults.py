@@ -88,7 +88,7 @@ def unhash_cached_block(ctx, at_step: int = 3) -> None:
     prefix-cache map still maps the hash to it."""
     def action(s):
         pool = s.kv_cache_manager.block_pool
-        b = next(b for b in pool.blocks if getattr(b, "_block_hash", None) is not None)
+        b = next(b for b in pool.blocks if getattr(b, "block_hash", None) is not None)
         b.reset_hash()
         ctx.note("blocks", [b.block_id])
 

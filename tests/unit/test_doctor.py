@@ -105,3 +105,44 @@ def test_the_capabilities_name_what_the_audit_turns_off():
     assert Capabilities(version="0.5.0", v1_engine=False).audit_off() == []
     assert Capabilities.from_dict(V1.to_dict()).kv_block_hash == "block_hash"
     assert RunError("lab", "x").kind == "lab"
+
+
+def test_cli_newest_asks_the_index_and_no_release_is_exit_2(cli, tmp_path):
+    from .fake_index import FakeIndex, make_sdist
+
+    r = cli("doctor", "--reports", str(tmp_path / "r"))
+    assert r.returncode == 2 and "give a VERSION (e.g. 0.34.0) or --newest" in r.stderr
+    files = {f"vllm-{v}.tar.gz": make_sdist(v) for v in ("0.33.0", "0.34.0", "0.35.0rc1")}
+    with FakeIndex(files) as idx:
+        # a scenarios folder without the smoke set's files: the newest is named, then exit 2
+        r = cli("doctor", "--newest", "--directory", str(tmp_path), "--reports",
+                str(tmp_path / "r"), env={"PIP_INDEX_URL": idx.url})
+    assert "the index's newest release is 0.34.0" in r.stderr, r.stderr
+    assert r.returncode == 2 and "no such file" in r.stderr and "--directory" in r.stderr
+
+
+def test_an_unknown_book_read_mid_run_turns_off_only_its_check_group():
+    """A book renamed in a release the lab does not know, met while a check reads it: that
+    group of checks is off for the rest of the run, one line names the class, the attribute and
+    the checks; an AttributeError of the lab's own objects is still a lab error."""
+    import pytest
+
+    from vllm_repro.audit.auditor import KV_BOOKS, REQUEST_CHECKS, Auditor
+
+    block_cls = type("KVCacheBlock", (), {"__module__": "vllm.v1.core.kv_cache_utils",
+                                          "__slots__": ()})
+    calls = []
+
+    def reads_a_renamed_field():
+        calls.append(1)
+        return block_cls().block_hash
+
+    aud = Auditor(SimpleNamespace(version="9.9.0"))
+    assert aud._guarded(KV_BOOKS, reads_a_renamed_field) == []
+    assert aud.off == ["vLLM 9.9.0's KVCacheBlock has no attribute block_hash: KV book checks off"]
+    assert aud._guarded(KV_BOOKS, reads_a_renamed_field) == [] and len(calls) == 1
+    assert aud._guarded(REQUEST_CHECKS, lambda: ["finding"]) == ["finding"]
+    with pytest.raises(AttributeError):
+        aud._guarded(REQUEST_CHECKS, lambda: SimpleNamespace().missing)
+    res = clean(aud.off)
+    assert describe_observed(res).startswith("clean (audit partial: KV book checks off; ")

@@ -10,7 +10,8 @@ against the books *before* calling the release's own method:
   below the references still held to it (block tables, deferred frees) is a ``KV_DOUBLE_FREE``:
   ref_cnt already 0, or a free on behalf of a request that no longer holds it while another
   does. Skipped: the null block (its ref_cnt is not maintained: ``free_blocks`` of 0.8 to
-  0.10 decrements it, 0.11+ skips it) and blocks of another pool (0.33 forwards those).
+  0.10 decrements it, 0.11+ skips it) and blocks of another pool (0.33 forwards those; a
+  block's ``pool`` is the pool in 0.33, a weak reference to it in 0.34: ``state.pool_of``).
   A prefix-cached block freed to ref 0 stays in the hash map: that is eviction-by-reuse, not a
   fault.
 - ``touch(blocks)``: a prefix hit; a ref-0 block taken must be in the free queue
@@ -192,7 +193,7 @@ class PoolHooks:
             if b is null or getattr(b, "is_null", False):
                 continue
             owner = getattr(b, "pool", None)
-            if owner is not None and owner is not pool:
+            if owner is not None and owner is not pool and state.pool_of(owner) is not pool:
                 continue
             bid = b.block_id
             freed[bid] = get(bid, 0) + 1

@@ -196,6 +196,15 @@ def free_list(pool, num_blocks: int, ids: list | None = None) -> tuple[list, boo
     return out, ended  # not ended: num_blocks + 2 linked, more than the pool has
 
 
+def pool_of(owner):
+    """The pool a ``KVCacheBlock.pool`` names: the ``BlockPool`` itself (0.33) or a
+    ``weakref.ref`` to it (0.34: "Weak to avoid ref cycles"), dereferenced; None for a dead
+    reference."""
+    import weakref
+
+    return owner() if isinstance(owner, weakref.ref) else owner
+
+
 def free_count(pool) -> int:
     """``FreeKVCacheBlockQueue.num_free_blocks``."""
     return pool.free_block_queue.num_free_blocks
