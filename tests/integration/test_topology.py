@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from ..conftest import ROOT
+from ..conftest import ROOT, SHARED
 from .test_engine_core import at_engine_core
 
 pytestmark = pytest.mark.slow
@@ -131,9 +131,8 @@ def test_a_hung_rank_replays_crash_log_009_and_triage_reads_it_back(cli, tmp_pat
     assert ours["cause_chain"][0]["last_vllm_frame"]["module"] == \
         "vllm/distributed/device_communicators/shm_broadcast.py"
     if version == "0.10.2":  # the release whose collective_rpc raises as 0.9.0's did
-        logs = [d / "shared" / "crashlogs" / "009-v1-rpc-timeout-sched-stats.log"
-                for d in (ROOT.parent, ROOT.parent.parent)]
-        for log009 in (p for p in logs if p.is_file()):
+        log009 = SHARED / "crashlogs" / "009-v1-rpc-timeout-sched-stats.log"
+        if log009.is_file():  # the shared crash logs (VLLM_REPRO_SHARED)
             theirs = json.loads(cli("triage", str(log009), "--json").stdout)
             for key in ("exception_type", "exception_message"):
                 assert ours[key] == theirs[key]
@@ -213,3 +212,60 @@ def test_the_engine_core_catalog_gives_the_same_verdicts_at_tensor_parallel_2(cl
     ran = [json.loads(p.read_text()).get("engine") or {}
            for p in (tmp_path / "tp2").glob("*/*/result.json")]
     assert sum(e.get("executor") == "MultiprocExecutor" for e in ran) >= len(entries)
+
+
+@pytest.mark.parametrize("config", [
+    {"pipeline_parallel_size": 3},
+    {"tensor_parallel_size": 2, "async_scheduling": True},
+], ids=["PP=3", "TP=2-async"])
+def test_rank_processes_give_the_in_process_trace_with_a_batch_queue(cli, tmp_path, config):
+    """The batch queue (PP=3: three batches in flight; async scheduling: two) over the
+    release's MultiprocExecutor and its futures: the trace of the in-process executor."""
+    plain = at_engine_core(STRESS / "stress-fcfs-cache.yaml", tmp_path, **config)
+    mp = at_engine_core(STRESS / "stress-fcfs-cache.yaml", tmp_path, **config,
+                        distributed_executor_backend="mp")
+    proc = cli("run", str(plain), str(mp), "--vllm", "0.33.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = [tmp_path / "r" / yaml.safe_load(f.read_text())["name"] / "0.33.0" for f in (plain, mp)]
+    res = [json.loads((r / "result.json").read_text()) for r in runs]
+    assert res[1]["engine"]["executor"] == "MultiprocExecutor"
+    assert res[0]["engine"]["batch_queue_size"] == res[1]["engine"]["batch_queue_size"] > 1
+    assert trace(runs[0] / "trace.jsonl") == trace(runs[1] / "trace.jsonl")
+
+
+@pytest.mark.parametrize("fault, outcome, exception, message", [
+    ({"rank": 0, "kind": "raise", "on_execute_model": 4}, "crash", "RuntimeError",
+     "Worker failed with error 'vllm-repro fault: rank 0 raised"),
+    ({"rank": 1, "kind": "raise"}, "crash", "TimeoutError", "RPC call to execute_model timed out"),
+    ({"rank": 1, "kind": "exit", "exit_code": 3}, "crash", "TimeoutError",
+     "RPC call to execute_model timed out"),
+    ({"rank": 1, "kind": "late", "seconds": 1}, "clean", None, None),
+], ids=["raise-output-rank", "raise-rank-1", "exit", "late"])
+def test_each_fault_kind_takes_vllms_own_path(cli, tmp_path, fault, outcome, exception, message):
+    """The output rank raising answers vLLM with a failure (``collective_rpc``'s "Worker failed
+    with error ..."); rank 1 raising or exiting leaves the output rank waiting at the forward
+    pass's collective, and vLLM's RPC timeout ends the engine (its WorkerProc logs the raise,
+    its worker monitor the exit); an answer late by less than the timeout is only late."""
+    before = lab_processes()
+    d = yaml.safe_load((TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml").read_text())
+    d["name"] = f"fault-{fault['kind']}"
+    d["events"] = [{"at_step": 3, "fault": fault}]
+    d["expect"] = {"outcome": outcome, "fault": fault["kind"]}
+    if outcome == "crash":
+        d["expect"].update(exception=exception, message=message)
+    f = tmp_path / "f.yaml"
+    f.write_text(yaml.safe_dump(d))
+    proc = cli("run", str(f), "--vllm", "0.33.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "r" / d["name"] / "0.33.0"
+    res = json.loads((run / "result.json").read_text())
+    fired = res["faults"][0]
+    assert (fired["rank"], fired["kind"]) == (fault["rank"], fault["kind"])
+    assert fired["execute_model"] == fault.get("on_execute_model", 3)
+    log = (run / "engine.log").read_text()
+    if fault["kind"] == "raise":
+        assert "WorkerProc hit an exception" in log
+        assert f"vllm-repro fault: rank {fault['rank']} raised" in log
+    if fault["kind"] == "exit":
+        assert "died unexpectedly" in log
+    assert lab_processes() - before == set()

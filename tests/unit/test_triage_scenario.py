@@ -182,7 +182,12 @@ def test_the_009_scenario_validates_and_names_its_release(tmp_path, cli):
     cfg = sc.config
     assert (cfg.max_model_len, cfg.enable_prefix_caching, cfg.enable_chunked_prefill) == (20000, True, True)
     assert cfg.block_size == 16  # derived: 721 blocks for 11533 tokens
+    # the engine config line's TP=4, and the executor vLLM picks for it on one node
+    assert cfg.model_extra["tensor_parallel_size"] == 4
+    assert cfg.model_extra["distributed_executor_backend"] == "mp"
+    assert "pipeline_parallel_size" not in cfg.model_extra  # 1 in the log: vLLM's default
     text = out.read_text()
+    assert "tensor_parallel_size: 4  # dump_input.py config, line 2" in text
     assert "# guess" in text and info["guesses"] == text.count("# guess")
     assert yaml.safe_load(text)["name"] == sc.name
 
