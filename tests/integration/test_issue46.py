@@ -63,7 +63,7 @@ def test_a_livelock_in_schedule_ends_as_hang_naming_the_loop(tmp_path, level):
     assert h.where.where() == "vllm/v1/core/sched/scheduler.py:schedule"
     assert h.where.line == res.planted["notes"]["line"]
     assert h.phase in ("schedule", "step")
-    assert f'line {h.where.line} in schedule' in h.stacks and h.stacks.count("Thread 0x") >= 2
+    assert f'line {h.where.line} in schedule' in h.stacks and h.stacks.lower().count("thread 0x") >= 2
     assert limit <= took < limit + 30, took
     assert again.outcome == "clean", (again.outcome, again.stall, again.crash)
     time.sleep(0.5)
@@ -198,3 +198,42 @@ def test_diff_names_step_3_with_l_scheduled_and_preempted(cli, tmp_path):
     assert data["decisions"]["0.10.2"]["preempted"] == {"L": "schedule"}
     assert data["scheduled_and_preempted"] == {"0.10.2": ["L"]}
     assert data["decisions"]["0.10.1.1"]["crash"].startswith("AssertionError vllm/v1/core/sched/")
+
+
+RESET = """
+name: reset-steps
+level: engine-core
+vllm: {{reproduces_on: ["0.33.0"]}}
+config: {{block_size: 16, num_gpu_blocks: 64, max_num_seqs: 4, max_num_batched_tokens: 256,
+          max_model_len: 256, enable_prefix_caching: true}}
+requests:
+  - {{id: A, prompt_len: 40, max_tokens: 8}}
+  - {{id: B, prompt_len: 40, max_tokens: 8, at_step: 2}}
+events:
+  - {{at_step: 3, reset_prefix_cache: true, reset_running_requests: true}}
+expect:
+  outcome: clean
+  steps:
+    - {{at_step: 3, preempted: [A, B], preempted_by: {cause}, not_scheduled: []}}
+    - {{at_step: 8, finished: {{A: length}}}}       # (B arrived a step later)
+    - {{at_step: 9, finished: {{B: length}}}}
+  stats:
+    - {{at_step: 3, prefix_cache_stats.reset: 1}}
+"""
+
+
+def test_step_expectations_read_preemptions_by_an_event_at_engine_core(cli, tmp_path):
+    """0.33.0's reset_prefix_cache(reset_running_requests=True) before step 3 preempts A and B:
+    the trace says so with the cause, and expect.steps / expect.stats are judged on it."""
+    path = tmp_path / "reset.yaml"
+    path.write_text(RESET.format(cause="reset_prefix_cache"))
+    done = cli("run", str(path), "--reports", str(tmp_path / "r"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [json.loads(ln) for ln in
+             (tmp_path / "r" / "reset-steps" / "0.33.0" / "trace.jsonl").read_text().splitlines()]
+    assert lines[2]["preemptions"] == {"A": "reset_prefix_cache", "B": "reset_prefix_cache"}
+    assert lines[2]["stats"]["prefix_cache_stats.reset"] == 1
+    path.write_text(RESET.format(cause="schedule"))
+    done = cli("run", str(path), "--reports", str(tmp_path / "r"))
+    assert done.returncode == 1
+    assert "step 3: A preempted by reset_prefix_cache, not schedule" in done.stdout + done.stderr

@@ -467,9 +467,13 @@ class Auditor:
     def _preempted_between(self) -> list[str]:
         """Requests preempted before this step's ``schedule()`` by an engine-core event
         (``reset_prefix_cache(reset_running_requests=True)``, ``pause``): the loop's trace line
-        of this step (``TraceLine.preemptions``, a cause other than ``schedule``)."""
+        of this step (``TraceLine.preemptions``, a cause other than ``schedule``), where the
+        release reports such preemptions in the next output
+        (:func:`~vllm_repro.engine.state.reports_preemptions_between_steps`)."""
         line = getattr(self.loop, "_line", None)
         pre = getattr(line, "preemptions", None) or {}
+        if not pre or not state.reports_preemptions_between_steps(self.books.scheduler):
+            return []  # (a release that does not report them there: nothing to require)
         return [rid for rid, cause in pre.items() if cause != "schedule"]
 
     def _worker_batch(self) -> list[Violation]:

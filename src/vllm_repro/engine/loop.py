@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLine
+from ..records import Crash, Frame, Hang, ReportDir, RunResult, Stall, Timing, TraceLine
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
@@ -183,7 +183,8 @@ class StepLoop:
     def _hung(self, line: TraceLine | None) -> RunResult:
         """The watchdog interrupted this step (or start-up: no ``line``): the line written, with
         the state as it was left, outcome ``hang``."""
-        hang = self.watchdog.hang
+        hang = self.watchdog.hang or Hang(getattr(self, "step", 0), self.watchdog.limit_s,
+                                          getattr(self, "_phase", None), stopped="interrupted")
         if line is not None:
             line.phase = "hang"
             self._state(line)
@@ -254,7 +255,9 @@ class StepLoop:
         """The build of the scheduler or engine never returned: ``hang`` at step 0, phase
         ``engine-build``, with a step-0 trace line."""
         self.trace(TraceLine(0, phase="hang"))
-        return RunResult("hang", hang=self.watchdog.hang, steps=0, finished={},
+        hang = self.watchdog.hang or Hang(0, self.watchdog.limit_s, "engine-build",
+                                          stopped="interrupted")
+        return RunResult("hang", hang=hang, steps=0, finished={},
                          unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
                          level=self.level, timing=Timing(round(build_s, 4)))
 

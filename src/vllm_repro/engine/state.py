@@ -736,3 +736,16 @@ def flat_stats(stats) -> dict:
 
     walk("", stats, 0)
     return out
+
+
+def reports_preemptions_between_steps(scheduler) -> bool:
+    """Whether the release's scheduler carries preemptions made outside ``schedule()``
+    (``reset_prefix_cache(reset_running_requests=True)``, ``pause``) into the next
+    ``SchedulerOutput.preempted_req_ids``: it keeps a set of such ids on itself
+    (``Scheduler.reset_preempted_req_ids``, later releases). Releases without one flush those
+    requests from the worker's batch another way (``prev_step_scheduled_req_ids.clear()``)."""
+    try:
+        return any(isinstance(v, set) and k.endswith("preempted_req_ids")
+                   for k, v in vars(scheduler).items())
+    except TypeError:
+        return False

@@ -84,7 +84,11 @@ class Watchdog:
     """Times the armed call of the run's thread (see the module docstring). ``limit_s``:
     seconds; ``vllm_root``: the release's ``vllm`` package folder; ``phase_of()``: the vLLM
     call the run is in now (``schedule``, ``step``...), read when the time runs out;
-    ``grace_s``: how long the interrupted thread has to let go."""
+    ``grace_s``: how long the interrupted thread has to let go.
+
+    Arming and disarming are two attribute writes (no lock, no wake-up: a step costs the run
+    nothing more); the watchdog's thread looks every :attr:`tick` seconds (a quarter of the
+    limit, at most one second), so a call is ended at most a tick after its limit."""
 
     def __init__(self, limit_s: float, vllm_root: Path, phase_of: Callable[[], str | None] = None,
                  grace_s: float = 10.0):
@@ -92,60 +96,47 @@ class Watchdog:
         self.vllm_root = vllm_root
         self.phase_of = phase_of or (lambda: None)
         self.grace_s = grace_s
+        self.tick = max(0.01, min(1.0, self.limit_s / 4))
         #: the record of the call that ran out of time (set by the watchdog's thread)
         self.hang: Hang | None = None
-        self._cond = threading.Condition()
         self._deadline: float | None = None
         self._generation = 0
         self._step = 0
         self._phase = "step"
         self._target = 0
-        self._closed = False
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="vllm-repro-watchdog",
                                         daemon=True)
         self._thread.start()
 
     def arm(self, step: int, phase: str) -> None:
         """Start timing a call of the calling thread: ``step`` (0: start-up) in ``phase``."""
-        with self._cond:
-            self._generation += 1
-            self._step, self._phase = step, phase
-            self._target = threading.get_ident()
-            self._deadline = time.monotonic() + self.limit_s
-            self._cond.notify_all()
+        self._step, self._phase = step, phase
+        self._target = threading.get_ident()
+        self._generation += 1
+        self._deadline = time.monotonic() + self.limit_s
 
     def disarm(self) -> None:
         """The armed call returned (or raised)."""
-        with self._cond:
-            self._deadline = None
-            self._generation += 1
-            self._cond.notify_all()
+        self._deadline = None
+        self._generation += 1
 
     def close(self) -> None:
         """Stop the watchdog's thread."""
-        with self._cond:
-            self._closed = True
-            self._deadline = None
-            self._cond.notify_all()
+        self._deadline = None
+        self._closed.set()
         self._thread.join(timeout=5)
 
     def _watch(self) -> None:
-        with self._cond:
-            while not self._closed:
-                if self._deadline is None:
-                    self._cond.wait()
-                    continue
-                left = self._deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(timeout=left)
-                    continue
-                generation = self._generation
-                self._deadline = None
+        while not self._closed.wait(self.tick):
+            generation, deadline = self._generation, self._deadline
+            if deadline is not None and time.monotonic() >= deadline \
+                    and generation == self._generation:
                 self._fire(generation)
 
     def _fire(self, generation: int) -> None:
-        """The armed call ran out of time (``self._cond`` held): record, interrupt, and where
-        the thread does not let go, the last resort."""
+        """The armed call ran out of time: record, interrupt, and where the thread does not
+        let go within ``grace_s``, the last resort."""
         frames = thread_frames(self._target, self.vllm_root)
         try:
             phase = self.phase_of() or self._phase
@@ -153,16 +144,18 @@ class Watchdog:
             phase = self._phase
         self.hang = Hang(self._step, self.limit_s, phase, frames[-1] if frames else None,
                          frames[-8:] or None, all_stacks(), "interrupted")
+        if generation != self._generation:  # it returned meanwhile: not a hang after all
+            self.hang = None
+            return
         if not _raise_in(self._target, StepTimeout):
             self._last_resort()
             return
         end = time.monotonic() + self.grace_s
-        while self._generation == generation and not self._closed:
-            left = end - time.monotonic()
-            if left <= 0:
+        while self._generation == generation and not self._closed.is_set():
+            if time.monotonic() >= end:
                 self._last_resort()
                 return
-            self._cond.wait(timeout=left)
+            time.sleep(0.02)
 
     def _last_resort(self) -> None:
         self.hang.stopped = "exited"
