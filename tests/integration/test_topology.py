@@ -269,3 +269,14 @@ def test_each_fault_kind_takes_vllms_own_path(cli, tmp_path, fault, outcome, exc
     if fault["kind"] == "exit":
         assert "died unexpectedly" in log
     assert lab_processes() - before == set()
+
+
+def test_a_release_without_the_rpc_timeout_variable_refuses_the_setting(cli, tmp_path):
+    """0.9.0's MultiprocExecutor times out after a module constant, not a setting: the lab does
+    not patch it, and says so (exit 2) rather than run with a timeout that never applies."""
+    proc = cli("run", str(TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml"), "--vllm", "0.9.0",
+               "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "has no VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS" in out
+    assert "EXECUTE_MODEL_TIMEOUT_S, 300 s" in out

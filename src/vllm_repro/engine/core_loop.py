@@ -67,6 +67,10 @@ class EngineCoreLoop(StepLoop):
             from . import ranks
 
             build_cfg = ranks.multiproc_config(a, build_cfg)
+        if cfg.get("execute_model_timeout_seconds") is not None:
+            from .ranks import check_rpc_timeout
+
+            check_rpc_timeout(a.version, self.topology)
         vllm_config, _ = self._config_or_refusal(
             lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured))
         want = cfg.get("max_concurrent_batches")
