@@ -63,6 +63,12 @@ class EngineCoreLoop(StepLoop):
         from .topology import topology
 
         self.topology = topology(cfg)
+        if self.topology.dp > 1:
+            raise RefusedByRelease(
+                f"config.data_parallel_size: {self.topology.dp}: data parallelism runs one engine "
+                "core per DP rank (the release's DPEngineCoreProc and its coordinator), which the "
+                "lab does not start yet; this level drives one EngineCore: drop it, or run the "
+                "scenario at level: scheduler (one DP rank's scheduler)")
         if self.topology.multiprocess:  # the ranks' worker, named through vLLM's own setting
             from . import ranks
 
