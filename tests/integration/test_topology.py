@@ -55,6 +55,14 @@ def test_a_batch_queue_depth_vllms_config_does_not_give_is_refused_naming_the_fi
     assert "pipeline_parallel_size: 4" in proc.stdout + proc.stderr
 
 
+def test_data_parallelism_at_engine_core_level_is_refused_naming_what_runs(cli, tmp_path):
+    f = at_engine_core(STRESS / "stress-fcfs-cache.yaml", tmp_path, data_parallel_size=2)
+    proc = cli("run", str(f), "--vllm", "0.33.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "config.data_parallel_size: 2" in proc.stdout + proc.stderr
+    assert "DPEngineCoreProc" in proc.stdout + proc.stderr
+
+
 def test_a_world_over_the_lab_bound_is_an_input_error(cli, tmp_path):
     f = at_engine_core(STRESS / "stress-fcfs-cache.yaml", tmp_path, tensor_parallel_size=4,
                        pipeline_parallel_size=4)
@@ -269,3 +277,14 @@ def test_each_fault_kind_takes_vllms_own_path(cli, tmp_path, fault, outcome, exc
     if fault["kind"] == "exit":
         assert "died unexpectedly" in log
     assert lab_processes() - before == set()
+
+
+def test_a_release_without_the_rpc_timeout_variable_refuses_the_setting(cli, tmp_path):
+    """0.9.0's MultiprocExecutor times out after a module constant, not a setting: the lab does
+    not patch it, and says so (exit 2) rather than run with a timeout that never applies."""
+    proc = cli("run", str(TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml"), "--vllm", "0.9.0",
+               "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "has no VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS" in out
+    assert "EXECUTE_MODEL_TIMEOUT_S, 300 s" in out

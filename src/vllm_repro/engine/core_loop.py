@@ -64,10 +64,20 @@ class EngineCoreLoop(StepLoop):
         from .topology import topology
 
         self.topology = topology(cfg)
+        if self.topology.dp > 1:
+            raise RefusedByRelease(
+                f"config.data_parallel_size: {self.topology.dp}: data parallelism runs one engine "
+                "core per DP rank (the release's DPEngineCoreProc and its coordinator), which the "
+                "lab does not start yet; this level drives one EngineCore: drop it, or run the "
+                "scenario at level: scheduler (one DP rank's scheduler)")
         if self.topology.multiprocess:  # the ranks' worker, named through vLLM's own setting
             from . import ranks
 
             build_cfg = ranks.multiproc_config(a, build_cfg)
+        if cfg.get("execute_model_timeout_seconds") is not None:
+            from .ranks import check_rpc_timeout
+
+            check_rpc_timeout(a.version, self.topology)
         vllm_config, _ = self._config_or_refusal(
             lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured))
         want = cfg.get("max_concurrent_batches")

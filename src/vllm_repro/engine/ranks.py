@@ -299,6 +299,33 @@ def multiproc_config(adapter, cfg: dict) -> dict:
     return {**cfg, "passthrough": extra}
 
 
+#: the release's own variable for MultiprocExecutor's RPC timeout (vllm/envs.py)
+RPC_TIMEOUT_VAR = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+
+
+def check_rpc_timeout(version: str, topo) -> None:
+    """Refuse ``config.execute_model_timeout_seconds`` where it would change nothing: without
+    rank processes, or on a release whose ``vllm/envs.py`` has no :data:`RPC_TIMEOUT_VAR`
+    (0.9.0's timeout is ``multiproc_executor.EXECUTE_MODEL_TIMEOUT_S``, a module constant the
+    lab does not patch). Raises :class:`~vllm_repro.engine.adapter.RefusedByRelease`."""
+    from .adapter import RefusedByRelease
+
+    if not topo.multiprocess:
+        raise RefusedByRelease("config.execute_model_timeout_seconds: the RPC timeout is "
+                               "MultiprocExecutor's; add distributed_executor_backend: mp")
+    envs = _try_import("vllm.envs")
+    names = getattr(envs, "environment_variables", None) or {}
+    if RPC_TIMEOUT_VAR not in names:
+        executor = _try_import("vllm.v1.executor.multiproc_executor")
+        fixed = getattr(executor, "EXECUTE_MODEL_TIMEOUT_S", None)
+        what = (f"its timeout is multiproc_executor.EXECUTE_MODEL_TIMEOUT_S, {fixed} s, a "
+                "constant" if fixed is not None else "its RPC timeout is not a setting")
+        raise RefusedByRelease(
+            f"config.execute_model_timeout_seconds: vLLM {version} has no {RPC_TIMEOUT_VAR} "
+            f"({what}); drop it for this release"
+            + (f", and make a hang longer than {fixed} s" if fixed is not None else ""))
+
+
 def multiproc_executor():
     """The release's ``MultiprocExecutor`` class; raises :class:`AdapterError` where the release
     has none."""

@@ -379,6 +379,12 @@ class _Draft:
             v = self.known(key, _posint)
             if v is not None and v.value > 1:
                 found[key] = v
+        dp = found.get("data_parallel_size")
+        if dp is not None and self.level == "engine-core":
+            # level engine-core drives one EngineCore, not a DPEngineCoreProc per DP rank
+            found.pop("data_parallel_size")
+            self.notes.append(f"the log's engine ran data_parallel_size {dp.value}; the draft "
+                              "replays one DP rank's engine core")
         if not found:
             return
         ranks = 1
