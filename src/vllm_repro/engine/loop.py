@@ -28,6 +28,7 @@ from ..records import Crash, Frame, Hang, ReportDir, RunResult, Stall, Timing, T
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
+from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
 from .explain import crash_context
@@ -228,7 +229,7 @@ class StepLoop:
                                                        scheduled):
                 return self._stopped(line), so
             req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
-                                                 getattr(so, "finished_req_ids", ()))
+                                                 getattr(so, "finished_req_ids", ()), so)
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
             phase = self._phase = "update_from_output"
             engine_core_outputs = sched.update_from_output(so, mro)
@@ -378,10 +379,13 @@ class StepLoop:
 
     def _track_worker_batch(self) -> None:
         """Give the fake runner the worker's persistent batch (``max_num_seqs`` slots), which
-        the audit reads (``WORKER_BATCH_OVERFLOW``). Shared by both levels."""
+        the audit reads (``WORKER_BATCH_OVERFLOW``): the release's own ``InputBatch`` where it builds
+        on CPU (:func:`~vllm_repro.engine.input_batch.worker_state`), else the lab's
+        :class:`PersistentBatch`. Shared by both levels."""
         runner = getattr(self, "runner", None)
         if runner is not None:
-            runner.slots = PersistentBatch(worker_max_num_reqs(self.scheduler))
+            runner.slots = worker_state(self.scheduler, self.cfg) or PersistentBatch(
+                worker_max_num_reqs(self.scheduler))
 
     def finish_result(self, result: RunResult, step: int, build_s: float, run_s: float,
                       run_cpu_s: float) -> RunResult:
@@ -452,6 +456,8 @@ class StepLoop:
         except (RefusedByRelease, AdapterError, MemoryError):
             raise
         except Exception as exc:
+            if getattr(exc, WORKER_STATE_ATTR, False):
+                raise  # the release's own worker-side state failed: vLLM's crash
             raise AdapterError(f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}") from exc
 
     def _collect_finished(self) -> list[str]:
