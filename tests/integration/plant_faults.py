@@ -357,7 +357,7 @@ def livelock_in_schedule(ctx, at_step: int = 3) -> None:
     """A livelock in a copy of the release's own ``Scheduler.schedule``: its source, with a loop
     that never ends from ``at_step`` on put first in its body, compiled under the release's file
     name and line numbers (so its frame reads ``vllm/v1/core/sched/scheduler.py:schedule``) and
-    patched in. Notes the file and the loop's line."""
+    patched in. Notes the file and the loop's two lines (its test and its body)."""
     import ast
     import inspect
     import textwrap
@@ -378,4 +378,4 @@ def livelock_in_schedule(ctx, at_step: int = 3) -> None:
     exec(code, scope)  # noqa: S102 - the release's own source, with the planted loop
     ctx.patch(Scheduler, "schedule", scope[fn.__name__])
     ctx.note("file", inspect.getsourcefile(fn))
-    ctx.note("line", first + body_line - 1)
+    ctx.note("lines", [first + body_line - 1, first + body_line])  # the loop's two lines

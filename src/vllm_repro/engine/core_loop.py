@@ -379,7 +379,7 @@ class EngineCoreLoop(StepLoop):
             self._phase = "record_stats"
             while not engine.output_queue.empty():
                 _, outs = engine.output_queue.get_nowait()
-                all_stats = self._lab(a.scheduler_stats, {0: outs})
+                all_stats = self._stats_of({0: outs}, record_stats is not None)
                 self._note_stats(line, all_stats)
                 if record_stats is not None:
                     for stats in all_stats:

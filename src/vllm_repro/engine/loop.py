@@ -233,7 +233,7 @@ class StepLoop:
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
             phase = self._phase = "update_from_output"
             engine_core_outputs = sched.update_from_output(so, mro)
-            all_stats = self._lab(a.scheduler_stats, engine_core_outputs)
+            all_stats = self._stats_of(engine_core_outputs, record_stats is not None)
             self._note_stats(line, all_stats)
             if record_stats is not None:
                 # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
@@ -280,12 +280,26 @@ class StepLoop:
         for rid in self._lab(preempted_since, self.scheduler, before):
             line.preemptions = {**(line.preemptions or {}), rid: cause}
 
+    def _stats_of(self, engine_core_outputs, needed: bool) -> list:
+        """The ``SchedulerStats`` in ``engine_core_outputs`` (the adapter's read). Where the
+        stat loggers need them (``needed``) a failure to read them is a lab error; where only
+        the trace would record them, the step goes on without."""
+        if needed:
+            return self._lab(self.adapter.scheduler_stats, engine_core_outputs)
+        try:
+            return list(self.adapter.scheduler_stats(engine_core_outputs) or ())
+        except Exception:  # noqa: BLE001 - the trace's stats are extra, never the run's end
+            return []
+
     def _note_stats(self, line: TraceLine, all_stats) -> None:
         """The step's ``SchedulerStats`` (the last one made), flattened, its non-zero numbers
         into ``line.stats``."""
         for stats in all_stats or ():
             if stats is not None:  # zeros left out (absent reads 0): the trace stays small
-                line.stats = {k: v for k, v in self._lab(flat_stats, stats).items() if v}
+                try:
+                    line.stats = {k: v for k, v in flat_stats(stats).items() if v}
+                except Exception:  # noqa: BLE001 - a stats object of another shape
+                    pass
 
     def _stop_exception(self) -> type[BaseException]:
         """The observer's ``stop_exception`` (raised from inside a vLLM call), or one never
