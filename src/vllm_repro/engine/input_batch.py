@@ -263,6 +263,12 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
         note("the release has no V1 InputBatch (vllm/v1/worker/gpu_input_batch.py): the "
              "worker-side state is the lab's PersistentBatch")
         return None
+    cached_cls = _try_import("vllm.v1.core.sched.output:CachedRequestData")
+    if "req_ids" not in (getattr(cached_cls, "__dataclass_fields__", None) or {}):
+        note("the release's SchedulerOutput lists one CachedRequestData per request (no "
+             "batched req_ids), which the lab's _update_states mirror does not read: the "
+             "worker-side state is the lab's PersistentBatch")
+        return None
     vcfg = getattr(scheduler, "vllm_config", None)
     kvc = getattr(scheduler, "kv_cache_config", None)
     sched_cfg = getattr(scheduler, "scheduler_config", None) or getattr(vcfg, "scheduler_config",
@@ -306,6 +312,7 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
                  "pin_memory": False, "vocab_size": vocab, "block_sizes": block_sizes,
                  "kernel_block_sizes": list(block_sizes),
                  "max_num_blocks_per_req": max_blocks, "num_spec_tokens": num_spec_tokens,
+                 "is_spec_decode": num_spec_tokens > 0,
                  "is_pooling_model": False, "slot_mapping_modes": modes or None}
         params = _params(ib_cls.__init__)
         missing = [n for n, p in params.items() if n != "self" and n not in given
