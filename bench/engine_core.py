@@ -12,6 +12,13 @@ alternating, by wall clock and by the worker's CPU time in the loop. Start-up is
 run's build time: VllmConfig, the fake executor, EngineCore.__init__ (KV cache specs, free
 memory, get_kv_cache_config, the scheduler) and adding the requests. Goal (issue #13):
 engine-core steps/s >= 0.8 x scheduler steps/s.
+
+    python bench/engine_core.py --worker-state      # the release's InputBatch vs PersistentBatch
+
+``--worker-state`` compares, at ``--level`` (default engine-core), the release's own worker-side
+state (V1 ``InputBatch``, :mod:`vllm_repro.engine.input_batch`) with the lab's
+``PersistentBatch`` on the same workload, each in its own worker process. Goal (issue #45):
+InputBatch steps/s >= 0.8 x PersistentBatch steps/s.
 """
 
 from __future__ import annotations
@@ -31,12 +38,67 @@ from vllm_repro.engine.host import Worker  # noqa: E402
 from vllm_repro.sources.prepare import prepare_release  # noqa: E402
 
 
+def worker_state(args) -> None:
+    """``--worker-state``: one level (``--level``), the release's own worker-side state
+    (``InputBatch``: VLLM_REPRO_WORKER_STATE=vllm) against the lab's ``PersistentBatch``
+    (``lab``) on the same workload, each in its own worker process, alternating. Goal (issue
+    #45): vllm steps/s >= 0.8 x lab steps/s."""
+    modes = ("lab", "vllm")
+    payload = workload(args.policy, not args.no_cache, args.blocks, name="bench-worker-state",
+                       level=args.level, async_scheduling=args.async_scheduling)
+    env = prepare_release(args.vllm)
+    best = dict.fromkeys(modes, 0.0)
+    best_cpu = dict.fromkeys(modes, 0.0)
+    steps = dict.fromkeys(modes, 0)
+    with tempfile.TemporaryDirectory(prefix="bench-worker-state-") as tmp:
+        workers = {m: Worker(env, Path(tmp) / f"engine-{m}.log",
+                             extra_env={"VLLM_REPRO_WORKER_STATE": m}) for m in modes}
+        try:
+            for w in workers.values():
+                w.__enter__()
+            for _ in range(args.repeat):
+                for m in modes:
+                    res = workers[m].run(payload, None, audit=True, keep_going=True)
+                    if res.outcome not in ("clean", "violation"):
+                        sys.exit(f"{m} run failed: {res.outcome} "
+                                 f"{res.error or res.crash or res.stall}")
+                    steps[m] = res.steps
+                    best[m] = max(best[m], res.timing.steps_per_s)
+                    if res.timing.run_cpu_s:
+                        best_cpu[m] = max(best_cpu[m], res.steps / res.timing.run_cpu_s)
+        finally:
+            for w in workers.values():
+                w.__exit__(None, None, None)
+        notes = (Path(tmp) / "engine-vllm.log").read_text(errors="replace")
+    print(f"vLLM {args.vllm}, level {args.level}, {args.policy}, prefix caching "
+          f"{'off' if args.no_cache else 'on'}, async scheduling "
+          f"{'on' if args.async_scheduling else 'off'}, 256 requests, {args.blocks} blocks, "
+          f"audit on, best of {args.repeat}:")
+    for line in notes.splitlines():
+        if "vllm-repro: note:" in line:
+            print("  " + line.strip())
+    print("  worker state      steps   wall clock        CPU time")
+    for m in modes:
+        label = "PersistentBatch" if m == "lab" else "InputBatch"
+        print(f"  {label:<15} {steps[m]:6d} {best[m]:8.1f} steps/s {best_cpu[m]:8.1f} steps/s")
+    ratio = best["vllm"] / best["lab"]
+    ratio_cpu = best_cpu["vllm"] / best_cpu["lab"] if best_cpu["lab"] else float("nan")
+    print(f"  InputBatch / PersistentBatch: {ratio:.2f} (wall), {ratio_cpu:.2f} (CPU)   "
+          "(goal >= 0.8)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     workload_args(ap, "0.33.0")
     ap.add_argument("--async-scheduling", action="store_true", help="AsyncScheduler at both levels")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--worker-state", action="store_true",
+                    help="compare the release's InputBatch with the lab's PersistentBatch "
+                         "at --level instead")
+    ap.add_argument("--level", choices=("scheduler", "engine-core"), default="engine-core")
     args = ap.parse_args()
+    if args.worker_state:
+        return worker_state(args)
     levels = ("scheduler", "engine-core")
     payloads = {lv: workload(args.policy, not args.no_cache, args.blocks, name=f"bench-{lv}",
                              level=lv, async_scheduling=args.async_scheduling)

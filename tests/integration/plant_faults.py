@@ -379,3 +379,27 @@ def livelock_in_schedule(ctx, at_step: int = 3) -> None:
     ctx.patch(Scheduler, "schedule", scope[fn.__name__])
     ctx.note("file", inspect.getsourcefile(fn))
     ctx.note("lines", [first + body_line - 1, first + body_line])  # the loop's two lines
+
+
+def block_row_overrun(ctx, at_step: int = 4, request: str = "A") -> None:
+    """The worker's block table (issue #45): the output of ``schedule()`` at ``at_step`` hands
+    ``request`` (a running request, in ``scheduled_cached_reqs``) more new block ids for KV cache
+    group 0 than a row of the worker's ``MultiGroupBlockTable`` holds (``max_model_len /
+    block_size`` + 1 of them). The scheduler's own books are left as they were: only the
+    worker-side state can see it."""
+    def around(orig, self, *args, **kwargs):
+        so = orig(self, *args, **kwargs)
+        cached = so.scheduled_cached_reqs
+        ids = getattr(cached, "req_ids", None) or []
+        if ctx.step == at_step and "step" not in ctx.notes and request in ids:
+            i = ids.index(request)
+            block_size = self.cache_config.block_size
+            extra = list(range(1, self.max_model_len // block_size + 2))
+            new = cached.new_block_ids[i] or tuple([] for _ in self.kv_cache_config.kv_cache_groups)
+            cached.new_block_ids[i] = (list(new[0]) + extra, *new[1:])
+            ctx.note("step", at_step)
+            ctx.note("request", request)
+            ctx.note("extra", len(extra))
+        return so
+
+    _schedule_wrapper(ctx, around)

@@ -329,3 +329,22 @@ def test_a_scheduled_count_of_zero(worker, tmp_path):
     v = first(res)
     assert (v.code, v.step, v.phase, v.requests) == ("BATCH_LIMIT", 3, "after schedule", ["A"])
     assert v.message == "A is scheduled with 0 tokens (expected > 0)"
+
+
+def test_the_releases_own_block_table_refuses_a_row_past_its_width(worker, tmp_path):
+    """Issue #45: the worker-side state is the release's own ``InputBatch``, so new block ids
+    past a row of its ``MultiGroupBlockTable`` fail in vLLM's ``append_row`` at that step (a
+    crash with vLLM's frame), where the scheduler's books alone show nothing. Releases whose
+    ``SchedulerOutput`` lists one ``CachedRequestData`` per request keep the lab's
+    ``PersistentBatch`` (the plant finds no batched ``req_ids`` there and does nothing)."""
+    res = run(worker, tmp_path, "block_row_overrun", scenario("row-overrun"), keep_going=True,
+              at_step=4, request="A")
+    planted = res.planted["notes"]
+    if "step" not in planted:
+        assert res.outcome != "crash", res.crash
+        pytest.skip(f"{worker.hello['vllm']}: no batched scheduled_cached_reqs to plant into")
+    assert res.outcome == "crash", (res.outcome, res.violations)
+    assert res.crash.step == 4, res.crash
+    assert res.crash.where is not None and res.crash.where.file.endswith(
+        "v1/worker/block_table.py"), res.crash
+    assert res.crash.phase == "execute_model", res.crash

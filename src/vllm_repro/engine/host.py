@@ -92,7 +92,7 @@ def child_environment(env: ReleaseEnv, extra_path: tuple[str, ...] = (),
         # scenario's max_model_len (32k contexts from real crash logs) must be accepted as given
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
     })
-    for k in ("VLLM_LOGGING_LEVEL",):
+    for k in ("VLLM_LOGGING_LEVEL", "VLLM_REPRO_WORKER_STATE"):
         if k in os.environ:
             child[k] = os.environ[k]
     child.update(extra_env or {})

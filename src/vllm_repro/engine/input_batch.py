@@ -82,7 +82,8 @@ class ReleaseInputBatch:
 
     kind = "vllm"
 
-    def __init__(self, batch, state_cls, max_model_len: int, async_scheduling: bool):
+    def __init__(self, batch, state_cls, max_model_len: int, async_scheduling: bool,
+                 num_spec_tokens: int = 0):
         self.batch = batch
         self.state_cls = state_cls
         self.max_num_reqs = batch.max_num_reqs
@@ -92,7 +93,9 @@ class ReleaseInputBatch:
         self.overflow: list[tuple[int, str, int, int]] = []
         self._state_fields = set(getattr(state_cls, "__dataclass_fields__", {}) or
                                  _params(state_cls))
-        self._spec = hasattr(batch, "update_req_spec_token_ids")
+        # update_req_spec_token_ids with spec decode off only clears an empty draft list and
+        # sets prev_num_draft_len to 0 (its default): skipped then, the state is the same
+        self._spec = hasattr(batch, "update_req_spec_token_ids") and num_spec_tokens > 0
         self._refresh = getattr(batch, "refresh_metadata", None)
 
     # ---- GPUModelRunner._update_states -----------------------------------------------------
@@ -203,6 +206,9 @@ class ReleaseInputBatch:
         ``assert end_idx <= self.max_model_len`` (marked) where a request's tokens pass it."""
         ib = self.batch
         index_of = ib.req_id_to_index
+        token_ids, is_token, num_tokens = (ib.token_ids_cpu, getattr(ib, "is_token_ids", None),
+                                           ib.num_tokens_no_spec)
+        requests, max_len, placeholder = self.requests, self.max_model_len, self.async_scheduling
         try:
             for rid, toks in zip(req_ids, sampled):
                 if not toks:
@@ -210,17 +216,22 @@ class ReleaseInputBatch:
                 idx = index_of.get(rid)
                 if idx is None:
                     continue  # not in the batch (an overflow): nothing was computed for it
-                ids = [-1] if self.async_scheduling else toks
-                start = int(ib.num_tokens_no_spec[idx])
+                ids = [-1] if placeholder else toks
+                start = int(num_tokens[idx])
                 end = start + len(ids)
-                assert end <= self.max_model_len, (
+                assert end <= max_len, (
                     "Sampled token IDs exceed the max model length. "
-                    f"Total number of tokens: {end} > max_model_len: {self.max_model_len}")
-                ib.token_ids_cpu[idx, start:end] = ids
-                if hasattr(ib, "is_token_ids"):
-                    ib.is_token_ids[idx, start:end] = True
-                ib.num_tokens_no_spec[idx] = end
-                self.requests[rid].output_token_ids.extend(ids)
+                    f"Total number of tokens: {end} > max_model_len: {max_len}")
+                if end == start + 1:  # one token (the usual case): no slice
+                    token_ids[idx, start] = ids[0]
+                    if is_token is not None:
+                        is_token[idx, start] = True
+                else:
+                    token_ids[idx, start:end] = ids
+                    if is_token is not None:
+                        is_token[idx, start:end] = True
+                num_tokens[idx] = end
+                requests[rid].output_token_ids.extend(ids)
         except Exception as exc:
             _mark(exc)
             raise
@@ -250,6 +261,12 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
     state_cls = _try_import("vllm.v1.worker.gpu_input_batch:CachedRequestState")
     if ib_cls is None or state_cls is None:
         note("the release has no V1 InputBatch (vllm/v1/worker/gpu_input_batch.py): the "
+             "worker-side state is the lab's PersistentBatch")
+        return None
+    cached_cls = _try_import("vllm.v1.core.sched.output:CachedRequestData")
+    if "req_ids" not in (getattr(cached_cls, "__dataclass_fields__", None) or {}):
+        note("the release's SchedulerOutput lists one CachedRequestData per request (no "
+             "batched req_ids), which the lab's _update_states mirror does not read: the "
              "worker-side state is the lab's PersistentBatch")
         return None
     vcfg = getattr(scheduler, "vllm_config", None)
@@ -295,6 +312,7 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
                  "pin_memory": False, "vocab_size": vocab, "block_sizes": block_sizes,
                  "kernel_block_sizes": list(block_sizes),
                  "max_num_blocks_per_req": max_blocks, "num_spec_tokens": num_spec_tokens,
+                 "is_spec_decode": num_spec_tokens > 0,
                  "is_pooling_model": False, "slot_mapping_modes": modes or None}
         params = _params(ib_cls.__init__)
         missing = [n for n, p in params.items() if n != "self" and n not in given
@@ -312,7 +330,7 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
              f"{str(exc).splitlines()[0] if str(exc) else ''}): the worker-side state is the "
              "lab's PersistentBatch")
         return None
-    return ReleaseInputBatch(batch, state_cls, max_model_len, async_scheduling)
+    return ReleaseInputBatch(batch, state_cls, max_model_len, async_scheduling, num_spec_tokens)
 
 
 def worker_state(scheduler, cfg: dict) -> ReleaseInputBatch | None:

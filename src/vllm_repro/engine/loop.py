@@ -228,6 +228,7 @@ class StepLoop:
             if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
                                                        scheduled):
                 return self._stopped(line), so
+            phase = self._phase = "execute_model"
             req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
                                                  getattr(so, "finished_req_ids", ()), so)
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
