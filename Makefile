@@ -21,6 +21,10 @@ CPU_IMAGE ?= vllm-repro-cpu:latest
 # the CPU image's title label (images/cpu/Dockerfile): after a build, the untagged earlier builds
 # carrying it are removed (each held up to ~10 GB of the disk; only untagged images, never a tag)
 CPU_IMAGE_LABEL = org.opencontainers.image.title=vllm-repro (CPU)
+# what every stage of the CPU image's build carries (images/cpu/Dockerfile): the legacy builder
+# keeps each stage that the image is not built on (the catalog stage) as an untagged image of its
+# own (637 MB measured), which the title label above misses; removed after a build too
+CPU_STAGE_LABEL = vllm-repro.stage
 CUDA_IMAGE ?= vllm-repro-cuda:$(VLLM_VERSION)
 VLLM_VERSION ?= 0.10.1.1
 VLLM_VERSIONS ?= catalog
@@ -34,33 +38,49 @@ DOCKER ?= docker
 DOCKER_BUILD_FLAGS ?=
 # cpu-repro runs in the CPU image when it exists (make images), else here; RUNNER=docker|native
 RUNNER ?= auto
-# gpu-verify (docs/gpu-verify.md)
+# gpu-verify (docs/gpu-verify.md): BUNDLE= ships a `vllm-repro verify` bundle as it is;
+# ACCEPT_NEW_HOST_KEY=1 trusts and records a host key ssh has never seen (never a changed one)
 REMOTE ?=
 PATCH ?=
+BUNDLE ?=
+ACCEPT_NEW_HOST_KEY ?=
 GPU_IMAGE ?=
 GPU ?=
 GPU_MODEL ?=
 VLLM ?=
 
-.PHONY: venv docs lint cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
+.PHONY: venv lock docs docs-pictures compose-up lint cpu-repro cpu-repro-native cpu-repro-docker ensure-image test test-unit bench clean help \
 	images image-cpu image-flagship image-cuda stage-images lint-images bench-image gpu-verify
 
 help:
 	@echo "make cpu-repro   reproduce the default catalog bug (vLLM #23347) on its releases"
 	@echo "make cpu-repro CATALOG=all   the whole catalog (each entry also on NEWEST=$(NEWEST))"
 	@echo "make test        ruff, the docs build, unit tests and the real-release scenario tests"
-	@echo "make docs        the documentation into $(REPORTS)/site/"
+	@echo "make docs        the documentation into $(REPORTS)/site/ (make docs-pictures: its pictures from real runs)"
 	@echo "make images      the CPU image (Docker); make cpu-repro RUNNER=docker|native"
+	@echo "make compose-up  docker compose up (or docker-compose up): the catalog, then its pages on 127.0.0.1:8080"
 	@echo "make gpu-verify REMOTE=host PATCH=fix.diff SCENARIO=...   confirm a fix on a GPU host"
+	@echo "                 (BUNDLE=reports/verify/<id> ships a verified bundle; ACCEPT_NEW_HOST_KEY=1 trusts a new host)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+# the lab's own dependencies at the versions of requirements.lock (make lock writes it): the
+# same on every machine, as each vLLM environment is pinned by its release's date
+$(VENV)/.installed: pyproject.toml requirements.lock $(BIN)/python
+	$(BIN)/python -m pip install -q -c requirements.lock -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+# requirements.lock from pyproject.toml: every dependency and extra (dev pulls them all), for
+# every platform and Python from 3.10 on (uv pip compile --universal); run it after editing
+# pyproject.toml's dependencies, and commit both. UV_LOCK_FLAGS: e.g. --upgrade.
+UV_LOCK_FLAGS ?=
+lock: $(BIN)/python
+	[ -x $(BIN)/uv ] || $(BIN)/python -m pip install -q 'uv>=0.5'
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --python-version 3.10 \
+	  --native-tls --quiet $(UV_LOCK_FLAGS) -o requirements.lock
 
 REPRO_ARGS = $(if $(filter all,$(CATALOG)),catalog run --also-on $(NEWEST),run $(SCENARIO)) \
   $(if $(JOBS),--jobs $(JOBS)) --reports $(abspath $(REPORTS))
@@ -174,7 +194,8 @@ image-cpu: stage-images
 	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
 	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \
 	echo "images: $(CPU_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CPU_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"; \
-	$(DOCKER) image prune -f --filter "label=$(CPU_IMAGE_LABEL)" 2>/dev/null | sed -n 's/^Total reclaimed space: \(.*[1-9].*\)/images: removed the untagged earlier builds of this image (\1)/p'
+	$(DOCKER) image prune -f --filter "label=$(CPU_IMAGE_LABEL)" 2>/dev/null | sed -n 's/^Total reclaimed space: \(.*[1-9].*\)/images: removed the untagged earlier builds of this image (\1)/p'; \
+	$(DOCKER) image prune -f --filter "label=$(CPU_STAGE_LABEL)" 2>/dev/null | sed -n 's/^Total reclaimed space: \(.*[1-9].*\)/images: removed the untagged build stages (\1)/p'
 
 # The CPU image with only SCENARIO's releases baked (docs/images.md: the flagship image);
 # make cpu-repro RUNNER=docker CPU_IMAGE=$(FLAGSHIP_IMAGE) runs in it.
@@ -186,6 +207,8 @@ image-flagship:
 # full vLLM installed from the index with the dependencies of the release's day (EXCLUDE_NEWER,
 # default: the release's upload time + 1 h from the index, as the CPU environments use; ~9 GB).
 EXCLUDE_NEWER ?=
+# The CUDA image takes torch from its base or with vLLM: no CPU torch wheel is staged or served
+image-cuda: override TORCH_WHEEL_DIR =
 image-cuda: stage-images $(if $(BASE_IMAGE),venv)
 	@start=$$(date +%s); cutoff="$(EXCLUDE_NEWER)"; \
 	if [ -n "$(BASE_IMAGE)" ] && [ -z "$$cutoff" ]; then \
@@ -206,10 +229,11 @@ lint-images: venv
 
 # ---- GPU verification ---------------------------------------------------------------------
 gpu-verify: venv
-	@[ -n "$(REMOTE)" ] && [ -n "$(PATCH)" ] || { echo "gpu-verify: give REMOTE=host PATCH=fix.diff [SCENARIO=... VLLM=... GPU_IMAGE=... GPU=none]" >&2; exit 2; }
-	$(REPRO) gpu-verify $(SCENARIO) --remote $(REMOTE) --patch $(PATCH) --reports $(REPORTS) \
+	@[ -n "$(REMOTE)" ] && [ -n "$(PATCH)$(BUNDLE)" ] || { echo "gpu-verify: give REMOTE=host PATCH=fix.diff [SCENARIO=... VLLM=... GPU_IMAGE=... GPU=none ACCEPT_NEW_HOST_KEY=1], or REMOTE=host BUNDLE=reports/verify/<bundle>" >&2; exit 2; }
+	@case "$(ACCEPT_NEW_HOST_KEY)" in ""|0|1) ;; *) echo "gpu-verify: ACCEPT_NEW_HOST_KEY=$(ACCEPT_NEW_HOST_KEY): expected 1 (or nothing)" >&2; exit 2;; esac
+	$(REPRO) gpu-verify $(if $(BUNDLE),--bundle $(BUNDLE),$(SCENARIO) --patch $(PATCH)) --remote $(REMOTE) --reports $(REPORTS) \
 	  $(if $(VLLM),--vllm $(VLLM)) $(if $(GPU_IMAGE),--gpu-image $(GPU_IMAGE)) $(if $(GPU),--gpu $(GPU)) \
-	  $(if $(GPU_MODEL),--model $(GPU_MODEL))
+	  $(if $(GPU_MODEL),--model $(GPU_MODEL)) $(if $(filter 1,$(ACCEPT_NEW_HOST_KEY)),--accept-new-host-key)
 
 # ruff (pyproject.toml [tool.ruff]) over everything the lab ships and tests
 lint: venv
@@ -224,6 +248,17 @@ test: venv lint docs
 # the reports by `docker compose up` (reports/site/). No --quiet: it hides the warnings strict counts.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d $(abspath $(REPORTS))/site
+
+# the pictures the docs show (docs/img/), from real runs: scripts/docs-pictures.sh
+docs-pictures: venv
+	scripts/docs-pictures.sh
+
+# docker compose up (v2) or docker-compose up (v1), whichever is installed, as this user's own
+# compose project (vllm-repro-<user>: two clones named alike on one host stay apart)
+COMPOSE ?= $(shell if $(DOCKER) compose version >/dev/null 2>&1; then echo "$(DOCKER) compose"; elif command -v docker-compose >/dev/null; then echo docker-compose; fi)
+compose-up:
+	@[ -n "$(COMPOSE)" ] || { echo "compose-up: neither docker compose (v2) nor docker-compose (v1) is installed" >&2; exit 3; }
+	COMPOSE_PROJECT_NAME=$${COMPOSE_PROJECT_NAME:-vllm-repro-$$(id -un)} $(COMPOSE) up
 
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit

@@ -25,7 +25,7 @@ slices=$(
       while read -r v; do if [ -f "slices/$v.json" ]; then echo "slices/$v.json"; fi; done
   fi
 )
-{ find src images pyproject.toml -type f \
+{ find src images pyproject.toml requirements.lock -type f \
     -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path 'images/stage/*' \
     -not -path '*.egg-info/*' -print
   [ -z "$slices" ] || printf '%s\n' $slices

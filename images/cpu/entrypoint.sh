@@ -10,8 +10,9 @@
 #   3. else the owner of OWNER_OF (default: the mounted checkout's scenarios folder, i.e. the
 #      clone's owner: Docker makes a missing ./reports as root, on behalf of whoever ran compose);
 #   4. else the image's user, lab (1000), when REPORTS is the image's own folder.
-# A REPORTS folder owned by root is given to that user (the folder itself, not its contents),
-# then the command runs as that user (setpriv; HOME from its passwd entry, else /tmp). Root stays
+# A REPORTS folder owned by root is given to that user (the folder itself, not its contents), and
+# so is each empty root-owned folder of VLLM_REPRO_ALSO_OWN (space-separated: the gpu service's
+# /models, which Docker makes as root when ./models is missing); then the command runs as that user (setpriv; HOME from its passwd entry, else /tmp). Root stays
 # root only when the user picked is root (a clone owned by root).
 set -eu
 reports=${VLLM_REPRO_REPORTS:-/reports}
@@ -43,6 +44,11 @@ fi
 if [ -d "$reports" ] && [ "$(stat -c %u "$reports")" = 0 ]; then
   chown "$uid:$gid" "$reports"
 fi
+for d in ${VLLM_REPRO_ALSO_OWN:-}; do
+  if [ -d "$d" ] && [ "$(stat -c %u "$d")" = 0 ] && [ -z "$(ls -A "$d")" ]; then
+    chown "$uid:$gid" "$d" || true
+  fi
+done
 home=$(getent passwd "$uid" | cut -d: -f6)
 [ -n "$home" ] && [ -d "$home" ] || home=/tmp
 HOME=$home exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"

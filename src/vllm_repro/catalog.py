@@ -135,16 +135,16 @@ def _lacks_level(item) -> str | None:
 
 def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | None = None,
                 say: Callable[[str], None] = lambda _msg: None, ray: str | None = None,
-                ray_remote: bool = False) -> list:
+                ray_remote: bool = False, on_run: Callable | None = None) -> list:
     """Run the items (:func:`vllm_repro.lab.run_matrix`; with ``ray``, one task per release on
     that Ray back end, :func:`vllm_repro.lab.run_matrix_on`; ``ray_remote``: ``--ray-remote``,
     see :func:`vllm_repro.executor.check_ray`) and rewrite the reports' index; returns the
-    items, each with its verdict."""
+    items, each with its verdict. ``on_run(item)``: as each local run ends (a progress bar)."""
     from .lab import run_matrix, run_matrix_on
     from .report.index import write_index
 
     if ray is None:
-        run_matrix(items, reports, audit=audit, jobs=jobs, say=say)
+        run_matrix(items, reports, audit=audit, jobs=jobs, say=say, on_run=on_run)
     else:
         from .executor import open_executor
 

@@ -4,14 +4,19 @@
 ``out`` is stdout (tables, results), ``err`` is stderr (progress and errors); both are 400
 columns wide when not a terminal, so that tables in logs and pipes are never wrapped.
 :func:`say` is the dim progress line every long-running step prints; :func:`print_results`
-prints the verdict table (or ``--json``) of a run and returns the exit code (README, "Exit codes").
+prints the verdict table (or ``--json``) of a run and returns the exit code (README, "Exit codes");
+:func:`progress` is the bar a long command shows on stderr (on a terminal only).
+
+Colour and bars only on a terminal: piped or logged, the output is plain text (rich drops the
+colour when its file is not a terminal, and honours ``NO_COLOR``), and no bar is drawn.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Iterable
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from rich.console import Console
 from rich.text import Text
@@ -29,6 +34,49 @@ def say(msg: str) -> None:
     from rich.markup import escape
 
     err.print(f"[dim]{escape(msg)}[/dim]", highlight=False)
+
+
+class Bar:
+    """A running :func:`progress` bar: :meth:`advance` it, :meth:`note` what it is doing now;
+    :meth:`say` prints a progress line above it (as :func:`say`). Thread-safe (rich's lock)."""
+
+    def __init__(self, progress, task) -> None:
+        self._progress, self._task = progress, task
+
+    def advance(self, n: int = 1) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, n)
+
+    def note(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, note=" ".join(text.split())[:100])
+
+    def total(self, total: int | None) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=total)
+
+    def say(self, msg: str) -> None:
+        say(msg)
+        self.note(msg)
+
+
+@contextmanager
+def progress(description: str, total: int | None) -> Iterator[Bar]:
+    """A bar on stderr while a long command works (``description``, done of ``total``, elapsed
+    time, and the latest :meth:`Bar.note`); ``total=None``: a pulsing bar. Nothing is drawn when
+    stderr is not a terminal (a log, a pipe, CI): the :meth:`Bar.say` lines are then the only
+    output, as before. The bar stays on screen when it ends."""
+    if not err.is_terminal:
+        yield Bar(None, None)
+        return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("[dim]{task.fields[note]}"), console=err,
+                  transient=False) as bar:
+        task = bar.add_task(description, total=total, note="")
+        yield Bar(bar, task)
 
 
 def error(msg: str) -> None:

@@ -24,8 +24,12 @@ from .errors import InputError
 MAX_SCENARIO_BYTES = 8 * 1024 * 1024
 #: nesting of YAML collections (a scenario needs 4: requests -> item -> a list field)
 MAX_YAML_DEPTH = 64
-#: scalars, sequences and mappings in one YAML document
-MAX_YAML_NODES = 1_000_000
+#: scalars, sequences and mappings in one YAML document, every alias counted as the nodes it
+#: expands to (a 100,000-request workload is about a million)
+MAX_YAML_NODES = 3_000_000
+#: the longest integer (in digits) a YAML file may hold: Python's own limit on reading one
+#: (``sys.get_int_max_str_digits``); no field of a scenario takes more than 20
+MAX_INT_DIGITS = 4300
 #: the longest release name accepted (PEP 440 versions of vLLM are under 30 characters)
 MAX_RELEASE_CHARS = 64
 
@@ -191,6 +195,30 @@ def output_file(path: str | Path, what: str, option: str, *, force: bool = False
     return p
 
 
+def open_append(path: str | Path, what: str, mode: str = "a"):
+    """``path`` opened for appending (text, ``mode`` ``"a"`` or ``"ab"``), made if missing,
+    never through a symlink (``O_NOFOLLOW``) and never anything but a regular file: a link
+    planted at a log's place would have the lab append to the link's target. Raises
+    :class:`InputError` ``PATH: is a symlink ...; remove it``."""
+    p = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(p, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(p):
+            raise InputError(f"{p}: is a symlink (to {os.readlink(p)}), not the {what}; the lab "
+                             "writes only its own files: remove the link") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = _KIND.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise InputError(f"{p}: is {kind}, not the {what}; remove it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode)
+
+
 # ---- YAML ---------------------------------------------------------------------------------
 def _yaml():
     import yaml
@@ -200,32 +228,107 @@ def _yaml():
 
 def check_yaml_shape(text: str, source: str | Path, *, max_depth: int = MAX_YAML_DEPTH,
                      max_nodes: int = MAX_YAML_NODES) -> None:
-    """Walk the YAML event stream (PyYAML's parser keeps a stack, it does not recurse) and
-    refuse nesting deeper than ``max_depth`` or more than ``max_nodes`` nodes, before the
-    composer (which recurses) builds anything."""
+    """Walk the YAML event stream (the parser keeps a stack, it does not recurse) and refuse
+    nesting deeper than ``max_depth`` or more than ``max_nodes`` nodes, before the composer
+    (which recurses) builds anything. An alias counts as the nodes of what it names (``*a``
+    where ``&a`` is a list of 1,000 items is 1,001 nodes): what the loader and pydantic expand
+    it to. The fallback of :func:`load_yaml` where PyYAML has no C loader."""
     yaml = _yaml()
     depth = nodes = 0
+    # anchors being built: (name, nodes when it began); sizes: nodes each anchor expands to
+    open_anchors: list[tuple[str | None, int]] = []
+    sizes: dict[str, int] = {}
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        for event in yaml.parse(text, Loader=_loader_base()):
             if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
                 depth += 1
                 nodes += 1
+                open_anchors.append((event.anchor, nodes - 1))
                 if depth > max_depth:
-                    line = event.start_mark.line + 1 if event.start_mark else "?"
-                    raise InputError(f"{source}: line {line}: YAML nested deeper than "
-                                     f"{max_depth} levels (the lab's limit; a scenario needs "
-                                     "about 4); flatten it")
+                    raise InputError(_too_deep(source, event.start_mark, max_depth))
             elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
                 depth -= 1
-            elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+                anchor, began = open_anchors.pop()
+                if anchor is not None:
+                    sizes[anchor] = nodes - began
+            elif isinstance(event, yaml.ScalarEvent):
                 nodes += 1
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+            elif isinstance(event, yaml.AliasEvent):
+                nodes += sizes.get(event.anchor, 1)
             if nodes > max_nodes:
-                raise InputError(f"{source}: more than {max_nodes} YAML nodes (the lab's limit); "
-                                 "split the workload or make it smaller")
+                raise InputError(_too_many(source, max_nodes))
     except yaml.YAMLError as exc:
         raise InputError(_yaml_error(source, exc, text)) from None
     except RecursionError:
         raise InputError(f"{source}: YAML nested too deep to read; flatten it") from None
+
+
+def _too_deep(source, mark, max_depth: int) -> str:
+    line = mark.line + 1 if mark is not None else "?"
+    return (f"{source}: line {line}: YAML nested deeper than {max_depth} levels (the lab's "
+            "limit, aliases expanded; a scenario needs about 4); flatten it")
+
+
+def _too_many(source, max_nodes: int) -> str:
+    return (f"{source}: more than {max_nodes:,} YAML nodes, aliases counted as what they expand "
+            "to (the lab's limit); split the workload or make it smaller")
+
+
+def check_node_shape(root, source: str | Path, *, max_depth: int = MAX_YAML_DEPTH,
+                     max_nodes: int = MAX_YAML_NODES) -> None:
+    """The checks of :func:`check_yaml_shape` on a composed node graph (the C loader's, where
+    an alias is the very node it names): its height (an alias at depth 3 naming a 62-deep
+    list is 65 deep) and its nodes with every alias expanded, each node's size computed once
+    (no recursion, no expansion: a billion-node alias bomb costs its own few nodes). A node that
+    contains itself (``&a [*a]``) is refused."""
+    yaml = _yaml()
+    scalar = yaml.ScalarNode
+    if isinstance(root, scalar):
+        return
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}
+
+    def kids(node):
+        if isinstance(node, yaml.SequenceNode):
+            return node.value
+        return [n for pair in node.value for n in pair]
+
+    # iterative post-order over the collections (a scalar is 1 node, 0 high, never stacked);
+    # a collection met again while it is open is a cycle
+    opened: set[int] = set()
+    stack: list[tuple[object, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            opened.discard(key)
+            total, high = 1, 0
+            for k in kids(node):
+                if isinstance(k, scalar):
+                    total += 1
+                    continue
+                total += size[id(k)]
+                if height[id(k)] > high:
+                    high = height[id(k)]
+            high += 1
+            size[key], height[key] = total, high
+            if high > max_depth:
+                raise InputError(_too_deep(source, node.start_mark, max_depth))
+            if total > max_nodes:
+                raise InputError(_too_many(source, max_nodes))
+            continue
+        if key in size:
+            continue
+        if key in opened:
+            line = node.start_mark.line + 1 if node.start_mark else "?"
+            raise InputError(f"{source}: line {line}: a YAML alias that contains itself (a "
+                             "recursive anchor); write the value out")
+        opened.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids(node)
+                     if not isinstance(k, scalar) and id(k) not in size)
 
 
 def _yaml_error(source: str | Path, exc: Exception, text: str = "") -> str:
@@ -243,19 +346,40 @@ def _yaml_error(source: str | Path, exc: Exception, text: str = "") -> str:
         problem = f"character #x{ord(ch) if isinstance(ch, str) else ch:04x} is not allowed in YAML"
     else:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if "maximum nesting depth" in str(problem):  # libyaml's own limit (1,000 levels)
+        return _too_deep(source, mark, MAX_YAML_DEPTH)
     syntax = isinstance(exc, (yaml.scanner.ScannerError, yaml.parser.ParserError,
                               yaml.reader.ReaderError))
     return f"{source}: {where}invalid YAML: {problem}" + ("; fix the YAML syntax there" if syntax else "")
 
 
+def _loader_base():
+    """PyYAML's C safe loader (libyaml: about 20 times faster, and nesting past 1,000 levels
+    is a parse error, not a recursion) where PyYAML was built with it, else the Python one."""
+    yaml = _yaml()
+    return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+
+
 def _strict_loader():
-    """A SafeLoader that refuses a key given twice (YAML would keep the last), a complex key
-    (a list or mapping used as a key: ``? [a, b]``) and a key that is not a string (``1:``,
-    ``null:``)."""
+    """A safe loader (:func:`_loader_base`) that refuses a key given twice (YAML would keep
+    the last), a complex key (a list or mapping used as a key: ``? [a, b]``), a key that is not
+    a string (``1:``, ``null:``) and an integer longer than Python reads (4,300 digits: a
+    ``ValueError`` inside PyYAML, not a YAML error)."""
     yaml = _yaml()
 
-    class StrictLoader(yaml.SafeLoader):
+    class StrictLoader(_loader_base()):
         pass
+
+    def construct_int(loader, node):
+        try:
+            return yaml.SafeLoader.construct_yaml_int(loader, node)
+        except ValueError:
+            digits = sum(ch.isdigit() for ch in str(node.value))
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {digits:,} digits (at most "
+                f"{MAX_INT_DIGITS:,}); write a number the field can take", node.start_mark) from None
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", construct_int)
 
     def construct_mapping(loader, node, deep=False):
         if not isinstance(node, yaml.MappingNode):
@@ -287,12 +411,27 @@ def _strict_loader():
 
 
 def load_yaml(text: str, source: str | Path, **limits) -> object:
-    """Parse YAML text under the lab's limits (:func:`check_yaml_shape`) with a strict
-    SafeLoader. Raises :class:`InputError` naming ``source`` and the line."""
+    """Parse YAML text once under the lab's limits with a strict safe loader
+    (:func:`_strict_loader`): with the C loader, the document is composed (aliases shared, not
+    expanded), checked (:func:`check_node_shape`) and only then constructed; without it, the
+    event stream is checked first (:func:`check_yaml_shape`). Raises :class:`InputError`
+    naming ``source`` and the line."""
     yaml = _yaml()
-    check_yaml_shape(text, source, **limits)
+    loader_class = _strict_loader()
+    fast = getattr(yaml, "CSafeLoader", None) is not None
+    if not fast:
+        check_yaml_shape(text, source, **limits)
     try:
-        return yaml.load(text, Loader=_strict_loader())  # noqa: S506 - SafeLoader subclass
+        loader = loader_class(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            if fast:
+                check_node_shape(node, source, **limits)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise InputError(_yaml_error(source, exc, text)) from None
     except RecursionError:

@@ -9,8 +9,10 @@ processes, and returns the verdicts in input order. Releases are made ready by
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +30,9 @@ from .sources.sdist import validate_version
 from .verdict import Verdict, audit_keeps_going, judge
 
 Say = Callable[[str], None]
+#: called with each run item as soon as its run has ended (a progress bar's step); from the
+#: release's worker thread
+OnRun = Callable[["RunItem"], None]
 
 
 @dataclass
@@ -65,9 +70,10 @@ class RunItem:
 
 def _run_release(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                  audit: bool, keep_going: bool, say: Say, log_name: str | None = None,
-                 platform: str | None = None) -> None:
+                 platform: str | None = None, on_run: OnRun | None = None) -> None:
     with _claimed_log(ReportDir.engine_log(reports, log_name or version)) as log:
-        _run_release_logged(version, env, items, reports, log, audit, keep_going, say, platform)
+        _run_release_logged(version, env, items, reports, log, audit, keep_going, say, platform,
+                            on_run)
 
 
 @contextmanager
@@ -76,26 +82,46 @@ def _claimed_log(log: Path):
     while another process (a concurrent run into the same reports folder) holds ``log``, so
     that two runs never write one log and each run's ``engine.log`` is its own. Held with
     ``flock`` on ``.<name>.lock`` until the release's runs end."""
+    from .inputs import open_append
+
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log.parent / f".{log.stem}.lock", "a") as lock:
+    with open_append(log.parent / f".{log.stem}.lock", "log's lock file") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # held by another run
-            yield log.with_name(f"{log.stem}.{os.getpid()}.log")
+            mine = log.with_name(f"{log.stem}.{os.getpid()}.log")
+            try:
+                yield mine
+            finally:  # each run's part is in its report's engine.log: nothing is left behind
+                if not mine.is_symlink():
+                    mine.unlink(missing_ok=True)
             return
         for old in log.parent.glob(f"{log.stem}.*.log"):  # those of runs that have ended
             pid = old.name[len(log.stem) + 1:-len(".log")]
             if pid.isdigit() and not _alive(int(pid)):
                 old.unlink(missing_ok=True)
+        _rotate(log)
         try:
             yield log
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _rotate(log: Path) -> None:
+    """Keep a worker's log under ``VLLM_REPRO_MAX_LOG_MB``: one over it becomes
+    ``<name>.log.1`` (replacing the one before), and the run starts a new one."""
+    from .limits import max_log_bytes
+
+    try:
+        if not log.is_symlink() and log.stat().st_size > max_log_bytes():
+            os.replace(log, log.with_name(log.name + ".1"))
+    except FileNotFoundError:
+        pass
+
+
 def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], reports: Path,
                         log: Path, audit: bool, keep_going: bool, say: Say,
-                        platform: str | None) -> None:
+                        platform: str | None, on_run: OnRun | None = None) -> None:
     from .scenario.release_fields import unknown_passthrough
 
     for item in items:  # a config field the release lacks: refused before vLLM is imported
@@ -126,6 +152,8 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
                 item.result.tree_changes = changed
                 item.result.tree = env.tree_kind
                 item.result.warm = bool(worker.warm_started)
+                if on_run is not None:
+                    on_run(item)
     except LabError as exc:  # an input error (the worker's limits) stays one: exit 2, not 3
         for item in items:
             item.fail_from(exc)
@@ -186,15 +214,44 @@ def _size(path: Path) -> int:
 
 def _run_log(log: Path, start: int, report: ReportDir) -> Path:
     """This run's part of the worker's log (what vLLM logged from ``start`` on, its crash dump
-    included) copied into the run's report as ``engine.log``; returns where it will be once the
-    report is committed (the worker's whole log, ``log``, when it cannot be read)."""
+    included) moved into the run's report as ``engine.log``: stored once (the worker's log is
+    cut back to ``start`` after the copy), and at most ``VLLM_REPRO_MAX_LOG_MB``: over it, the
+    first and last halves are kept with a line saying how much was left out between. Returns
+    where it will be once the report is committed (the worker's whole log, ``log``, when it
+    cannot be read)."""
+    from .limits import max_log_bytes
+
+    cap = max_log_bytes()
     try:
-        with open(log, "rb") as f:
+        with open(log, "rb") as f, open(report.current / ReportDir.ENGINE_LOG, "wb") as dst:
+            size = os.fstat(f.fileno()).st_size
             f.seek(start)
-            (report.current / ReportDir.ENGINE_LOG).write_bytes(f.read())
-    except OSError:
+            length = max(0, size - start)
+            if length <= cap:
+                shutil.copyfileobj(f, dst, 1 << 20)
+            else:
+                half = cap // 2
+                _copy(f, dst, half)
+                dst.write(f"\n==== vllm-repro: {length - 2 * half:,} bytes of the worker's output "
+                          f"left out here (VLLM_REPRO_MAX_LOG_MB keeps {cap >> 20} MB) ====\n"
+                          .encode())
+                f.seek(size - half)
+                _copy(f, dst, half)
+        os.truncate(log, start)  # this run's part lives in its report now
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
         return log
     return report.path / ReportDir.ENGINE_LOG
+
+
+def _copy(src, dst, n: int) -> None:
+    while n > 0:
+        block = src.read(min(n, 1 << 20))
+        if not block:
+            return
+        dst.write(block)
+        n -= len(block)
 
 
 def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
@@ -202,11 +259,13 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
                prepare: Callable[[str], ReleaseEnv] | None = None,
                tree: str | None = None, timelines: bool = True,
                prepare_tree: Callable[[str, str], ReleaseEnv] | None = None,
-               resolve: Callable[[str, str], str] | None = None) -> list[RunItem]:
+               resolve: Callable[[str, str], str] | None = None,
+               on_run: OnRun | None = None) -> list[RunItem]:
     """Run every item; fill in ``result`` and ``verdict``; write each run's ``result.json``
     (with its verdict, through :class:`~vllm_repro.records.ReportDir`: its only writer) and,
     with ``timelines``, its ``timeline.png`` (about 2 s of matplotlib a run on a busy machine;
-    the release matrix draws its own picture instead).
+    the release matrix draws its own picture instead). ``on_run(item)``: called as each run
+    ends (from its release's thread).
 
     Releases are prepared one after the other (network and disk), then run in parallel, one
     worker per release, at most ``jobs`` at a time (default: the number of CPUs, at most 4).
@@ -219,6 +278,10 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
     the slice).
     """
     custom = prepare is not None
+    if jobs is not None:
+        from .limits import check_count, max_processes
+
+        check_count("--jobs", jobs, max_processes(), setting="VLLM_REPRO_MAX_PROCESSES")
     reports = reports.resolve()
     try:
         reports.mkdir(parents=True, exist_ok=True)
@@ -258,13 +321,13 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
         futures = [pool.submit(_run_release, v, envs[(v, k)], group, reports, audit,
                                keep_going, say,
                                _log_name(v, k, kinds_of[v] > 1, platform, len(groups[(v, k)]) > 1),
-                               platform)
+                               platform, on_run)
                    for v, k in runnable for platform, group in groups[(v, k)].items()]
         for f in futures:
             f.result()
     for item in items:
         item.fail("lab", "the run produced no result")  # never silently clean
-        item.verdict = judge(item.scenario, item.version, item.result)
+        item.verdict = judge(item.scenario, item.version, item.result, _trace_path(item))
         err = item.result.error
         if item.report is None and err is not None and err.kind != "input":
             # a lab or environment failure before the run began (its worker did not start):
@@ -321,8 +384,18 @@ def run_matrix_on(executor, items: list[RunItem], reports: Path, audit: bool = T
         say(f"vLLM {versions[n]}: {len(group)} run(s) back from the executor")
     for item in items:
         item.fail("lab", "the run produced no result")  # never silently clean
-        item.verdict = judge(item.scenario, item.version, item.result)
+        item.verdict = judge(item.scenario, item.version, item.result, _trace_path(item))
     return items
+
+
+def _trace_path(item: RunItem) -> Path | None:
+    """The run's ``trace.jsonl`` (staged, or committed), for ``expect.steps`` / ``stats``."""
+    if item.report is None:
+        return None
+    for folder in (getattr(item.report, "current", None), item.report.path):
+        if folder is not None and (folder / ReportDir.TRACE).is_file():
+            return folder / ReportDir.TRACE
+    return None
 
 
 def _prefetch_timeline() -> None:
@@ -348,8 +421,10 @@ def _timeline(item: RunItem, result: RunResult, say: Say) -> None:
 
     try:
         write_timeline(item.report.current, result)
-    except Exception as exc:  # noqa: BLE001 - matplotlib or a damaged trace
-        say(f"{item.scenario.name} on {item.version}: no timeline.png ({type(exc).__name__}: {exc})")
+    except Exception as exc:  # noqa: BLE001 - matplotlib (or its absence) or a damaged trace
+        from .extras import why
+
+        say(f"{item.scenario.name} on {item.version}: no timeline.png ({why(exc)})")
 
 
 def _page(item: RunItem, result: RunResult, say: Say) -> None:

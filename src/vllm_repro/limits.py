@@ -17,6 +17,10 @@ setting that allows it:
 - ``VLLM_REPRO_WORKER_MEMORY_MB``: the address space of an engine worker (``RLIMIT_AS``, set by
   the worker on itself before it imports vLLM); a run that exhausts it is ``error: out of memory
   (limit N MB)``, never a crash of vLLM. Default: three quarters of this machine's memory.
+- ``VLLM_REPRO_STEP_TIMEOUT_S``: the watchdog (``engine/watchdog.py``): a step, or an engine's
+  start-up, that has not returned after this many seconds ends the run as ``hang``, with every
+  thread's stack. Default 300 s, far above the slowest catalog step (start-ups included, under
+  a minute on a busy two-core machine); a scenario's ``limits.step_timeout_s`` sets its own.
 
 Standard library only: the trace limit is applied inside the worker (it arrives in the job).
 """
@@ -44,6 +48,7 @@ class RunLimits:
     max_trace_mb: float
     worker_memory_mb: int
     memory_gib: float
+    step_timeout_s: float = 300.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -51,7 +56,14 @@ class RunLimits:
 
 SETTINGS = {"max_kv_blocks": "VLLM_REPRO_MAX_KV_BLOCKS", "max_tokens": "VLLM_REPRO_MAX_TOKENS",
             "max_steps": "VLLM_REPRO_MAX_STEPS", "max_trace_mb": "VLLM_REPRO_MAX_TRACE_MB",
-            "worker_memory_mb": "VLLM_REPRO_WORKER_MEMORY_MB"}
+            "worker_memory_mb": "VLLM_REPRO_WORKER_MEMORY_MB",
+            "step_timeout_s": "VLLM_REPRO_STEP_TIMEOUT_S"}
+
+
+#: the largest value each setting takes (far above any machine's; a 5,000-digit setting is
+#: refused, not carried into a worker)
+_CEILINGS = {"max_kv_blocks": 10**12, "max_tokens": 10**13, "max_steps": 10**9,
+             "max_trace_mb": 10**7, "worker_memory_mb": 1 << 40}
 
 
 def run_limits() -> RunLimits:
@@ -61,23 +73,28 @@ def run_limits() -> RunLimits:
 
     mem = _memory_bytes()
     defaults = {"max_kv_blocks": mem // 8192, "max_tokens": mem // 2048, "max_steps": 200_000,
-                "max_trace_mb": 256, "worker_memory_mb": (mem * 3 // 4) >> 20}
+                "max_trace_mb": 256, "worker_memory_mb": (mem * 3 // 4) >> 20,
+                "step_timeout_s": 300.0}
     values = {}
     for key, env in SETTINGS.items():
         raw = os.environ.get(env)
         if raw is None or raw.strip() == "":
             values[key] = defaults[key]
             continue
-        # the trace's size may be a fraction of a MB; the others are counts
-        kind = float if key == "max_trace_mb" else int
+        # the trace's size may be a fraction of a MB, the watchdog's time of a second; the
+        # others are counts
+        kind = float if key in ("max_trace_mb", "step_timeout_s") else int
         try:
-            values[key] = kind(raw.replace("_", ""))
+            values[key] = kind(raw.replace("_", "")) if len(raw) <= 40 else 0
         except ValueError:
             values[key] = 0
-        if not values[key] > 0 or values[key] == float("inf"):
+        if not 0 < values[key] <= _CEILINGS[key]:
             what = "a positive number" if kind is float else "a positive whole number"
-            raise InputError(f"{env}={raw!r}: expected {what} (default {defaults[key]} here); "
+            raise InputError(f"{env}={raw[:40]!r}: expected {what} up to {_CEILINGS[key]:,} "
+                             f"(default {defaults[key]} here); "
                              "set it to one, or unset it")
+    max_log_bytes()  # (checked with the others, before anything runs)
+    max_processes()
     return RunLimits(**values, memory_gib=round(mem / (1 << 30), 1))
 
 
@@ -91,4 +108,73 @@ def over_limit(what: str, value: int, key: str, limits: RunLimits, why: str) -> 
     return f"{what}: {value:,} is over {source}: lower it, or raise {env} if the machine can take it"
 
 
-__all__ = ["RunLimits", "run_limits", "over_limit", "SETTINGS"]
+# ---- counts given on the command line ---------------------------------------------------
+#: the most seeds a campaign takes (``--seeds``): one task per release and seed
+MAX_SEEDS = 10_000
+#: the most tasks a campaign makes (releases x seeds), each a record in campaign.json
+MAX_CAMPAIGN_TASKS = 100_000
+#: the most examples one search draws (``--examples``), the most runs a shrink makes
+#: (``--shrink-runs``)
+MAX_EXAMPLES = 10_000_000
+#: the longest ``--time`` (seconds): a week
+MAX_TIME_S = 7 * 24 * 3600.0
+#: ``VLLM_REPRO_MAX_PROCESSES``' bounds: the most processes one command starts at once
+#: (``fuzz --workers``, ``--jobs``)
+MAX_PROCESSES_CEILING = 1024
+
+
+def max_processes() -> int:
+    """The most processes (search processes, release workers, campaign tasks) one command runs
+    at once: ``VLLM_REPRO_MAX_PROCESSES`` (1 .. :data:`MAX_PROCESSES_CEILING`), default four
+    per CPU (at least 8). Raises :class:`~vllm_repro.errors.InputError` for a bad setting."""
+    default = max(8, 4 * (os.cpu_count() or 1))
+    return env_int("VLLM_REPRO_MAX_PROCESSES", default, 1, MAX_PROCESSES_CEILING)
+
+
+def max_log_bytes() -> int:
+    """``VLLM_REPRO_MAX_LOG_MB`` (1 .. 100,000; default 64) in bytes: the most of a worker's
+    output one run's ``engine.log`` keeps, and the size past which a worker's log under
+    ``_engine/`` is rotated."""
+    return env_int("VLLM_REPRO_MAX_LOG_MB", 64, 1, 100_000) << 20
+
+
+def env_int(name: str, default: int, low: int, high: int) -> int:
+    """An integer setting from the environment, ``default`` when unset or blank. Raises
+    :class:`~vllm_repro.errors.InputError` (one line naming the variable and its range) for
+    text that is not a whole number or one outside ``low .. high``."""
+    from .errors import InputError
+
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    text = raw.strip().replace("_", "")
+    value = int(text) if text.lstrip("+-").isdigit() and len(text) <= 20 else None
+    if value is None or not low <= value <= high:
+        raise InputError(f"{name}={raw[:40]!r}: expected a whole number from {low:,} to "
+                         f"{high:,} (default {default:,}); set it to one, or unset it")
+    return value
+
+
+def check_jobs(jobs: int | None, option: str = "--jobs") -> int | None:
+    """``--jobs`` (None: the default) bounded by ``VLLM_REPRO_MAX_PROCESSES``."""
+    if jobs is not None:
+        check_count(option, jobs, max_processes(), setting="VLLM_REPRO_MAX_PROCESSES")
+    return jobs
+
+
+def check_count(option: str, value: int, maximum: int, low: int = 1, setting: str = "") -> int:
+    """``value`` of a command-line count ``option`` (``--seeds``), or
+    :class:`~vllm_repro.errors.InputError`: ``--seeds 1,000,000,000: at most 10,000``."""
+    from .errors import InputError
+
+    if value < low:
+        raise InputError(f"{option} {value}: at least {low:,}")
+    if value > maximum:
+        how = f" (raise {setting} if the machine can take it)" if setting else " (the lab's limit)"
+        raise InputError(f"{option} {value:,}: at most {maximum:,}{how}; give a smaller "
+                         f"{option}")
+    return value
+
+
+__all__ = ["RunLimits", "run_limits", "over_limit", "SETTINGS", "check_count", "check_jobs", "env_int",
+           "max_processes", "MAX_SEEDS", "MAX_CAMPAIGN_TASKS", "MAX_EXAMPLES", "MAX_TIME_S"]

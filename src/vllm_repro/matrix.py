@@ -277,14 +277,16 @@ def cell_for(release: str, mode: str, result, verdict, caps, report: Path | None
 
 def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path,
         releases_range: str, jobs: int | None = None, say: Say = lambda s: None,
-        source: str | None = None, timelines: bool = False) -> MatrixReport:
+        source: str | None = None, timelines: bool = False,
+        on_run: Callable | None = None) -> MatrixReport:
     """Run ``scenario`` on every release in every mode (:func:`mode_scenario`; the modes the
     scenario already is are left out) and return the matrix, written to
     ``<reports>/_matrix/<scenario>/matrix.json`` with its picture (``matrix.png``).
 
     A release's modes run in one worker (:func:`vllm_repro.lab.run_matrix`); an environment
     failure marks that release's cells ``error`` and the rest go on. ``timelines``: draw each
-    run's ``timeline.png`` too (off by default: about 2 s a run, for a hundred and more runs)."""
+    run's ``timeline.png`` too (off by default: about 2 s a run, for a hundred and more runs);
+    ``on_run(item)``: as each run ends (a progress bar)."""
     from .engine import capabilities
     from .lab import RunItem, run_matrix
     from .settings import cache_dir
@@ -299,7 +301,8 @@ def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path
     for m, why in not_here.items():
         say(f"{scenario.name}: mode {m} is n/a on every release ({why})")
     items = [(m, RunItem(sc, v)) for v in releases for m, sc in variants if m not in not_here]
-    run_matrix([item for _, item in items], reports, jobs=jobs, say=say, timelines=timelines)
+    run_matrix([item for _, item in items], reports, jobs=jobs, say=say, timelines=timelines,
+               on_run=on_run)
     ran: dict = {}
     caps_of: dict = {}
     for mode, item in items:
@@ -326,7 +329,9 @@ def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path
     try:
         draw(report, out / "matrix.png")
     except Exception as exc:  # noqa: BLE001 - a failed picture never fails the matrix
-        say(f"{scenario.name}: no matrix.png ({type(exc).__name__}: {exc})")
+        from .extras import why
+
+        say(f"{scenario.name}: no matrix.png ({why(exc)})")
     return report
 
 
@@ -353,7 +358,7 @@ def write(report: MatrixReport, folder: Path) -> Path:
 #: a cell's colour in the picture and the table
 COLOURS = {"clean": "#4caf50", "n/a": "#d9d9d9", "refused": "#ffb300", "error": "#e53935",
            "crash": "#8e24aa", "violation": "#8e24aa", "stall": "#8e24aa",
-           "incomplete": "#8e24aa"}
+           "incomplete": "#8e24aa", "hang": "#8e24aa"}
 STYLES = {"clean": "green", "n/a": "dim", "refused": "yellow", "error": "red"}
 
 

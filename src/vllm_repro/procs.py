@@ -101,6 +101,21 @@ def _proc_table() -> dict[int, tuple[int, str]]:
     return table
 
 
+def children_of(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux's ``/proc/PID/task/*/children``, cheap enough for
+    a loop; else a scan of every process)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        for tid in tasks:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out.extend(int(x) for x in fh.read().split())
+        return out
+    except (OSError, ValueError):
+        pass
+    return [p for p, (ppid, _) in _proc_table().items() if ppid == pid]
+
+
 def is_warm_parent(pid: int) -> bool:
     """Whether ``pid`` is a warm parent (:mod:`vllm_repro.engine.warm`) or one of the workers it
     forked: shared by every client of its environment, so a signal to one run never sweeps it
@@ -194,9 +209,90 @@ def _subreaper() -> None:
         pass
 
 
+#: seconds a signal may wait for the main thread (busy in C code: libyaml composing a large
+#: file, pydantic validating one, a list of a billion items) before the watchdog ends the lab
+SIGNAL_GRACE_S = 0.5
+#: seconds the main thread's own clean-up (after :class:`Interrupted`) may take before the
+#: watchdog ends the lab anyway
+CLEANUP_GRACE_S = 5.0
+
+
+def _watchdog(fd: int) -> None:
+    """Read the signal numbers the C-level handler writes to the wakeup fd (at once, whatever
+    the main thread is doing); where the Python handler has not run within
+    :data:`SIGNAL_GRACE_S` (or its clean-up not ended the lab within :data:`CLEANUP_GRACE_S`),
+    kill every child and exit ``128 + signal`` from here, saying ``aborted``."""
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        # (the wakeup fd carries every signal Python handles; only these two end the lab)
+        ours = [b for b in data if b in (signal.SIGINT, signal.SIGTERM)]
+        if not ours:
+            continue
+        signum = ours[-1]
+        deadline = time.monotonic() + SIGNAL_GRACE_S
+        while time.monotonic() < deadline and not _raised:
+            time.sleep(0.02)
+        if _raised:  # the main thread has it: give its clean-up a while
+            time.sleep(CLEANUP_GRACE_S)
+        kill_all()
+        try:
+            os.write(2, b"aborted\n")
+        finally:
+            os._exit(128 + signum)
+
+
+def _install_watchdog() -> None:
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):  # not the main thread
+        os.close(r)
+        os.close(w)
+        return
+    threading.Thread(target=_watchdog, args=(r,), name="vllm-repro-signals", daemon=True).start()
+
+
 def install_signal_handlers() -> None:
     """SIGINT and SIGTERM stop every child process and raise :class:`Interrupted` in the main
-    thread (call it from the main thread, first)."""
+    thread (call it from the main thread, first); a watchdog thread makes sure the lab ends
+    within :data:`SIGNAL_GRACE_S` even while the main thread is busy in C code. The lab becomes
+    a child subreaper: whatever a worker's code starts in a new session or double-forks is
+    re-parented to the lab, and :func:`sweep` at the end of the command kills it."""
     _subreaper()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _handler)
+    _install_watchdog()
+
+
+def sweep(timeout: float = 2.0) -> list[int]:
+    """At the end of a command: kill every process still below the lab (a helper a worker
+    started in its own session or double-forked, re-parented to the lab as its subreaper),
+    warm parents aside. Returns the pids that were alive."""
+    left = [p for p in descendants() if not _is_resource_tracker(p)]
+    if left:
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [p for p in descendants() if not _is_resource_tracker(p)]
+            for pid in alive:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    return left
+
+
+def make_subreaper() -> None:
+    """Make this process a child subreaper (Linux; elsewhere nothing): used by engine workers
+    and warm parents so that what their code leaves behind is theirs to kill."""
+    _subreaper()

@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 #: the outcomes of a run (``RunResult.outcome``); ``incomplete``: ``limits.max_steps`` reached
-#: with requests unfinished and nothing else wrong (never clean)
-OUTCOMES = ("clean", "crash", "violation", "stall", "incomplete", "error")
+#: with requests unfinished and nothing else wrong (never clean); ``hang``: a step (or start-up)
+#: did not return within the watchdog's time (``RunResult.hang``); ``refused``: vLLM refused the
+#: scenario's configuration or a request, where the scenario expects that (``RunResult.refusal``;
+#: on a release where the scenario expects a run, a refusal stays an input ``error``)
+OUTCOMES = ("clean", "crash", "violation", "stall", "incomplete", "hang", "refused", "error")
 
 
 class RecordError(ValueError):
@@ -132,7 +135,7 @@ def _load(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         inner = [a for a in args if a is not type(None)]
-        recs = [a for a in inner if _is_record(a) or typing.get_origin(a) is list]
+        recs = [a for a in inner if _is_record(a) or typing.get_origin(a) in (list, dict)]
         return _load(recs[0], value, where) if recs else value
     if _is_record(tp):
         return tp.from_dict(value)
@@ -140,6 +143,10 @@ def _load(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise RecordError(f"{where}: expected a list, got {type(value).__name__}")
         return [args[0].from_dict(v) for v in value]
+    if origin is dict and len(args) == 2 and _is_record(args[1]):
+        if not isinstance(value, dict):
+            raise RecordError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return {k: args[1].from_dict(v) for k, v in value.items()}
     return value
 
 
@@ -159,6 +166,42 @@ class Frame(Record):
 
 
 @dataclass
+class CrashContext(Record):
+    """What the innermost vLLM frame held when it raised (``engine/explain.py``), bounded:
+    ``statement`` the full text of the statement that raised (``file``:``line`` of
+    :attr:`Crash.where`), ``locals`` its local variables (name -> ``repr`` cut to 200
+    characters, at most 40 of them), ``operands`` for a failed ``assert``: each operand of its
+    test evaluated again in that frame, as pytest's assertion rewriting shows them (``len(self.
+    running)`` -> ``1``; at most 12), ``operand_error`` why they could not be evaluated."""
+
+    statement: str | None = None
+    locals: dict[str, str] | None = None
+    operands: dict[str, str] | None = None
+    operand_error: str | None = None
+
+
+@dataclass
+class Hang(Record):
+    """A step (or start-up, ``step`` 0) that had not returned after ``limit_s`` seconds (the
+    watchdog: ``engine/watchdog.py``, ``VLLM_REPRO_STEP_TIMEOUT_S`` or the scenario's
+    ``limits.step_timeout_s``): ``phase`` (the vLLM call: ``engine-build``, ``schedule``,
+    ``step``...), ``where`` the innermost vLLM frame the run's thread sat in when the time ran
+    out (``None``: none of its frames was vLLM's), ``vllm_frames`` (its last 8 vLLM frames,
+    outermost first), ``stacks`` the Python stacks of every thread of the worker as
+    ``faulthandler`` dumps them (the last 20,000 characters), ``stopped``: how the run ended
+    (``interrupted``: the step was interrupted with an exception and the worker lived on;
+    ``exited``: the step never let go, the worker sent this and exited)."""
+
+    step: int
+    limit_s: float
+    phase: str | None = None
+    where: Frame | None = None
+    vllm_frames: list[Frame] | None = None
+    stacks: str | None = None
+    stopped: str | None = None
+
+
+@dataclass
 class Crash(Record):
     """vLLM raised: the exception's ``type`` name and first ``message`` line, ``where`` (the
     innermost vLLM frame, ``None`` when no frame is vLLM's), ``vllm_frames`` (the last 8 vLLM
@@ -173,6 +216,9 @@ class Crash(Record):
     step: int | None = None
     phase: str | None = None
     traceback: str | None = None
+    #: why, where the lab could see it (:class:`CrashContext`): the innermost vLLM frame's
+    #: statement, locals and, for a failed ``assert``, its operands' values
+    context: "CrashContext | None" = None
 
     def brief(self) -> "Crash":
         """The trace line's copy: type, message, where and phase."""
@@ -185,9 +231,11 @@ class Stall(Record):
     step without progress), the ``unfinished`` request ids, the ``waiting`` / ``running`` queues
     (request ids) and ``free_blocks`` (KV blocks) at that step; ``message``: where each
     unfinished request is stuck, one clause per request separated by ``; ``
-    (:func:`vllm_repro.engine.state.stall_message`: its queue, the KV blocks it needs to finish
-    when that is more than the pool can give, its output placeholders); what a scenario's
-    ``expect.message`` is matched against for ``outcome: stall`` ("" from older labs)."""
+    (:func:`vllm_repro.engine.state.stall_clauses`: its queue, the KV blocks it needs to finish
+    when that is more than the pool can give, a KV load in flight or never promoted, the blocks
+    it waits for and who holds them, a 0-token step, its output placeholders); what a
+    scenario's ``expect.message`` is matched against for ``outcome: stall`` ("" from older
+    labs); ``cause`` the most specific of those as a tag."""
 
     step: int
     since: int
@@ -196,6 +244,9 @@ class Stall(Record):
     running: list[str] | None = None
     free_blocks: int | None = None
     message: str = ""
+    #: what holds it, as a tag (``engine/state.py:STALL_CAUSES``: ``kv-load-in-flight``,
+    #: ``no-free-blocks``, ``zero-tokens``, ...); the fuzz signature's ``stall:CAUSE``
+    cause: str | None = None
 
 
 #: the mechanism tags the audit gives, by violation code (:attr:`Violation.mechanism`): what a
@@ -316,12 +367,16 @@ class AuditSummary(Record):
 class EngineInfo(Record):
     """``level: engine-core``: what vLLM's ``EngineCore`` built: ``num_gpu_blocks`` (its KV
     sizing), ``batch_queue_size``, ``step_fn`` (``step`` or ``step_with_batch_queue``) and the
-    ``scheduler`` class name (``Scheduler``, ``AsyncScheduler``)."""
+    ``scheduler`` class name (``Scheduler``, ``AsyncScheduler``); with rank processes
+    (``distributed_executor_backend: mp``) the ``topology`` (``TP=2 PP=1 DP=1 (mp)``) and the
+    ``executor`` class vLLM ran (``MultiprocExecutor``)."""
 
     num_gpu_blocks: int | None = None
     batch_queue_size: int | None = None
     step_fn: str | None = None
     scheduler: str | None = None
+    topology: str | None = None
+    executor: str | None = None
 
 
 # ---- a run -----------------------------------------------------------------------------------
@@ -329,9 +384,13 @@ class EngineInfo(Record):
 class RunResult(Record):
     """What one run of a scenario on one release observed: ``result.json``.
 
-    ``outcome`` is one of ``clean``, ``crash``, ``violation``, ``stall``, ``incomplete`` or
-    ``error`` (:data:`OUTCOMES`); its evidence is in ``crash``, ``violations``,
-    ``stall`` or ``error``. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
+    ``outcome`` is one of ``clean``, ``crash``, ``violation``, ``stall``, ``incomplete``,
+    ``hang``, ``refused`` or ``error`` (:data:`OUTCOMES`); its evidence is in ``crash``,
+    ``violations``, ``stall``, ``hang``, ``refusal`` or ``error``. ``refusal`` (a
+    :class:`Crash` record: vLLM's exception, its innermost vLLM frame, ``phase`` ``config``,
+    ``engine-build`` or ``add_request``) is kept with an input ``error`` too, where vLLM's own
+    code refused the scenario: the verdict turns such a run into ``refused`` where the scenario
+    expects a refusal. ``steps`` engine steps ran; ``finished`` maps request id -> vLLM's
     finish status (``FINISHED_STOPPED``...; at ``level: v0-engine`` the finish reason of its
     ``RequestOutput``, ``stop`` / ``length`` / ``abort``, and ``FINISHED_IGNORED`` for a request
     the V0 scheduler ignored, whose reason vLLM gives as ``length``), ``refused`` maps the requests the release's front
@@ -351,7 +410,8 @@ class RunResult(Record):
     ``tree`` which tree ran: ``full`` (the sdist's), ``slice`` (a committed slice proven
     equivalent to it: docs/slices.md) or ``installed`` (an installed vLLM); ``warm`` whether
     the worker was forked by a warm parent (docs/warm-runs.md) rather than started cold.
-    ``planted`` (tests only) names a fault planted into vLLM; ``engine_log`` the worker's log;
+    ``planted`` (tests only) names a fault planted into vLLM; ``faults`` the rank faults that
+    fired (``events[].fault``, multi-process ranks); ``engine_log`` the worker's log;
     ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the
     report is written.
     """
@@ -368,6 +428,8 @@ class RunResult(Record):
     warm: bool | None = None
     crash: Crash | None = None
     stall: Stall | None = None
+    hang: Hang | None = None
+    refusal: Crash | None = None
     violations: list[Violation] | None = None
     audit: AuditSummary | None = None
     error: RunError | None = None
@@ -379,6 +441,9 @@ class RunResult(Record):
     timing: Timing | None = None
     engine: EngineInfo | None = None
     planted: dict | None = None
+    #: the rank faults that fired (``events[].fault``): ``{rank, kind, seconds | exit_code,
+    #: execute_model}`` each, in firing order
+    faults: list[dict] | None = None
     engine_log: str | None = None
     verdict: dict | None = None
 
@@ -411,14 +476,21 @@ class TraceLine(Record):
     ``step`` (0: ``EngineCore`` start-up, with ``phase: engine-build``); the request ids
     ``added`` and ``aborted`` before it, and ``refused`` (request id -> the release's
     front-door error: the request never reached EngineCore); ``scheduled`` (request id ->
-    tokens scheduled in this step's ``schedule()``); ``sampled`` (structured-output requests:
-    request id -> the token ids the fake worker sampled through the grammar bitmask in this
+    tokens scheduled in this step's ``schedule()``); ``drafts`` (request id -> draft tokens
+    scheduled for verification in it, spec decode); ``preemptions`` (request id -> what
+    preempted it in this step: ``schedule`` (the scheduler, for blocks), ``reset_prefix_cache``
+    or ``pause``, the engine-core events before it); ``stats`` (the release's ``SchedulerStats``
+    of this step, flattened: ``num_running_reqs``, ``prefix_cache_stats.hits``,
+    ``spec_decoding_stats.num_draft_tokens``, ...: what ``expect.stats`` reads); ``sampled``
+    (structured-output requests: request id -> the token ids the fake worker sampled through the grammar bitmask in this
     step); ``kv_connector`` (with a scripted KV connector: what its worker half did in this
     step, event -> request ids: ``load`` started, ``recv`` reported in ``finished_recving``,
     ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``);
     ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
     many batches ``update_from_output`` applied, which with async scheduling or a batch queue
-    is not the one just scheduled); events (``reset_prefix_cache``: what it returned,
+    is not the one just scheduled), with a batch queue ``applied_from`` (the steps that
+    scheduled them) and ``in_flight`` (batches in flight at the step's peak); events
+    (``reset_prefix_cache``: what it returned,
     ``paused``: the mode or true, ``resumed``); after the step the request ids
     ``finished``, the scheduler's ``waiting``, ``running`` and ``preempted`` queues and
     ``free_blocks`` (the block pool's free count), or ``state_error`` when they could not be
@@ -432,10 +504,20 @@ class TraceLine(Record):
     aborted: list[str] | None = None
     refused: dict[str, str] | None = None
     scheduled: dict[str, int] | None = None
+    drafts: dict[str, int] | None = None
+    preemptions: dict[str, str] | None = None
+    stats: dict | None = None
     sampled: dict[str, list[int]] | None = None
     kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None
     applied: int | None = None
+    #: engine-core with a batch queue (``max_concurrent_batches`` > 1): the steps whose batches
+    #: ``update_from_output`` applied in this step, and the batches in flight at the step's
+    #: peak (in the queue after its ``schedule()``, before its updates took them out)
+    applied_from: list[int] | None = None
+    in_flight: int | None = None
+    #: a rank fault the step's events armed (``events[].fault``: rank, kind, ...)
+    fault: dict | None = None
     reset_prefix_cache: Any = None
     paused: Any = None
     resumed: bool | None = None
@@ -459,6 +541,46 @@ class TraceLine(Record):
     def progressed(self) -> bool:
         """A request finished or a token was scheduled in this step."""
         return bool(self.finished) or any(n > 0 for n in (self.scheduled or {}).values())
+
+
+# ---- release diffs (vllm-repro diff: src/vllm_repro/diff.py) ------------------------------------
+@dataclass
+class StepDecisions(Record):
+    """What the scheduler decided in one step of one run (from its :class:`TraceLine`), the
+    fields ``vllm-repro diff`` compares: ``scheduled`` (request id -> tokens; ``None``: no
+    ``schedule()`` returned in that step), ``preempted`` (request id -> cause),
+    ``finished``, ``free_blocks``, ``crash`` (``Type file:line``), ``waiting`` and
+    ``running`` (shown, not compared); ``present``: the run had this step."""
+
+    step: int
+    present: bool = True
+    scheduled: dict[str, int] | None = None
+    preempted: dict[str, str] | None = None
+    finished: list[str] | None = None
+    free_blocks: int | None = None
+    crash: str | None = None
+    waiting: list[str] | None = None
+    running: list[str] | None = None
+
+
+@dataclass
+class ReleaseDiff(Record):
+    """``vllm-repro diff``: one scenario on two releases, aligned step by step. ``releases``
+    (the two, in the order given), ``outcomes`` and ``reports`` (release -> the run's outcome /
+    report folder), ``step`` the first step where their decisions differ (``None``: none
+    does), ``differs`` which fields differ there (``scheduled``, ``preempted``, ``finished``,
+    ``free_blocks``, ``crash``, ``present``), ``decisions`` (release -> its
+    :class:`StepDecisions` at that step), ``scheduled_and_preempted`` (release -> the requests
+    both scheduled and preempted in that step, one ``schedule()`` call)."""
+
+    scenario: str
+    releases: list[str]
+    outcomes: dict[str, str] = field(default_factory=dict)
+    reports: dict[str, str] = field(default_factory=dict)
+    step: int | None = None
+    differs: list[str] = field(default_factory=list)
+    decisions: dict[str, StepDecisions] = field(default_factory=dict)
+    scheduled_and_preempted: dict[str, list[str]] = field(default_factory=dict)
 
 
 # ---- campaigns (vllm-repro campaign: src/vllm_repro/campaign/) ---------------------------------
@@ -653,7 +775,7 @@ class ReportDir:
 # ---- the release matrix (``vllm-repro matrix``) ---------------------------------------------
 #: a matrix cell's outcomes beyond a run's (:data:`OUTCOMES`): ``refused`` (the release or the
 #: index refuses the run: exit 2), ``n/a`` (the release's Capabilities lack the mode)
-MATRIX_OUTCOMES = (*OUTCOMES, "refused", "n/a")
+MATRIX_OUTCOMES = (*OUTCOMES, "n/a")  # (refused: OUTCOMES has it)
 
 
 @dataclass
@@ -761,8 +883,10 @@ def schema() -> str:
     import inspect
 
     out = []
-    for cls in (RunResult, Crash, Frame, Stall, Violation, RunError, Timing, AuditSummary,
-                EngineInfo, TraceLine, MatrixReport, MatrixCell, CampaignReport,
+    for cls in (RunResult, Crash, CrashContext, Frame, Stall, Hang, Violation, RunError, Timing,
+                AuditSummary,
+                EngineInfo, TraceLine, StepDecisions, ReleaseDiff, MatrixReport, MatrixCell,
+                CampaignReport,
                 CampaignTaskResult, CampaignFinding, SignatureSpan):
         out.append(f"### `{cls.__name__}`\n")
         doc = inspect.cleandoc(cls.__doc__ or "")
@@ -782,7 +906,8 @@ def schema() -> str:
     return "\n".join(out)
 
 
-__all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "Stall", "Violation", "RunError",
+__all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "CrashContext", "Stall", "Hang",
+           "Violation", "RunError", "StepDecisions", "ReleaseDiff",
            "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
            "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport",
            "CampaignFinding", "CampaignTaskResult", "SignatureSpan", "CampaignReport"]

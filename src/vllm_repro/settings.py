@@ -175,7 +175,8 @@ def release_rules(variable: str, raw: str, value_kind: str, example: str, check)
             SpecifierSet(spec)
             check(value)
         except (InvalidSpecifier, ValueError):
-            raise InputError(f"{variable} entry {entry!r} is not SPECIFIER={value_kind} "
+            shown = entry if len(entry) <= 80 else entry[:80] + "..."
+            raise InputError(f"{variable} entry {shown!r} is not SPECIFIER={value_kind} "
                              f"(e.g. {example!r}); fix or unset {variable}") from None
         rules.append(ReleaseRule(spec, value, entry))
     return rules

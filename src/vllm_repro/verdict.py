@@ -20,7 +20,11 @@ import re
 from dataclasses import dataclass
 
 from .errors import EXIT_ENV, EXIT_INPUT, EXIT_MISMATCH, EXIT_OK
-from .records import Crash, Frame, RunResult, Violation, violation_label
+from pathlib import Path
+
+from .decisions import decision_reasons, has_decisions
+from .records import (Crash, Frame, RecordError, RunResult, TraceLine, Violation, read_trace,
+                      violation_label)
 from .scenario.schema import Scenario
 
 
@@ -79,12 +83,15 @@ def _ran(result: RunResult) -> str:
 def audit_keeps_going(scenario: Scenario, version: str) -> bool:
     """Whether the audit must collect violations and let the run go on (rather than stop at
     the first) for the verdict on ``version`` to be about the run's end: a ``clean_on`` release,
-    or a ``reproduces_on`` release whose expected outcome is a crash or a stall."""
+    or a ``reproduces_on`` release whose expected outcome is a crash or a stall, or that has
+    ``steps`` / ``stats`` to check."""
     kind = scenario.vllm.expectation_for(version)
     if kind == "clean":
         return True
     exp = scenario.expect
-    return kind == "reproduce" and exp is not None and exp.outcome != "violation"
+    # a step or stats expectation reads the steps after the first finding too
+    return kind == "reproduce" and exp is not None and (exp.outcome != "violation"
+                                                        or has_decisions(exp))
 
 
 def _is_expected_kind(exp, x: Violation) -> bool:
@@ -144,6 +151,13 @@ def describe_observed(result: RunResult) -> str:
     if outcome == "stall":
         s = result.stall
         return f"stall @{s.step} ({len(s.unfinished)} unfinished)"
+    if outcome == "hang":
+        h = result.hang
+        loc = h.where.where() if h.where else "(no vLLM frame)"
+        return f"hang {loc} @{h.step} (over {h.limit_s:g} s in {h.phase})"
+    if outcome == "refused":
+        r = result.refusal
+        return f"refused {r.type}: {r.message[:120]} ({r.phase})" if r else "refused"
     if outcome == "clean":
         refused = f", {len(result.refused)} refused" if result.refused else ""
         ignored = sum(1 for s in (result.finished or {}).values() if s == "FINISHED_IGNORED")
@@ -175,19 +189,98 @@ def _expected(scenario: Scenario, kind: str | None) -> str:
     return "clean" if kind == "clean" else "-"
 
 
-def judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
+def judge(scenario: Scenario, version: str, result: RunResult,
+          trace: Path | list[TraceLine] | None = None) -> Verdict:
     """The verdict for one (scenario, release) run (see the module's rules for audit
     findings that are not the scenario's bug). A run on a tree that differs from the release's
-    sdist (``result.tree_changes``) says so in ``observed``: it observed the edit."""
-    v = _judge(scenario, version, result)
+    sdist (``result.tree_changes``) says so in ``observed``: it observed the edit. ``trace``:
+    the run's ``trace.jsonl`` (or its lines), read only where the scenario has step or stats
+    expectations (:mod:`vllm_repro.decisions`)."""
+    v = _judge(scenario, version, result, _Trace(trace))
     if result.tree_changes:
         v.observed += f" (on an edited tree: {len(result.tree_changes)} file(s))"
     return v
 
 
-def _judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
-    outcome = result.outcome
+class _Trace:
+    """The judged run's trace (``judge``'s ``trace``: a path or the lines), read once and only
+    where an expectation has ``steps`` / ``stats``."""
+
+    def __init__(self, source: Path | list[TraceLine] | None):
+        self._source = source
+        self._lines: list[TraceLine] | None = source if isinstance(source, list) else None
+
+    def lines(self) -> list[TraceLine] | None:
+        if self._lines is None and self._source is not None and not isinstance(self._source, list):
+            try:
+                self._lines = read_trace(Path(self._source))
+            except (OSError, RecordError):
+                self._lines = None
+            self._source = None
+        return self._lines
+
+    def reasons(self, exp, result: RunResult) -> list[str]:
+        """Why ``exp``'s ``steps`` / ``stats`` do not hold on the run (empty: they do)."""
+        return decision_reasons(exp, self.lines(), result) if has_decisions(exp) else []
+
+
+_NO_TRACE = _Trace(None)
+
+
+def refusal_of(result: RunResult) -> Crash | None:
+    """vLLM's refusal of the scenario in ``result``, as a :class:`Crash` record, or ``None``:
+    its configuration refused where the configs are built (an input error with
+    ``result.refusal``: a ``ValidationError`` of ``VllmConfig`` / ``SchedulerConfig``, an
+    assert in ``VllmConfig.__post_init__``), at ``EngineCore`` start-up (a crash in phase
+    ``engine-build``), or requests refused at ``add_request`` (``result.refused``: the first
+    one, its text ``Type: message``)."""
+    if result.outcome == "error" and result.error is not None and result.error.kind == "input":
+        return result.refusal
+    if result.outcome == "crash" and result.crash is not None \
+            and result.crash.phase == "engine-build":
+        return result.crash
+    if result.outcome == "refused":
+        return result.refusal
+    if result.refused and result.outcome in ("clean", "incomplete"):
+        rid, text = next(iter(result.refused.items()))
+        kind, sep, rest = text.partition(": ")
+        if not sep or not re.fullmatch(r"[A-Za-z_][\w.]*", kind):
+            kind, rest = "Refused", text
+        return Crash(kind, f"{rid}: {rest}", phase="add_request")
+    return None
+
+
+def _expectation(scenario: Scenario, kind: str | None):
+    """The ``Expect`` that applies on a release the scenario says ``kind`` of: ``expect`` on
+    ``reproduces_on``, ``fixed`` on ``clean_on`` (None: run clean, or nothing expected)."""
+    if kind == "reproduce":
+        return scenario.expect
+    if kind == "clean":
+        return getattr(scenario, "fixed", None)
+    return None
+
+
+def _settle_refusal(scenario: Scenario, kind: str | None, result: RunResult) -> None:
+    """Where the release's expectation is ``outcome: refused`` and vLLM refused
+    (:func:`refusal_of`), the result becomes ``refused`` (its ``refusal`` set, an input
+    error's ``error`` dropped): the expected outcome observed, not an input error. Elsewhere
+    a refusal stays what it was (an input error: exit 2)."""
+    exp = _expectation(scenario, kind)
+    if exp is None or exp.outcome != "refused":
+        return
+    refusal = refusal_of(result)
+    if refusal is None:
+        return
+    result.outcome = "refused"
+    result.refusal = refusal
+    result.error = None
+
+
+def _judge(scenario: Scenario, version: str, result: RunResult, tr: _Trace = _NO_TRACE) -> Verdict:
     kind = scenario.vllm.expectation_for(version)
+    if not result.planted:
+        _settle_refusal(scenario, kind, result)
+    outcome = result.outcome
     v = Verdict(scenario.name, version, _expected(scenario, kind), describe_observed(result),
                 None, outcome)
     if outcome == "error":
@@ -214,21 +307,29 @@ def _judge(scenario: Scenario, version: str, result: RunResult) -> Verdict:
     if kind == "clean" and getattr(scenario, "fixed", None) is not None:
         # the fix does something other than run clean (e.g. refuses the config at start-up)
         v.expected = scenario.fixed.outcome
-        reasons = _compare(scenario.fixed, result)
+        reasons = _compare(scenario.fixed, result, tr)
+        if not has_decisions(scenario.fixed):
+            reasons += _bug_decisions_show(scenario, version, result, tr)
         v.ok = not reasons
         v.reason = "; ".join(f"fixed release: {r}" for r in reasons)
         return v
     if kind == "clean":
-        return _judge_clean(v, scenario, version, result)
-    return _judge_reproduce(v, scenario, result)
+        return _judge_clean(v, scenario, version, result, tr)
+    return _judge_reproduce(v, scenario, result, tr)
 
 
-def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult) -> Verdict:
+def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult,
+                 tr: _Trace = _NO_TRACE) -> Verdict:
     """A ``clean_on`` release: no crash, no stall, the whole run, none of the scenario's own
     signature; other audit findings are shown as ``also``."""
     outcome, stopped = result.outcome, result.stopped
     violations = result.all_violations()
     sig = _signature(scenario, violations)
+    shows = _bug_decisions_show(scenario, version, result, tr)
+    if shows and outcome in ("clean", "violation"):
+        v.ok = False
+        v.reason = shows[0]
+        return v
     if outcome == "clean":
         v.ok = True
         return v
@@ -254,7 +355,22 @@ def _judge_clean(v: Verdict, scenario: Scenario, version: str, result: RunResult
     return v
 
 
-def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdict:
+def _bug_decisions_show(scenario: Scenario, version: str, result: RunResult,
+                        tr: _Trace) -> list[str]:
+    """On a ``clean_on`` release: where ``expect`` has ``steps`` / ``stats`` (the bug is a
+    wrong decision) and they all hold here too, the reason why that is the bug showing (one
+    item); else empty."""
+    exp = scenario.expect
+    if not has_decisions(exp) or tr.lines() is None or tr.reasons(exp, result):
+        return []
+    said = [f"step {s.at_step}" for s in exp.steps or ()] + \
+        [f"stats{' at step ' + str(s.at_step) if s.at_step else ''}" for s in exp.stats or ()]
+    return [f"the scenario's own wrong decision ({', '.join(said)} as expect says) shows on "
+            f"{version}, a clean_on release"]
+
+
+def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult,
+                     tr: _Trace = _NO_TRACE) -> Verdict:
     """A ``reproduces_on`` release: the run must show ``expect`` (any non-clean outcome when
     the scenario gives none); findings other than an expected crash or stall are ``also``."""
     exp = scenario.expect
@@ -277,7 +393,7 @@ def _judge_reproduce(v: Verdict, scenario: Scenario, result: RunResult) -> Verdi
     if exp.outcome != "violation" and violations and outcome != "violation":
         v.also = violations
         v.observed = f"{v.observed}; also: {violations_at(violations)}"
-    reasons = _compare(exp, result)
+    reasons = _compare(exp, result, tr)
     v.ok = not reasons
     v.reason = "; ".join(reasons)
     return v
@@ -289,14 +405,29 @@ def _incomplete_reason(result: RunResult) -> str:
             "neither clean nor a reproduction (raise limits.max_steps)")
 
 
-def _compare(exp, result: RunResult) -> list[str]:
+def _compare(exp, result: RunResult, tr: _Trace = _NO_TRACE) -> list[str]:
     """Why ``result`` does not show ``exp`` (an ``Expect``: the scenario's ``expect`` on its
     buggy releases, or its ``fixed`` on the fixed ones); empty when it does."""
     outcome = result.outcome
     if outcome != exp.outcome:
         return [f"outcome {outcome} != {exp.outcome}"]
+    fault = getattr(exp, "fault", None)
+    if fault and not any(f.get("kind") == fault for f in result.faults or ()):
+        # the expected rank fault (events[].fault) never fired: the outcome is not its doing
+        return [f"no rank fault of kind {fault} fired (fired: "
+                f"{[f.get('kind') for f in result.faults or ()] or 'none'})"]
+    return _compare_outcome(exp, result) + tr.reasons(exp, result)
+
+
+def _compare_outcome(exp, result: RunResult) -> list[str]:
+    """:func:`_compare` for a run of the expected outcome: its evidence."""
+    outcome = result.outcome
     if outcome == "crash":
         return _compare_crash(exp, result.crash)
+    if outcome == "refused":
+        return _compare_crash(exp, result.refusal, "refusal")
+    if outcome == "hang":
+        return _compare_hang(exp, result.hang)
     reasons = []
     if outcome == "violation":
         found = result.all_violations()
@@ -320,9 +451,25 @@ def _compare(exp, result: RunResult) -> list[str]:
     return reasons
 
 
-def _compare_crash(exp, c: Crash) -> list[str]:
-    """Why crash ``c`` is not the expected one: exception, innermost vLLM frame, message,
-    step and phase."""
+def _compare_hang(exp, h) -> list[str]:
+    """Why hang ``h`` is not the expected one: the frame the run's thread sat in
+    (``where``), the stacks (``message``: a regular expression searched in them), step and
+    phase."""
+    reasons = []
+    if exp.where and not _matches_where(exp.where, h.where):
+        reasons.append(f"hung in {h.where.where() if h.where else None}, not {exp.where}")
+    if exp.message and not re.search(exp.message, h.stacks or ""):
+        reasons.append(f"the stacks do not match {exp.message!r}")
+    if exp.step and h.step != exp.step:
+        reasons.append(f"step {h.step} != {exp.step}")
+    if getattr(exp, "phase", None) and h.phase != exp.phase:
+        reasons.append(f"phase {h.phase} != {exp.phase}")
+    return reasons
+
+
+def _compare_crash(exp, c: Crash, what: str = "crash") -> list[str]:
+    """Why crash ``c`` (or a refusal: ``what``) is not the expected one: exception,
+    innermost vLLM frame, message, step and phase."""
     reasons = []
     if exp.exception and c.type != exp.exception:
         reasons.append(f"exception {c.type} != {exp.exception}")

@@ -351,3 +351,31 @@ def v0_bm1_double_free(ctx, request: str = "A") -> None:
         return out
 
     ctx.patch(Manager, "free", free)
+
+
+def livelock_in_schedule(ctx, at_step: int = 3) -> None:
+    """A livelock in a copy of the release's own ``Scheduler.schedule``: its source, with a loop
+    that never ends from ``at_step`` on put first in its body, compiled under the release's file
+    name and line numbers (so its frame reads ``vllm/v1/core/sched/scheduler.py:schedule``) and
+    patched in. Notes the file and the loop's line."""
+    import ast
+    import inspect
+    import textwrap
+
+    Scheduler = ctx.find("vllm.v1.core.sched.scheduler:Scheduler", "vllm.v1.core.scheduler:Scheduler")
+    fn = Scheduler.schedule
+    lines, first = inspect.getsourcelines(fn)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    func = tree.body[0]
+    body_line = func.body[0].lineno
+    loop = ast.parse("while _plant_ctx.step >= _plant_at:\n    _plant_spins = len(self.running)").body[0]
+    ast.increment_lineno(loop, body_line - 1)
+    func.body.insert(0, loop)
+    func.decorator_list = []
+    ast.increment_lineno(tree, first - 1)
+    code = compile(tree, inspect.getsourcefile(fn), "exec")
+    scope = dict(fn.__globals__, _plant_ctx=ctx, _plant_at=at_step)
+    exec(code, scope)  # noqa: S102 - the release's own source, with the planted loop
+    ctx.patch(Scheduler, "schedule", scope[fn.__name__])
+    ctx.note("file", inspect.getsourcefile(fn))
+    ctx.note("line", first + body_line - 1)

@@ -66,7 +66,7 @@ def test_report_pages_load_and_every_link_resolves(cli, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     try:
-        todo, seen, fetched = [base], set(), {}
+        todo, seen, fetched, outside = [base], set(), {}, set()
         pages = {}
         while todo:
             url = todo.pop(0)
@@ -80,9 +80,12 @@ def test_report_pages_load_and_every_link_resolves(cli, tmp_path):
             parser = Links()
             parser.feed(dom)
             for link in parser.urls:
-                if link.startswith("data:"):  # the page's empty favicon: nothing to fetch
-                    continue
+                if link.startswith(("data:", "https://github.com/")):
+                    continue  # the empty favicon; the scenario's issue and fix (not fetched)
                 target = urljoin(url, link)
+                if urlparse(target).netloc == "github.com":  # the issue and fix: not fetched
+                    outside.add(target)
+                    continue
                 assert urlparse(target).netloc == urlparse(base).netloc, f"{url} links away: {link}"
                 if target.endswith((".html", "/")):
                     todo.append(target)
@@ -104,3 +107,61 @@ def test_report_pages_load_and_every_link_resolves(cli, tmp_path):
     # the timeline's hover text: L preempted from step 3 on, the finding's sentence at step 3
     assert re.search(r"<title>L: preempted \(waiting\), steps? 3\b", fixed), fixed
     assert "<title>step 3: REQ_STATE: L is in num_scheduled_tokens" in fixed
+    # the run page: the issue and its fix, the other release's page, the engine log's tail
+    assert outside == {"https://github.com/vllm-project/vllm/issues/23347",
+                       "https://github.com/vllm-project/vllm/issues/23713"}
+    crash = pages[f"{base}{run}/0.10.1.1/index.html"]
+    assert "href=\"../0.10.2/index.html\"" in crash or "href='../0.10.2/index.html'" in crash
+    assert "Engine log (last" in crash and "<pre class=\"log\">" in crash
+
+
+def measured(chromium: str, page, profile, script: str, checked: str | None = None) -> str:
+    """What ``script`` (an expression) evaluates to in ``page`` as Chromium lays it out in a
+    1400 px wide window, with the radio button ``checked`` chosen (a copy of the page is loaded,
+    the expression's value written into its body's data-m attribute)."""
+    html_ = page.read_text()
+    if checked:
+        html_ = html_.replace("id='f-all' checked", "id='f-all'").replace(
+            f"id='{checked}'", f"id='{checked}' checked")
+    probe = page.with_name(f".probe-{page.name}")
+    probe.write_text(html_.replace("</body>", f"<script>document.body.setAttribute('data-m', "
+                                              f"String({script}))</script></body>"))
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={profile}", "--window-size=1400,900",
+                           "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    probe.unlink()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return re.search(r'data-m="([^"]*)"', proc.stdout).group(1)
+
+
+@pytest.mark.parametrize("n_runs", [57])
+def test_the_index_fits_1400_px_and_its_filter_shows_failures_only(tmp_path, n_runs):
+    """A catalog-sized index (the recorded runs copied to 57 runs) in Chromium at 1400 px:
+    nothing wider than the window, and the failures filter leaves only the failing sections
+    and rows on screen. A run page fits too."""
+    from ..unit.test_report_pages import reports_from_recorded
+    from vllm_repro.report.index import write_index
+
+    chromium = browser()
+    reports = reports_from_recorded(tmp_path)
+    runs = sorted(p.parent for p in reports.rglob("result.json"))
+    for i in range(n_runs - len(runs)):
+        src = runs[i % len(runs)]
+        shutil.copytree(src, reports / f"{src.parent.name}-copy{i // len(runs)}" / src.name)
+    index = write_index(reports)
+    width = "document.documentElement.scrollWidth"
+    assert int(measured(chromium, index, tmp_path / "p", width)) <= 1400
+    shown = ("[...document.querySelectorAll('tr.run')].filter(r => r.offsetParent !== null)"
+             ".map(r => r.className).join(',')")
+    every = measured(chromium, index, tmp_path / "p", shown).split(",")
+    assert len(every) == n_runs
+    failures = measured(chromium, index, tmp_path / "p", shown, checked="f-bad").split(",")
+    assert failures and set(failures) <= {"run NO", "run ERROR"}
+    assert len(failures) == sum(c in ("run NO", "run ERROR") for c in every)
+    ok = measured(chromium, index, tmp_path / "p", shown, checked="f-ok").split(",")
+    assert set(ok) == {"run yes"} and len(ok) == every.count("run yes")
+    # the failing scenario's section comes first on screen
+    first = "document.querySelector('main section').id"
+    assert measured(chromium, index, tmp_path / "p", first) == "vllm-23347-priority-preempt-scheduled"
+    page = reports / "vllm-23347-priority-preempt-scheduled" / "0.10.1.1" / "index.html"
+    assert int(measured(chromium, page, tmp_path / "p", width)) <= 1400

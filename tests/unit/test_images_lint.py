@@ -51,6 +51,35 @@ def test_compose_services():
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
     assert gpu["environment"]["VLLM_REPRO_VLLM"] == "installed"
+    # the server starts once the catalog ran, and says when it answers
+    assert services["reports"]["depends_on"] == {"cpu": {"condition": "service_completed_successfully"}}
+    assert "urlopen('http://127.0.0.1:8080/'" in " ".join(services["reports"]["healthcheck"]["test"])
+    # the gpu service as the cpu one: the entrypoint that picks the reports' owner, and an init
+    assert gpu.get("init") is True
+    assert gpu["entrypoint"][:2] == ["/bin/sh", "/opt/vllm-repro/entrypoint.sh"]
+    assert "./images/cpu/entrypoint.sh:/opt/vllm-repro/entrypoint.sh:ro" in gpu["volumes"]
+    assert "user" not in gpu and "/models" in gpu["environment"]["VLLM_REPRO_ALSO_OWN"]
+    # docker-compose 1.29 (Debian 12) refuses a top-level name: the project is named by the
+    # make target (COMPOSE_PROJECT_NAME) instead
+    assert "name" not in compose
+
+
+def test_the_entrypoint_gives_an_empty_root_owned_models_folder_to_the_user(tmp_path):
+    """What Docker makes as root for a missing ./models is given to the user the entrypoint
+    picks (so the user can delete it); a folder with files in it is left alone."""
+    if os.getuid() != 0:
+        pytest.skip("chown to another user needs root")
+    reports, models, full = tmp_path / "reports", tmp_path / "models", tmp_path / "full"
+    for d in (reports, models, full):
+        d.mkdir()
+    (full / "weights.bin").write_bytes(b"")
+    env = dict(os.environ, VLLM_REPRO_REPORTS=str(reports), VLLM_REPRO_UID="4321",
+               VLLM_REPRO_GID="4321", VLLM_REPRO_ALSO_OWN=f"{models} {full}")
+    proc = subprocess.run(["sh", str(ROOT / "images/cpu/entrypoint.sh"), "id", "-u"], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "4321"
+    assert (reports.stat().st_uid, models.stat().st_uid, full.stat().st_uid) == (4321, 4321, 0)
 
 
 def test_remote_script_is_posix_sh():

@@ -78,6 +78,7 @@ def test_an_image_of_the_same_lab_is_used_as_it_is_whatever_the_files_mtimes(tmp
     for part in ("src", "images", "slices"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy)
+    shutil.copy(ROOT / "requirements.lock", copy)
     for f in copy.rglob("*"):  # every file newer than any image, as in a fresh clone
         os.utime(f)
     assert lab_hash(copy) == lab_hash(ROOT)
@@ -106,6 +107,7 @@ def test_slicing_a_release_the_image_does_not_bake_leaves_it_current(tmp_path):
     for part in ("src", "images", "slices", "scenarios"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy)
+    shutil.copy(ROOT / "requirements.lock", copy)
     before = lab_hash(copy, flagship), lab_hash(copy, "catalog"), lab_hash(copy)
     (copy / "slices" / "9.9.9.json").write_text("{}\n")  # a release no scenario names
     assert lab_hash(copy, flagship) == before[0] and lab_hash(copy, "catalog") == before[1]
@@ -118,3 +120,58 @@ def test_slicing_a_release_the_image_does_not_bake_leaves_it_current(tmp_path):
                                  releases=flagship)
     assert proc.returncode == 0, proc.stderr
     assert not any(c.startswith("build") for c in calls), calls
+
+
+def _make(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _logger(tmp_path, name: str, rc: int = 0):
+    log = tmp_path / f"{name}.log"
+    fake = tmp_path / name
+    fake.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexit {rc}\n')
+    fake.chmod(0o755)
+    return fake, log
+
+
+def test_gpu_verify_passes_accept_new_host_key_and_a_bundle(tmp_path):
+    """The error message of an unknown host key advises --accept-new-host-key: make passes it
+    with ACCEPT_NEW_HOST_KEY=1; BUNDLE= ships a verify bundle as it is (no scenario, no patch)."""
+    repro, log = _logger(tmp_path, "vllm-repro")
+    proc = _make(tmp_path, "gpu-verify", f"REPRO={repro}", "REMOTE=gpu-box", "PATCH=fix.diff",
+                 "ACCEPT_NEW_HOST_KEY=1")
+    assert proc.returncode == 0, proc.stderr
+    proc = _make(tmp_path, "gpu-verify", f"REPRO={repro}", "REMOTE=gpu-box", "BUNDLE=reports/verify/b")
+    assert proc.returncode == 0, proc.stderr
+    first, second = [line.split() for line in log.read_text().splitlines()]
+    assert first[:3] == ["gpu-verify", "scenarios/vllm-23347-priority-preempt-scheduled.yaml",
+                         "--patch"] and first[-1] == "--accept-new-host-key"
+    assert second[:3] == ["gpu-verify", "--bundle", "reports/verify/b"]
+    assert "--patch" not in second and "--accept-new-host-key" not in second
+    bad = _make(tmp_path, "gpu-verify", f"REPRO={repro}", "REMOTE=gpu-box", "BUNDLE=b",
+                "ACCEPT_NEW_HOST_KEY=yes")
+    assert bad.returncode == 2 and "ACCEPT_NEW_HOST_KEY=yes: expected 1" in bad.stderr
+    assert len(log.read_text().splitlines()) == 2  # nothing run
+
+
+def test_image_builds_say_only_what_they_use_and_remove_their_stages(tmp_path):
+    """make image-cuda stages no CPU torch wheel (the CUDA image never uses it) and says nothing
+    of one; make image-cpu removes the untagged earlier builds and the legacy builder's
+    untagged stages (by their labels) after the build."""
+    docker, log = _logger(tmp_path, "docker")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
+    proc = _make(tmp_path, "image-cuda", f"DOCKER={docker}", f"TORCH_WHEEL_DIR={wheels}",
+                 "CUDA_IMAGE=vr-test:cuda")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch" not in proc.stdout + proc.stderr
+    assert not list((ROOT / "images/stage/index/torch").glob("*.whl"))
+    log.unlink()
+    proc = _make(tmp_path, "image-cpu", f"DOCKER={docker}", "CPU_IMAGE=vr-test:cpu")
+    assert proc.returncode == 0, proc.stderr
+    prunes = [c for c in log.read_text().splitlines() if c.startswith("image prune")]
+    assert any("label=org.opencontainers.image.title=vllm-repro (CPU)" in c for c in prunes)
+    assert any("label=vllm-repro.stage" in c for c in prunes)
+    assert 'LABEL vllm-repro.stage="catalog"' in (ROOT / "images/cpu/Dockerfile").read_text()

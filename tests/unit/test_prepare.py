@@ -205,7 +205,7 @@ def test_prepare_of_a_ready_release_logs_elsewhere_when_the_cache_is_read_only(t
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(prepare, "prepare_release", lambda v, say, tree=None: ReleaseEnv(
+    monkeypatch.setattr(prepare, "prepare_release", lambda v, say, tree=None, progress=None: ReleaseEnv(
         v, tmp_path / "tree", tmp_path / "env"))
     monkeypatch.setattr(host, "Worker", Worker)
     code, lines = _prepare(["0.10.1.1"], capsys)

@@ -18,14 +18,30 @@ from ..conftest import ROOT
 RESULTS = ROOT / "tests" / "data" / "results"
 
 
+def catalog_text(name: str) -> str | None:
+    """The catalog file of the scenario ``name``, as the lab would copy it into a report."""
+    for f in sorted((ROOT / "scenarios").glob("*.yaml")):
+        text = f.read_text()
+        if f"name: {name}\n" in text:
+            return text
+    return None
+
+
+#: an engine log of 60 lines (the page shows the last LOG_TAIL_LINES)
+ENGINE_LOG = "".join(f"INFO 12-07 16:{i:02d}:00 [scheduler.py:{i}] line {i}\n" for i in range(60))
+
+
 def reports_from_recorded(tmp_path):
+    """A reports folder of the recorded runs, each with its page, its catalog scenario (where
+    the catalog has it) and an engine log, as a run leaves them."""
     reports = tmp_path / "reports"
     for f in sorted(RESULTS.glob("*.json")):
         result = RunResult.from_json(f.read_text())
         run_dir = reports / result.scenario / result.vllm
         run_dir.mkdir(parents=True)
         shutil.copy(f, run_dir / "result.json")
-        write_run_page(run_dir, result)
+        (run_dir / "engine.log").write_text(ENGINE_LOG)
+        write_run_page(run_dir, result, catalog_text(result.scenario))
     return reports
 
 
@@ -42,7 +58,8 @@ def test_index_summary_versions_and_release_order(tmp_path):
     assert re.search(r"written \d{4}-\d\d-\d\d \d\d:\d\d UTC by vllm-repro \d", words)
     assert "vLLM releases: 0.6.6.post1, 0.7.0, 0.10.1.1, 0.10.2, 0.19.1, 0.20.2, 0.22.0, 0.24.0" in words
     # the flagship's rows by version (as strings 0.7.0 would come last)
-    flagship = re.findall(r'href="vllm-23347-priority-preempt-scheduled/([^/]+)/index.html"', page)
+    flagship = re.findall(r'<tr class=.run [^>]*><td><a href="vllm-23347-priority-preempt-'
+                          r'scheduled/([^/]+)/index.html"', page)
     assert flagship == ["0.7.0", "0.10.1.1", "0.10.2"]
     # the audit finding's own sentence, not only "also: REQ_STATE @3"
     assert "REQ_STATE @3: L is in num_scheduled_tokens but was preempted in the same step" in words
@@ -111,3 +128,53 @@ def test_explain_a_clean_run_whose_kv_books_were_unread_says_so():
     assert sentences[1] == ("The audit could not read the KV books of PlaceholderBlockSpaceManager:"
                             " only the queues were checked, so the KV cache's invariants are "
                             "unknown.")
+
+
+def test_the_index_groups_runs_by_scenario_failures_first_with_a_filter(tmp_path):
+    reports = reports_from_recorded(tmp_path)
+    page = write_index(reports).read_text()
+    sections = re.findall(r"<section class='([^']*)' id=\"([^\"]+)\">", page)
+    names = [n for _, n in sections]
+    assert len(names) == len(set(names)) == len({d.name for d in reports.iterdir() if d.is_dir()})
+    # the flagship has a failure (0.7.0 refuses its config: an error), so it comes first; the
+    # rest, all as expected, follow by name
+    bad = [n for c, n in sections if "bad" in c.split()]
+    assert bad == ["vllm-23347-priority-preempt-scheduled"] and names[0] == bad[0]
+    assert names[1:] == sorted(names[1:])
+    # the filter: radio buttons whose CSS hides the sections and rows a choice leaves out
+    assert "id='f-bad'" in page and "#f-bad:checked~main section:not(.bad)" in page
+    flagship = page[page.index('id="vllm-23347'):].split("</section>")[0]
+    assert re.findall(r"<tr class='run (\S+)'>", flagship) == ["ERROR", "yes", "yes"]
+    # the scenario's description under its name, from its scenario.yaml
+    assert "preempts the lowest-priority running request" in flagship
+
+
+def test_a_run_page_shows_its_scenario_issue_links_other_releases_and_log_tail(tmp_path):
+    reports = reports_from_recorded(tmp_path)
+    flagship = reports / "vllm-23347-priority-preempt-scheduled"
+    before = (flagship / "0.10.1.1" / "index.html").read_text()
+    assert "<!-- releases --><!-- /releases -->" in before  # filled by the index
+    write_index(reports)
+    page = (flagship / "0.10.1.1" / "index.html").read_text()
+    words = " ".join(text_of(page).split())
+    # the issue and the fix, as links to GitHub
+    assert "href='https://github.com/vllm-project/vllm/issues/23347'" in page
+    assert "href='https://github.com/vllm-project/vllm/issues/23713'" in page
+    # the same scenario on the other releases, this one marked
+    nav = re.search(r"<p class='releases'>.*?</p>", page).group(0)
+    assert re.findall(r"href='\.\./([^/]+)/index.html'", nav) == ["0.7.0", "0.10.1.1", "0.10.2"]
+    assert "class='yes here'" in nav and "class='ERROR'" in nav
+    # the scenario: its description, config (vLLM's names) and one row per request
+    assert "In 0.9.2 to 0.10.1.1 that victim may be a request already scheduled" in words
+    assert "config.policy priority" in words and "config.num_gpu_blocks 5" in words
+    requests = re.search(r"<table class='requests'>.*?</table>", page, re.S).group(0)
+    assert len(re.findall("<tr>", requests)) == 3  # the header, L and H
+    # the engine log's last lines, not its first
+    assert "Engine log (last 40 of 60 lines)" in words
+    assert "line 59" in words and "line 19" not in words.split("Engine log")[1]
+    # a run without a scenario file or engine log has neither section (and no empty heading)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    result = RunResult.from_json((RESULTS / "clean-engine-core-42117-0.22.0.json").read_text())
+    text = write_run_page(bare, result).read_text()
+    assert "<h2>Scenario</h2>" not in text and "Engine log" not in text

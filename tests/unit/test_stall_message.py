@@ -82,3 +82,33 @@ def test_expect_message_tells_two_stalls_apart_in_the_verdict_and_the_fuzzer():
                          expect={"outcome": "stall", "message": PLACEHOLDER})
     assert judge(sc42, "0.21.0", placeholder).ok is True
     assert judge(sc42, "0.21.0", exact).ok is False
+
+
+def test_a_stalls_cause_names_a_kv_load_and_blocks_held_by_others():
+    """Issue 46: stalls that all read "A in waiting" before now say why, with a cause tag the
+    fuzz signature carries (stall:CAUSE)."""
+    from vllm_repro.engine.state import stall_cause, stall_clauses
+    from vllm_repro.fuzz.search import signature
+
+    loading = _waiting("L", 32, 4)
+    loading.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+    s = _scheduler(50, loading)
+    s.connector = object()
+    clauses = stall_clauses(s, ["L"], ["L"], [], 16)
+    assert clauses == [("L in waiting, waits for its KV load (WAITING_FOR_REMOTE_KVS), which "
+                        "the worker never reported finished", "kv-load-in-flight")]
+    s.finished_recving_kv_req_ids = {"L"}
+    ((text, cause),) = stall_clauses(s, ["L"], ["L"], [], 16)
+    assert cause == "kv-load-not-promoted" and "never promoted" in text
+    # a waiting request whose next tokens need more blocks than are free: who holds them
+    books, s = make_books(8, tables={"A": [1, 2, 3, 4, 5, 6]}, requests=[_waiting("B", 40, 4)])
+    s.kv_cache_manager.block_pool.num_gpu_blocks = 8
+    ((text, cause),) = stall_clauses(s, ["B"], ["B"], ["A"], 16)
+    assert cause == "no-free-blocks", text
+    assert "needs 3 KV blocks for its next 40 tokens, 1 free (held by A (6))" in text
+    # a step that scheduled it with 0 tokens
+    ((text, cause),) = stall_clauses(s, ["A"], [], ["A"], 16, {"A": 0})
+    assert cause == "zero-tokens" and text.endswith("scheduled with 0 tokens in the last step")
+    assert stall_cause([("x", "zero-tokens"), ("y", "kv-load-in-flight")]) == "kv-load-in-flight"
+    result = make_result("stall", stall={"step": 9, "since": 1, "cause": "kv-load-in-flight"})
+    assert signature(result) == "stall:kv-load-in-flight"

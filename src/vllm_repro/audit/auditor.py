@@ -47,6 +47,19 @@ class AuditStop(BaseException):
         self.violation = violation
 
 
+def self_preempted_and_after(pre: list[tuple[str, int]], preempted: list[str], so) -> set[str]:
+    """The running requests the starvation check leaves alone in a step with a preemption:
+    the one that preempted itself (the last, in the running order before ``schedule()``
+    (``pre``), of those preempted in it that got no tokens) and every one after it, which
+    vLLM's running loop never reached (it stops there). Empty when none preempted itself."""
+    nst = so.num_scheduled_tokens
+    order = [rid for rid, _ in pre]
+    selves = [rid for rid in order if rid in preempted and not nst.get(rid)]
+    if not selves:
+        return set()
+    return set(order[order.index(selves[-1]):])
+
+
 class Auditor:
     """Checks a run's live vLLM objects every step (see :mod:`vllm_repro.audit.checks`).
 
@@ -113,11 +126,17 @@ class Auditor:
         found += self._guarded(REQUEST_CHECKS, self.req_checks.check, "schedule", so, scheduled)
         found += self._transfer_blocks()
         self._last_schedule_step = step
-        found += check_preempt_report(so, self._preempted_in_schedule(so))
+        pre = self._pre_running
+        in_schedule = self._preempted_in_schedule(so)
+        found += check_preempt_report(so, in_schedule, self._preempted_between())
+        paused = bool(getattr(self.loop, "_paused", False))
         if not self.req_checks.preempted_now:
-            # a preemption in this step: the running loop may have stopped at the request whose
-            # allocation failed (it preempted itself), whatever the pool has free afterwards
-            found += self.starve_check.check(so, paused=bool(getattr(self.loop, "_paused", False)))
+            found += self.starve_check.check(so, paused=paused)
+        elif pre is not None and state.preempted_report(so) is not state.ABSENT:
+            # a preemption in this step: the running loop stopped at the request whose
+            # allocation failed and that preempted itself; the requests before it were visited
+            found += self.starve_check.check(
+                so, paused=paused, exempt=self_preempted_and_after(pre, in_schedule, so))
         return self._record_all(found, step, "after schedule")
 
     def after_update(self, step: int, so, line: TraceLine) -> bool:
@@ -444,6 +463,18 @@ class Auditor:
                                   or (getattr(r, "num_preemptions", 0) or 0) > (npre or 0)):
                 out.append(rid)
         return out
+
+    def _preempted_between(self) -> list[str]:
+        """Requests preempted before this step's ``schedule()`` by an engine-core event
+        (``reset_prefix_cache(reset_running_requests=True)``, ``pause``): the loop's trace line
+        of this step (``TraceLine.preemptions``, a cause other than ``schedule``), where the
+        release reports such preemptions in the next output
+        (:func:`~vllm_repro.engine.state.reports_preemptions_between_steps`)."""
+        line = getattr(self.loop, "_line", None)
+        pre = getattr(line, "preemptions", None) or {}
+        if not pre or not state.reports_preemptions_between_steps(self.books.scheduler):
+            return []  # (a release that does not report them there: nothing to require)
+        return [rid for rid, cause in pre.items() if cause != "schedule"]
 
     def _worker_batch(self) -> list[Violation]:
         """WORKER_BATCH_OVERFLOW from the fake runner's persistent batch, new entries only."""

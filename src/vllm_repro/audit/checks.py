@@ -183,12 +183,14 @@ def _refs_of(refs: list[int], ids: list[int]) -> bool:
 
 def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[Violation]:
     """KV_LEAK: no block-table entry with real (non-null) blocks for a request that finished,
-    was aborted or preempted, or waits without a reason to hold KV (a KV connector load, a paused
-    stream, the release's ``kv_holding_waiting`` queue). A finished request the scheduler still
-    keeps in ``requests`` while it has a KV connector is a delayed free, not a leak: the
-    connector's ``request_finished`` returned True, or an aborted request's load is still in
-    flight; ``_update_from_kv_xfer_finished`` frees it when the worker reports the transfer
-    (one never freed is caught by the end-of-run check).
+    was aborted or preempted, or waits without a reason to hold KV (a KV connector load in
+    flight, reported finished or failed and not yet taken up by ``schedule()``, or promoted to
+    ``WAITING`` with the computed tokens it loaded; a paused stream; the release's
+    ``kv_holding_waiting`` queue): such a wait is the stall's to name (its cause), not a leak.
+    A finished request the scheduler still keeps in ``requests`` while it has a KV connector
+    is a delayed free, not a leak: the connector's ``request_finished`` returned True, or an
+    aborted request's load is still in flight; ``_update_from_kv_xfer_finished`` frees it
+    when the worker reports the transfer (one never freed is caught by the end-of-run check).
 
     Mirrors ``Scheduler._free_request`` / ``_preempt_request`` -> ``KVCacheManager.free``.
     """
@@ -201,6 +203,10 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
     holding_ok = books.kv_holding_ids()
     multi = len(books.managers) > 1
     connector = getattr(books.scheduler, "connector", None) is not None
+    if connector:  # a load reported (or failed) and not yet taken up by schedule()
+        holding_ok = holding_ok | set(getattr(books.scheduler, "finished_recving_kv_req_ids", ())
+                                      or ()) | set(getattr(books.scheduler,
+                                                           "failed_recving_kv_req_ids", ()) or ())
     for g, table in enumerate(tables):
         if table.keys() <= running:
             continue
@@ -224,6 +230,9 @@ def check_leaks(books: Books, requests: dict, finished: dict[str, str]) -> list[
                     continue
                 if connector and is_finished_status(st):
                     continue  # a delayed free (see the docstring)
+                if connector and st == "WAITING" and (getattr(req, "num_computed_tokens", 0)
+                                                      or 0) > 0:
+                    continue  # it holds what its KV load filled: waiting, not leaking
                 if is_finished_status(st):
                     msg = f"{rid} finished ({st}) but still holds block(s) {shown}{where}"
                 elif st == "PREEMPTED":
@@ -977,9 +986,11 @@ class StarvationCheck:
     grammar not compiled yet, encoder inputs, a prefill held back by prefill cadence, prefill
     lookahead or Mamba block alignment, a prefill that does not fit whole without chunked
     prefill, V2+PP decode eligibility, and every running request after the first one the pool
-    could not have served (the running loop may stop there). The auditor does not run it in a
-    step with a preemption: the running loop may have stopped at the request that preempted
-    itself (0.10.x breaks there), though its blocks are free afterwards.
+    could not have served (the running loop may stop there). In a step with a preemption the
+    auditor leaves alone the request that preempted itself and those after it (the running loop
+    stops there, though the blocks are free afterwards); where it cannot tell the running order
+    before ``schedule()`` (a release whose output has no ``preempted_req_ids``) it does not run
+    the check in such a step.
     """
 
     def __init__(self, books: Books):
@@ -996,7 +1007,10 @@ class StarvationCheck:
                                    or getattr(s, "num_prefill_lookahead", 0)
                                    or getattr(s, "need_mamba_block_aligned_split", False))
 
-    def check(self, so, paused: bool = False) -> list[Violation]:
+    def check(self, so, paused: bool = False, exempt: set[str] = frozenset()) -> list[Violation]:
+        """``exempt``: request ids not judged (in a step with a preemption: the request that
+        preempted itself and those after it, :func:`~vllm_repro.audit.auditor.
+        self_preempted_and_after`)."""
         s = self.books.scheduler
         nst = so.num_scheduled_tokens
         running = s.running
@@ -1016,7 +1030,7 @@ class StarvationCheck:
         out = []
         for r in list(running):
             rid = r.request_id
-            if rid in nst:
+            if rid in nst or rid in exempt:
                 continue
             if status_name(r) != "RUNNING" or rid in in_flight:
                 continue
@@ -1053,20 +1067,25 @@ class StarvationCheck:
         return out
 
 
-def check_preempt_report(so, preempted: list[str]) -> list[Violation]:
-    """PREEMPT_UNREPORTED: every request preempted inside this step's ``schedule()`` is in its
-    ``SchedulerOutput.preempted_req_ids`` (which tells the worker to drop the request's state)
-    where the release has that field; ``preempted``: those ids (read by the auditor)."""
+def check_preempt_report(so, preempted: list[str], between: list[str] = ()) -> list[Violation]:
+    """PREEMPT_UNREPORTED: every request preempted inside this step's ``schedule()``
+    (``preempted``), and every one preempted since the last step by an engine-core event
+    (``between``: ``reset_prefix_cache(reset_running_requests=True)``, ``pause``), is in this
+    step's ``SchedulerOutput.preempted_req_ids`` (which tells the worker to drop the request's
+    state) where the release has that field (the ids: read by the auditor)."""
     report = state.preempted_report(so)
-    if report is state.ABSENT or report is None or not preempted:
+    if report is state.ABSENT or report is None or (not preempted and not between):
         return []
-    missing = [rid for rid in preempted if rid not in report]
-    if not missing:
-        return []
-    return [make_violation(PREEMPT_UNREPORTED, (
-        f"{rid} was preempted in this step's schedule() but is not in its "
-        f"SchedulerOutput.preempted_req_ids ({names(sorted(report)) if report else 'empty'}); "
-        f"expected every preemption reported to the worker"), requests=[rid]) for rid in missing]
+    out = []
+    for rid, when in [*((r, "in this step's schedule() but is not in its") for r in preempted),
+                      *((r, "between steps (by an engine-core event) but is not in the next "
+                            "step's") for r in between if r not in preempted)]:
+        if rid not in report:
+            out.append(make_violation(PREEMPT_UNREPORTED, (
+                f"{rid} was preempted {when} SchedulerOutput.preempted_req_ids "
+                f"({names(sorted(report)) if report else 'empty'}); expected every preemption "
+                f"reported to the worker"), requests=[rid]))
+    return out
 
 
 def check_worker_batch(overflow: list) -> list[Violation]:

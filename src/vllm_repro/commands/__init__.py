@@ -8,6 +8,7 @@ is :mod:`vllm_repro.console`.
 """
 
 import os
+from enum import Enum
 
 #: the ``--cold`` option's help (run, verify, bisect, fuzz, catalog run)
 COLD_HELP = ("Start every engine worker cold, without the release's warm parent "
@@ -26,3 +27,41 @@ def warm_setting(cold: bool) -> None:
     elif enabled():
         idle_seconds()
         max_parents()
+
+
+# ---- the options that take one of a fixed set: `--help` lists the choices, a typo is exit 2 ----
+class Tree(str, Enum):
+    """``--tree``: which of a release's trees runs (:data:`vllm_repro.sources.prepare.TREES`)."""
+
+    full = "full"
+    slice = "slice"
+    auto = "auto"
+
+
+class Level(str, Enum):
+    """``--level``: the level a fuzzer's scenarios run at (a scenario's ``level``)."""
+
+    scheduler = "scheduler"
+    engine_core = "engine-core"
+    v0_engine = "v0-engine"
+
+
+class Policy(str, Enum):
+    """``--policy``: vLLM's scheduling policy (``SchedulerConfig.policy``)."""
+
+    fcfs = "fcfs"
+    priority = "priority"
+
+
+class Mode(str, Enum):
+    """``matrix --mode`` (:data:`vllm_repro.matrix.MODES`)."""
+
+    plain = "plain"
+    async_ = "async"
+    spec = "spec"
+    prefix_caching = "prefix-caching"
+
+
+def value(choice):
+    """An option's Enum member as its plain string (``None`` stays ``None``)."""
+    return choice.value if isinstance(choice, Enum) else choice

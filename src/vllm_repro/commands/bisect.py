@@ -46,6 +46,10 @@ def bisect(
     from ..sources.installed import installed
 
     t0 = time.perf_counter()
+    if jobs is not None:
+        from ..limits import check_count, max_processes
+
+        check_count("--jobs", jobs, max_processes(), setting="VLLM_REPRO_MAX_PROCESSES")
     check_ray(ray, ray_remote)
     good = release_name(good, "--good") if good is not None else None
     bad = release_name(bad, "--bad") if bad is not None else None

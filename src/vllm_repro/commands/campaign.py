@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from . import COLD_HELP, warm_setting
+from . import COLD_HELP, Level, Policy, value, warm_setting
 from ..executor import RAY_HELP, RAY_REMOTE_HELP  # standard library only at import: --help stays light
 
 
@@ -16,8 +16,8 @@ def campaign(
     releases: str | None = typer.Option(None, "--releases", help="Release range on the index, a packaging specifier set such as '>=0.10,<0.34' (default: every final V1 release)."),
     seeds: int = typer.Option(2, "--seeds", min=1, help="Seeds per release: 0 .. N-1 (one task per release and seed)."),
     features: str = typer.Option("default", "--features", help="Feature sets, comma-separated: default, single, concurrent, long, mixed (each searched in every task)."),
-    level: str = typer.Option("scheduler", "--level", help="scheduler | engine-core: the level the scenarios run at."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="Fix the scheduling policy (fcfs|priority)."),
+    level: Level = typer.Option(Level.scheduler, "--level", help="The level the scenarios run at (scheduler or engine-core)."),
+    policy: Optional[Policy] = typer.Option(None, "--policy", help="Fix the scheduling policy."),
     spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Force spec decode on or off."),
     target: Optional[str] = typer.Option(None, "--target", help="Only count failures whose signature contains this text."),
     examples: int = typer.Option(200, "--examples", min=1, help="Examples per task and feature set: the bound that makes a campaign repeatable."),
@@ -43,7 +43,11 @@ def campaign(
     Exit codes: 0 nothing found, 1 findings, 2 bad input, 3 a task could not run (lab or
     environment failure; the report is written, and a resume runs those tasks again).
     """
+    from ..extras import require
+
+    require("hypothesis", "vllm-repro campaign")
     warm_setting(cold)
+    policy, level = value(policy), value(level)
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -65,6 +69,12 @@ def campaign(
         raise InputError(f"--policy {policy!r}: use fcfs or priority")
     if level not in ("scheduler", "engine-core"):
         raise InputError(f"--level {level!r}: use scheduler or engine-core")
+    from ..limits import MAX_EXAMPLES, MAX_SEEDS, check_count, max_processes
+
+    check_count("--seeds", seeds, MAX_SEEDS)
+    check_count("--examples", examples, MAX_EXAMPLES)
+    if jobs is not None:
+        check_count("--jobs", jobs, max_processes(), setting="VLLM_REPRO_MAX_PROCESSES")
     check_ray(ray, ray_remote)
     parse_range(releases)
     names = parse_features(features)
@@ -79,7 +89,16 @@ def campaign(
                          level=level, policy=policy, spec_decode=spec, target=target,
                          examples=examples, time_s=seconds, audit=audit, db=db,
                          shrink=shrink)
+    if out_dir is not None:  # a file there (or a link loop) is exit 2, before the index is read
+        out_dir = folder(out_dir, "--out folder", "give --out a folder (made if missing; an "
+                         "existing one resumes its campaign)", creatable=True)
     versions = select_releases(list_releases(), releases, FIRST_V1)
+    from ..limits import MAX_CAMPAIGN_TASKS
+
+    if len(versions) * seeds > MAX_CAMPAIGN_TASKS:
+        raise InputError(f"--seeds {seeds:,} x {len(versions)} releases: "
+                         f"{len(versions) * seeds:,} tasks, over {MAX_CAMPAIGN_TASKS:,} (the "
+                         "lab's limit); give fewer --seeds or a narrower --releases")
     reports = reports_dir(reports, create=False)
     where = (out_dir or reports / "_campaign" / cspec.campaign_id()).resolve()
     say(f"campaign {cspec.campaign_id()}: {len(versions)} releases ({versions[0]} .. "
@@ -88,7 +107,7 @@ def campaign(
         say(f"tasks run on {executor.name}")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[note]}"), console=err,
-                      transient=False) as bar:
+                      transient=False, disable=not err.is_terminal) as bar:
             task = bar.add_task("campaign", total=len(versions) * seeds, note="")
 
             def on_event(p):

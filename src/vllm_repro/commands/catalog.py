@@ -56,22 +56,27 @@ def catalog_run(
     """Run every catalog entry on its own releases (and --also-on ones); print the table."""
     warm_setting(cold)
     from ..catalog import catalog_items, run_catalog
-    from ..console import print_results, say
+    from ..console import print_results, progress
     from ..executor import check_ray
     from ..lab import checked_releases
     from ..inputs import folder, release_name, reports_dir
 
+    from ..limits import check_jobs
+
+    check_jobs(jobs)
     t0 = time.perf_counter()
     folder(directory, "catalog folder (--directory)", "give --directory a folder of scenario "
            "files such as scenarios/")
     check_ray(ray, ray_remote)
     extra = [release_name(v, "--also-on") for v in extra]
     reports = reports_dir(reports, create=False)
-    items = catalog_items(directory, only, extra, say=say)
-    checked_releases(extra, "--also-on")  # before any run: a typo is one line, not a column
-    reports = reports_dir(reports)
-    run_catalog(items, reports, audit=audit, jobs=jobs, say=say, ray=ray,
-                ray_remote=ray_remote)
+    with progress("catalog", None) as bar:
+        items = catalog_items(directory, only, extra, say=bar.say)
+        checked_releases(extra, "--also-on")  # before any run: a typo is one line, not a column
+        reports = reports_dir(reports)
+        bar.total(len(items))
+        run_catalog(items, reports, audit=audit, jobs=jobs, say=bar.say, ray=ray,
+                    ray_remote=ray_remote, on_run=lambda item: bar.advance())
     code = print_results(items, as_json, False)
-    say(f"catalog done in {time.perf_counter() - t0:.1f}s")
+    bar.say(f"catalog done in {time.perf_counter() - t0:.1f}s")
     raise typer.Exit(code)

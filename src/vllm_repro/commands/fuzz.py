@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from . import COLD_HELP, warm_setting
+from . import COLD_HELP, Level, Policy, value, warm_setting
 
 #: ``--shrink-runs``' default: 0, hypothesis's own limits (the smallest reproducer). Measured on
 #: the catalog (bench/fuzz.py, 2 workers, 2 shared cores), shrinking took 26 to 64 s of the
@@ -24,7 +24,7 @@ def fuzz(
     time_: str = typer.Option("60s", "--time", help="Search time (per ladder level with --ladder)."),
     seed: int = typer.Option(0, "--seed", help="Campaign seed: the same seed gives the same run."),
     workers: int = typer.Option(2, "--workers", min=1, help="Search processes (one vLLM worker each)."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="Fix the scheduling policy (fcfs|priority)."),
+    policy: Optional[Policy] = typer.Option(None, "--policy", help="Fix the scheduling policy."),
     spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Force spec decode on or off."),
     ladder: bool = typer.Option(False, "--ladder", help="Escalate single -> concurrent -> long -> mixed; stop at the first level that fails."),
     first: bool = typer.Option(False, "--first", help="Stop at the first (shrunk) failure."),
@@ -34,13 +34,19 @@ def fuzz(
     out_dir: Path = typer.Option(Path("scenarios/found"), "--out", help="Where found scenarios and regression tests go."),
     reports: Path = typer.Option(Path("reports"), help="Worker logs go to reports/_fuzz/."),
     audit: bool = typer.Option(True, "--audit/--no-audit"),
-    level: str = typer.Option("scheduler", "--level", help="scheduler | engine-core | v0-engine: the level the scenarios run at (v0-engine: the release's V0 LLMEngine, a subset of the draws)."),
+    level: Level = typer.Option(Level.scheduler, "--level", help="The level the scenarios run at (v0-engine: the release's V0 LLMEngine, a subset of the draws)."),
     db: Optional[str] = typer.Option(None, "--db", help="The example database folder (default: <cache>/fuzz/examples); 'none' runs without one."),
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Search workloads until vLLM raises or an invariant breaks; shrink; write reproducers."""
+    from ..extras import require
+
+    require("hypothesis", "vllm-repro fuzz")
     warm_setting(cold)
+    policy, level = value(policy), value(level)
+    from rich.console import Group
     from rich.live import Live
+    from rich.progress_bar import ProgressBar
     from rich.table import Table
 
     from ..console import out, say
@@ -64,6 +70,10 @@ def fuzz(
     if use_db and db is not None:
         db = str(folder(Path(db), "--db folder", "give --db a folder you can write, or none",
                         creatable=True))
+    from ..limits import MAX_EXAMPLES, check_count, max_processes
+
+    check_count("--workers", workers, max_processes(), setting="VLLM_REPRO_MAX_PROCESSES")
+    check_count("--shrink-runs", shrink_runs, MAX_EXAMPLES, low=0)
     vllm = release_name(vllm)
     seconds = parse_duration(time_)
     reports = reports_dir(reports, create=False)
@@ -90,9 +100,13 @@ def fuzz(
                       ", ".join(f"{k} {v}" for k, v in sorted(camp.by_outcome.items())))
             for sig, f in camp.findings.items():
                 t.add_row("", "", "", f"[red]{sig}[/red] ({len(f.scenario['requests'])} requests)")
-            return t
+            # the search's time as a bar (it stops at --time, or at the first finding)
+            return Group(t, ProgressBar(total=seconds, completed=min(camp.elapsed_s, seconds),
+                                        width=60))
 
-        with Live(view(Campaign()), console=out, refresh_per_second=2, transient=False) as live:
+        # on a terminal only: piped or logged, the final table is printed once (no redraws)
+        with Live(view(Campaign()), console=out, refresh_per_second=2, transient=False,
+                  auto_refresh=out.is_terminal) as live:
             camp = run_campaign(cfg, env, workers, reports.resolve() / "_fuzz",
                                 on_update=lambda c: live.update(view(c)))
         out.print()
@@ -113,6 +127,14 @@ def fuzz(
             out.print(f"[red]searched nothing[/red]: 0 examples ran in {seconds:g}s; "
                       "give --time more")
             raise typer.Exit(EXIT_ENV)
+        refused = camp.by_outcome.get("refused", 0)
+        checked = camp.examples - refused - n_errors
+        if checked <= 0 and not camp.findings:
+            # every example refused (or an error): nothing of vLLM was checked, so no verdict
+            raise InputError(f"fuzz --vllm {vllm} --level {level}: nothing checked: vLLM {vllm} "
+                             f"refused {refused} and the lab failed {n_errors} of the "
+                             f"{camp.examples} examples; give a --level (or --vllm) that "
+                             "release runs")
         for sig, f in camp.findings.items():
             path, test = write_finding(f, vllm, out_dir)
             out.print(f"[red]{sig}[/red]: {len(f.scenario['requests'])} requests after shrinking, "
@@ -130,5 +152,8 @@ def fuzz(
                 break
             out.print(f"ladder: level {profile.name} clean after {camp.examples} examples")
     if not found_any:
-        out.print("no failure found")
+        refused = camp.by_outcome.get("refused", 0)
+        n_errors = camp.by_outcome.get("error", 0)
+        out.print(f"no failure found in {camp.examples - refused - n_errors} examples checked "
+                  f"({refused} refused by the release, {n_errors} lab errors, not checked)")
     raise typer.Exit(EXIT_MISMATCH if found_any else 0)

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from . import COLD_HELP, warm_setting
+from . import COLD_HELP, Mode, value, warm_setting
 
 DEFAULT_REPORTS = Path("reports")
 
@@ -20,8 +20,8 @@ def matrix(
         [], "--releases", help="PEP 440 range of releases, e.g. '>=0.10,<0.34'; repeatable, the "
         "union (default: every final release on the index from 0.6.5, the first with a V1 "
         "scheduler)."),
-    modes: List[str] = typer.Option([], "--mode", help="plain | async | spec | prefix-caching "
-                                    "(repeatable; default: all of them)."),
+    modes: List[Mode] = typer.Option([], "--mode", help="A mode to run (repeatable; default: "
+                                     "all of them)."),
     reports: Path = typer.Option(DEFAULT_REPORTS, help="Where reports/_matrix/<scenario>/ and "
                                  "each run's reports/<scenario>[.<mode>]/<release>/ go."),
     jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: "
@@ -38,12 +38,15 @@ def matrix(
     all clean or as the scenario expects (n/a aside), 1 a run neither, 2 a release or the index
     refuses a run, 3 the lab or an environment failed."""
     warm_setting(cold)
-    from ..console import out, say
+    from ..console import out, progress, say
     from ..inputs import reports_dir
     from ..matrix import check_modes, index_releases, matrix_dir, parse_range, run, table
     from ..scenario.load import unique_scenarios
 
-    chosen_modes = check_modes(modes)
+    from ..limits import check_jobs
+
+    check_jobs(jobs)
+    chosen_modes = check_modes(value(m) for m in modes)
     specs = [parse_range(r) for r in releases] or [parse_range(None)]
     text = " | ".join(str(s) for s in specs)
     reports = reports_dir(reports, create=False)
@@ -52,8 +55,10 @@ def matrix(
     say(f"{sc.name}: {len(versions)} release(s) in {text!r} ({versions[0]} to {versions[-1]}), "
         f"modes {', '.join(chosen_modes)}")
     reports = reports_dir(reports)
-    report = run(sc, versions, chosen_modes, reports, text, jobs=jobs, say=say,
-                 source=str(scenario), timelines=timelines)
+    with progress("matrix", len(versions) * len(chosen_modes)) as bar:
+        report = run(sc, versions, chosen_modes, reports, text, jobs=jobs, say=bar.say,
+                     source=str(scenario), timelines=timelines,
+                     on_run=lambda item: bar.advance())
     from ..report.index import write_index
 
     write_index(reports)  # the matrix's runs are runs like any other: the index links them

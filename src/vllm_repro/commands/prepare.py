@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from . import Tree, value
+
 
 def _own_tmp_folder(path: Path) -> bool:
     """``path`` made (mode 0700) where missing, and this user's alone: a folder (not a link)
@@ -55,30 +57,44 @@ def log_path(version: str) -> Path:
 
 
 def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch and build."),
-            tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto"),
+            tree: Optional[Tree] = typer.Option(None, "--tree", help="Which tree to build (default: VLLM_REPRO_TREE, else full)."),
             restore: bool = typer.Option(False, "--restore", help=(
                 "Extract the release's trees again from its sdist, dropping any edit made "
                 "to them (runs report an edited tree)."))) -> None:
     """Fetch, verify and extract release(s), build their CPU environments, and import each
     release's scheduler and engine-core path there (the worker's start-up) before saying ready.
     With --restore, the trees are extracted again first."""
-    from ..console import out, say
+    from ..console import out, progress
     from ..engine.host import Worker
     from ..inputs import release_name
     from ..sources.prepare import check_tree, prepare_release, restore_trees
 
+    tree = value(tree)
     check_tree(tree)
     versions = [release_name(v, "VERSION") for v in versions]
-    for v in versions:
-        if restore:
-            for d in restore_trees(v):
-                say(f"vLLM {v}: removed {d}; extracting it again")
-        env = prepare_release(v, say, tree=tree)
-        for line in env.substitutions():
-            say(f"vLLM {env.version}: substituted {line}")
-        # proven, not assumed: the worker imports vLLM's scheduler path and probes the release
-        # (an import failure is exit 3 with its cause and the log)
-        with Worker(env, log_path(env.version)) as worker:
-            hello = worker.hello
-        out.print(f"vLLM {env.version}: ready, imported in {worker.import_time} under "
-                  f"{hello.get('platform')} ({env.python}, tree {env.tree})")
+    ready: list[str] = []
+    try:
+        with progress("prepare", len(versions)) as bar:
+            for v in versions:
+                if restore:
+                    for d in restore_trees(v):
+                        bar.say(f"vLLM {v}: removed {d}; extracting it again")
+
+                def fetched(done: int, total: int | None, v=v) -> None:
+                    size = f"{done / 1e6:.0f}" + (f" of {total / 1e6:.0f}" if total else "")
+                    bar.note(f"vLLM {v}: sdist {size} MB")
+
+                env = prepare_release(v, bar.say, progress=fetched, tree=tree)
+                for line in env.substitutions():
+                    bar.say(f"vLLM {env.version}: substituted {line}")
+                # proven, not assumed: the worker imports vLLM's scheduler path and probes the
+                # release (an import failure is exit 3 with its cause and the log)
+                bar.note(f"vLLM {env.version}: importing its scheduler in a worker")
+                with Worker(env, log_path(env.version)) as worker:
+                    hello = worker.hello
+                bar.advance()
+                ready.append(f"vLLM {env.version}: ready, imported in {worker.import_time} under "
+                             f"{hello.get('platform')} ({env.python}, tree {env.tree})")
+    finally:  # the releases made ready, on stdout once the bar on stderr is done drawing
+        for line in ready:
+            out.print(line, highlight=False)

@@ -28,6 +28,9 @@ def gpu_verify(
 ) -> None:
     """Confirm a fix on a GPU host: verified on CPU here, then judged there by the shared suite
     on the full vLLM of the release (CUDA image), JUnit and logs brought back."""
+    from ..extras import require
+
+    require("fabric", "vllm-repro gpu-verify")
     from ..console import out
     from ..errors import EXIT_MISMATCH, InputError
     from ..inputs import release_name, reports_dir
@@ -35,6 +38,9 @@ def gpu_verify(
 
     if gpu not in ("all", "none"):
         raise InputError(f"--gpu {gpu!r}: expected all or none")
+    from ..remote.ship import check_remote
+
+    remote = check_remote(remote)
     vllm = release_name(vllm) if vllm is not None else None
     reports = reports_dir(reports, create=False)
     if ssh_config is not None:
@@ -159,6 +165,15 @@ def ship_with_progress(ship, verbose: bool) -> int:
         return ship_bundle(ship, say, on_line)
 
 
+def suite_cell(counts: dict) -> str:
+    """The shared suite's counts, each kind apart: ``2 passed, 14 skipped, 0 failed, 0 errors
+    of 16`` (a skipped test is not a passed one)."""
+    tests, skipped = counts.get("tests", 0), counts.get("skipped", 0)
+    failed, errors = counts.get("failures", 0), counts.get("errors", 0)
+    passed = tests - skipped - failed - errors
+    return f"{passed} passed, {skipped} skipped, {failed} failed, {errors} errors of {tests}"
+
+
 def print_outcome(ship, code: int) -> None:
     """The judged table (scenario, vllm, image, before, after, suite after) and the outcome line;
     the messages of an error on stderr."""
@@ -173,7 +188,7 @@ def print_outcome(ship, code: int) -> None:
     if judged.get("before") or judged.get("after"):
         t = table(("scenario", "vllm", "image", "before", "after", "suite after"))
         a = judged.get("after") or {}
-        suite = f"{a.get('tests', 0) - a.get('failures', 0) - a.get('errors', 0)}/{a.get('tests', 0)} passed" if a else "-"
+        suite = suite_cell(a) if a else "-"
         t.add_row(judged.get("scenario", "-"), (judged.get("installed") or {}).get("version", "-"),
                   summary.get("image", "-"), (judged.get("before") or {}).get("observed", "-"),
                   a.get("observed", "-"), suite)

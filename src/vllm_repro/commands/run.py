@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from . import COLD_HELP, warm_setting
+from . import COLD_HELP, Tree, value, warm_setting
 
 DEFAULT_REPORTS = Path("reports")
 
@@ -23,13 +23,14 @@ def run(
     sched_log: bool = typer.Option(False, "--sched-log", help="Print [SCHED] state lines when the state changes."),
     jobs: Optional[int] = typer.Option(None, min=1, help="Releases run in parallel (default: CPUs, max 4)."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
-    tree: Optional[str] = typer.Option(None, "--tree", help="full | slice | auto (default: "
-                                       "VLLM_REPRO_TREE, else full; auto: the committed slice "
-                                       "where it is proven equivalent)."),
+    tree: Optional[Tree] = typer.Option(None, "--tree", help="Which tree runs (default: "
+                                        "VLLM_REPRO_TREE, else full; auto: the committed slice "
+                                        "where it is proven equivalent)."),
     cold: bool = typer.Option(False, "--cold", help=COLD_HELP),
 ) -> None:
     """Run scenario(s) on vLLM release(s) and print the verdict table."""
     warm_setting(cold)
+    tree = value(tree)
     from ..console import print_results, say
     from ..inputs import release_name, reports_dir
     from ..lab import RunItem, checked_releases, releases_for, run_matrix
@@ -37,6 +38,9 @@ def run(
     from ..scenario.load import unique_scenarios
     from ..sources.prepare import check_tree
 
+    from ..limits import check_jobs
+
+    check_jobs(jobs)
     t0 = time.perf_counter()
     vllm = [release_name(v) for v in vllm]
     reports = reports_dir(reports, create=False)

@@ -54,11 +54,6 @@ class EngineCoreLoop(StepLoop):
         cfg = self.cfg
         if not a.caps.engine_core:
             raise LevelMissing("engine-core", a.caps.refusal("engine-core"))
-        if cfg.get("max_concurrent_batches") is not None and a.caps.batch_queue_from_config:
-            raise RefusedByRelease(
-                f"config.max_concurrent_batches: vLLM {a.version}'s EngineCore sizes its batch "
-                "queue from VllmConfig.max_concurrent_batches, not from the executor; use "
-                "pipeline_parallel_size / async_scheduling on this release")
         self._structured = any(r.get("structured_outputs") for r in self.sc["requests"])
         if self._structured and not a.caps.structured_outputs:
             raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
@@ -66,8 +61,37 @@ class EngineCoreLoop(StepLoop):
         kv = self.sc.get("kv_transfer_config")
         self.kv_worker = self._kv_worker(kv) if kv else None
         build_cfg = {**cfg, "kv_transfer_config": kv} if kv else cfg
+        from .topology import topology
+
+        self.topology = topology(cfg)
+        if self.topology.dp > 1:
+            raise RefusedByRelease(
+                f"config.data_parallel_size: {self.topology.dp}: data parallelism runs one engine "
+                "core per DP rank (the release's DPEngineCoreProc and its coordinator), which the "
+                "lab does not start yet; this level drives one EngineCore: drop it, or run the "
+                "scenario at level: scheduler (one DP rank's scheduler)")
+        if self.topology.multiprocess:  # the ranks' worker, named through vLLM's own setting
+            from . import ranks
+
+            build_cfg = ranks.multiproc_config(a, build_cfg)
+        if cfg.get("execute_model_timeout_seconds") is not None:
+            from .ranks import check_rpc_timeout
+
+            check_rpc_timeout(a.version, self.topology)
         vllm_config, _ = self._config_or_refusal(
             lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured))
+        want = cfg.get("max_concurrent_batches")
+        if want is not None and a.caps.batch_queue_from_config:
+            # the release sizes its batch queue from VllmConfig.max_concurrent_batches, a
+            # property of the parallel and scheduler configs: the scenario's depth is taken
+            # where vLLM's own config gives it, else refused with what gives it
+            got = getattr(vllm_config, "max_concurrent_batches", None)
+            if got != want:
+                raise RefusedByRelease(
+                    f"config.max_concurrent_batches: {want}, where vLLM {a.version}'s "
+                    f"VllmConfig.max_concurrent_batches is {got} for this config (its EngineCore "
+                    "sizes the batch queue from it: pipeline_parallel_size, or 2 with "
+                    f"async_scheduling); set pipeline_parallel_size: {want} instead")
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
         cap = self.lab_limits.get("max_kv_blocks")
@@ -85,7 +109,13 @@ class EngineCoreLoop(StepLoop):
                 getattr(multiproc, "max_concurrent_batches", None), property):
             # what the deployment's executor (vLLM's MultiprocExecutor) reports for this config
             depth = multiproc.max_concurrent_batches.fget
-        executor_cls = self._lab(make_executor_class, self.worker, depth)
+        if self.topology.multiprocess:
+            # the release's own MultiprocExecutor, unchanged: it forks a WorkerProc per rank
+            self.ranks = self._lab(ranks.RankSet, self.worker, self.topology.world_size)
+            self.ranks.start()
+            executor_cls = self._lab(ranks.multiproc_executor)
+        else:
+            executor_cls = self._lab(make_executor_class, self.worker, depth)
         engine_cls = _import("vllm.v1.engine.core:EngineCore")
         self.vllm_config = vllm_config
         try:
@@ -104,6 +134,8 @@ class EngineCoreLoop(StepLoop):
             raise _EngineBuildCrash(exc) from exc
         self.engine = engine
         self.scheduler = engine.scheduler
+        if self.ranks is not None:
+            self.ranks.attach(engine.model_executor)
         if not hasattr(engine, "step_fn"):  # <= 0.10: EngineCoreProc.__init__ picks it
             engine.step_fn = (engine.step if getattr(engine, "batch_queue", None) is None
                               else engine.step_with_batch_queue)
@@ -168,7 +200,7 @@ class EngineCoreLoop(StepLoop):
         a = self.adapter
         scheduled = a.scheduled(so)
         req_ids, sampled, drafts = self.runner.execute(
-            self.step, scheduled, self.scheduler.requests, getattr(so, "finished_req_ids", ()))
+            self.step, scheduled, self.scheduler.requests, getattr(so, "finished_req_ids", ()), so)
         draft_ids = None
         if drafts is not None and a.DraftTokenIds is not None and "spec_token_ids" not in a._mro_fields:
             draft_ids = a.DraftTokenIds(req_ids, drafts)
@@ -214,10 +246,12 @@ class EngineCoreLoop(StepLoop):
 
         def observed_schedule(*args, **kwargs):
             loop._phase = "schedule"
+            loop._marks = loop._lab(state.preemption_marks, sched)
             so = schedule(*args, **kwargs)
             scheduled = loop._lab(loop.adapter.scheduled, so)
-            loop._line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+            loop._note_schedule(loop._line, scheduled)
             loop._scheduled_so.append(so)
+            loop._so_step[id(so)] = loop.step
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
                                                        so, scheduled):
                 raise _ObserverStop()
@@ -228,6 +262,7 @@ class EngineCoreLoop(StepLoop):
             loop._phase = "update_from_output"
             out = update(so, *args, **kwargs)
             loop._updated_so.append(so)
+            loop._applied_from.append(loop._so_step.pop(id(so), None))
             loop._phase = "step"
             return out
 
@@ -246,13 +281,40 @@ class EngineCoreLoop(StepLoop):
         self._in_flight: dict[int, list[str]] = {}
         self._scheduled_so: list = []
         self._updated_so: list = []
+        self._so_step: dict[int, int] = {}
+        self._applied_from: list = []
         self._phase = "engine-build"
         self._reach: dict[str, int] = {}
         self.kv_worker = None
+        self.ranks = None
+        self.engine = None
         try:
-            self._build_engine(self.runner)
+            with _rank_env(self.cfg):
+                return self._run(t0)
+        finally:
+            self._close_engine()
+
+    def _close_engine(self) -> None:
+        """vLLM's ``EngineCore.shutdown`` (with ranks: its executor stops their processes), then
+        the lab's side of the ranks."""
+        engine = self.engine
+        if engine is not None and not getattr(self, "_shut", False):
+            self._shut = True
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
+                pass
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def _run(self, t0: float) -> RunResult:
+        try:
+            built = self._watched(0, "engine-build", lambda: self._build_engine(self.runner) or True,
+                                  lambda: None)
         except _EngineBuildCrash as crash:
             return self._build_crashed(crash.__cause__, time.perf_counter() - t0)
+        if built is None:  # the watchdog: EngineCore's start-up never returned
+            return self._build_hung(time.perf_counter() - t0)
         self._check_events()
         record_stats = self._front_door_and_stats(self.vllm_config)
         build_s = time.perf_counter() - t0
@@ -263,10 +325,10 @@ class EngineCoreLoop(StepLoop):
             getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
             getattr(engine, "batch_queue_size", 1),
             getattr(engine.step_fn, "__name__", str(engine.step_fn)), type(self.scheduler).__name__)
-        try:
-            engine.shutdown()
-        except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
-            pass
+        if self.ranks is not None:
+            result.engine.topology = self.topology.describe()
+            result.engine.executor = type(engine.model_executor).__name__
+            result.faults = [f.brief() for f in self.ranks.fired] or None
         return result
 
     def _build_crashed(self, exc: BaseException, build_s: float) -> RunResult:
@@ -288,7 +350,7 @@ class EngineCoreLoop(StepLoop):
         a = self.adapter
         engine = self.engine
         self._line = line
-        self._scheduled_so, self._updated_so = [], []
+        self._scheduled_so, self._updated_so, self._applied_from = [], [], []
         self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
@@ -309,14 +371,19 @@ class EngineCoreLoop(StepLoop):
             if not self._scheduled_so:
                 line.idle = not self._updated_so
             line.applied = len(self._updated_so)
-            if record_stats is not None:
-                self._phase = "record_stats"
-                while not engine.output_queue.empty():
-                    _, outs = engine.output_queue.get_nowait()
-                    for stats in a.scheduler_stats({0: outs}):
+            queue_ = getattr(engine, "batch_queue", None)
+            if queue_ is not None:  # which batches were applied, and what is still in flight
+                line.applied_from = [s for s in self._applied_from if s is not None]
+                # at the step's peak: queued after its schedule(), before its updates popped
+                line.in_flight = len(queue_) + len(line.applied_from)
+            self._phase = "record_stats"
+            while not engine.output_queue.empty():
+                _, outs = engine.output_queue.get_nowait()
+                all_stats = self._lab(a.scheduler_stats, {0: outs})
+                self._note_stats(line, all_stats)
+                if record_stats is not None:
+                    for stats in all_stats:
                         record_stats(stats)
-            else:
-                _drain(engine.output_queue)
         except (RefusedByRelease, AdapterError):
             raise
         except (self._stop_exception(), _ObserverStop):
@@ -465,6 +532,9 @@ class EngineCoreLoop(StepLoop):
         engine = self.engine
         events = self.adapter.caps.events
         for e in self.sc.get("events", []):
+            if e.get("fault") and self.ranks is None:
+                raise RefusedByRelease(f"events[at_step {e['at_step']}].fault: a rank fault needs "
+                                       "rank processes; add config.distributed_executor_backend: mp")
             if e.get("when") == "in_flight" and not hasattr(engine, "aborts_queue") \
                     and getattr(engine, "batch_queue", None) is None:
                 raise RefusedByRelease(
@@ -499,14 +569,27 @@ class EngineCoreLoop(StepLoop):
             line.aborted.extend(e["abort"])
         elif e.get("reset_prefix_cache"):
             kwargs = {"reset_running_requests": True} if e.get("reset_running_requests") else {}
+            self._marks = self._lab(state.preemption_marks, self.scheduler)
             line.reset_prefix_cache = engine.reset_prefix_cache(**kwargs)
+            self._note_preemptions(line, "reset_prefix_cache")
         elif e.get("pause"):
+            self._marks = self._lab(state.preemption_marks, self.scheduler)
             if e.get("mode"):
                 engine.pause_scheduler(mode=e["mode"])
             else:
                 call_supported(engine.pause_scheduler)
+            self._note_preemptions(line, "pause")
             self._paused = True
             line.paused = e.get("mode") or True
+        elif e.get("fault"):
+            from .ranks import Fault
+
+            f = e["fault"]
+            fault = Fault(rank=f["rank"], kind=f["kind"], at_step=e["at_step"],
+                          seconds=float(f.get("seconds", 60.0)), exit_code=f.get("exit_code", 1),
+                          on_execute_model=f.get("on_execute_model"))
+            self.ranks.arm(fault)
+            line.fault = fault.brief()
         elif e.get("resume"):
             engine.resume_scheduler()
             self._paused = False
@@ -535,6 +618,44 @@ class EngineCoreLoop(StepLoop):
                 pass
 
 
+class _rank_env:
+    """The variables of vLLM's that a multi-process run sets for its duration (restored after):
+    ``VLLM_WORKER_MULTIPROC_METHOD=fork`` (vLLM's default, said explicitly: the ranks inherit
+    the emulated platform and the lab's setup) and, where the scenario gives
+    ``config.execute_model_timeout_seconds``, the release's own
+    ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (``MultiprocExecutor``'s RPC timeout)."""
+
+    def __init__(self, cfg: dict):
+        import os
+
+        self.os = os
+        self.want: dict[str, str] = {}
+        if cfg.get("execute_model_timeout_seconds") is not None:
+            self.want["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = str(
+                int(cfg["execute_model_timeout_seconds"]))
+        from .topology import topology
+
+        try:
+            if topology(cfg).multiprocess:
+                self.want["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        except ValueError:
+            pass
+        self.before: dict[str, str | None] = {}
+
+    def __enter__(self):
+        for k, v in self.want.items():
+            self.before[k] = self.os.environ.get(k)
+            self.os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.before.items():
+            if v is None:
+                self.os.environ.pop(k, None)
+            else:
+                self.os.environ[k] = v
+
+
 class _EngineBuildCrash(Exception):
     """vLLM raised inside ``EngineCore.__init__`` (its ``__cause__``): a start-up crash."""
 
@@ -551,11 +672,6 @@ def _process_engine_step():
     if fn is None:
         raise AdapterError("vLLM's EngineCoreProc has no _process_engine_step")
     return fn
-
-
-def _drain(q) -> None:
-    while not q.empty():
-        q.get_nowait()
 
 
 def _raised_in_lab(exc: BaseException) -> bool:

@@ -48,18 +48,22 @@ class FakeModelRunner:
         self.slots: PersistentBatch | None = None
 
     def execute(self, step: int, scheduled: list[Scheduled], requests: dict,
-                finished_ids=()) -> tuple[list[str], list[list[int]], list[list[int]] | None]:
+                finished_ids=(), scheduler_output=None
+                ) -> tuple[list[str], list[list[int]], list[list[int]] | None]:
         """``(req_ids, sampled_token_ids, next_draft_token_ids)`` for the scheduled requests.
 
         ``requests``: the scheduler's ``requests`` dict (``Request.num_tokens`` and
         ``num_output_tokens`` as of this step's ``schedule()``); ``finished_ids``: the output's
-        ``finished_req_ids`` (the runner drops their books). Like ``GPUModelRunner``, a token is
+        ``finished_req_ids`` (the runner drops their books); ``scheduler_output``: the
+        ``SchedulerOutput`` itself, for the worker-side state (:attr:`slots`: the release's
+        ``InputBatch`` is brought in line with it, as ``GPUModelRunner._update_states`` does,
+        and given the sampled tokens after, as ``_bookkeeping_sync``). Like ``GPUModelRunner``, a token is
         sampled only when ``num_computed_tokens + num_scheduled_tokens >= num_tokens`` by the
         runner's own books, which a request scheduled without new or cached data keeps stale.
         """
         req_ids, sampled, drafts = [], [], []
         if self.slots is not None:
-            self.slots.update(step, [s.req_id for s in scheduled], finished_ids)
+            self.slots.update(step, [s.req_id for s in scheduled], finished_ids, scheduler_output)
         for rid in finished_ids:
             self.books.pop(rid, None)
         for s in scheduled:
@@ -97,6 +101,9 @@ class FakeModelRunner:
             sampled.append(tokens)
             book[1] += len(tokens)
             drafts.append(self._proposed(s.req_id) if self.num_spec else [])
+        after = getattr(self.slots, "after_sample", None)
+        if after is not None:
+            after(req_ids, sampled)
         return req_ids, sampled, (drafts if self.num_spec else None)
 
     def _accepted(self, rid: str, num_drafts: int) -> int:
@@ -148,6 +155,9 @@ class FakeModelRunner:
                 kept.append(self.choose(masks[i], tok))
                 break
             out.append(kept)
+            retract = getattr(self.slots, "retract", None)
+            if retract is not None and len(kept) < len(tokens):
+                retract(rid, len(tokens) - len(kept))  # the worker-side state cached them
         return out
 
     def choose(self, row, preferred: int) -> int:
@@ -194,7 +204,8 @@ class PersistentBatch:
         self.slots: set[str] = set()
         self.overflow: list[tuple[int, str, int, int]] = []
 
-    def update(self, step: int, scheduled_ids: list[str], finished_ids=()) -> None:
+    def update(self, step: int, scheduled_ids: list[str], finished_ids=(),
+               scheduler_output=None) -> None:
         slots = self.slots
         slots.difference_update(finished_ids)
         slots.intersection_update(scheduled_ids)

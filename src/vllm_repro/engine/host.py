@@ -141,7 +141,9 @@ class Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         r, w = os.pipe()
         # appended, not truncated: an earlier run's result.json may point at its crash dump
-        self._log = open(self.log_path, "a")
+        from ..inputs import open_append
+
+        self._log = open_append(self.log_path, "worker's log")
         self._log.write(f"==== vllm-repro: a worker for vLLM {self.env.version} starts, "
                         f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
         self._log.flush()

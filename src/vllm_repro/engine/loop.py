@@ -24,10 +24,15 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records import Crash, Frame, ReportDir, RunResult, Stall, Timing, TraceLine
-from .adapter import AdapterError, LevelMissing, RefusedByRelease, V1Adapter, token_stream
+from ..records import Crash, Frame, Hang, ReportDir, RunResult, Stall, Timing, TraceLine
+from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
+                      token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
-from .state import stall_message, worker_max_num_reqs
+from .input_batch import WORKER_STATE_ATTR, worker_state
+from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
+                    worker_max_num_reqs)
+from .explain import crash_context
+from .watchdog import StepTimeout, Watchdog
 
 
 def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
@@ -47,12 +52,18 @@ def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
 
 def describe_exception(exc: BaseException, vllm_root: Path, step: int, phase: str) -> Crash:
     """The :class:`~vllm_repro.records.Crash` record: type, first message line, innermost vLLM
-    frame, step, phase."""
+    frame, step, phase, and its :class:`~vllm_repro.records.CrashContext` (``engine/explain.py``:
+    the statement, its frame's locals, an assert's operands)."""
     frames = vllm_frames(exc.__traceback__, vllm_root)
     msg = str(exc).strip().splitlines()
+    try:  # why: the innermost vLLM frame's statement, locals and an assert's operands
+        context = crash_context(exc.__traceback__, vllm_root)
+    except Exception:  # noqa: BLE001 - never in the way of the crash itself
+        context = None
     return Crash(type(exc).__name__, msg[0] if msg else "", frames[-1] if frames else None,
                  frames[-8:], step, phase,
-                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:])
+                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],
+                 context)
 
 
 class _NeverRaised(BaseException):
@@ -107,11 +118,14 @@ class StepLoop:
         a = self.adapter
         t0 = time.perf_counter()
         try:
-            _, self.scheduler = a.build(self.cfg)
+            built = self._watched(0, "engine-build", lambda: a.build(self.cfg), lambda: None)
         except (AdapterError, RefusedByRelease, MemoryError):
             raise
         except Exception as exc:
             raise self.refusal(exc) from exc
+        if built is None:  # the watchdog: the build never returned
+            return self._build_hung(time.perf_counter() - t0)
+        _, self.scheduler = built
         model = self.sc.get("model") or {}
         if model.get("empty_at") and not a.caps.empty_outputs:
             raise RefusedByRelease(f"model.empty_at: {a.caps.refusal('empty outputs')}")
@@ -135,7 +149,8 @@ class StepLoop:
         for step in range(1, max_steps + 1):
             self.step = step
             line = TraceLine.begin(step, None if scheduled is None else dict(scheduled))
-            ended, so = step_fn(step, line)
+            ended, so = self._watched(step, "step", lambda s=step, ln=line: step_fn(s, ln),
+                                      lambda ln=line: (self._hung(ln), None))
             done = ended is not None
             if not done:
                 ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
@@ -147,6 +162,36 @@ class StepLoop:
         return self.finish_result(result, step, build_s, time.perf_counter() - t1,
                                   time.process_time() - c1)
 
+    def _watched(self, step: int, phase: str, call, on_hang):
+        """``call()`` timed by the run's watchdog (``self.watchdog``, none: untimed), armed for
+        ``step`` in ``phase``; where it runs out of time (:class:`~.watchdog.StepTimeout`),
+        ``on_hang()`` instead."""
+        wd = getattr(self, "watchdog", None)
+        if wd is None:
+            return call()
+        try:
+            wd.arm(step, phase)
+            out = call()
+        except StepTimeout:
+            wd.disarm()
+            return on_hang()
+        except BaseException:
+            wd.disarm()
+            raise
+        wd.disarm()
+        return out
+
+    def _hung(self, line: TraceLine | None) -> RunResult:
+        """The watchdog interrupted this step (or start-up: no ``line``): the line written, with
+        the state as it was left, outcome ``hang``."""
+        hang = self.watchdog.hang or Hang(getattr(self, "step", 0), self.watchdog.limit_s,
+                                          getattr(self, "_phase", None), stopped="interrupted")
+        if line is not None:
+            line.phase = "hang"
+            self._state(line)
+            self._emit(line)
+        return RunResult("hang", hang=hang)
+
     def _step(self, step: int, line: TraceLine, runner: FakeModelRunner, record_stats):
         """One ``EngineCore.step`` at the scheduler level: this step's requests added, aborts
         applied, then ``schedule()``, the fake runner, ``update_from_output``, stats and drafts.
@@ -155,7 +200,7 @@ class StepLoop:
         a = self.adapter
         sched = self.scheduler
         so = None
-        phase = "add_request"
+        phase = self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
                 req = self._lab(a.make_request, r["id"], self.prompt_of(r), r["max_tokens"],
@@ -166,7 +211,7 @@ class StepLoop:
                 self.created[r["id"]] = req
                 sched.add_request(req)
                 line.added.append(r["id"])
-            phase = "abort"
+            phase = self._phase = "abort"
             for e in self.events_by_step.get(step, []):
                 if e.get("abort"):
                     a.abort(sched, e["abort"])
@@ -175,24 +220,27 @@ class StepLoop:
                 line.scheduled = {}
                 line.idle = True  # EngineCore.step returns without scheduling: nothing to do
                 return None, None
-            phase = "schedule"
+            phase = self._phase = "schedule"
+            self._marks = self._lab(preemption_marks, sched)
             so = sched.schedule()
             scheduled = self._lab(a.scheduled, so)
-            line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+            self._note_schedule(line, scheduled)
             if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
                                                        scheduled):
                 return self._stopped(line), so
             req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
-                                                 getattr(so, "finished_req_ids", ()))
+                                                 getattr(so, "finished_req_ids", ()), so)
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
-            phase = "update_from_output"
+            phase = self._phase = "update_from_output"
             engine_core_outputs = sched.update_from_output(so, mro)
+            all_stats = self._lab(a.scheduler_stats, engine_core_outputs)
+            self._note_stats(line, all_stats)
             if record_stats is not None:
                 # AsyncLLM's output handler: logger_manager.record(scheduler_stats, ...)
-                phase = "record_stats"
-                for stats in a.scheduler_stats(engine_core_outputs):
+                phase = self._phase = "record_stats"
+                for stats in all_stats:
                     record_stats(stats)
-            phase = "update_draft_token_ids"
+            phase = self._phase = "update_draft_token_ids"
             a.deliver_drafts(sched, req_ids, drafts)
         except (RefusedByRelease, AdapterError):
             raise
@@ -203,6 +251,41 @@ class StepLoop:
         except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
             return self._crashed(exc, step, phase, line), so
         return None, so
+
+    def _build_hung(self, build_s: float) -> RunResult:
+        """The build of the scheduler or engine never returned: ``hang`` at step 0, phase
+        ``engine-build``, with a step-0 trace line."""
+        self.trace(TraceLine(0, phase="hang"))
+        hang = self.watchdog.hang or Hang(0, self.watchdog.limit_s, "engine-build",
+                                          stopped="interrupted")
+        return RunResult("hang", hang=hang, steps=0, finished={},
+                         unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
+                         level=self.level, timing=Timing(round(build_s, 4)))
+
+    def _note_schedule(self, line: TraceLine, scheduled) -> None:
+        """What ``schedule()`` decided, into ``line``: tokens and draft tokens scheduled per
+        request, and the requests it preempted (against the marks taken before it)."""
+        line.scheduled = {s.req_id: s.num_scheduled for s in scheduled}
+        drafts = {s.req_id: len(s.spec_tokens) for s in scheduled if s.spec_tokens}
+        line.drafts = drafts or line.drafts
+        self._note_preemptions(line, "schedule")
+
+    def _note_preemptions(self, line: TraceLine, cause: str) -> None:
+        """The requests preempted since ``self._marks`` (taken before the call that ``cause``
+        names: ``schedule``, ``reset_prefix_cache``, ``pause``), into ``line.preemptions``."""
+        before = getattr(self, "_marks", None)
+        if before is None:
+            return
+        self._marks = None
+        for rid in self._lab(preempted_since, self.scheduler, before):
+            line.preemptions = {**(line.preemptions or {}), rid: cause}
+
+    def _note_stats(self, line: TraceLine, all_stats) -> None:
+        """The step's ``SchedulerStats`` (the last one made), flattened, its non-zero numbers
+        into ``line.stats``."""
+        for stats in all_stats or ():
+            if stats is not None:  # zeros left out (absent reads 0): the trace stays small
+                line.stats = {k: v for k, v in self._lab(flat_stats, stats).items() if v}
 
     def _stop_exception(self) -> type[BaseException]:
         """The observer's ``stop_exception`` (raised from inside a vLLM call), or one never
@@ -219,6 +302,11 @@ class StepLoop:
         """vLLM raised ``exc`` in ``phase`` of ``step``: the line written, outcome ``crash``."""
         crash = describe_exception(exc, self.adapter.vllm_file, step, phase)
         line.crash = crash.brief()
+        if phase == "schedule":  # what it had preempted before it raised
+            try:
+                self._note_preemptions(line, "schedule")
+            except Exception:  # noqa: BLE001 - the books after a crash may be unreadable
+                pass
         self._state(line)
         self._emit(line)
         return RunResult("crash", crash=crash)
@@ -247,15 +335,18 @@ class StepLoop:
         if self._idle < stall_steps:
             return None, False
         self.stall_since = step - stall_steps + 1
+        clauses = self._stall_clauses(unfinished, line)
         return RunResult("stall", stall=Stall(step, self.stall_since, unfinished, line.waiting,
                                               line.running, line.free_blocks,
-                                              self._stall_message(unfinished, line))), True
+                                              "; ".join(text for text, _ in clauses),
+                                              stall_cause(clauses))), True
 
-    def _stall_message(self, unfinished: list[str], line: TraceLine) -> str:
-        """The stall's ``message``: where each unfinished request is stuck
-        (:func:`~vllm_repro.engine.state.stall_message` over the live scheduler)."""
-        return stall_message(self.scheduler, unfinished, line.waiting, line.running,
-                             int(self.cfg.get("block_size") or 16))
+    def _stall_clauses(self, unfinished: list[str], line: TraceLine) -> list[tuple[str, str]]:
+        """Where each unfinished request is stuck and why, ``(clause, cause)``
+        (:func:`~vllm_repro.engine.state.stall_clauses` over the live scheduler): the stall's
+        ``message`` and ``cause``."""
+        return stall_clauses(self.scheduler, unfinished, line.waiting, line.running,
+                             int(self.cfg.get("block_size") or 16), line.scheduled)
 
     def _progressed(self, line: TraceLine) -> bool:
         """Progress at the scheduler level: some request had tokens scheduled."""
@@ -288,10 +379,13 @@ class StepLoop:
 
     def _track_worker_batch(self) -> None:
         """Give the fake runner the worker's persistent batch (``max_num_seqs`` slots), which
-        the audit reads (``WORKER_BATCH_OVERFLOW``). Shared by both levels."""
+        the audit reads (``WORKER_BATCH_OVERFLOW``): the release's own ``InputBatch`` where it builds
+        on CPU (:func:`~vllm_repro.engine.input_batch.worker_state`), else the lab's
+        :class:`PersistentBatch`. Shared by both levels."""
         runner = getattr(self, "runner", None)
         if runner is not None:
-            runner.slots = PersistentBatch(worker_max_num_reqs(self.scheduler))
+            runner.slots = worker_state(self.scheduler, self.cfg) or PersistentBatch(
+                worker_max_num_reqs(self.scheduler))
 
     def finish_result(self, result: RunResult, step: int, build_s: float, run_s: float,
                       run_cpu_s: float) -> RunResult:
@@ -341,8 +435,8 @@ class StepLoop:
                              and type(exc).__module__.startswith("pydantic"))
         if refused_by_config or vllm_frames(exc.__traceback__, a.vllm_file) and str(
                 a.vllm_file.resolve()) in str(Path(innermost).resolve()):
-            return RefusedByRelease(f"config: vLLM {a.version} refuses this configuration: "
-                                    f"{type(exc).__name__}: {first}")
+            return refused_by_vllm(f"config: vLLM {a.version} refuses this configuration: "
+                                   f"{type(exc).__name__}: {first}", exc)
         return AdapterError(f"building vLLM {a.version}'s scheduler failed: "
                             f"{type(exc).__name__}: {first}")
 
@@ -362,6 +456,8 @@ class StepLoop:
         except (RefusedByRelease, AdapterError, MemoryError):
             raise
         except Exception as exc:
+            if getattr(exc, WORKER_STATE_ATTR, False):
+                raise  # the release's own worker-side state failed: vLLM's crash
             raise AdapterError(f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}") from exc
 
     def _collect_finished(self) -> list[str]:
@@ -438,6 +534,23 @@ def slice_gap(events: list, version: str, crash: Crash | None = None) -> str | N
             f"this path (vllm-repro slice {version})")
 
 
+def _emulate_devices(scenario: dict) -> int | None:
+    """Make the emulated platform report the devices the scenario's topology needs
+    (:func:`~vllm_repro.engine.topology.topology`); returns the count before, or None where the
+    scenario asks for one device (nothing changed). Raises :class:`RefusedByRelease` for sizes
+    the lab refuses."""
+    from .adapter import platform
+    from .topology import topology
+
+    try:
+        topo = topology(scenario.get("config") or {})
+    except ValueError as exc:
+        raise RefusedByRelease(str(exc)) from None
+    if topo.devices == 1:
+        return None
+    return platform.set_device_count(topo.devices)
+
+
 def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
                  limits: dict | None = None) -> RunResult:
     """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
@@ -474,15 +587,23 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
                                 "fewer requests or steps, or raise VLLM_REPRO_MAX_TRACE_MB")
             trace_f.write(text)
 
+    devices_before = None
+    timeout = (scenario.get("limits") or {}).get("step_timeout_s") or limits.get("step_timeout_s")
+    current: list[StepLoop] = []
+    watchdog = Watchdog(float(timeout), adapter.vllm_file,
+                        lambda: getattr(current[0], "_phase", None) if current else None) \
+        if timeout else None
     try:
         level = scenario.get("level") or "scheduler"
+        devices_before = _emulate_devices(scenario)
         if level == "v0-engine":
             from .v0 import V0EngineLoop
 
             v0 = v0_adapter(adapter)
             with v0.platform_scope():
                 loop: StepLoop = V0EngineLoop(v0, scenario, write, observer)
-                loop.lab_limits = limits
+                loop.lab_limits, loop.watchdog = limits, watchdog
+                current.append(loop)
                 result = loop.run()
         elif getattr(adapter, "generation", "v1") == "v0":
             raise LevelMissing(level, adapter.caps.refusal("v1-engine"))
@@ -493,12 +614,17 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         else:
             loop = StepLoop(adapter, scenario, write, observer)
         if level != "v0-engine":
-            loop.lab_limits = limits
+            loop.lab_limits, loop.watchdog = limits, watchdog
+            current.append(loop)
             result = loop.run()
     except LevelMissing as exc:
         result = RunResult.failed("input", str(exc), lacks_level=exc.level)
     except RefusedByRelease as exc:
         result = RunResult.failed("input", str(exc))
+        if exc.vllm_exc is not None:  # vLLM's own refusal: what `outcome: refused` is judged on
+            result.refusal = describe_exception(exc.vllm_exc, adapter.vllm_file, 0, exc.phase)
+            # the whole text, not its first line: a ValidationError's reason is on its second
+            result.refusal.message = " ".join(str(exc.vllm_exc).split())[:800]
     except MemoryError:
         mb = (limits or {}).get("worker_memory_mb")
         result = RunResult.failed("input", f"out of memory (limit {mb} MB, VLLM_REPRO_WORKER_MEMORY_MB): "
@@ -512,8 +638,14 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         result = RunResult.failed("lab", f"{type(exc).__name__}: {exc}",
                                   traceback=traceback.format_exc()[-4000:])
     finally:
+        if watchdog is not None:
+            watchdog.close()
         if trace_f is not None:
             trace_f.close()
+        if devices_before is not None:
+            from .adapter import platform
+
+            platform.set_device_count(devices_before)
     runtime = _slice_runtime()
     gap = None if runtime is None else \
         slice_gap(getattr(runtime, "EVENTS", [])[events_before:], adapter.version, result.crash)

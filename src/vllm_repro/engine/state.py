@@ -547,21 +547,50 @@ def grammar_pending(req) -> bool:
 
 
 def stall_message(scheduler, unfinished: list[str], waiting: list[str] | None,
-                  running: list[str] | None, block_size: int) -> str:
-    """Where each unfinished request of a stalled run is stuck: one clause per request,
-    ``; ``-separated, e.g. ``huge in waiting, needs 64 KV blocks for its 1009 tokens, more
-    than the pool's 50`` or ``A in running, 1 output placeholder(s)``. A clause names the
-    request's queue (``in waiting``, ``in running``, ``in no queue``, ``not in the scheduler``),
-    then, with one KV cache group and a ``BlockPool`` whose size it reports
-    (``BlockPool.num_gpu_blocks``), the blocks of ``block_size`` tokens it needs for every token
-    it computes to finish (``num_prompt_tokens + max_tokens - 1``: the last sampled token is
-    not computed) when the pool cannot give them: ``more than the pool's P`` (the request can
-    never fit) or ``the pool's P with the null block, P - 1 without`` (it fits only by counting
-    the block ``BlockPool`` keeps as ``null_block``); then ``Request.num_output_placeholders``
-    when positive (async scheduling: tokens the scheduler believes in flight). Reads
-    ``Scheduler.requests``, the block pool (:func:`block_pool`) and the request's fields; never
-    raises (an unreadable part is left out)."""
+                  running: list[str] | None, block_size: int,
+                  scheduled: dict[str, int] | None = None) -> str:
+    """Where each unfinished request of a stalled run is stuck, and why where the books say:
+    one clause per request, ``; ``-separated (:func:`stall_clauses`)."""
+    return "; ".join(text for text, _ in stall_clauses(scheduler, unfinished, waiting, running,
+                                                         block_size, scheduled))
+
+
+#: the causes :func:`stall_clauses` tells apart (``Stall.cause``, the fuzz signature's
+#: ``stall:CAUSE``), most specific first
+STALL_CAUSES = ("pool-too-small", "kv-load-not-promoted", "kv-load-in-flight", "kv-load-held",
+                "no-free-blocks", "zero-tokens", "placeholders", "waiting", "running", "gone")
+
+
+def stall_clauses(scheduler, unfinished: list[str], waiting: list[str] | None,
+                  running: list[str] | None, block_size: int,
+                  scheduled: dict[str, int] | None = None) -> list[tuple[str, str]]:
+    """``(clause, cause)`` per unfinished request of a stalled run. A clause names the
+    request's queue (``in waiting``, ``in running``, ``in no queue``, ``not in the
+    scheduler``), then what holds it, e.g. ``huge in waiting, needs 64 KV blocks for its 1009
+    tokens, more than the pool's 50`` or ``A in running, 1 output placeholder(s)``:
+
+    - ``pool-too-small``: with one KV cache group and a ``BlockPool`` whose size it reports
+      (``BlockPool.num_gpu_blocks``), the blocks of ``block_size`` tokens it needs for every
+      token it computes to finish (``num_prompt_tokens + max_tokens - 1``) are more than the
+      pool has (``more than the pool's P``) or fit only by counting the null block (``the
+      pool's P with the null block, P - 1 without``);
+    - ``kv-load-in-flight`` / ``kv-load-not-promoted``: it waits for its KV connector load
+      (``WAITING_FOR_REMOTE_KVS``) that the worker never reported finished, or that was
+      reported (``Scheduler.finished_recving_kv_req_ids``) and never promoted to ``WAITING``;
+    - ``kv-load-held``: it waits holding the KV blocks a load filled (a connector, computed
+      tokens, status ``WAITING``) and is never scheduled;
+    - ``no-free-blocks``: it waits needing more KV blocks for its remaining tokens than the
+      pool has free, and names who holds the rest (``held by A (3), B (2)``);
+    - ``zero-tokens``: the last step scheduled it with 0 tokens (``scheduled``: that step's
+      ``num_scheduled_tokens``);
+    - ``placeholders``: ``Request.num_output_placeholders`` > 0 (async scheduling: tokens the
+      scheduler believes in flight);
+    - else its queue (``waiting``, ``running``) or ``gone``.
+
+    Reads ``Scheduler.requests``, the block pool (:func:`block_pool`), the KV cache managers'
+    tables and the request's fields; never raises (an unreadable part is left out)."""
     waiting, running = set(waiting or ()), set(running or ())
+    scheduled = scheduled or {}
     try:
         pool = block_pool(scheduler)
         total = getattr(pool, "num_gpu_blocks", None) if num_kv_groups(scheduler) == 1 else None
@@ -569,12 +598,19 @@ def stall_message(scheduler, unfinished: list[str], waiting: list[str] | None,
         requests = getattr(scheduler, "requests", {}) or {}
     except Exception:  # noqa: BLE001 - a release without these reads gets queues only
         total, null, requests = None, False, {}
+    try:
+        free = num_free_blocks(scheduler)
+    except Exception:  # noqa: BLE001
+        free = None
+    connector = getattr(scheduler, "connector", None) is not None
+    recved = set(getattr(scheduler, "finished_recving_kv_req_ids", ()) or ())
     clauses = []
     for rid in unfinished:
         req = requests.get(rid)
         where = ("in running" if rid in running else "in waiting" if rid in waiting
                  else "in no queue" if req is not None else "not in the scheduler")
         parts = [f"{rid} {where}"]
+        causes = []
         prompt = getattr(req, "num_prompt_tokens", None)
         max_tokens = request_max_tokens(req) if req is not None else None
         if isinstance(total, int) and isinstance(prompt, int) and isinstance(max_tokens, int):
@@ -584,11 +620,132 @@ def stall_message(scheduler, unfinished: list[str], waiting: list[str] | None,
             if need > total:
                 parts.append(f"needs {need} KV blocks for its {tokens} tokens, more than the "
                              f"pool's {total}")
+                causes.append("pool-too-small")
             elif need > usable:
                 parts.append(f"needs {need} KV blocks for its {tokens} tokens, the pool's "
                              f"{total} with the null block, {usable} without")
+                causes.append("pool-too-small")
+        status = getattr(getattr(req, "status", None), "name", None)
+        if status == "WAITING_FOR_REMOTE_KVS":
+            if rid in recved:
+                parts.append("its KV load was reported finished (finished_recving) and never "
+                             "promoted out of WAITING_FOR_REMOTE_KVS")
+                causes.append("kv-load-not-promoted")
+            else:
+                parts.append("waits for its KV load (WAITING_FOR_REMOTE_KVS), which the worker "
+                             "never reported finished")
+                causes.append("kv-load-in-flight")
+        elif rid in waiting and req is not None and not causes:
+            computed = getattr(req, "num_computed_tokens", 0) or 0
+            if connector and status == "WAITING" and computed > 0:
+                parts.append(f"holds the KV its load filled ({computed} computed tokens) and is "
+                             "never scheduled")
+                causes.append("kv-load-held")
+            else:
+                short = _blocks_short(scheduler, req, block_size, free)
+                if short:
+                    parts.append(short)
+                    causes.append("no-free-blocks")
         placeholders = getattr(req, "num_output_placeholders", 0)
         if isinstance(placeholders, int) and placeholders > 0:
             parts.append(f"{placeholders} output placeholder(s)")
-        clauses.append(", ".join(parts))
-    return "; ".join(clauses)
+            causes.append("placeholders")
+        if rid in scheduled and not scheduled[rid]:
+            parts.append("scheduled with 0 tokens in the last step")
+            causes.append("zero-tokens")
+        if not causes:
+            causes.append("running" if rid in running else "waiting" if rid in waiting
+                          else "gone")
+        clauses.append((", ".join(parts), causes[0]))
+    return clauses
+
+
+def stall_cause(clauses: list[tuple[str, str]]) -> str | None:
+    """The stall's cause (``Stall.cause``): the most specific of its clauses' causes in the
+    order of :data:`STALL_CAUSES`, None for no clause."""
+    found = {cause for _, cause in clauses}
+    return next((c for c in STALL_CAUSES if c in found), None)
+
+
+def _blocks_short(scheduler, req, block_size: int, free) -> str | None:
+    """``needs N KV blocks for its next M tokens, F free (held by A (3), B (2))`` where a
+    waiting request's remaining tokens need more blocks than the pool has free; else None."""
+    try:
+        left = (req.num_tokens - (req.num_computed_tokens or 0))
+        need = -(-left // block_size)
+        if not isinstance(free, int) or need <= free or need <= 0:
+            return None
+        held: dict[str, int] = {}
+        for m in managers_of(scheduler.kv_cache_manager):
+            for rid, blocks in (getattr(m, "req_to_blocks", {}) or {}).items():
+                n = sum(1 for b in blocks if not getattr(b, "is_null", False))
+                if n:
+                    held[rid] = held.get(rid, 0) + n
+        who = ", ".join(f"{rid} ({n})" for rid, n in sorted(held.items(), key=lambda x: -x[1])[:6])
+        return (f"needs {need} KV blocks for its next {left} tokens, {free} free"
+                + (f" (held by {who})" if who else ""))
+    except Exception:  # noqa: BLE001 - a release whose books read otherwise: left out
+        return None
+
+
+def preemption_marks(scheduler) -> dict[str, int]:
+    """Running request id -> ``Request.num_preemptions`` (-1 where the release's ``Request``
+    has none), read before a call that may preempt (``schedule()``, ``reset_prefix_cache``,
+    ``pause_scheduler``): what :func:`preempted_since` compares. Only running requests can be
+    preempted (``Scheduler._preempt_request``), so only they are read."""
+    return {r.request_id: getattr(r, "num_preemptions", -1)
+            for r in iter_queue(getattr(scheduler, "running", ()))}
+
+
+def preempted_since(scheduler, before: dict[str, int]) -> list[str]:
+    """The requests running at ``before`` (:func:`preemption_marks`) preempted since: status
+    ``PREEMPTED`` now, or ``num_preemptions`` up (preempted and resumed in one call), in the
+    running order they had."""
+    requests = getattr(scheduler, "requests", {})
+    out = []
+    for rid, count in before.items():
+        req = requests.get(rid)
+        if req is None:
+            continue
+        status = getattr(getattr(req, "status", None), "name", None)
+        now = getattr(req, "num_preemptions", -1)
+        if status == "PREEMPTED" or (count >= 0 and isinstance(now, int) and now > count):
+            out.append(rid)
+    return out
+
+
+def flat_stats(stats) -> dict:
+    """A ``SchedulerStats`` (``vllm/v1/metrics/stats.py``) as ``{dotted name: number}``: its
+    numbers, those of its ``prefix_cache_stats`` / ``spec_decoding_stats`` / ... as
+    ``prefix_cache_stats.hits``, list entries as ``name.0``, ``name.1``; strings, sets and
+    ``None`` left out."""
+    out: dict = {}
+
+    def walk(prefix: str, value, depth: int) -> None:
+        if isinstance(value, bool):
+            out[prefix] = int(value)
+        elif isinstance(value, (int, float)):
+            out[prefix] = value
+        elif isinstance(value, (list, tuple)) and depth < 3:
+            for i, v in enumerate(value[:32]):
+                walk(f"{prefix}.{i}", v, depth + 1)
+        elif depth < 3 and hasattr(value, "__dict__") and not isinstance(value, type):
+            for k, v in vars(value).items():
+                if not k.startswith("_"):
+                    walk(f"{prefix}.{k}" if prefix else k, v, depth + 1)
+
+    walk("", stats, 0)
+    return out
+
+
+def reports_preemptions_between_steps(scheduler) -> bool:
+    """Whether the release's scheduler carries preemptions made outside ``schedule()``
+    (``reset_prefix_cache(reset_running_requests=True)``, ``pause``) into the next
+    ``SchedulerOutput.preempted_req_ids``: it keeps a set of such ids on itself
+    (``Scheduler.reset_preempted_req_ids``, later releases). Releases without one flush those
+    requests from the worker's batch another way (``prev_step_scheduled_req_ids.clear()``)."""
+    try:
+        return any(isinstance(v, set) and k.endswith("preempted_req_ids")
+                   for k, v in vars(scheduler).items())
+    except TypeError:
+        return False

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from .adapter.probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import,
-                             params_of)
+                             params_of, refused_by_vllm)
 from .adapter.requests import EOS_TOKEN_ID
 from .engine_args import (NGRAM_FLAT_FIELDS, as_command_line_text, engine_arg_refusal,
                           engine_arg_type_error)
@@ -1114,8 +1114,8 @@ class V0EngineLoop(StepLoop):
         first = " ".join(" ".join(str(exc).strip().splitlines()[:3]).split())
         if vllm_frames(exc.__traceback__, self.adapter.vllm_file) or type(exc).__name__ in (
                 "ValidationError", "TypeError", "ValueError"):
-            return RefusedByRelease(f"config: vLLM {self.adapter.version} refuses this "
-                                    f"configuration: {type(exc).__name__}: {first}")
+            return refused_by_vllm(f"config: vLLM {self.adapter.version} refuses this "
+                                   f"configuration: {type(exc).__name__}: {first}", exc)
         return AdapterError(f"building vLLM {self.adapter.version}'s engine config failed: "
                             f"{type(exc).__name__}: {first}")
 

@@ -361,6 +361,9 @@ class Parent:
         self.listener.bind(tmp)
         self.listener.listen(64)
         os.replace(tmp, self.sock_path)
+        from .. import procs
+
+        procs.make_subreaper()  # what a killed worker left behind comes here (_reap kills it)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -415,7 +418,19 @@ class Parent:
             pass
 
     def _reap(self) -> None:
-        while self.children:
+        """Reap the workers that ended (telling each one's client its exit code), and kill
+        every other child: a process a worker left behind (a helper started in its own
+        session, or double-forked) is re-parented to this parent, a child subreaper, when the
+        worker was killed before its own sweep."""
+        from .. import procs
+
+        for pid in procs.children_of(os.getpid()):
+            if pid not in self.children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:

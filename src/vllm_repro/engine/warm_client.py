@@ -100,28 +100,34 @@ def enabled() -> bool:
                      "starts cold, as --cold does); set it to one, or unset it")
 
 
+#: the longest a warm parent may idle (a day) and the most parents (one per environment)
+MAX_IDLE_S = 86_400.0
+MAX_MAX_PARENTS = 64
+
+
 def idle_seconds() -> float:
-    """``VLLM_REPRO_WARM_IDLE_S`` (seconds, > 0; default 300). :class:`InputError` otherwise."""
-    return _positive(IDLE_SETTING, DEFAULT_IDLE_S, float)
+    """``VLLM_REPRO_WARM_IDLE_S`` (seconds, above 0 and at most :data:`MAX_IDLE_S`; default
+    300). :class:`InputError` otherwise."""
+    return _positive(IDLE_SETTING, DEFAULT_IDLE_S, float, MAX_IDLE_S)
 
 
 def max_parents() -> int:
-    """``VLLM_REPRO_WARM_MAX`` (a whole number > 0; default 4)."""
-    return int(_positive(MAX_SETTING, DEFAULT_MAX, int))
+    """``VLLM_REPRO_WARM_MAX`` (a whole number from 1 to :data:`MAX_MAX_PARENTS`; default 4)."""
+    return int(_positive(MAX_SETTING, DEFAULT_MAX, int, MAX_MAX_PARENTS))
 
 
-def _positive(name: str, default, kind):
+def _positive(name: str, default, kind, ceiling):
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
-        value = kind(raw)
+        value = kind(raw) if len(raw) <= 40 else 0
     except ValueError:
         value = 0
-    if not value > 0 or value == float("inf"):
+    if not 0 < value <= ceiling:
         what = "a whole number above 0" if kind is int else "a positive number"
-        raise InputError(f"{name}={raw!r}: expected {what} (default {default}); "
-                         "set it to one, or unset it")
+        raise InputError(f"{name}={raw[:40]!r}: expected {what}, at most {ceiling:g} (default "
+                         f"{default}); set it to one, or unset it")
     return value
 
 

@@ -140,7 +140,39 @@ def heap_kept_frozen():
         gc.freeze, gc.unfreeze = held
 
 
+def _last_resort_for(reply, job: dict, adapter) -> None:
+    """What the watchdog does when a step it interrupted does not let go (the run's thread sits
+    in C code): send this job's ``hang`` result and exit the worker (``engine/watchdog.py``);
+    the host sees the worker gone at its next job and starts a new one."""
+    from ..records import RunResult
+    from . import watchdog
+
+    def last_resort(hang) -> None:
+        result = RunResult("hang", hang=hang, scenario=job["scenario"].get("name"),
+                           vllm=adapter.version, level=job["scenario"].get("level") or "scheduler",
+                           platform=adapter.platform, steps=hang.step)
+        try:
+            _reply(reply, {"id": job.get("id"), "result": result.to_dict()})
+        finally:
+            os._exit(0)
+
+    watchdog.LAST_RESORT = last_resort
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The worker: a child subreaper (a process vLLM's code or a patch under test starts in
+    its own session, or double-forks, is re-parented to it), which kills every process left
+    below it when it ends (:func:`vllm_repro.procs.sweep`), cold or forked by a warm parent."""
+    from .. import procs
+
+    procs.make_subreaper()
+    try:
+        return _main(argv)
+    finally:
+        procs.sweep()
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vllm_repro.engine.worker")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--reply-fd", type=int, required=True)
@@ -212,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 _reply(reply, {"id": job.get("id"), "result": failed.to_dict()})
                 continue
             observer = WithPlant(ctx, observer)
+        _last_resort_for(reply, job, adapter)
         try:
             with heap_kept_frozen():
                 result = run_scenario(adapter, job["scenario"], out_dir, observer=observer,

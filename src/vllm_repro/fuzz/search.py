@@ -52,9 +52,17 @@ def parse_duration(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if not m:
         raise InputError(f"--time {text!r}: give a duration like 60s, 2m or 1h")
+    from ..limits import MAX_TIME_S
+
+    if len(m.group(1)) > 20:
+        raise InputError(f"--time: a number of {len(m.group(1)):,} characters; give a duration "
+                         "like 60s, 2m or 1h")
     seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
     if seconds <= 0:
         raise InputError(f"--time {text!r}: the search needs some time; give e.g. 60s")
+    if seconds > MAX_TIME_S:
+        raise InputError(f"--time {text.strip()!r}: at most {MAX_TIME_S / 3600:g}h (a week, the "
+                         "lab's limit); give a shorter --time")
     return seconds
 
 
@@ -62,7 +70,9 @@ def signature(result: RunResult) -> str | None:
     """The failure signature of a run, or None for ``clean`` and ``error``.
 
     ``crash:AssertionError@vllm/v1/core/sched/scheduler.py:schedule``,
-    ``violation:REQ_STATE``, ``stall``; a violation whose record names its mechanism (two ways
+    ``violation:REQ_STATE``, ``stall:kv-load-in-flight`` (the stall's cause, :class:`~vllm_repro.
+    records.Stall`: ``--target stall`` matches every stall, ``--target stall:kv-load`` the
+    loads'), ``hang@vllm/...:schedule``; a violation whose record names its mechanism (two ways
     to one code: :attr:`~vllm_repro.records.Violation.mechanism`) carries it,
     ``violation:KV_PREFIX_MAP/fresh-block``, so that a search, its database and a campaign's
     table keep the two apart (``--target violation:KV_PREFIX_MAP`` still matches both).
@@ -77,7 +87,11 @@ def signature(result: RunResult) -> str | None:
             return "violation"
         return f"violation:{vs[0].label()}"
     if outcome == "stall":
-        return "stall"
+        cause = result.stall.cause if result.stall is not None else None
+        return f"stall:{cause}" if cause else "stall"
+    if outcome == "hang":
+        h = result.hang
+        return f"hang@{h.where.where() if h is not None and h.where else '<no vLLM frame>'}"
     return None
 
 
@@ -518,8 +532,15 @@ def run_campaign(cfg: SearchConfig, env, workers: int, log_dir: Path, on_update=
     procs = [ctx.Process(target=search_process, args=(i, cfg, env_dict, q, str(log_dir)), daemon=True)
              for i in range(workers)]
     t0 = time.perf_counter()
-    for p in procs:
+    from .. import procs as lab_procs
+
+    started = []
+    for p in procs:  # (a signal, or the search's time, ends the starting too)
+        if lab_procs.aborting() or time.perf_counter() - t0 > cfg.time_s:
+            break
         p.start()
+        started.append(p)
+    procs = started
     camp = Campaign()
     per_worker: dict[int, dict] = {}
     waiting = set(range(len(procs)))

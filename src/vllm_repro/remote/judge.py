@@ -44,19 +44,73 @@ def phase(msg: str) -> None:
     print(f"{PHASE} {msg}", flush=True)
 
 
+#: the most files a bundle's manifest may list (a bundle holds a scenario, a patch, the
+#: shared suite and its scenarios: a few hundred)
+MAX_BUNDLE_FILES = 20_000
+
+
+def _bundle_file(bundle: Path, rel: object) -> Path:
+    """``bundle / rel`` for a name of the manifest, or :class:`InputError` for a name that
+    leaves the bundle (absolute, ``..``, a NUL) or a path through a symlink or to anything but
+    a regular file: the judge reads and hashes nothing outside the bundle."""
+    import os
+    import stat
+
+    if not isinstance(rel, str) or not rel or "\0" in rel or rel.startswith("/") \
+            or ".." in Path(rel).parts:
+        raise InputError(f"bundle manifest.json: file name {str(rel)[:80]!r} is not a path inside "
+                         "the bundle; remake the bundle with vllm-repro verify --bundle")
+    path = bundle
+    for part in Path(rel).parts:
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise InputError(f"bundle file {rel} is missing") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise InputError(f"bundle file {rel}: {path} is a symlink; a bundle holds only "
+                             "regular files and folders (remake it)")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"bundle file {rel} is not a regular file; remake the bundle")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def check_manifest(bundle: Path) -> dict:
     """The bundle's manifest, after checking every file's sha256. Raises :class:`InputError`
-    for a missing manifest, a missing file or a mismatch."""
+    for a missing manifest, a missing file, a mismatch, a name that leaves the bundle (``../``,
+    an absolute path) and a symlink anywhere in the bundle (the judge reads nothing outside
+    it)."""
+    import os
+
+    for top, dirs, files in os.walk(bundle):
+        for name in dirs + files:
+            p = Path(top) / name
+            if p.is_symlink():
+                raise InputError(f"{p}: a symlink in the bundle; a bundle holds only regular "
+                                 "files and folders (remake it)")
     try:
         manifest = json.loads((bundle / "manifest.json").read_text())
     except (OSError, ValueError) as exc:
         raise InputError(f"{bundle}: no readable manifest.json ({exc.__class__.__name__}); "
                          "not a verification bundle") from None
-    for rel, sha in manifest.get("sha256", {}).items():
-        f = bundle / rel
-        if not f.is_file():
-            raise InputError(f"bundle file {rel} is missing")
-        if hashlib.sha256(f.read_bytes()).hexdigest() != sha:
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("sha256", {}), dict):
+        raise InputError(f"{bundle}: manifest.json is not a JSON object with a sha256 mapping; "
+                         "not a verification bundle")
+    entries = manifest.get("sha256", {})
+    if len(entries) > MAX_BUNDLE_FILES:
+        raise InputError(f"{bundle}: manifest.json lists {len(entries):,} files (at most "
+                         f"{MAX_BUNDLE_FILES:,}); not a verification bundle")
+    for rel, sha in entries.items():
+        f = _bundle_file(bundle, rel)
+        if _sha256(f) != sha:
             raise InputError(f"bundle file {rel} does not match its sha256 in manifest.json")
     return manifest
 
@@ -244,7 +298,10 @@ def judge(bundle: Path, out: Path) -> int:
                                       "in the shared suite (see junit-before.xml)")
         if a["outcome"] != "clean" or a.get("violations"):
             summary["reasons"].append(f"after the patch: {a['observed']}")
-        if a["failures"] or a["errors"] or a["tests"] == 0:
+        if a["tests"] - a.get("skipped", 0) <= 0:  # every test skipped: nothing was checked
+            summary["reasons"].append(f"after the patch: all {a['tests']} tests of the shared "
+                                      "suite were skipped; nothing was checked (see junit.xml)")
+        elif a["failures"] or a["errors"]:
             summary["reasons"].append(f"after the patch: {a['failures']} failed, {a['errors']} errors "
                                       f"of {a['tests']} in the shared suite (see junit.xml)")
         summary["verified"] = not summary["reasons"]

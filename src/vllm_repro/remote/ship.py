@@ -56,6 +56,49 @@ class Ship:
 
 
 # ---- connecting ------------------------------------------------------------------------------
+def check_reachable(ship: Ship, conn, where: str) -> None:
+    """A TCP connection to the host's SSH port, opened and closed before any key is checked, so
+    that a host both down and unknown is said to be unreachable (what is wrong), not to have an
+    unknown host key. Skipped when the ssh config reaches the host through a ProxyCommand or
+    ProxyJump (the port is then not ours to try). Raises :class:`EnvError`, one line."""
+    sc = conn.ssh_config
+    if sc.get("proxycommand") or sc.get("proxyjump"):
+        return
+    try:
+        socket.create_connection((conn.host, int(conn.port)), timeout=ship.connect_timeout).close()
+    except socket.gaierror as exc:
+        raise EnvError(f"cannot reach {ship.host}: unknown host name {conn.host!r} "
+                       f"({exc.strerror})") from None
+    except (socket.timeout, TimeoutError):
+        raise EnvError(f"cannot reach {ship.host} ({where}): timed out after "
+                       f"{ship.connect_timeout}s") from None
+    except OSError as exc:
+        why = "connection refused" if isinstance(exc, ConnectionRefusedError) else (
+            exc.strerror or str(exc))
+        raise EnvError(f"cannot reach {ship.host} ({where}): {why}") from None
+
+
+#: ``[user@]host[:port]``: an ssh-config host name, a DNS name or an IPv4 address (IPv6 and
+#: anything else through the ssh config's ``HostName``)
+_REMOTE = re.compile(r"^(?:([A-Za-z0-9_][A-Za-z0-9._-]{0,31})@)?([A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252}))"
+                     r"(?::(\d{1,5}))?$")
+
+
+def check_remote(text: str) -> str:
+    """``--remote`` as given, or :class:`InputError` (one line) for a value that is no host
+    name: ``../../x``, a name with spaces or control characters, a label over 63 characters
+    (the idna codec's ``UnicodeError``), a port outside 1..65535."""
+    m = _REMOTE.match(text or "")
+    ok = m is not None and ".." not in m.group(2) and not m.group(2).endswith("-") \
+        and all(0 < len(label) <= 63 for label in m.group(2).rstrip(".").split(".")) \
+        and (m.group(3) is None or 0 < int(m.group(3)) < 65536)
+    if not ok:
+        raise InputError(f"--remote {text[:80]!r}: not a host name ([user@]host[:port], the "
+                         "letters, digits, '.', '-' and '_' of a DNS or ssh-config Host name); "
+                         "give the ssh-config Host of the GPU machine")
+    return text
+
+
 def connect(ship: Ship):
     """An open fabric ``Connection`` to ``ship.host``.
 
@@ -65,9 +108,16 @@ def connect(ship: Ship):
     changed key is always refused. Raises :class:`EnvError` with one line for an unreachable host,
     a refused key, refused authentication.
     """
+    import logging
+
     import paramiko
     from fabric import Config, Connection
 
+    # paramiko's transport thread logs each failure with its traceback (to stderr, through
+    # logging's last resort, where nothing is configured): the one line below says it
+    if not logging.getLogger("paramiko").handlers:
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("paramiko").propagate = False
     if ship.ssh_config is not None and not ship.ssh_config.is_file():
         raise InputError(f"--ssh-config {ship.ssh_config}: no such file")
     cfg = Config(runtime_ssh_path=str(ship.ssh_config)) if ship.ssh_config else Config()
@@ -90,6 +140,7 @@ def connect(ship: Ship):
     accept = ship.accept_new_host_key or strict in ("no", "accept-new", "off")
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept else paramiko.RejectPolicy())
     where = f"{conn.host}:{conn.port}"
+    check_reachable(ship, conn, where)  # before the key: a host down and new is "cannot reach"
     try:
         conn.open()
     except paramiko.BadHostKeyException:
@@ -102,10 +153,16 @@ def connect(ship: Ship):
         if "not found in known_hosts" in str(exc):
             raise EnvError(f"{ship.host} ({where}): unknown host key (not in known_hosts); verify it "
                            "and add it (ssh-keyscan), or pass --accept-new-host-key") from None
+        if "protocol banner" in str(exc):
+            raise EnvError(f"{ship.host} ({where}): not an SSH server (no SSH banner came back); "
+                           "check the host's Port / HostName in the ssh config") from None
         raise EnvError(f"{ship.host} ({where}): SSH failed: {exc}") from None
     except (socket.timeout, TimeoutError):
         raise EnvError(f"cannot reach {ship.host} ({where}): timed out after "
                        f"{ship.connect_timeout}s") from None
+    except UnicodeError:  # the idna codec: a label over 63 characters, an empty label
+        raise InputError(f"{ship.host}: host name {conn.host!r} is not a valid DNS name; fix "
+                         "HostName in the ssh config (or --remote)") from None
     except socket.gaierror as exc:
         raise EnvError(f"cannot reach {ship.host}: unknown host name {conn.host!r} ({exc.strerror})") from None
     except (paramiko.ssh_exception.NoValidConnectionsError, OSError) as exc:
@@ -240,13 +297,7 @@ def fetch(conn, work: str, local: Path, say: Say) -> list[str]:
     with tempfile.TemporaryDirectory() as d:
         tgz = Path(d) / "results.tar.gz"
         conn.get(f"{work}/results.tar.gz", str(tgz))
-        with tarfile.open(tgz) as tf:
-            names = []
-            for m in tf.getmembers():
-                if m.issym() or m.islnk() or m.name.startswith("/") or ".." in Path(m.name).parts:
-                    continue
-                tf.extract(m, local, set_attrs=False)
-                names.append(m.name)
+        names = extract_results(tgz, local, say)
     # out/ holds the judge's files: put them at the top of the run's folder
     out = local / "out"
     if out.is_dir():
@@ -260,6 +311,48 @@ def fetch(conn, work: str, local: Path, say: Say) -> list[str]:
         except OSError:
             pass
     say(f"fetched {len(names)} files into {local}")
+    return names
+
+
+#: what a GPU host's results may hold, at most: members, and bytes unpacked
+MAX_RESULT_MEMBERS = 20_000
+MAX_RESULT_BYTES = 2 << 30
+
+
+def extract_results(tgz: Path, local: Path, say: Say) -> list[str]:
+    """Unpack a GPU host's results tarball into ``local``: regular files and folders only
+    (tarfile's ``data`` filter, and no links, devices or FIFOs at all), each inside ``local``,
+    without the host's owners or modes beyond the user's; at most :data:`MAX_RESULT_MEMBERS`
+    members and :data:`MAX_RESULT_BYTES` bytes. What is left out is said in one line. Returns
+    the names unpacked."""
+    names, skipped, total = [], [], 0
+    try:
+        with tarfile.open(tgz) as tf:
+            for i, m in enumerate(tf):
+                if i >= MAX_RESULT_MEMBERS:
+                    skipped.append(f"{m.name} and the rest (over {MAX_RESULT_MEMBERS} members)")
+                    break
+                if not (m.isreg() or m.isdir()):
+                    skipped.append(f"{m.name} (not a regular file or folder)")
+                    continue
+                try:
+                    member = tarfile.data_filter(m, str(local))
+                except tarfile.FilterError as exc:
+                    skipped.append(f"{m.name} ({type(exc).__name__})")
+                    continue
+                total += max(0, member.size)
+                if total > MAX_RESULT_BYTES:
+                    skipped.append(f"{m.name} and the rest (over {MAX_RESULT_BYTES >> 20} MB)")
+                    break
+                tf.extract(member, local, set_attrs=False, filter="fully_trusted")
+                names.append(member.name)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None and exc.errno in (28, 122):
+            raise  # a full disk: the command line's exit 3 saying where
+        say(f"the results tarball is damaged ({type(exc).__name__}: {exc}); kept what was unpacked")
+    if skipped:
+        say(f"left out of the results: {', '.join(skipped[:5])}"
+            + (f" (+{len(skipped) - 5} more)" if len(skipped) > 5 else ""))
     return names
 
 

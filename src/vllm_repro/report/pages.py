@@ -7,15 +7,27 @@ sentences (:func:`explain`: the crash, each audit finding's own sentence, the st
 traceback; the timeline at full width as an inline SVG whose bars and marks carry ``<title>``
 elements (request id, state, steps: shown on hover, :func:`timeline_svg`); the step table
 (:func:`step_rows`); and relative links to ``scenario.yaml`` (the scenario file as the lab read
-it), ``result.json``, ``trace.jsonl``, ``engine.log`` and ``timeline.png``. Standard library only.
+it), ``result.json``, ``trace.jsonl``, ``engine.log`` and ``timeline.png``; the scenario as
+written (its description, the issue and fix links, ``config`` and ``requests``:
+:func:`scenario_section`); the engine log's last lines (:func:`log_tail_section`); and the same
+scenario's pages on the other releases (:func:`releases_nav`, rewritten by
+:func:`vllm_repro.report.index.write_index` once every release's run is there).
+
+The page is a list of sections, each built by one function from a :class:`PageContext`
+(:data:`SECTIONS`, in page order); a new section is one more function in that list. Standard
+library and PyYAML only.
 """
 
 from __future__ import annotations
 
 import html
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..records import RecordError, ReportDir, RunResult, TraceLine, read_trace
+from .crash import why_section
 
 #: the step table shows at most this many rows (steps where something changed come first)
 MAX_TABLE_ROWS = 400
@@ -23,6 +35,12 @@ MAX_TABLE_ROWS = 400
 MAX_TIMELINE_REQUESTS = 60
 SCENARIO_FILE = "scenario.yaml"
 PAGE = "index.html"
+#: the engine log's last lines the page shows (engine.log has them all)
+LOG_TAIL_LINES = 40
+#: the most bytes of engine.log read for its tail
+LOG_TAIL_BYTES = 64 * 1024
+#: the other releases' links sit between these comments; :func:`set_releases_nav` rewrites them
+NAV_START, NAV_END = "<!-- releases -->", "<!-- /releases -->"
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.2em 2em;color:#222;max-width:none}
@@ -42,6 +60,15 @@ svg.timeline text{font-family:ui-monospace,monospace}
 .legend i{display:inline-block;width:1.1em;height:.8em;margin-right:.3em;vertical-align:middle}
 dl.facts{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;font-size:.92em}
 dl.facts dt{color:#555} dl.facts dd{margin:0}
+.releases a{margin-right:.6em;padding:1px 6px;border-radius:3px;text-decoration:none}
+.releases a.yes{background:#e6f4e6} .releases a.NO,.releases a.ERROR{background:#fbe9e9}
+.releases a.here{outline:2px solid #555}
+.description{max-width:70em;line-height:1.4} .issue a{margin-right:1em}
+table.requests{border-collapse:collapse;font-size:.85em}
+table.requests td,table.requests th{border-bottom:1px solid #e3e3e3;padding:2px 8px;text-align:left;
+font-family:ui-monospace,monospace}
+table.operands,table.locals{border-collapse:collapse;font-size:.85em}
+table.operands td,table.locals td{border-bottom:1px solid #e3e3e3;padding:2px 8px;vertical-align:top}
 """
 
 #: request state -> (colour, label) in the timeline
@@ -293,10 +320,54 @@ def _verdict_block(result: RunResult) -> str:
             f"</b>, observed <b>{_e(v.get('observed', result.outcome))}</b>{reason}</div>")
 
 
-def run_page(result: RunResult, trace: list[TraceLine], files: list[str]) -> str:
-    """The page's HTML. ``files``: the report's files present, linked relative to the page."""
+@dataclass
+class PageContext:
+    """What a run page is built from: the run's ``result``, its ``trace`` lines, the report's
+    ``files`` present (linked relative to the page), the scenario file as written (``scenario``:
+    its YAML mapping, ``None`` when there is no readable scenario.yaml) and the engine log's
+    last lines (``log_tail``, oldest first; empty when there is no engine.log)."""
+
+    result: RunResult
+    trace: list[TraceLine]
+    files: list[str]
+    scenario: dict | None = None
+    log_tail: list[str] = field(default_factory=list)
+    log_lines: int = 0  # how many lines engine.log has in all (0 when unknown)
+
+
+def _issue_url(ref) -> str | None:
+    """``owner/repo#N`` (a scenario's ``vllm.issue`` / ``vllm.fixed_by``) as a GitHub URL
+    (``issues/N``: GitHub sends a pull request's number on to the pull request)."""
+    m = re.fullmatch(r"\s*([\w.-]+/[\w.-]+)#(\d+)\s*", str(ref or ""))
+    return f"https://github.com/{m.group(1)}/issues/{m.group(2)}" if m else None
+
+
+def header_section(ctx: PageContext) -> str:
+    """The way back to the index, the report's files, the title, the issue and fix links, the
+    other releases' pages (a placeholder until the index fills it) and the verdict."""
+    result = ctx.result
+    links = " ".join(f"<a href='{_e(f)}'>{_e(f)}</a>" for f in ctx.files)
+    vllm = (ctx.scenario or {}).get("vllm") if isinstance(ctx.scenario, dict) else None
+    refs = []
+    for key, word in (("issue", "issue"), ("fixed_by", "fixed by")):
+        ref = vllm.get(key) if isinstance(vllm, dict) else None
+        url = _issue_url(ref)
+        if url:
+            refs.append(f"<a href='{_e(url)}'>{word} {_e(ref)}</a>")
+        elif ref:
+            refs.append(f"<span>{word} {_e(ref)}</span>")
     title = f"{result.scenario} on vLLM {result.vllm}"
-    links = " ".join(f"<a href='{_e(f)}'>{_e(f)}</a>" for f in files)
+    return "\n".join([
+        f"<p class='nav'><a href='../../{PAGE}'>&#8592; all runs</a> {links}</p>",
+        f"<h1>{_e(title)}</h1>",
+        f"<p class='issue'>{' '.join(refs)}</p>" if refs else "",
+        f"{NAV_START}{NAV_END}",
+        _verdict_block(result)])
+
+
+def happened_section(ctx: PageContext) -> str:
+    """What happened, in sentences (:func:`explain`), and the run's facts."""
+    result = ctx.result
     facts = [("outcome", result.outcome), ("level", result.level), ("platform", result.platform),
              ("steps", result.steps), ("python", result.python),
              ("tree", result.tree and result.tree + (" (warm)" if result.warm else ""))]
@@ -311,24 +382,118 @@ def run_page(result: RunResult, trace: list[TraceLine], files: list[str]) -> str
     if result.unfinished:
         facts.append(("unfinished", ", ".join(result.unfinished)))
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts if v not in (None, ""))
-    body = [f"<p class='nav'><a href='../../{PAGE}'>&#8592; all runs</a> {links}</p>",
-            f"<h1>{_e(title)}</h1>", _verdict_block(result),
-            "<h2>What happened</h2>",
-            "".join(f"<p class='sentence'>{_e(s)}</p>" for s in explain(result)) or "<p>-</p>",
-            f"<dl class='facts'>{dl}</dl>"]
+    return ("<h2>What happened</h2>"
+            + ("".join(f"<p class='sentence'>{_e(s)}</p>" for s in explain(result)) or "<p>-</p>")
+            + f"<dl class='facts'>{dl}</dl>")
+
+
+def crash_section(ctx: PageContext) -> str:
+    """The crash's vLLM frames (outermost first) and the traceback (or the lab error's)."""
+    result, out = ctx.result, []
     c = result.crash
     if c is not None and c.vllm_frames:
         frames = "".join(f"<li><code>{_e(f.file)}:{_e(f.line)}</code> {_e(f.function)}</li>"
                          for f in c.vllm_frames)
-        body.append(f"<h2>vLLM frames (outermost first)</h2><ol>{frames}</ol>")
+        out.append(f"<h2>vLLM frames (outermost first)</h2><ol>{frames}</ol>")
     tb = (c.traceback if c is not None else None) or (result.error.traceback if result.error else None)
     if tb:
-        body.append(f"<h2>Traceback</h2><pre class='traceback'>{_e(tb.rstrip())}</pre>")
-    svg = timeline_svg(trace, result)
-    if svg:
-        body.append(f"<h2>Timeline</h2>{svg}")
-    if trace:
-        body.append(f"<h2>Steps</h2>{step_table(trace)}")
+        out.append(f"<h2>Traceback</h2><pre class='traceback'>{_e(tb.rstrip())}</pre>")
+    return "\n".join(out)
+
+
+def _cell(value) -> str:
+    if isinstance(value, (dict, list)):
+        import json
+
+        return json.dumps(value, separators=(", ", ": "))
+    return "" if value is None else str(value)
+
+
+def scenario_section(ctx: PageContext) -> str:
+    """The scenario as its file says: the description, ``level``, ``config`` (vLLM's names),
+    ``requests`` (one row each, a column per field any request sets) and how many ``events``;
+    empty when there is no readable scenario.yaml."""
+    sc = ctx.scenario
+    if not isinstance(sc, dict):
+        return ""
+    out = ["<h2>Scenario</h2>"]
+    if sc.get("description"):
+        out.append(f"<p class='description'>{_e(' '.join(str(sc['description']).split()))}</p>")
+    config = sc.get("config")
+    facts = [("level", sc.get("level", "scheduler"))]
+    if isinstance(config, dict):
+        facts += [(f"config.{k}", _cell(v)) for k, v in config.items()]
+    for key in ("platform", "model", "limits", "kv_transfer_config", "expect", "fixed"):
+        if sc.get(key) not in (None, {}, []):
+            facts.append((key, _cell(sc[key])))
+    out.append("<dl class='facts'>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>"
+                                             for k, v in facts) + "</dl>")
+    requests = [r for r in sc.get("requests") or [] if isinstance(r, dict)]
+    if requests:
+        cols = list(dict.fromkeys(k for r in requests for k in r))
+        rows = "".join("<tr>" + "".join(f"<td>{_e(_cell(r.get(c)))}</td>" for c in cols) + "</tr>"
+                       for r in requests[:MAX_TABLE_ROWS])
+        more = (f"<p>{len(requests) - MAX_TABLE_ROWS} more request(s): scenario.yaml has them "
+                "all.</p>" if len(requests) > MAX_TABLE_ROWS else "")
+        out.append(f"<h3>requests ({len(requests)})</h3><table class='requests'><tr>"
+                   + "".join(f"<th>{_e(c)}</th>" for c in cols) + f"</tr>{rows}</table>{more}")
+    events = sc.get("events") or []
+    if events:
+        out.append(f"<p>{len(events)} event(s): see <a href='{SCENARIO_FILE}'>{SCENARIO_FILE}</a>."
+                   "</p>")
+    return "\n".join(out)
+
+
+def why_crash_section(ctx: PageContext) -> str:
+    """Why the run ended as it did (``report/crash.py``): the raising statement, a failed
+    assert's operands and the frame's locals, vLLM's refusal, or where a hang sat; above the
+    traceback. The scenario itself is :func:`scenario_section`'s."""
+    return why_section(ctx.result)
+
+
+def timeline_section(ctx: PageContext) -> str:
+    svg = timeline_svg(ctx.trace, ctx.result)
+    return f"<h2>Timeline</h2>{svg}" if svg else ""
+
+
+def steps_section(ctx: PageContext) -> str:
+    return f"<h2>Steps</h2>{step_table(ctx.trace)}" if ctx.trace else ""
+
+
+def log_tail_section(ctx: PageContext) -> str:
+    """The engine log's last :data:`LOG_TAIL_LINES` lines (vLLM's own logging of this run)."""
+    if not ctx.log_tail:
+        return ""
+    shown = len(ctx.log_tail)
+    of = f" of {ctx.log_lines}" if ctx.log_lines > shown else ""
+    return (f"<h2>Engine log (last {shown}{of} lines)</h2>"
+            f"<p><a href='{ReportDir.ENGINE_LOG}'>{ReportDir.ENGINE_LOG}</a> has them all.</p>"
+            f"<pre class='log'>{_e(chr(10).join(ctx.log_tail))}</pre>")
+
+
+#: the page's sections, in order: each takes the :class:`PageContext` and returns HTML (empty
+#: when it has nothing to show). More sections (e.g. why a crash happened) go in this list.
+SECTIONS: list[Callable[[PageContext], str]] = [
+    header_section,
+    happened_section,
+    why_crash_section,
+    crash_section,
+    scenario_section,
+    timeline_section,
+    steps_section,
+    log_tail_section,
+]
+
+
+def run_page(result: RunResult, trace: list[TraceLine], files: list[str],
+             scenario: dict | None = None, log_tail: list[str] | None = None,
+             log_lines: int = 0) -> str:
+    """The page's HTML: each of :data:`SECTIONS` in order. ``files``: the report's files
+    present, linked relative to the page; ``scenario``: the scenario file's mapping;
+    ``log_tail``: the engine log's last lines."""
+    ctx = PageContext(result, trace, files, scenario, list(log_tail or ()), log_lines)
+    title = f"{result.scenario} on vLLM {result.vllm}"
+    body = [html_ for html_ in (section(ctx) for section in SECTIONS) if html_]
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             "<link rel='icon' href='data:,'>"
@@ -336,13 +501,45 @@ def run_page(result: RunResult, trace: list[TraceLine], files: list[str]) -> str
             + "\n".join(body) + "\n</body></html>\n")
 
 
+def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[list[str], int]:
+    """The last ``lines`` lines of the log at ``path`` (at most :data:`LOG_TAIL_BYTES` read)
+    and how many lines it has in all; ``([], 0)`` when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return [], 0
+    total = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+    text = data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
+    tail = text.splitlines()
+    if len(data) > LOG_TAIL_BYTES:
+        tail = tail[1:]  # the first line read may be cut
+    return tail[-lines:], total
+
+
+def read_scenario(text: str | None) -> dict | None:
+    """The scenario file's mapping, or ``None`` when ``text`` is missing or not a YAML mapping."""
+    if not text:
+        return None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def write_run_page(run_dir: Path, result: RunResult, scenario_text: str | None = None) -> Path:
     """Write ``run_dir/index.html`` (and ``run_dir/scenario.yaml`` from ``scenario_text``, the
-    scenario file as the lab read it) from ``result`` and ``run_dir/trace.jsonl``; returns the
-    page's path. A damaged trace is drawn up to its damage. Raises ``OSError``."""
+    scenario file as the lab read it) from ``result``, ``run_dir/trace.jsonl``, the scenario
+    file and ``run_dir/engine.log``; returns the page's path. A damaged trace is drawn up to its
+    damage. Raises ``OSError``."""
     run_dir = Path(run_dir)
     if scenario_text is not None:
         (run_dir / SCENARIO_FILE).write_text(scenario_text, encoding="utf-8")
+    elif (run_dir / SCENARIO_FILE).is_file():
+        scenario_text = (run_dir / SCENARIO_FILE).read_text(encoding="utf-8", errors="replace")
     trace: list[TraceLine] = []
     if (run_dir / ReportDir.TRACE).is_file():
         try:
@@ -354,10 +551,41 @@ def write_run_page(run_dir: Path, result: RunResult, scenario_text: str | None =
     names = [SCENARIO_FILE, ReportDir.RESULT, ReportDir.TRACE, ReportDir.ENGINE_LOG,
              ReportDir.TIMELINE]
     files = [n for n in names if (run_dir / n).is_file() or n == ReportDir.RESULT]
+    tail, total = read_log_tail(run_dir / ReportDir.ENGINE_LOG)
     path = run_dir / PAGE
-    path.write_text(run_page(result, trace, files), encoding="utf-8")
+    path.write_text(run_page(result, trace, files, read_scenario(scenario_text), tail, total),
+                    encoding="utf-8")
     return path
 
 
+# ---- the other releases -----------------------------------------------------------------------
+def releases_nav(here: str, runs: list[tuple[str, str]]) -> str:
+    """The links to the same scenario's pages on every release: ``runs`` is ``(release,
+    ok_text)`` in release order (ok_text: yes, NO, ERROR or -); ``here`` is this page's."""
+    if len(runs) < 2:
+        return ""
+    links = " ".join(
+        f"<a class='{_e(ok)}{' here' if r == here else ''}' href='../{_e(r)}/{PAGE}' "
+        f"title='{_e(ok)}'>{_e(r)}</a>" for r, ok in runs)
+    return f"<p class='releases'>this scenario on: {links}</p>"
+
+
+def set_releases_nav(page: Path, nav: str) -> bool:
+    """Put ``nav`` between the page's :data:`NAV_START` and :data:`NAV_END` (a page without
+    them is left alone); True when the page changed. Raises ``OSError``."""
+    text = page.read_text(encoding="utf-8")
+    a, b = text.find(NAV_START), text.find(NAV_END)
+    if a < 0 or b < a:
+        return False
+    new = text[:a + len(NAV_START)] + nav + text[b:]
+    if new == text:
+        return False
+    tmp = page.with_name(f".{page.name}.nav.tmp")
+    tmp.write_text(new, encoding="utf-8")
+    tmp.replace(page)
+    return True
+
+
 __all__ = ["explain", "timeline_svg", "step_rows", "step_table", "run_page", "write_run_page",
-           "SCENARIO_FILE", "PAGE"]
+           "PageContext", "SECTIONS", "releases_nav", "set_releases_nav", "read_log_tail",
+           "read_scenario", "SCENARIO_FILE", "PAGE"]

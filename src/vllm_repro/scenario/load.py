@@ -183,6 +183,10 @@ def parse_scenario(data: object, source: str | Path = "<scenario>") -> Scenario:
         raise InputError(f"{source}: nested too deep to validate; flatten it") from None
 
 
+#: a scenario longer than this (characters) gets a progress line before it is read
+LONG_LOAD_CHARS = 1_000_000
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file through the loading layer (:mod:`vllm_repro.inputs`).
     Raises :class:`InputError` for a missing, unreadable, oversized or non-UTF-8 file, invalid
@@ -192,6 +196,10 @@ def load_scenario(path: str | Path) -> Scenario:
     crash_log = InputError(f"{p}: a crash log, not a scenario file; read it with `vllm-repro "
                            f"triage {p}` (with `--scenario FILE.yaml` to draft a replay from its "
                            "crash dump)")
+    if len(text) > LONG_LOAD_CHARS:  # seconds of YAML and validation: say so first
+        from ..console import say
+
+        say(f"{p}: reading {len(text) / 1e6:.1f} MB of YAML ...")
     try:
         data = load_yaml(text, p)
     except InputError as exc:

@@ -21,10 +21,19 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from ..engine.engine_args import yaml_word
 
-Outcome = Literal["clean", "crash", "violation", "stall"]
+#: what a scenario may expect: ``refused`` (vLLM refuses its configuration or a request: at
+#: ``EngineArgs`` / ``VllmConfig`` build, ``EngineCore`` start-up, ``add_request``) and ``hang``
+#: (a step, or start-up, that does not return within the watchdog's time)
+Outcome = Literal["clean", "crash", "violation", "stall", "refused", "hang"]
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
+
+
+#: the most pass-through fields a scenario's ``config:`` may hold (each is read against the
+#: release's config classes; all of vLLM's scheduler, cache, parallel and speculative configs
+#: together have about 150)
+MAX_PASSTHROUGH_FIELDS = 256
 
 class Strict(BaseModel):
     """Unknown fields are errors, and so are values of the wrong type: ``true`` or ``"2"`` for a
@@ -200,6 +209,9 @@ class SchedulerSettings(Strict):
     #: ``level: engine-core`` only: the bytes the fake executor's ``determine_available_memory``
     #: reports (what profiling would find free for the KV cache); vLLM sizes the pool from it.
     kv_cache_memory_bytes: NonNegInt | None = None
+    #: ``level: engine-core`` with ``distributed_executor_backend: mp``: the release's own
+    #: ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` for the run (``MultiprocExecutor``'s RPC timeout)
+    execute_model_timeout_seconds: Annotated[int, Field(ge=1, le=600)] | None = None
     #: ``level: engine-core`` only: the executor's ``max_concurrent_batches`` (pipeline depth;
     #: > 1 makes EngineCore use ``step_with_batch_queue``), where the release reads it there.
     max_concurrent_batches: PosInt | None = None
@@ -235,6 +247,10 @@ class SchedulerSettings(Strict):
             raise ValueError("config.num_gpu_blocks: missing required field (the KV pool in "
                              "blocks; at level engine-core kv_cache_memory_bytes, the memory "
                              "start-up sizes it from, may stand for it); add it")
+        if len(extra) > MAX_PASSTHROUGH_FIELDS:  # each is looked up in the release's classes
+            raise ValueError(f"{len(extra):,} fields besides the lab's own, over "
+                             f"{MAX_PASSTHROUGH_FIELDS} (the lab's limit; vLLM's config classes "
+                             "have fewer); keep the ones the bug needs")
         for key, value in extra.items():
             if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a vLLM config field name")
@@ -257,6 +273,9 @@ class SchedulerSettings(Strict):
                                      f"{float(value)!r}")
                 raise ValueError(f"config.{key}: {value!r} is a quoted string; write it without "
                                  "quotes if it is a number or a boolean")
+        from ..engine.topology import topology
+
+        topology({"passthrough": extra})  # parallel sizes: positive, a bounded world
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when enable_chunked_prefill is "
@@ -360,6 +379,29 @@ class RequestSpec(Strict):
         return self
 
 
+class RankFault(Strict):
+    """A fault injected into one rank process (``distributed_executor_backend: mp``,
+    ``engine/ranks.py``): ``kind`` ``hang`` / ``late`` (the rank sleeps ``seconds`` before its
+    forward pass: longer than the RPC timeout, vLLM's ``collective_rpc`` times out; shorter,
+    the answer is late), ``raise`` (the rank's ``execute_model`` raises), ``exit`` (the rank
+    process exits with ``exit_code``); on the first ``execute_model`` after the event's step,
+    or on the run's ``on_execute_model``-th. ``rank``: the global rank (0 to world size - 1)."""
+
+    rank: NonNegInt
+    kind: Literal["hang", "late", "raise", "exit"]
+    seconds: float = Field(default=60.0, gt=0, le=600)
+    exit_code: int = Field(default=1, ge=0, le=255)
+    on_execute_model: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _fields(self):
+        if "seconds" in self.model_fields_set and self.kind not in ("hang", "late"):
+            raise ValueError("`seconds` goes with kind: hang or late")
+        if "exit_code" in self.model_fields_set and self.kind != "exit":
+            raise ValueError("`exit_code` goes with kind: exit")
+        return self
+
+
 class Event(Strict):
     """Something done to the engine at step ``at_step``: one of
 
@@ -386,14 +428,18 @@ class Event(Strict):
     pause: bool = False
     mode: Literal["abort", "keep", "wait"] | None = None
     resume: bool = False
+    #: a fault injected into a rank process (:class:`RankFault`; ``level: engine-core`` with
+    #: ``distributed_executor_backend: mp``)
+    fault: RankFault | None = None
 
     @model_validator(mode="after")
     def _one_action(self):
-        actions = [k for k in ("abort", "reset_prefix_cache", "pause", "resume")
+        actions = [k for k in ("abort", "reset_prefix_cache", "pause", "resume", "fault")
                    if getattr(self, k)]
         if len(actions) != 1:
             raise ValueError("an event does exactly one of abort: [ids], reset_prefix_cache: true, "
-                             f"pause: true, resume: true (this one: {actions or 'none'})")
+                             f"pause: true, resume: true, fault: {{...}} (this one: "
+                             f"{actions or 'none'})")
         if self.when == "in_flight" and not self.abort:
             raise ValueError("`when: in_flight` applies to abort only")
         if self.mode is not None and not self.pause:
@@ -553,16 +599,94 @@ class KVTransferConfig(Strict):
 
 class Limits(Strict):
     """``max_steps``: stop after this many steps; ``stall_steps``: this many steps with no
-    progress while requests are unfinished is a stall."""
+    progress while requests are unfinished is a stall; ``step_timeout_s``: a step (or the
+    engine's start-up) that has not returned after this many seconds ends the run as ``hang``
+    (the watchdog; default ``VLLM_REPRO_STEP_TIMEOUT_S``, 300 s; at most an hour)."""
 
     max_steps: PosInt = 500
     stall_steps: PosInt = 20
+    step_timeout_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+
+
+class StepExpect(Strict):
+    """What the scheduler decided at step ``at_step`` (``expect.steps``; docs/scenarios.md):
+    ``scheduled`` (request id -> the exact tokens scheduled), ``not_scheduled``, ``preempted``
+    (in that step; by ``preempted_by`` where given), ``not_preempted``, ``finished`` (request id
+    -> ``length``, ``stop``, ``abort``, ``ignored`` or vLLM's ``FINISHED_*`` name), ``drafts``
+    (request id -> draft tokens scheduled). Judged by :mod:`vllm_repro.decisions`."""
+
+    at_step: PosInt
+    scheduled: dict[str, NonNegInt] | None = None
+    not_scheduled: list[str] | None = None
+    preempted: list[str] | None = None
+    preempted_by: Literal["schedule", "reset_prefix_cache", "pause"] | None = None
+    not_preempted: list[str] | None = None
+    finished: dict[str, str] | None = None
+    drafts: dict[str, NonNegInt] | None = None
+
+    @model_validator(mode="after")
+    def _something(self):
+        given = [k for k in ("scheduled", "not_scheduled", "preempted", "not_preempted",
+                             "finished", "drafts") if getattr(self, k) is not None]
+        if not given:
+            raise ValueError(f"step {self.at_step}: say what to check (scheduled, not_scheduled, "
+                             "preempted, not_preempted, finished, drafts)")
+        if self.preempted_by and not self.preempted:
+            raise ValueError("`preempted_by` goes with `preempted: [ids]`")
+        from ..decisions import FINISH_NAMES
+
+        for rid, how in (self.finished or {}).items():
+            if how.lower() not in FINISH_NAMES and not re.fullmatch(r"FINISHED_[A-Z_]+", how):
+                raise ValueError(f"finished.{rid}: {how!r} is no finish; use one of "
+                                 f"{', '.join(FINISH_NAMES)} or vLLM's FINISHED_* name")
+        return self
+
+    def request_ids(self) -> set[str]:
+        """Every request id it names."""
+        return {*(self.scheduled or {}), *(self.not_scheduled or ()), *(self.preempted or ()),
+                *(self.not_preempted or ()), *(self.finished or {}), *(self.drafts or {})}
+
+
+class StatsExpect(Strict):
+    """The release's own ``SchedulerStats`` (``expect.stats``): ``at_step`` (none: over the
+    run, counters summed), and any other key a stat's dotted name (``prefix_cache_stats.hits``,
+    ``num_running_reqs``, ``spec_decoding_stats.num_accepted_tokens``) with a number (equal)
+    or a comparison (``">= 1"``, ``"< 0.5"``, ``"!= 0"``). Judged by
+    :mod:`vllm_repro.decisions`."""
+
+    model_config = ConfigDict(extra="allow", frozen=False, strict=True, allow_inf_nan=False)
+
+    at_step: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _stats(self):
+        from ..decisions import COMPARISON
+
+        if not self.model_extra:
+            raise ValueError("name at least one stat (e.g. prefix_cache_stats.hits: 0)")
+        for key, value in self.model_extra.items():
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z0-9_]+){0,3}", key):
+                raise ValueError(f"{key!r} is not a SchedulerStats field name (dotted: "
+                                 "prefix_cache_stats.hits)")
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
+                    isinstance(value, str) and not COMPARISON.match(value)):
+                raise ValueError(f"{key}: give a number or a comparison such as '>= 1' "
+                                 f"(got {value!r})")
+        return self
+
+    def values(self) -> dict:
+        """Stat name -> expected number or comparison."""
+        return dict(self.model_extra or {})
 
 
 class Expect(Strict):
-    """What the buggy releases (``reproduces_on``) show. ``where`` is a vLLM file, optionally with
-    ``:function`` (``vllm/v1/core/sched/scheduler.py:schedule``), matched against the innermost
-    vLLM frame; ``code`` a violation code; ``mechanism`` which of the code's ways
+    """What the buggy releases (``reproduces_on``) show (``fixed``: the fixed ones). ``outcome:
+    refused``: vLLM refuses the configuration or a request (``exception``, ``message``,
+    ``where``, ``phase``: ``config``, ``engine-build`` or ``add_request``, matched as a crash's);
+    ``outcome: hang``: a step that did not return within the watchdog's time (``where``: the
+    frame vLLM's thread sat in; ``message``: searched in the threads' stacks). ``where`` is a
+    vLLM file, optionally with ``:function`` (``vllm/v1/core/sched/scheduler.py:schedule``),
+    matched against the innermost vLLM frame; ``code`` a violation code; ``mechanism`` which of the code's ways
     (:data:`vllm_repro.records.MECHANISMS`, e.g. ``KV_PREFIX_MAP``'s ``fresh-block``), matched
     against :attr:`~vllm_repro.records.Violation.mechanism`; ``message`` a regular expression;
     ``step`` exact. Raises ``ValueError`` (a schema error naming the field) for a field that does
@@ -580,6 +704,13 @@ class Expect(Strict):
     #: where the crash happened: ``engine-build`` (vLLM's start-up: config checks, KV cache
     #: sizing), ``add_request``, ``schedule``, ``update_from_output``, ``step`` ...
     phase: str | None = None
+    #: the kind of rank fault (``events[].fault``) that must have fired in the run
+    fault: Literal["hang", "late", "raise", "exit"] | None = None
+    #: what the scheduler decided at given steps (a wrong decision, no crash): on a release
+    #: with ``clean_on`` and no ``fixed.steps``, they must not all hold
+    steps: list[StepExpect] | None = Field(default=None, min_length=1, max_length=200)
+    #: the release's own SchedulerStats, at a step or over the run (likewise)
+    stats: list[StatsExpect] | None = Field(default=None, min_length=1, max_length=50)
 
     @model_validator(mode="before")
     @classmethod
@@ -596,8 +727,10 @@ class Expect(Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.outcome != "crash" and (self.exception or self.where or self.phase):
-            raise ValueError("`exception`, `where` and `phase` only apply to outcome: crash")
+        if self.outcome not in ("crash", "refused") and self.exception:
+            raise ValueError("`exception` only applies to outcome: crash or refused")
+        if self.outcome not in ("crash", "refused", "hang") and (self.where or self.phase):
+            raise ValueError("`where` and `phase` only apply to outcome: crash, refused or hang")
         if self.message:
             try:
                 re.compile(self.message)
@@ -743,18 +876,14 @@ class Scenario(Strict):
                     f"requests[{i}].n: parallel sampling is driven at level: v0-engine only (its "
                     "LLMEngine fans the request out); at this level write each child as a "
                     "request of its own")
-            if r.prompt_len + r.max_tokens > self.config.max_model_len and (
-                    self.level != "v0-engine"):
-                # V0 takes such a request and caps it at max_model_len (its StopChecker:
-                # FINISHED_LENGTH_CAPPED); a prompt over max_model_len goes to the release's
-                # own front door (LLMEngine._validate_model_inputs), which refuses it from 0.8.4
-                # and, before, let it through to the scheduler (vLLM #8881)
-                raise ValueError(
-                    f"requests[{i}]: prompt_len + max_tokens = {r.prompt_len + r.max_tokens} exceeds "
-                    f"config.max_model_len {self.config.max_model_len}; lower prompt_len or "
-                    "max_tokens, or raise config.max_model_len")
+            # prompt_len + max_tokens over max_model_len is vLLM's to take (it caps the output:
+            # FINISHED_LENGTH_CAPPED); a prompt over it is refused by the release's own front
+            # door (engine/adapter/requests.py:front_door; V0's LLMEngine._validate_model_inputs
+            # from 0.8.4, before which it reached the scheduler: vLLM #8881)
         engine_only = {"kv_cache_memory_bytes": self.config.kv_cache_memory_bytes,
-                       "max_concurrent_batches": self.config.max_concurrent_batches}
+                       "max_concurrent_batches": self.config.max_concurrent_batches,
+                       "execute_model_timeout_seconds":
+                           self.config.execute_model_timeout_seconds}
         blocks = self.config.num_gpu_blocks
         if self.level != "v0-engine":
             if blocks is not None and blocks < 2:
@@ -793,6 +922,17 @@ class Scenario(Strict):
             if self.level == "scheduler" and (e.when == "in_flight" or not e.abort):
                 raise ValueError(f"events[{i}]: in-flight aborts, reset_prefix_cache and "
                                  "pause/resume are EngineCore calls; add `level: engine-core`")
+            if e.fault is not None:
+                from ..engine.topology import topology
+
+                topo = topology({"passthrough": self.config.model_extra or {}})
+                if not topo.multiprocess:
+                    raise ValueError(f"events[{i}].fault: a rank fault needs rank processes; add "
+                                     "config.distributed_executor_backend: mp")
+                if e.fault.rank >= topo.world_size:
+                    raise ValueError(f"events[{i}].fault.rank: {e.fault.rank} is not a rank of "
+                                     f"this world ({topo.world_size} ranks: 0 to "
+                                     f"{topo.world_size - 1}); use one of them")
             arrives = {r.id: r.at_step for r in self.requests}
             for rid in e.abort or ():
                 if rid not in ids:
@@ -836,6 +976,16 @@ class Scenario(Strict):
                     raise ValueError(f"model.spec_decode.propose.{rid}: {over[0]} drafts, over "
                                      f"config.num_speculative_tokens {k} (vLLM's drafter "
                                      "proposes at most that many a step); give at most that many")
+        for key in ("expect", "fixed"):
+            exp = getattr(self, key)
+            for j, st in enumerate((exp.steps or ()) if exp is not None else ()):
+                for rid in sorted(st.request_ids()):
+                    if rid not in ids:
+                        raise ValueError(f"{key}.steps[{j}]: unknown request id {rid!r}"
+                                         f"{_id_fix(rid, ids)}")
+                if st.at_step > max_steps:
+                    raise ValueError(f"{key}.steps[{j}].at_step {st.at_step} is past "
+                                     f"limits.max_steps {max_steps}")
         self._check_drafts()
         self._check_kv_transfer()
         self._check_lab_limits()

@@ -476,7 +476,8 @@ def read_stats(text: str) -> dict | None:
 
 _CONFIG_KEYS = ("max_seq_len", "max_model_len", "enable_prefix_caching",
                 "chunked_prefill_enabled", "enable_chunked_prefill", "speculative_config",
-                "tensor_parallel_size", "pipeline_parallel_size", "async_scheduling", "model",
+                "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                "async_scheduling", "model",
                 "served_model_name", "block_size", "max_num_seqs", "max_num_batched_tokens",
                 "scheduling_policy", "num_gpu_blocks_override", "num_speculative_tokens",
                 "long_prefill_token_threshold", "enforce_eager", "kv_cache_dtype")

@@ -290,6 +290,7 @@ class _Draft:
         self._require_requests()
         self._block_size()
         self._switches()
+        self._parallel()
         self._requests()
         self._lengths()
         self._batch()
@@ -362,6 +363,47 @@ class _Draft:
         pol = self.args_cfg.get("scheduling_policy")
         c["policy"] = _Val(pol, "log", self.args_line) if pol in ("fcfs", "priority") else \
             _Val("fcfs", "guess", "vLLM's default scheduling policy")
+
+    def _parallel(self) -> None:
+        """``tensor_parallel_size`` / ``pipeline_parallel_size`` / ``data_parallel_size`` as the
+        log's engine config states them (above 1 only), so that the replay's ``ParallelConfig``
+        and the emulated platform's device count are the deployment's; left out, with a note,
+        where the ranks are more than the lab emulates (``engine/topology.py``). Not at
+        ``level: v0-engine`` (the lab's V0 worker runs one rank)."""
+        from ..engine.topology import MAX_WORLD_SIZE
+
+        if self.v0:
+            return
+        found = {}
+        for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            v = self.known(key, _posint)
+            if v is not None and v.value > 1:
+                found[key] = v
+        dp = found.get("data_parallel_size")
+        if dp is not None and self.level == "engine-core":
+            # level engine-core drives one EngineCore, not a DPEngineCoreProc per DP rank
+            found.pop("data_parallel_size")
+            self.notes.append(f"the log's engine ran data_parallel_size {dp.value}; the draft "
+                              "replays one DP rank's engine core")
+        if not found:
+            return
+        ranks = 1
+        for v in found.values():
+            ranks *= v.value
+        if ranks > MAX_WORLD_SIZE:
+            sizes = ", ".join(f"{k} {v.value}" for k, v in found.items())
+            self.notes.append(f"the log's engine ran {ranks} ranks ({sizes}), more than the "
+                              f"{MAX_WORLD_SIZE} the lab emulates: the draft runs one")
+            return
+        self.c.update(found)
+        tp_pp = found.get("tensor_parallel_size", _Val(1, "", "")).value * found.get(
+            "pipeline_parallel_size", _Val(1, "", "")).value
+        if tp_pp > 1:
+            # vLLM's own choice for a world that fits one node; said, since older releases
+            # count the node's GPUs through torch.cuda (cuda_device_count_stateless), which a
+            # CPU build answers 0, before they choose it
+            self.c["distributed_executor_backend"] = _Val(
+                "mp", "derived", f"vLLM's default executor for {tp_pp} ranks on one node")
 
     def _v0_switches(self) -> None:
         """V0's switches: chunked prefill as the log states it, else as the crash path shows it
@@ -694,4 +736,5 @@ _CONFIG_ORDER = ("block_size", "num_gpu_blocks", "num_cpu_blocks", "kv_cache_mem
                  "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                  "enable_chunked_prefill", "enable_prefix_caching", "policy",
                  "use_v2_block_manager", "num_scheduler_steps", "num_speculative_tokens",
-                 "async_scheduling")
+                 "async_scheduling", "tensor_parallel_size", "pipeline_parallel_size",
+                 "data_parallel_size", "distributed_executor_backend")

@@ -51,6 +51,7 @@ def patch_files(patch: Path) -> list[str]:
 
     text = read_text(patch, "patch file", _FIX)
     files: list[str] = []
+    git_headers: list[tuple[int, str]] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         mode = _MODE.match(line) or _INDEX_MODE.match(line)
         if mode and mode.group(1) not in ("100644", "100755", "100664"):
@@ -58,6 +59,9 @@ def patch_files(patch: Path) -> list[str]:
                 mode.group(1), f"a file of mode {mode.group(1)}")
             raise InputError(f"{patch}: line {lineno}: the patch makes {what}; a fix may only "
                              "change or create regular files under vllm/")
+        if line.startswith("diff --git "):
+            git_headers.append((lineno, line))  # checked below, after the other lines
+            continue
         ren = _RENAME.match(line)
         if ren:
             target = ren.group(1).strip()
@@ -75,9 +79,39 @@ def patch_files(patch: Path) -> list[str]:
                              "vllm/ (paths like a/vllm/v1/core/sched/scheduler.py)")
         if path not in files:
             files.append(path)
+    # git's own header: the only line naming the file of an entry without ---/+++ (an empty
+    # new file, a deletion, a mode change, a GIT binary patch), which git applies all the same
+    for lineno, line in git_headers:
+        for name in _git_header_paths(patch, lineno, line):
+            if name not in files:
+                files.append(name)
     if not files:
-        raise InputError(f"{patch}: not a unified diff (no ---/+++ file headers)")
+        raise InputError(f"{patch}: not a unified diff (no ---/+++ or diff --git file headers)")
     return files
+
+
+def _git_header_paths(patch: Path, lineno: int, line: str) -> list[str]:
+    """The two paths of a ``diff --git a/X b/Y`` line as ``vllm/...`` paths. Raises
+    :class:`InputError` for one outside ``vllm/`` (or with ``..``), and for a line whose names
+    cannot be told apart (unquoted names with spaces)."""
+    import shlex
+
+    rest = line[len("diff --git "):].strip()
+    try:
+        names = shlex.split(rest) if '"' in rest else rest.split()
+    except ValueError:
+        names = []
+    if len(names) != 2:
+        raise InputError(f"{patch}: line {lineno}: cannot tell the two file names of {line[:120]!r}; "
+                         "a fix changes files under vllm/ (make the diff with git diff)")
+    out = []
+    for name in names:
+        path = name[2:] if name.startswith(("a/", "b/")) else name
+        if not path.startswith("vllm/") or ".." in Path(path).parts:
+            raise InputError(f"{patch}: line {lineno}: touches {name!r}; a fix may only change "
+                             "files under vllm/ (paths like a/vllm/v1/core/sched/scheduler.py)")
+        out.append(path)
+    return out
 
 
 def _only_regular_files(tree: Path, patch: Path) -> None:

@@ -59,7 +59,8 @@ from ..state import iter_queue  # noqa: F401 - re-exported (older importers)
 from .build import BuildMixin
 from .outputs import OutputsMixin, Scheduled  # noqa: F401 - re-exported
 from .probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _source_has,  # noqa: F401
-                     _try_import, call_supported, fields_of, init_params, params_of)
+                     _try_import, call_supported, fields_of, init_params, params_of,
+                     refused_by_vllm)
 from .requests import EOS_TOKEN_ID, VOCAB, RequestsMixin, token_stream  # noqa: F401
 
 

@@ -18,7 +18,9 @@ get_device_capability       the scenario's ``platform.capability`` (``"9.0"`` by
 has_device_capability       from that capability (the base class compares it)
 get_device_name / uuid      ``platform.device_name`` / a fixed fake UUID
 get_device_total_memory     ``platform.total_memory_gib`` GiB
-device_count                1 (the lab runs one rank)
+device_count                the devices the run's topology asks for (:func:`set_device_count`:
+                            ``tensor_parallel_size x pipeline_parallel_size x
+                            data_parallel_size_local``, 1 by default), each one as above
 is_fully_connected          True
 get_current_memory_usage    0
 set_device, import_kernels  nothing (no CUDA runtime, no compiled kernels: the GPU's work
@@ -295,6 +297,33 @@ def answer_kernel_queries(vllm_dir) -> list[str]:
     return answered
 
 
+#: how many devices the emulated platform reports (:func:`set_device_count`)
+_DEVICES = [1]
+#: the most devices a run may ask for (a bound on a user-given count: every rank of the
+#: multi-process executor is a process of this machine)
+from ..topology import MAX_WORLD_SIZE as MAX_DEVICES  # noqa: E402
+
+
+def set_device_count(n: int) -> int:
+    """Make the emulated platform's ``device_count()`` answer ``n`` (1 to :data:`MAX_DEVICES`):
+    the GPUs of the host the run stands in for, as many as its ``tensor_parallel_size x
+    pipeline_parallel_size x data_parallel_size_local`` ask, each with the scenario's
+    ``platform:`` memory and capability, so that vLLM's own checks (``ParallelConfig``'s "World
+    size (N) is larger than the number of available GPUs") pass as on that host. Returns the
+    previous count. Raises :class:`PlatformError` outside the bounds."""
+    n = int(n)
+    if not 1 <= n <= MAX_DEVICES:
+        raise PlatformError(f"{n} devices: the lab emulates 1 to {MAX_DEVICES} GPUs (one rank "
+                            "process each); lower tensor/pipeline/data_parallel_size")
+    before, _DEVICES[0] = _DEVICES[0], n
+    return before
+
+
+def device_count() -> int:
+    """What the emulated platform's ``device_count()`` answers now."""
+    return _DEVICES[0]
+
+
 def _capability(text: str) -> tuple[int, int]:
     try:
         major, _, minor = str(text).partition(".")
@@ -328,7 +357,7 @@ def emulated_cuda(spec: dict[str, Any]):
         "get_device_name": _cm(lambda cls, device_id=0: name),
         "get_device_uuid": _cm(lambda cls, device_id=0: "GPU-00000000-0000-0000-0000-vllmrepro000"),
         "get_device_total_memory": _cm(lambda cls, device_id=0: memory),
-        "device_count": _cm(lambda cls: 1),
+        "device_count": _cm(lambda cls: device_count()),
         "is_fully_connected": _cm(lambda cls, *a, **k: True),
         "get_current_memory_usage": _cm(lambda cls, *a, **k: 0.0),
         "set_device": _cm(lambda cls, *a, **k: None),
@@ -389,7 +418,7 @@ def emulate_nvml(spec: dict[str, Any]) -> bool:
     memory = int(float(spec.get("total_memory_gib") or 80) * (1 << 30))
     mod.nvmlInit = lambda *a, **k: None
     mod.nvmlShutdown = lambda *a, **k: None
-    mod.nvmlDeviceGetCount = lambda: 1
+    mod.nvmlDeviceGetCount = lambda: device_count()
     mod.nvmlDeviceGetHandleByIndex = lambda i: i
     mod.nvmlDeviceGetCudaComputeCapability = lambda h: (major, minor)
     mod.nvmlDeviceGetName = lambda h: name

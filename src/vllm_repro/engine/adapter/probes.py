@@ -17,7 +17,24 @@ class AdapterError(Exception):
 
 class RefusedByRelease(Exception):
     """The release's own front door refuses the workload (e.g. priorities on 0.9.0): an input
-    error naming the field and the release."""
+    error naming the field and the release. ``vllm_exc``: the exception vLLM itself raised to
+    refuse it (a config validator's ``ValidationError``, ``Processor.process_inputs``'
+    ``ValueError``), ``None`` where the lab refuses on the release's behalf (a field or call the
+    release lacks); ``phase``: where vLLM refused (``config``: ``EngineArgs`` / ``VllmConfig``
+    / ``SchedulerConfig`` built, ``add_request``: the front door). What a scenario's
+    ``outcome: refused`` is judged on (``RunResult.refusal``)."""
+
+    vllm_exc: BaseException | None = None
+    phase: str = "config"
+
+
+def refused_by_vllm(message: str, exc: BaseException, phase: str = "config") -> RefusedByRelease:
+    """A :class:`RefusedByRelease` for ``exc``, raised by vLLM's own code to refuse the scenario
+    in ``phase`` (``config``, ``add_request``)."""
+    refused = RefusedByRelease(message)
+    refused.vllm_exc = exc
+    refused.phase = phase
+    return refused
 
 
 class LevelMissing(RefusedByRelease):

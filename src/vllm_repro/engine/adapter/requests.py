@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 
 from .probes import (AdapterError, RefusedByRelease, _import, _try_import, call_supported,
-                     fields_of, params_of)
+                     fields_of, params_of, refused_by_vllm)
 
 EOS_TOKEN_ID = 2  # OPT's eos_token_id (the packaged config.json)
 VOCAB = 50000
@@ -134,38 +134,76 @@ class RequestsMixin:
 
     def front_door(self, req_id: str, prompt: list[int], max_tokens: int, priority: int) -> None:
         """Refuse what the release's own front door refuses before a request reaches the
-        scheduler: ``Processor.process_inputs`` (``vllm/v1/engine/processor.py``) is called with
-        the request's priority, e.g. 0.8/0.9 raise ``V1 does not support priority yet``.
+        scheduler: ``Processor.process_inputs`` (``vllm/v1/engine/processor.py``;
+        ``InputProcessor`` in ``input_processor.py`` later) is called with the request's
+        priority and prompt, e.g. 0.8/0.9 raise ``V1 does not support priority yet``, and every
+        release refuses a prompt longer than ``max_model_len`` (some one as long as it). A
+        prompt plus ``max_tokens`` over ``max_model_len`` is vLLM's to take: it caps the output
+        (``FINISHED_LENGTH_CAPPED``).
 
-        Only priorities are checked this way (the rest of a request is plain token ids). When the
-        release's processor cannot be built without a tokenizer the check is skipped.
-        """
-        if not priority:
+        Only priorities and prompt lengths are checked this way (the rest of a request is plain
+        token ids), and only for requests that have one or reach ``max_model_len``. When the
+        release's processor cannot be built without a tokenizer the priority check is skipped
+        and a prompt over ``max_model_len`` is refused by the lab on vLLM's rule. Raises
+        :class:`RefusedByRelease` (with ``vllm_exc``, phase ``add_request``, where vLLM
+        refused)."""
+        max_len = getattr(getattr(getattr(self, "vllm_config", None), "model_config", None),
+                          "max_model_len", None)
+        long = isinstance(max_len, int) and len(prompt) >= max_len
+        if not priority and not long:
             return
-        if not hasattr(self, "_processor"):
-            self._processor = None
-            proc_cls = _try_import("vllm.v1.engine.processor:Processor")
-            if proc_cls is not None:
-                try:
-                    self._processor = call_supported(proc_cls, vllm_config=self.vllm_config,
-                                                     tokenizer=None)
-                except Exception:  # noqa: BLE001 - API drift: no front-door check possible
-                    self._processor = None
-        if self._processor is None:
+        processor = self._front_processor("Processor", "vllm.v1.engine.processor:Processor")
+        if processor is None and long:  # later releases: the InputProcessor
+            processor = self._front_processor(
+                "InputProcessor", "vllm.v1.engine.input_processor:InputProcessor")
+        if processor is None:
+            self._over_max_model_len(req_id, prompt, max_len, long)
             return
         sp = call_supported(self.SamplingParams, max_tokens=max_tokens)
         try:
-            call_supported(self._processor.process_inputs, request_id=req_id,
+            call_supported(processor.process_inputs, request_id=req_id,
                            prompt={"prompt_token_ids": list(prompt)}, params=sp,
                            arrival_time=0.0, priority=priority)
         except (ValueError, NotImplementedError) as exc:
-            if "priority" in str(exc).lower():
-                raise RefusedByRelease(
+            text = str(exc).lower()
+            if priority and "priority" in text:
+                raise refused_by_vllm(
                     f"requests[{req_id}].priority: vLLM {self.version}'s front door "
                     f"(Processor.process_inputs) refuses it: {exc}; use priority 0 and "
-                    "policy fcfs on this release") from None
-        except Exception:  # noqa: BLE001 - anything else is not about priority
-            return
+                    "policy fcfs on this release", exc, "add_request") from None
+            if long and ("length" in text or "max_model_len" in text):
+                raise refused_by_vllm(
+                    f"requests[{req_id}].prompt_len: vLLM {self.version}'s front door "
+                    f"refuses a prompt of {len(prompt)} tokens with max_model_len {max_len}: "
+                    f"{' '.join(str(exc).split())}; lower prompt_len or raise "
+                    "config.max_model_len", exc, "add_request") from None
+        except Exception:  # noqa: BLE001 - anything else is not about priority or length
+            self._over_max_model_len(req_id, prompt, max_len, long)
+
+    def _front_processor(self, name: str, where: str):
+        """The release's front-door processor class at ``where`` built once (on this
+        adapter's ``vllm_config``, no tokenizer), or None where it has none or it cannot be
+        built so."""
+        cache = self.__dict__.setdefault("_front_processors", {})
+        if name not in cache:
+            cache[name] = None
+            cls = _try_import(where)
+            if cls is not None:
+                try:
+                    cache[name] = call_supported(cls, vllm_config=self.vllm_config, tokenizer=None)
+                except Exception:  # noqa: BLE001 - API drift: no front-door check possible
+                    cache[name] = None
+        return cache[name]
+
+    @staticmethod
+    def _over_max_model_len(req_id: str, prompt: list[int], max_len, long: bool) -> None:
+        """Where the release's front door could not judge the prompt: vLLM's rule, a prompt
+        longer than ``max_model_len`` is refused (:class:`RefusedByRelease`, no ``vllm_exc``)."""
+        if long and len(prompt) > max_len:
+            raise RefusedByRelease(
+                f"requests[{req_id}].prompt_len: {len(prompt)} is over config.max_model_len "
+                f"{max_len}, which vLLM's front door refuses; lower prompt_len or raise "
+                "config.max_model_len")
 
     def abort(self, scheduler, req_ids: list[str]) -> None:
         """``EngineCore.abort_requests``: finish as aborted."""

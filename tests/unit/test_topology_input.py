@@ -1,0 +1,82 @@
+"""Topologies and rank faults in a scenario (issue 44): the parallel sizes are bounded, a fault
+needs rank processes and a rank of the world, and the emulated platform reports the devices
+the topology asks for."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from vllm_repro.engine.topology import MAX_WORLD_SIZE, topology
+from vllm_repro.errors import InputError
+from vllm_repro.scenario import load_scenario
+
+BASE = """
+    name: t
+    level: engine-core
+    config: {{num_gpu_blocks: 64, {config}}}
+    requests:
+      - {{id: A, prompt_len: 10}}
+    events:
+      - {{at_step: 2, {event}}}
+"""
+
+
+def write(tmp_path, config="tensor_parallel_size: 2, distributed_executor_backend: mp",
+          event="fault: {rank: 1, kind: hang, seconds: 5}"):
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(BASE.format(config=config, event=event)))
+    return p
+
+
+def test_a_rank_fault_loads_with_its_kind_and_defaults(tmp_path):
+    sc = load_scenario(write(tmp_path))
+    fault = sc.events[0].fault
+    assert (fault.rank, fault.kind, fault.seconds, fault.on_execute_model) == (1, "hang", 5.0, None)
+    topo = topology({"passthrough": sc.config.model_extra})
+    assert (topo.tp, topo.pp, topo.world_size, topo.multiprocess) == (2, 1, 2, True)
+
+
+@pytest.mark.parametrize("config, event, words", [
+    ("tensor_parallel_size: 2", "fault: {rank: 1, kind: hang}",
+     "needs rank processes; add config.distributed_executor_backend: mp"),
+    ("tensor_parallel_size: 2, distributed_executor_backend: mp", "fault: {rank: 2, kind: exit}",
+     "is not a rank of this world (2 ranks: 0 to 1)"),
+    ("tensor_parallel_size: 2, distributed_executor_backend: mp",
+     "fault: {rank: 0, kind: raise, seconds: 3}", "`seconds` goes with kind: hang or late"),
+    ("tensor_parallel_size: 2, distributed_executor_backend: mp",
+     "fault: {rank: 0, kind: hang, seconds: 601}", "seconds"),
+    ("tensor_parallel_size: 2, distributed_executor_backend: mp",
+     "fault: {rank: 0, kind: hang}, abort: [A]", "exactly one of"),
+    ("tensor_parallel_size: 4, pipeline_parallel_size: 4", "abort: [A]",
+     f"16 ranks, over the lab's {MAX_WORLD_SIZE}"),
+    ("pipeline_parallel_size: 0", "abort: [A]", "pipeline_parallel_size: 0 is not a positive"),
+    ("execute_model_timeout_seconds: 0", "abort: [A]", "execute_model_timeout_seconds"),
+])
+def test_bad_topologies_and_faults_name_the_field(tmp_path, config, event, words):
+    with pytest.raises(InputError) as err:
+        load_scenario(write(tmp_path, config, event))
+    assert words in str(err.value), str(err.value)
+
+
+def test_the_execute_model_timeout_is_an_engine_core_field(tmp_path):
+    p = write(tmp_path, "execute_model_timeout_seconds: 5", "abort: [A]")
+    p.write_text(p.read_text().replace("level: engine-core\n", ""))
+    with pytest.raises(InputError) as err:
+        load_scenario(p)
+    assert "add `level: engine-core`" in str(err.value)
+
+
+def test_the_emulated_platform_answers_the_device_count_set_for_a_run():
+    from vllm_repro.engine.adapter import platform
+
+    assert platform.device_count() == 1
+    before = platform.set_device_count(3)
+    try:
+        assert before == 1 and platform.device_count() == 3
+        with pytest.raises(platform.PlatformError):
+            platform.set_device_count(MAX_WORLD_SIZE + 1)
+    finally:
+        platform.set_device_count(before)
+    assert platform.device_count() == 1
