@@ -378,7 +378,9 @@ class EngineCoreLoop(StepLoop):
                 line.in_flight = len(queue_) + len(line.applied_from)
             self._phase = "record_stats"
             while not engine.output_queue.empty():
-                _, outs = engine.output_queue.get_nowait()
+                item = engine.output_queue.get_nowait()
+                # (client index, outputs) from 0.9; the EngineCoreOutputs alone in 0.8.x
+                outs = item[1] if isinstance(item, tuple) else item
                 all_stats = self._stats_of({0: outs}, record_stats is not None)
                 self._note_stats(line, all_stats)
                 if record_stats is not None:
