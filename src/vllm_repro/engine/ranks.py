@@ -224,6 +224,7 @@ class RankSet:
     def start(self) -> None:
         """Before ``EngineCore`` is built (vLLM forks the ranks in its executor's start-up)."""
         global _SETUP
+        self._children_before = set(multiprocessing.active_children())
         _SETUP = _Setup(self.worker, self.queues, self.barrier, self.world_size)
 
     def attach(self, executor) -> None:
@@ -278,6 +279,24 @@ class RankSet:
             q.cancel_join_thread()
             q.close()
         _SETUP = None
+        self._reap()
+
+    def _reap(self, grace_s: float = 5.0) -> list[int]:
+        """Rank processes of this run still alive after vLLM's shutdown (an ``EngineCore`` that
+        died in its start-up leaves its ``MultiprocExecutor`` to the garbage collector, whose
+        finalizer would stop them some time later): terminated, then killed after ``grace_s``.
+        Only children this process started since :meth:`start`. Returns their pids."""
+        left = [p for p in multiprocessing.active_children()
+                if p not in getattr(self, "_children_before", set())]
+        for p in left:
+            p.terminate()
+        deadline = time.monotonic() + grace_s
+        for p in left:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        return [p.pid for p in left]
 
 
 def multiproc_config(adapter, cfg: dict) -> dict:
