@@ -192,6 +192,19 @@ def test_a_symlink_at_the_engine_log_is_refused_and_its_target_untouched(tmp_pat
     assert target.read_text() == "keep\n"
 
 
+def test_a_symlink_at_the_engine_logs_folder_is_refused(tmp_path):
+    from vllm_repro.lab import _claimed_log
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "_engine").symlink_to(outside)
+    with pytest.raises(InputError, match="is a symlink"):
+        with _claimed_log(tmp_path / "r" / "_engine" / "0.10.2.log"):
+            pass
+    assert not list(outside.iterdir())
+
+
 def _tar_with_everything() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
