@@ -174,6 +174,8 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
         if signals:  # the entry point owns its children; a caller in-process owns its own
             procs.kill_all()
         err.print("aborted", highlight=False)
+        if signals:  # now: not after the threads still reading the killed workers' pipes
+            _exit_now(exc.exit_code)
         sys.exit(exc.exit_code)
     except LabError as exc:
         for line in exc.lines():  # one line each (several only for several problems of an input)
@@ -209,6 +211,17 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
     finally:
         if signals:  # what a worker's code left behind (the lab is their subreaper)
             procs.sweep()
+
+
+def _exit_now(code: int) -> None:
+    """End the lab at once with ``code`` (after an abort: every child is killed already; the
+    interpreter's shutdown would wait on the threads still reading their pipes)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe
+            pass
+    os._exit(code)
 
 
 def _written_file(exc: BaseException) -> str | None:

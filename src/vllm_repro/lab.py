@@ -84,6 +84,9 @@ def _claimed_log(log: Path):
     ``flock`` on ``.<name>.lock`` until the release's runs end."""
     from .inputs import open_append
 
+    if log.parent.is_symlink():  # the logs' folder is the lab's: never a way out of --reports
+        raise InputError(f"{log.parent}: is a symlink (to {os.readlink(log.parent)}), not the "
+                         "folder of the workers' logs; remove the link")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open_append(log.parent / f".{log.stem}.lock", "log's lock file") as lock:
         try:

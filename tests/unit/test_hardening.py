@@ -192,6 +192,19 @@ def test_a_symlink_at_the_engine_log_is_refused_and_its_target_untouched(tmp_pat
     assert target.read_text() == "keep\n"
 
 
+def test_a_symlink_at_the_engine_logs_folder_is_refused(tmp_path):
+    from vllm_repro.lab import _claimed_log
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "_engine").symlink_to(outside)
+    with pytest.raises(InputError, match="is a symlink"):
+        with _claimed_log(tmp_path / "r" / "_engine" / "0.10.2.log"):
+            pass
+    assert not list(outside.iterdir())
+
+
 def _tar_with_everything() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
@@ -441,3 +454,29 @@ def test_a_full_disk_names_the_file_a_write_was_writing(tmp_path):
         line = _disk_full(exc)
     assert line is not None and line.startswith("no space left on device: ")
     assert str(target) in line
+
+
+def test_a_campaign_whose_tasks_were_all_refused_is_not_a_clean_campaign(tmp_path, monkeypatch,
+                                                                          capsys):
+    from contextlib import contextmanager
+
+    import vllm_repro.campaign.run as crun
+    import vllm_repro.executor as executor
+    import vllm_repro.sources.index as index
+    from vllm_repro.records import CampaignReport, CampaignTaskResult
+
+    monkeypatch.setattr(index, "list_releases", lambda: {"0.10.2": {}, "0.33.0": {}})
+
+    @contextmanager
+    def fake_executor(*a, **k):
+        yield type("E", (), {"name": "test"})()
+
+    monkeypatch.setattr(executor, "open_executor", fake_executor)
+    monkeypatch.setattr(crun, "run_campaign", lambda spec, versions, where, ex, on_event:
+                        CampaignReport(spec={}, releases=versions, seeds=[0], tasks=[
+                            CampaignTaskResult(release=v, seed=0, status="refused",
+                                               message="no V1 scheduler") for v in versions]))
+    code, out, err = invoke(["campaign", "--seeds", "1", "--out", str(tmp_path / "c"),
+                             "--reports", str(tmp_path)], capsys)
+    assert code == 2, out + err
+    assert "nothing checked" in err and "2 of 2 task(s) refused" in err

@@ -132,4 +132,14 @@ def campaign(
         f"{where / 'heatmap.png'}")
     if any(t.status == "error" for t in report.tasks):
         raise typer.Exit(EXIT_ENV)
+    if not report.table:  # nothing found: a verdict only where something was checked
+        checked = sum(t.examples - t.by_outcome.get("refused", 0) - t.by_outcome.get("error", 0)
+                      for t in report.tasks if t.status == "done")
+        refused = sum(t.status == "refused" for t in report.tasks)
+        say(f"no failure found in {checked} examples checked ({refused} of {len(report.tasks)} "
+            "task(s) refused; examples a release refused are not counted)")
+        if checked <= 0:
+            raise InputError(f"campaign: nothing checked: {refused} of {len(report.tasks)} "
+                             "task(s) refused and every example of the others refused or "
+                             "failed; give --releases / --level / --features the releases run")
     raise typer.Exit(EXIT_MISMATCH if report.table else 0)
