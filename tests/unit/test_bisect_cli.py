@@ -159,3 +159,70 @@ def test_each_release_is_prepared_with_the_tree_that_serves_the_scenarios_level(
         for v in ("9.0.0", "9.1.0"):
             runner._prepare(v)
         assert [t for _, t in asked] == want, scenario.level
+
+
+# -- bisect --on diff: the release that changed the scheduler's decisions ---------------------------
+
+class CannedDiffClassifier:
+    """``DiffClassifier`` with each release's run replaced by a canned trace (a step -> scheduled
+    tokens map), ``None`` for a run that errs."""
+
+    def __new__(cls, scenario, reference, traces):
+        from vllm_repro.bisect.run import DiffClassifier
+        from vllm_repro.records import TraceLine
+
+        c = DiffClassifier(scenario, reference, reports=None)
+
+        def fake_trace(version):
+            steps = traces[version]
+            item = RunItem(scenario, version, result=make_result(**(BROKEN if steps is None else CLEAN)))
+            item.verdict = judge(scenario, version, item.result)
+            lines = None if steps is None else [TraceLine(step=s, scheduled=dict(sch))
+                                               for s, sch in sorted(steps.items())]
+            c.runs.append(version)
+            return item, lines
+
+        c.runs = []
+        c._trace = fake_trace
+        return c
+
+
+def test_on_diff_a_release_is_bad_where_a_step_differs_from_the_reference():
+    sc = load_scenario(FLAGSHIP)
+    same = {1: {"L": 30}, 2: {"L": 1, "H": 32}}
+    traces = {"0.10.2": same, "0.10.1": dict(same), "0.10.0": {1: {"L": 30}, 2: {"L": 1}},
+              "0.9.2": None}
+    c = CannedDiffClassifier(sc, "0.10.2", traces)
+    assert c("0.10.1").state == GOOD
+    obs = c("0.10.0")
+    assert obs.state == BAD and obs.observed == "differs from 0.10.2 at step 2 (scheduled)"
+    assert c("0.9.2").state == SKIP
+    assert c("0.10.2").state == GOOD
+    assert c.runs.count("0.10.2") == 1, "the reference runs once"
+
+
+def test_on_diff_refuses_a_reference_that_does_not_run():
+    sc = load_scenario(FLAGSHIP)
+    c = CannedDiffClassifier(sc, "0.10.2", {"0.10.2": None, "0.10.1": {1: {"L": 30}}})
+    with pytest.raises(InputError, match="the reference release 0.10.2 did not run"):
+        c("0.10.1")
+
+
+def test_cli_on_diff_needs_no_expectation_and_names_its_rule(monkeypatch, tmp_path):
+    from vllm_repro.bisect import run as bisect_run
+    from vllm_repro.cli import app
+    from vllm_repro.sources import index
+
+    states = {"0.10.0": BAD, "0.10.1": BAD, "0.10.1.1": GOOD, "0.10.2": GOOD}
+    monkeypatch.setattr(index, "list_releases", lambda *a, **k: INDEX)
+    monkeypatch.setattr(bisect_run.DiffClassifier, "__call__", lambda self, v: Fake(states)(v))
+    plain = tmp_path / "plain.yaml"
+    text = FLAGSHIP.read_text()
+    plain.write_text(text[:text.index("expect:")])  # no expectation: --on expect refuses it
+    args = ["bisect", str(plain), "--bad", "0.10.0", "--good", "0.10.2", "--reports",
+            str(tmp_path / "r")]
+    assert isinstance(CliRunner().invoke(app, args).exception, InputError)
+    res = CliRunner().invoke(app, [*args, "--on", "diff"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[-1].startswith("first fixed release: 0.10.1.1 (last bad: 0.10.1)")
+    assert isinstance(CliRunner().invoke(app, [*args, "--on", "nonsense"]).exception, InputError)

@@ -132,6 +132,68 @@ class ReleaseClassifier:
                            error_kind=good.error_kind)
 
 
+class DiffClassifier(ReleaseClassifier):
+    """``bisect --on diff``: classifies a release by the scheduler's decisions instead of the
+    scenario's expectation. The scenario runs on the ``reference`` release once (its trace kept)
+    and on each release asked; a release is ``good`` when no step's decisions differ from the
+    reference's (:func:`vllm_repro.diff.first_difference`: scheduled tokens, preemptions,
+    finished requests, free KV blocks, a crash), ``bad`` when one does (its ``observed`` names
+    the step and the fields), ``skip`` when the run is a lab or input error. Each run goes to its
+    end, as ``vllm-repro diff`` runs it (an audit finding does not stop it). Raises
+    :class:`~vllm_repro.errors.InputError` when the reference itself does not run."""
+
+    def __init__(self, scenario: Scenario, reference: str, reports: Path,
+                 say: Say = lambda s: None, tree: str | None = None):
+        self.scenario = scenario
+        self.reference = reference
+        self.reports = reports
+        self.say = say
+        self.tree = tree
+        self._unreachable = None
+        self._reference_trace = None
+
+    def _run(self, scenario: Scenario, version: str):
+        from ..lab import RunItem, run_matrix
+
+        item = RunItem(scenario, version)
+        self._unreachable = None
+        run_matrix([item], self.reports, keep_going=True, jobs=1, say=self.say,
+                   prepare=self._prepare)
+        if self._unreachable is not None:
+            raise self._unreachable
+        return item
+
+    def _trace(self, version: str):
+        from ..records import ReportDir, read_trace
+
+        item = self._run(self.scenario, version)
+        if item.result.outcome == "error":
+            return item, None
+        path = item.report.path / ReportDir.TRACE
+        return item, read_trace(path) if path.is_file() else []
+
+    def __call__(self, version: str) -> Observation:
+        from ..diff import first_difference
+
+        if self._reference_trace is None:
+            item, trace = self._trace(self.reference)
+            if trace is None:
+                raise InputError(f"bisect --on diff: the reference release {self.reference} did "
+                                 f"not run the scenario ({item.verdict.observed}); give --good a "
+                                 "release it runs on")
+            self._reference_trace = trace
+        if version == self.reference:
+            return Observation(GOOD, "the reference release")
+        item, trace = self._trace(version)
+        if trace is None:
+            return Observation(SKIP, item.verdict.observed, error_kind=item.verdict.error_kind)
+        step, fields = first_difference(self._reference_trace, trace)
+        if step is None:
+            return Observation(GOOD, f"the same decisions as {self.reference} at every step")
+        return Observation(BAD, f"differs from {self.reference} at step {step} "
+                                f"({', '.join(fields)})")
+
+
 def classify_task(arg: dict) -> Observation:
     """One release classified where the executor put this task (``bisect --ray``): ``arg``
     ``{"scenario": Scenario, "release", "reports": absolute path}``; reports are written there

@@ -24,11 +24,15 @@ def bisect(
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP + " With --ray, each round classifies as many releases at once as the back end has slots."),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="With --ray auto: the local cluster's CPUs (releases classified at once)."),
     ray_remote: bool = typer.Option(False, "--ray-remote", help=RAY_REMOTE_HELP),
+    on: str = typer.Option("expect", "--on", help="What tells the releases apart: 'expect' (the scenario's expected reproduction) or 'diff' (the scheduler's decisions: --good is the reference release, a release whose decisions differ from it at any step is bad; finds the release that changed a behaviour)."),
 ) -> None:
     """Find the first bad (or first fixed) release between --bad and --good by binary search.
 
     Good older than bad: the first bad release (a regression); bad older than good: the first fixed one.
     Releases that show neither (an error, another failure) are skipped and stepped around.
+
+    With --on diff, a release is bad when its scheduler decisions differ from --good's at some
+    step (vllm-repro diff), good when they are the same: the release that changed a behaviour.
 
     Exit codes: 0 a boundary found (pinned, or between which two releases when skips hide it);
     2 bad input, or an endpoint that does not show its state; 3 environment error.
@@ -54,8 +58,13 @@ def bisect(
     good = release_name(good, "--good") if good is not None else None
     bad = release_name(bad, "--bad") if bad is not None else None
     reports = reports_dir(reports, create=False)
+    if on not in ("expect", "diff"):
+        raise InputError(f"--on {on[:40]!r}: expected expect or diff")
     sc = load_scenario(scenario)
-    require_expectation(sc, scenario)
+    if on == "expect":
+        require_expectation(sc, scenario)
+    elif ray is not None:
+        raise InputError("--on diff runs one release at a time against its reference; drop --ray")
     bad_v, good_v = default_endpoints(sc, scenario, bad, good)
     if installed() is not None:
         raise InputError("bisect runs each release from its sdist; unset VLLM_REPRO_VLLM "
@@ -63,7 +72,14 @@ def bisect(
     reports = reports_dir(reports)
     bad_v, good_v, span = release_span(list_releases(), bad_v, good_v)
     say(f"bisect: {len(span)} releases from {span[0]} to {span[-1]} on the index")
-    classify = ReleaseClassifier(sc, reports, say=say)
+    if on == "diff":
+        from ..bisect.run import DiffClassifier
+
+        say(f"bisect --on diff: bad = the scheduler's decisions differ from {good_v}'s at some "
+            f"step, good = the same at every step")
+        classify = DiffClassifier(sc, good_v, reports, say=say)
+    else:
+        classify = ReleaseClassifier(sc, reports, say=say)
     try:
         if ray is None:
             result = bisect_releases(span, bad_v, good_v, classify, say=say)
