@@ -22,7 +22,7 @@ def trace(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("versions", [("0.26.0", "0.33.0")])
+@pytest.mark.parametrize("versions", [("0.26.0", "0.33.0", "0.34.0")])
 def test_pipeline_parallel_3_keeps_three_batches_in_flight_clean_on_the_stress_workload(
         cli, tmp_path, versions):
     f = at_engine_core(STRESS / "stress-fcfs-cache.yaml", tmp_path, pipeline_parallel_size=3,
