@@ -215,7 +215,15 @@ def main(args: list[str] | None = None, *, signals: bool = True) -> None:
 
 def _exit_now(code: int) -> None:
     """End the lab at once with ``code`` (after an abort: every child is killed already; the
-    interpreter's shutdown would wait on the threads still reading their pipes)."""
+    interpreter's shutdown would wait on the threads still reading their pipes). Runs
+    multiprocessing's own finalizers first (a fuzz campaign's queue semaphores: left, the
+    resource tracker warns of leaked ones)."""
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        try:
+            mp_util._run_finalizers(0)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
