@@ -66,6 +66,25 @@ _CEILINGS = {"max_kv_blocks": 10**12, "max_tokens": 10**13, "max_steps": 10**9,
              "max_trace_mb": 10**7, "worker_memory_mb": 1 << 40}
 
 
+#: ``VLLM_REPRO_WORKER_STATE``'s values (engine/input_batch.py MODES: the release's own
+#: ``InputBatch``, or the lab's ``PersistentBatch``)
+WORKER_STATES = ("vllm", "lab")
+
+
+def check_worker_state() -> str:
+    """``VLLM_REPRO_WORKER_STATE`` (default ``vllm``), or :class:`~vllm_repro.errors.InputError`
+    (exit 2, one line) for any other value, before a worker starts."""
+    from .errors import InputError
+
+    raw = os.environ.get("VLLM_REPRO_WORKER_STATE", "")
+    mode = raw.strip() or "vllm"
+    if mode not in WORKER_STATES:
+        raise InputError(f"VLLM_REPRO_WORKER_STATE={raw[:40]!r}: expected one of "
+                         f"{', '.join(WORKER_STATES)} (vllm: the release's own InputBatch, the "
+                         "default; lab: the lab's slot model); set it to one, or unset it")
+    return mode
+
+
 def run_limits() -> RunLimits:
     """The limits from the environment, else the defaults for this machine's memory. Raises
     :class:`~vllm_repro.errors.InputError` for a setting that is not a positive integer."""
@@ -95,6 +114,7 @@ def run_limits() -> RunLimits:
                              "set it to one, or unset it")
     max_log_bytes()  # (checked with the others, before anything runs)
     max_processes()
+    check_worker_state()
     return RunLimits(**values, memory_gib=round(mem / (1 << 30), 1))
 
 

@@ -480,3 +480,18 @@ def test_a_campaign_whose_tasks_were_all_refused_is_not_a_clean_campaign(tmp_pat
                              "--reports", str(tmp_path)], capsys)
     assert code == 2, out + err
     assert "nothing checked" in err and "2 of 2 task(s) refused" in err
+
+
+def test_a_bad_worker_state_setting_is_an_input_error_before_a_worker_starts(monkeypatch):
+    """VLLM_REPRO_WORKER_STATE (engine/input_batch.py) is checked with the run limits: a value
+    that is neither vllm nor lab is one line, exit 2, not a lab error inside the worker."""
+    from vllm_repro.errors import InputError
+    from vllm_repro.limits import check_worker_state, run_limits
+
+    monkeypatch.setenv("VLLM_REPRO_WORKER_STATE", "bogus")
+    with pytest.raises(InputError, match="VLLM_REPRO_WORKER_STATE='bogus': expected one of vllm, lab"):
+        run_limits()
+    monkeypatch.setenv("VLLM_REPRO_WORKER_STATE", " lab ")
+    assert check_worker_state() == "lab"
+    monkeypatch.delenv("VLLM_REPRO_WORKER_STATE")
+    assert check_worker_state() == "vllm"
