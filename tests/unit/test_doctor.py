@@ -146,3 +146,21 @@ def test_an_unknown_book_read_mid_run_turns_off_only_its_check_group():
         aud._guarded(REQUEST_CHECKS, lambda: SimpleNamespace().missing)
     res = clean(aud.off)
     assert describe_observed(res).startswith("clean (audit partial: KV book checks off; ")
+
+
+def test_a_name_that_is_no_release_is_exit_2_before_anything_runs(cli, tmp_path):
+    """`doctor 9.9.9` (a newcomer's false green: twelve n/a rows and exit 0) is refused as `run`
+    refuses it: one line naming the nearest releases on the index, exit 2."""
+    from .fake_index import FakeIndex, make_sdist
+
+    files = {f"vllm-{v}.tar.gz": make_sdist(v) for v in ("0.33.0", "0.34.0")}
+    empty_cache = tmp_path / "cache"
+    empty_cache.mkdir()
+    with FakeIndex(files) as idx:
+        env = {"PIP_INDEX_URL": idx.url, "VLLM_REPRO_CACHE": str(empty_cache)}
+        r = cli("doctor", "9.9.9", "--reports", str(tmp_path / "r"), env=env)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "vLLM 9.9.9 is not a release on the index" in r.stderr and "0.34.0" in r.stderr
+        assert "rows" not in r.stderr and not (tmp_path / "r").exists()
+        r = cli("doctor", "0.34", "--reports", str(tmp_path / "r"), env=env)
+        assert r.returncode == 2 and "published as 0.34.0" in r.stderr, r.stderr

@@ -34,7 +34,11 @@ def doctor(
     from ..errors import InputError
     from ..inputs import reports_dir, release_name
 
-    chosen = [release_name(v, "VERSION") for v in versions or []]
+    from ..lab import checked_releases
+
+    # each a release of vLLM before anything runs (cache, else the index): a name that is none
+    # is exit 2 with the nearest releases, as run gives it, never twelve n/a rows and exit 0
+    chosen = checked_releases([release_name(v, "VERSION") for v in versions or []], "VERSION")
     if newest:
         from ..matrix import index_releases, parse_range
 
