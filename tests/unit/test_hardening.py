@@ -480,3 +480,22 @@ def test_a_campaign_whose_tasks_were_all_refused_is_not_a_clean_campaign(tmp_pat
                              "--reports", str(tmp_path)], capsys)
     assert code == 2, out + err
     assert "nothing checked" in err and "2 of 2 task(s) refused" in err
+
+
+@pytest.mark.parametrize("old, new, fragment", [
+    # a token id past int32 was an OverflowError in the runner, shown as a crash (exit 1)
+    ("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8}\nmodel: {token: 99999999999999999999999}",
+     "model.token"),
+    ("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8}\nmodel: {tokens: {A: [1, 4294967296]}}",
+     "model.tokens"),
+    # a billion drafts a step made the runner build a billion-long list per request (a hang)
+    ("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8, num_speculative_tokens: 1000000000}",
+     "config.num_speculative_tokens"),
+], ids=["token-over-int32", "scripted-token-over-int32", "spec-tokens-billion"])
+def test_token_ids_and_draft_counts_are_bounded(tmp_path, capsys, old, new, fragment):
+    c = Case(tmp_path)
+    s = c.scenario(GOOD.replace(old, new))
+    code, _, err = invoke(c.run(s), capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in err
