@@ -499,3 +499,17 @@ def test_token_ids_and_draft_counts_are_bounded(tmp_path, capsys, old, new, frag
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2, err
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value, code", [("60", 0), ("0.5", 0), ("-1", 2), ("nan", 2), ("inf", 2),
+                                         ("abc", 2), ("999999", 2), ("9" * 5000, 2)])
+def test_step_timeout_setting_is_read_not_a_lab_failure(monkeypatch, value, code):
+    """Any VLLM_REPRO_STEP_TIMEOUT_S was a KeyError (exit 3, 'lab failure'): its range had no
+    ceiling. A value in (0, 3600] is taken, anything else is one InputError naming it."""
+    from vllm_repro.limits import run_limits
+    monkeypatch.setenv("VLLM_REPRO_STEP_TIMEOUT_S", value)
+    if code == 0:
+        assert run_limits().step_timeout_s == float(value)
+    else:
+        with pytest.raises(InputError, match="VLLM_REPRO_STEP_TIMEOUT_S"):
+            run_limits()
