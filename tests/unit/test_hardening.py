@@ -513,3 +513,22 @@ def test_step_timeout_setting_is_read_not_a_lab_failure(monkeypatch, value, code
     else:
         with pytest.raises(InputError, match="VLLM_REPRO_STEP_TIMEOUT_S"):
             run_limits()
+
+
+@pytest.mark.parametrize("files", [{}, {"release.txt": "0.10.2\n"},
+                                   {"release.txt": "0.10.2\n", "verdict.json": "[1]"},
+                                   {"release.txt": "\n", "verdict.json": '{"scenario": "s"}'}],
+                         ids=["no-release-txt", "no-verdict", "verdict-not-object", "empty-release"])
+def test_a_bundle_missing_its_release_or_name_is_exit_2(tmp_path, files):
+    """A bundle whose manifest checks out (here: lists nothing) but lacks release.txt or a
+    scenario name was a FileNotFoundError / KeyError: exit 3, 'lab failure, please report'."""
+    from vllm_repro.remote.judge import judge
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "manifest.json").write_text(json.dumps({"sha256": {}}))
+    for name, text in files.items():
+        (b / name).write_text(text)
+    code = judge(b, tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert code == 2, summary
+    assert summary["verified"] is False and summary["error"]["kind"] == "input"
