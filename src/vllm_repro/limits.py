@@ -63,7 +63,10 @@ SETTINGS = {"max_kv_blocks": "VLLM_REPRO_MAX_KV_BLOCKS", "max_tokens": "VLLM_REP
 #: the largest value each setting takes (far above any machine's; a 5,000-digit setting is
 #: refused, not carried into a worker)
 _CEILINGS = {"max_kv_blocks": 10**12, "max_tokens": 10**13, "max_steps": 10**9,
-             "max_trace_mb": 10**7, "worker_memory_mb": 1 << 40}
+             "max_trace_mb": 10**7, "worker_memory_mb": 1 << 40,
+             # as a scenario's own limits.step_timeout_s (an hour); without an entry here any
+             # value of VLLM_REPRO_STEP_TIMEOUT_S was a KeyError (exit 3)
+             "step_timeout_s": 3600.0}
 
 
 #: ``VLLM_REPRO_WORKER_STATE``'s values (engine/input_batch.py MODES: the release's own

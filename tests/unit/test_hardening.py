@@ -495,3 +495,53 @@ def test_a_bad_worker_state_setting_is_an_input_error_before_a_worker_starts(mon
     assert check_worker_state() == "lab"
     monkeypatch.delenv("VLLM_REPRO_WORKER_STATE")
     assert check_worker_state() == "vllm"
+@pytest.mark.parametrize("old, new, fragment", [
+    # a token id past int32 was an OverflowError in the runner, shown as a crash (exit 1)
+    ("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8}\nmodel: {token: 99999999999999999999999}",
+     "model.token"),
+    ("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8}\nmodel: {tokens: {A: [1, 4294967296]}}",
+     "model.tokens"),
+    # a billion drafts a step made the runner build a billion-long list per request (a hang)
+    ("{num_gpu_blocks: 8}", "{num_gpu_blocks: 8, num_speculative_tokens: 1000000000}",
+     "config.num_speculative_tokens"),
+], ids=["token-over-int32", "scripted-token-over-int32", "spec-tokens-billion"])
+def test_token_ids_and_draft_counts_are_bounded(tmp_path, capsys, old, new, fragment):
+    c = Case(tmp_path)
+    s = c.scenario(GOOD.replace(old, new))
+    code, _, err = invoke(c.run(s), capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value, code", [("60", 0), ("0.5", 0), ("-1", 2), ("nan", 2), ("inf", 2),
+                                         ("abc", 2), ("999999", 2), ("9" * 5000, 2)])
+def test_step_timeout_setting_is_read_not_a_lab_failure(monkeypatch, value, code):
+    """Any VLLM_REPRO_STEP_TIMEOUT_S was a KeyError (exit 3, 'lab failure'): its range had no
+    ceiling. A value in (0, 3600] is taken, anything else is one InputError naming it."""
+    from vllm_repro.limits import run_limits
+    monkeypatch.setenv("VLLM_REPRO_STEP_TIMEOUT_S", value)
+    if code == 0:
+        assert run_limits().step_timeout_s == float(value)
+    else:
+        with pytest.raises(InputError, match="VLLM_REPRO_STEP_TIMEOUT_S"):
+            run_limits()
+
+
+@pytest.mark.parametrize("files", [{}, {"release.txt": "0.10.2\n"},
+                                   {"release.txt": "0.10.2\n", "verdict.json": "[1]"},
+                                   {"release.txt": "\n", "verdict.json": '{"scenario": "s"}'}],
+                         ids=["no-release-txt", "no-verdict", "verdict-not-object", "empty-release"])
+def test_a_bundle_missing_its_release_or_name_is_exit_2(tmp_path, files):
+    """A bundle whose manifest checks out (here: lists nothing) but lacks release.txt or a
+    scenario name was a FileNotFoundError / KeyError: exit 3, 'lab failure, please report'."""
+    from vllm_repro.remote.judge import judge
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "manifest.json").write_text(json.dumps({"sha256": {}}))
+    for name, text in files.items():
+        (b / name).write_text(text)
+    code = judge(b, tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert code == 2, summary
+    assert summary["verified"] is False and summary["error"]["kind"] == "input"

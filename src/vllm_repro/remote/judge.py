@@ -115,6 +115,29 @@ def check_manifest(bundle: Path) -> dict:
     return manifest
 
 
+def bundle_identity(bundle: Path, manifest: dict) -> tuple[str, str]:
+    """The release (``release.txt``) and scenario name (the manifest's ``scenario``, else
+    ``verdict.json``'s) a bundle verifies. Raises :class:`InputError` (exit 2) where either is
+    missing or unreadable: a hand-made or truncated bundle, not a lab failure."""
+    try:
+        release = (bundle / "release.txt").read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{bundle}: no readable release.txt ({exc.__class__.__name__}); not a "
+                         "verification bundle (make one with vllm-repro verify)") from None
+    name = manifest.get("scenario")
+    if not name:
+        try:
+            name = json.loads((bundle / "verdict.json").read_text()).get("scenario")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise InputError(f"{bundle}: no readable verdict.json ({exc.__class__.__name__}); "
+                             "not a verification bundle (make one with vllm-repro verify)") from None
+    if not release or not isinstance(name, str) or not name:
+        raise InputError(f"{bundle}: release.txt or the scenario's name (manifest.json / "
+                         "verdict.json) is empty; not a verification bundle (make one with "
+                         "vllm-repro verify)")
+    return release, name
+
+
 def find_installed(release: str) -> InstalledVllm:
     """The installed vLLM to judge on: ``VLLM_REPRO_VLLM`` if set; else this interpreter's vLLM
     (the CUDA image); else, in the CPU image standing in for the CUDA one, the baked
@@ -264,8 +287,7 @@ def judge(bundle: Path, out: Path) -> int:
     code = EXIT_ENV
     try:
         manifest = check_manifest(bundle)
-        release = (bundle / "release.txt").read_text().strip()
-        name = manifest.get("scenario") or json.loads((bundle / "verdict.json").read_text())["scenario"]
+        release, name = bundle_identity(bundle, manifest)
         summary.update(release=release, scenario=name)
         phase(f"bundle: {name} on vLLM {release} (manifest checked)")
         inst = find_installed(release)

@@ -27,6 +27,12 @@ from ..engine.engine_args import yaml_word
 Outcome = Literal["clean", "crash", "violation", "stall", "refused", "hang"]
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
+#: a token id: vLLM keeps them in int32 arrays (``InputBatch.token_ids_cpu``); a larger one is
+#: an OverflowError inside the lab's runner, not anything vLLM could be handed
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+#: drafts per request a step: the fake runner makes a list this long per request every step,
+#: so it is bounded (the lab's limit; vLLM's drafters propose a handful)
+MAX_SPEC_TOKENS = 1024
 
 
 
@@ -222,7 +228,7 @@ class SchedulerSettings(Strict):
     enable_prefix_caching: bool = False
     policy: Literal["fcfs", "priority"] = "fcfs"
     long_prefill_token_threshold: NonNegInt = 0
-    num_speculative_tokens: PosInt | None = None
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=MAX_SPEC_TOKENS)] | None = None
     #: the drafter (vLLM's ``SpeculativeConfig.method``): ``ngram`` (CPU n-gram proposer) or
     #: ``ngram_gpu`` (the GPU one, the method async scheduling accepts from 0.20); either way the
     #: drafts come from the fake model runner, as a drafter at the executor boundary
@@ -495,14 +501,14 @@ class ModelBehaviour(Strict):
     (what a preempted or aborted request looks like to the runner).
     """
 
-    token: NonNegInt = 100
+    token: TokenId = 100
     #: request id -> the token ids the model prefers, one per output position (then ``token``);
     #: for a structured-output request the grammar's bitmask is applied as the GPU sampler
     #: applies it: a scripted token the bitmask forbids gives way to the allowed choice
-    tokens: dict[str, list[NonNegInt]] = Field(default_factory=dict)
+    tokens: dict[str, list[TokenId]] = Field(default_factory=dict)
     eos_at: dict[str, PosInt] = Field(default_factory=dict)
     empty_at: dict[str, list[PosInt]] = Field(default_factory=dict)
-    draft_tokens: list[NonNegInt] | None = None
+    draft_tokens: list[TokenId] | None = None
     spec_decode: SpecDecode | None = None
 
 
