@@ -25,10 +25,19 @@ reports=${1:-$(mktemp -u /tmp/vllm-repro-compose.XXXXXX)}
 port=${REPORTS_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 project=vllmrepro-ci-$$
 export REPORTS_DIR=$reports REPORTS_PORT=$port
+# an image that bakes only some releases (the flagship image) runs only the entries they cover,
+# as its own build's warm-up does: the rest would need releases it lacks (no network in the run)
+image=${CPU_IMAGE:-vllm-repro-cpu:latest}
+if [ -z "${CATALOG_ARGS+set}" ] \
+   && [ "$(docker image inspect -f '{{index .Config.Labels "vllm-repro.releases"}}' "$image" 2>/dev/null)" != catalog ]; then
+  CATALOG_ARGS=$(docker run --rm --network none --entrypoint python3 "$image" \
+    images/cpu/releases.py --entries scenarios /opt/vllm-repro/cache/baked.json 2>/dev/null | tr '\n' ' ')
+  export CATALOG_ARGS
+fi
 unset VLLM_REPRO_UID VLLM_REPRO_GID
 log=$(mktemp /tmp/vllm-repro-compose-log.XXXXXX)
 trap '"${compose[@]}" -p "$project" down --timeout 5 >/dev/null 2>&1' EXIT
-echo "compose-check: ${compose[*]} ($("${compose[@]}" version --short 2>/dev/null || echo '?')), as $(id -un) (uid $(id -u)); reports $reports"
+echo "compose-check: ${compose[*]} ($("${compose[@]}" version --short 2>/dev/null || echo '?')), as $(id -un) (uid $(id -u)); $image${CATALOG_ARGS:+ ($CATALOG_ARGS)}; reports $reports"
 start=$(date +%s)
 "${compose[@]}" -p "$project" up --no-build >"$log" 2>&1 &
 # v1 names a container project_cpu_1, v2 project-cpu-1
@@ -45,6 +54,18 @@ for _ in $(seq 1 30); do
   sleep 1
 done
 index_ok=0; grep -q "vllm-repro reports" "$page" && index_ok=1
+# the reports server started after the catalog had finished, and its healthcheck says healthy
+cpu_id=$("${compose[@]}" -p "$project" ps -q cpu 2>/dev/null); reports_id=$("${compose[@]}" -p "$project" ps -q reports 2>/dev/null)
+health=none
+for _ in $(seq 1 40); do
+  health=$(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$reports_id" 2>/dev/null || echo none)
+  [ "$health" = healthy ] && break; sleep 1
+done
+finished=$(docker inspect -f '{{.State.FinishedAt}}' "$cpu_id" 2>/dev/null); started=$(docker inspect -f '{{.State.StartedAt}}' "$reports_id" 2>/dev/null)
+order_ok=0  # as nanoseconds: Docker's RFC 3339 times drop trailing zeros, so they do not sort as text
+[ -n "$finished" ] && [ -n "$started" ] \
+  && [ "$(date -d "$started" +%s%N)" -ge "$(date -d "$finished" +%s%N)" ] && order_ok=1
+echo "compose-check: reports started ${started:-?} (cpu finished ${finished:-?}), health $health"
 rows=$(grep -c '<tr' "$page" 2>/dev/null || echo 0)
 run=vllm-23347-priority-preempt-scheduled/0.10.1.1
 run_page=$(get "$run/index.html"); trace=$(get "$run/trace.jsonl")
@@ -62,7 +83,7 @@ echo "compose-check: ${compose[*]} down took ${down_ms} ms (goal under 3000)"
 trap - EXIT
 rm -f "$page"
 [ "${code:-1}" = 0 ] && [ "$status" = 200 ] && [ "$index_ok" = 1 ] \
-  && [ "${run_page%% *}" = 200 ] && [[ "$trace" == "200 text/plain"* ]] \
+  && [ "$health" = healthy ] && [ "$order_ok" = 1 ] && [ "${run_page%% *}" = 200 ] && [[ "$trace" == "200 text/plain"* ]] \
   && [ -z "$strangers" ] && [ -z "$unreadable" ] && [ "$down_ms" -lt 3000 ] \
   || { echo "compose-check: FAILED (compose log: $log)" >&2; exit 1; }
 rm -f "$log"

@@ -35,7 +35,9 @@ def test_compose_services():
     services = compose["services"]
     assert set(services) == {"cpu", "reports", "gpu"}
     assert "profiles" not in services["cpu"]  # the default
-    assert services["cpu"]["command"][:2] == ["catalog", "run"]
+    # a string, split by compose: CATALOG_ARGS adds options (--only: an image of some releases)
+    assert services["cpu"]["command"].split()[:4] == ["catalog", "run", "--reports", "/reports"]
+    assert "${CATALOG_ARGS:-}" in services["cpu"]["command"]
     assert any(v.endswith(":/reports") for v in services["cpu"]["volumes"])
     ports = services["reports"]["ports"]
     assert ports and all(p.startswith("127.0.0.1:") for p in ports)  # loopback only
@@ -59,6 +61,9 @@ def test_compose_services():
     assert gpu["entrypoint"][:2] == ["/bin/sh", "/opt/vllm-repro/entrypoint.sh"]
     assert "./images/cpu/entrypoint.sh:/opt/vllm-repro/entrypoint.sh:ro" in gpu["volumes"]
     assert "user" not in gpu and "/models" in gpu["environment"]["VLLM_REPRO_ALSO_OWN"]
+    # the reports folder itself: a mount of ./reports/gpu-local makes a missing ./reports root's
+    assert "${REPORTS_DIR:-./reports}:/reports" in gpu["volumes"]
+    assert "/reports/gpu-local/junit.xml" in gpu["command"][0]
     # docker-compose 1.29 (Debian 12) refuses a top-level name: the project is named by the
     # make target (COMPOSE_PROJECT_NAME) instead
     assert "name" not in compose
