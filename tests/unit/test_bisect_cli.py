@@ -224,5 +224,6 @@ def test_cli_on_diff_needs_no_expectation_and_names_its_rule(monkeypatch, tmp_pa
     assert isinstance(CliRunner().invoke(app, args).exception, InputError)
     res = CliRunner().invoke(app, [*args, "--on", "diff"])
     assert res.exit_code == 0, res.output
-    assert res.stdout.splitlines()[-1].startswith("first fixed release: 0.10.1.1 (last bad: 0.10.1)")
+    assert res.stdout.splitlines()[-1].startswith(
+        "first release with 0.10.2's decisions: 0.10.1.1 (last differing: 0.10.1)")
     assert isinstance(CliRunner().invoke(app, [*args, "--on", "nonsense"]).exception, InputError)

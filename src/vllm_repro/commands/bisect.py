@@ -93,7 +93,13 @@ def bisect(
         if reports.is_dir():
             write_index(reports)
     out.print(result_table(result))
-    out.print(result.summary(), highlight=False, markup=False)
+    line = result.summary()
+    if on == "diff":  # bad / good mean "differs from" / "the same as" the reference here
+        line = (line.replace("first fixed release", f"first release with {good_v}'s decisions")
+                .replace("first bad release", f"first release whose decisions differ from {good_v}'s")
+                .replace("last bad", "last differing").replace("first bad", "first differing")
+                .replace("last good", "last the same").replace("first good", "first the same"))
+    out.print(line, highlight=False, markup=False)
     say(f"bisect done in {time.perf_counter() - t0:.1f}s; reports in {reports}/")
     raise typer.Exit(0)
 
