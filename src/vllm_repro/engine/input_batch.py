@@ -257,6 +257,17 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
     ``max_num_blocks_per_req`` per group), on CPU; None (and ``note(text)``) where the release
     has no V1 ``InputBatch`` / ``CachedRequestState`` or it does not build here."""
     note = note or (lambda text: None)
+    # a slice tree (slicing/slice_runtime.py, imported as _vllm_slice) cut before the worker
+    # drove the release's InputBatch leaves that module out: importing it there would be a run
+    # that left the slice (exit 3), so the slice's runs keep the lab's PersistentBatch, as the
+    # slice was proven with
+    runtime = sys.modules.get("_vllm_slice")
+    absent = getattr(runtime, "ABSENT", ()) or ()
+    if "vllm.v1.worker.gpu_input_batch" in absent or "vllm.v1.worker.block_table" in absent:
+        note(f"the slice of vLLM {getattr(runtime, 'VERSION', '?')} leaves out "
+             "vllm/v1/worker/gpu_input_batch.py: the worker-side state is the lab's "
+             "PersistentBatch (slice the release again, or --tree full, for the release's own)")
+        return None
     ib_cls = _try_import("vllm.v1.worker.gpu_input_batch:InputBatch")
     state_cls = _try_import("vllm.v1.worker.gpu_input_batch:CachedRequestState")
     if ib_cls is None or state_cls is None:
