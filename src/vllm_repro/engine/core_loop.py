@@ -375,7 +375,9 @@ class EngineCoreLoop(StepLoop):
             if queue_ is not None:  # which batches were applied, and what is still in flight
                 line.applied_from = [s for s in self._applied_from if s is not None]
                 # at the step's peak: queued after its schedule(), before its updates popped
-                line.in_flight = len(queue_) + len(line.applied_from)
+                # a deque from 0.11; 0.10.x's batch queue is a queue.Queue (qsize)
+                queued = queue_.qsize() if hasattr(queue_, "qsize") else len(queue_)
+                line.in_flight = queued + len(line.applied_from)
             self._phase = "record_stats"
             while not engine.output_queue.empty():
                 item = engine.output_queue.get_nowait()

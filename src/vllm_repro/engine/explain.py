@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import re
 from pathlib import Path
 from types import FrameType, TracebackType
 
@@ -49,6 +50,10 @@ def innermost_vllm(tb: TracebackType | None, vllm_root: Path) -> tuple[FrameType
     return found
 
 
+#: `` at 0x7f00b26ed5d0`` in a default ``object.__repr__``
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>)")
+
+
 def short_repr(value, limit: int = MAX_REPR, depth: int = 0) -> str:
     """``repr(value)`` cut to ``limit`` characters; a vLLM request (anything with a
     ``request_id``) as ``<Request ID>`` (also inside lists, tuples, sets and dicts, the first 20
@@ -72,7 +77,9 @@ def short_repr(value, limit: int = MAX_REPR, depth: int = 0) -> str:
             more = f", ... ({len(value)} in all)" if len(value) > 20 else ""
             text = "{" + inner + more + "}"
         else:
-            text = repr(value)
+            # an object's default repr names its address, which differs from run to run: left
+            # out, so that result.json is the same for the same run (``<X object>``)
+            text = _ADDRESS.sub("", repr(value))
     except Exception as exc:  # noqa: BLE001 - a repr that raises
         text = f"<repr failed: {type(exc).__name__}>"
     return text if len(text) <= limit else text[:limit - 3] + "..."

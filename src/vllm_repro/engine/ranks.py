@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import sys
 import signal
 import threading
 import time
@@ -307,6 +308,11 @@ def multiproc_config(adapter, cfg: dict) -> dict:
     from .adapter import RefusedByRelease
 
     extra = dict(cfg.get("passthrough") or {})
+    runtime = sys.modules.get("_vllm_slice")  # slicing/slice_runtime.py: a slice tree runs
+    if runtime is not None:
+        raise RefusedByRelease(f"config.distributed_executor_backend: mp: the slice of vLLM "
+                               f"{adapter.version} was traced with the engine in one process; "
+                               "rank processes need the full tree (--tree full)")
     if "worker_cls" in extra:
         raise RefusedByRelease("config.worker_cls: the lab names the ranks' worker itself "
                                f"({WORKER_CLS}); drop it")
