@@ -532,3 +532,23 @@ def test_a_bundle_missing_its_release_or_name_is_exit_2(tmp_path, files):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert code == 2, summary
     assert summary["verified"] is False and summary["error"]["kind"] == "input"
+
+
+def test_diff_takes_exactly_two_releases(tmp_path, capsys):
+    """--vllm A --vllm B --vllm A ran A against B and exited 0, the third release dropped
+    without a word; it is one line, exit 2, before anything runs."""
+    c = Case(tmp_path)
+    code, _, err = invoke(["diff", str(c.good()), "--vllm", "0.10.2", "--vllm", "0.10.1.1",
+                           "--vllm", "0.10.2", "--reports", str(tmp_path / "r")], capsys)
+    assert code == 2 and "give two different releases" in err and "got 3" in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_slice_outside_a_checkout_is_exit_2_before_preparing(tmp_path, capsys, monkeypatch):
+    """slice run where --base (default: the working folder) holds no scenarios was exit 3
+    (EnvError, 'lab failure' class), and only after preparing the release (minutes)."""
+    import vllm_repro.slicing.slicer as slicer
+    monkeypatch.setattr(slicer, "prepare_release", lambda *a, **k: pytest.fail("prepared"))
+    code, _, err = invoke(["slice", "0.10.2", "--base", str(tmp_path), "--out",
+                           str(tmp_path / "out")], capsys)
+    assert code == 2 and "no scenario files" in err and "--base" in err, err
