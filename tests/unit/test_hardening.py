@@ -552,3 +552,26 @@ def test_slice_outside_a_checkout_is_exit_2_before_preparing(tmp_path, capsys, m
     code, _, err = invoke(["slice", "0.10.2", "--base", str(tmp_path), "--out",
                            str(tmp_path / "out")], capsys)
     assert code == 2 and "no scenario files" in err and "--base" in err, err
+
+
+def test_a_symlinked_scenario_folder_in_reports_takes_nothing_outside(tmp_path):
+    """reports/<scenario> as a symlink to a folder elsewhere: the run's trace, result and page
+    were written into the link's target (outside --reports); now the link is replaced by a
+    folder and the target stays empty. A symlinked reports/<scenario>/<release> leaves no
+    dangling link behind."""
+    from vllm_repro.records import ReportDir
+    reports, outside, outside2 = tmp_path / "r", tmp_path / "outside", tmp_path / "outside2"
+    reports.mkdir(), outside.mkdir(), outside2.mkdir()
+    (reports / "s").symlink_to(outside)
+    rd = ReportDir(reports, "s", "0.10.2")
+    (rd.begin() / "trace.jsonl").write_text("{}\n")
+    rd.commit()
+    assert list(outside.iterdir()) == []
+    assert not (reports / "s").is_symlink() and (reports / "s" / "0.10.2" / "trace.jsonl").is_file()
+    # the release level: replaced, and the link itself does not linger as .0.10.2.old.PID
+    rd.path.rename(tmp_path / "moved")
+    rd.path.symlink_to(outside2)
+    (rd.begin() / "trace.jsonl").write_text("{}\n")
+    rd.commit()
+    assert list(outside2.iterdir()) == [] and not rd.path.is_symlink()
+    assert [p.name for p in (reports / "s").iterdir()] == ["0.10.2"]
