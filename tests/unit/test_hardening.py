@@ -575,3 +575,24 @@ def test_a_symlinked_scenario_folder_in_reports_takes_nothing_outside(tmp_path):
     rd.commit()
     assert list(outside2.iterdir()) == [] and not rd.path.is_symlink()
     assert [p.name for p in (reports / "s").iterdir()] == ["0.10.2"]
+
+
+def test_a_full_disk_leaves_no_half_report_filling_it(tmp_path, monkeypatch):
+    """A run that filled a small --reports disk ended exit 3 (no space left) but left its 1 MB
+    staging folder (.0.10.2.partial-PID/trace.jsonl) behind, so the disk stayed full; the
+    half-written report now goes with the error."""
+    import os
+    import vllm_repro.lab as lab
+    from vllm_repro.records import ReportDir
+    rd = ReportDir(tmp_path / "r", "s", "0.10.2")
+    (rd.begin() / "trace.jsonl").write_bytes(b"x" * 4096)
+    log = tmp_path / "worker.log"
+    log.write_text("vLLM said things\n")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(lab.shutil, "copyfileobj", full)
+    with pytest.raises(OSError) as info:
+        lab._run_log(log, 0, rd)
+    assert info.value.errno == errno.ENOSPC
+    assert not rd.staging.exists() and not rd.path.exists()
