@@ -596,3 +596,14 @@ def test_a_full_disk_leaves_no_half_report_filling_it(tmp_path, monkeypatch):
         lab._run_log(log, 0, rd)
     assert info.value.errno == errno.ENOSPC
     assert not rd.staging.exists() and not rd.path.exists()
+
+
+def test_events_are_bounded(tmp_path, capsys):
+    """100,000 events (a 2.9 MB scenario, under the 8 MiB cap) loaded for 12 s and then ran
+    past a minute; a scenario lists at most 10,000 events, exit 2 naming the field."""
+    from vllm_repro.scenario.schema import MAX_EVENTS
+    c = Case(tmp_path)
+    events = "".join("  - {at_step: 3, abort: [A]}\n" for _ in range(MAX_EVENTS + 1))
+    s = c.scenario(GOOD.replace("events:\n  - {at_step: 3, abort: [A]}\n", "events:\n" + events))
+    code, _, err = invoke(c.run(s), capsys)
+    assert code == 2 and "events: List should have at most 10000" in err, err

@@ -33,6 +33,8 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 #: drafts per request a step: the fake runner makes a list this long per request every step,
 #: so it is bounded (the lab's limit; vLLM's drafters propose a handful)
 MAX_SPEC_TOKENS = 1024
+#: the most events a scenario lists
+MAX_EVENTS = 10_000
 
 
 
@@ -826,7 +828,9 @@ class Scenario(Strict):
     level: Literal["scheduler", "engine-core", "v0-engine"] = "scheduler"
     config: SchedulerSettings
     requests: list[RequestSpec] = Field(min_length=1)
-    events: list[Event] = Field(default_factory=list)
+    #: at most MAX_EVENTS (the lab's limit): 100,000 events loaded for 12 s and ran past a
+    #: minute (the catalog's stress workloads have about 20)
+    events: list[Event] = Field(default_factory=list, max_length=MAX_EVENTS)
     model: ModelBehaviour = Field(default_factory=ModelBehaviour)
     limits: Limits = Field(default_factory=Limits)
     #: the platform vLLM sees: the GPU deployment's (CUDA, emulated) unless the scenario says
