@@ -607,3 +607,12 @@ def test_events_are_bounded(tmp_path, capsys):
     s = c.scenario(GOOD.replace("events:\n  - {at_step: 3, abort: [A]}\n", "events:\n" + events))
     code, _, err = invoke(c.run(s), capsys)
     assert code == 2 and "events: List should have at most 10000" in err, err
+
+
+def test_a_huge_description_is_refused(tmp_path, capsys):
+    """An 8 MB description (legal under the 8 MiB file cap) made a 4 s run take 48 s; a
+    description is at most 65,536 characters, exit 2 naming it."""
+    c = Case(tmp_path)
+    s = c.scenario(GOOD.replace("name: t\n", "name: t\ndescription: " + "a" * 70_000 + "\n"))
+    code, _, err = invoke(c.run(s), capsys)
+    assert code == 2 and "description" in err and "65536" in err, err
