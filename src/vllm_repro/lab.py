@@ -243,6 +243,8 @@ def _run_log(log: Path, start: int, report: ReportDir) -> Path:
         os.truncate(log, start)  # this run's part lives in its report now
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # the half-written report goes with the run: left, it kept the disk full
+            shutil.rmtree(report.staging, ignore_errors=True)
             raise
         return log
     return report.path / ReportDir.ENGINE_LOG
@@ -340,10 +342,15 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
             item.report.begin()
         if item.report is not None and item.report.current.is_dir():
             item.result.verdict = item.verdict.as_dict()
-            item.report.write_result(item.result)
-            if timelines:
-                _timeline(item, item.result, say)
-            _page(item, item.result, say)
+            try:
+                item.report.write_result(item.result)
+                if timelines:
+                    _timeline(item, item.result, say)
+                _page(item, item.result, say)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk: no half report left
+                    shutil.rmtree(item.report.staging, ignore_errors=True)
+                raise
             item.report.commit()  # the whole report replaces the previous run's
     return items
 

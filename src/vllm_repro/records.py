@@ -729,7 +729,12 @@ class ReportDir:
 
     def begin(self) -> Path:
         """A fresh, empty staging folder for a run; stale ones, left by interrupted runs whose
-        process is gone, are removed first. Returns it."""
+        process is gone, are removed first. Returns it.
+
+        ``<reports>/<scenario>`` given as a symlink is replaced by a folder (the link goes, its
+        target is left alone): followed, it took the run's report out of the reports folder."""
+        if self.path.parent.is_symlink():
+            self.path.parent.unlink()
         for old in self.path.parent.glob(f".{self.release}.partial-*"):
             pid = old.name.rsplit("-", 1)[-1]
             if old != self.staging and pid.isdigit() and not _alive(int(pid)):
@@ -752,6 +757,8 @@ class ReportDir:
         if self.path.exists():
             os.replace(self.path, old)
         os.replace(self.staging, self.path)
+        if old.is_symlink():  # a link given as the report folder: the link goes, not its target
+            old.unlink()
         shutil.rmtree(old, ignore_errors=True)
         return self.path
 

@@ -545,3 +545,87 @@ def test_a_bundle_missing_its_release_or_name_is_exit_2(tmp_path, files):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert code == 2, summary
     assert summary["verified"] is False and summary["error"]["kind"] == "input"
+
+
+def test_diff_takes_exactly_two_releases(tmp_path, capsys):
+    """--vllm A --vllm B --vllm A ran A against B and exited 0, the third release dropped
+    without a word; it is one line, exit 2, before anything runs."""
+    c = Case(tmp_path)
+    code, _, err = invoke(["diff", str(c.good()), "--vllm", "0.10.2", "--vllm", "0.10.1.1",
+                           "--vllm", "0.10.2", "--reports", str(tmp_path / "r")], capsys)
+    assert code == 2 and "give two different releases" in err and "got 3" in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_slice_outside_a_checkout_is_exit_2_before_preparing(tmp_path, capsys, monkeypatch):
+    """slice run where --base (default: the working folder) holds no scenarios was exit 3
+    (EnvError, 'lab failure' class), and only after preparing the release (minutes)."""
+    import vllm_repro.slicing.slicer as slicer
+    monkeypatch.setattr(slicer, "prepare_release", lambda *a, **k: pytest.fail("prepared"))
+    code, _, err = invoke(["slice", "0.10.2", "--base", str(tmp_path), "--out",
+                           str(tmp_path / "out")], capsys)
+    assert code == 2 and "no scenario files" in err and "--base" in err, err
+
+
+def test_a_symlinked_scenario_folder_in_reports_takes_nothing_outside(tmp_path):
+    """reports/<scenario> as a symlink to a folder elsewhere: the run's trace, result and page
+    were written into the link's target (outside --reports); now the link is replaced by a
+    folder and the target stays empty. A symlinked reports/<scenario>/<release> leaves no
+    dangling link behind."""
+    from vllm_repro.records import ReportDir
+    reports, outside, outside2 = tmp_path / "r", tmp_path / "outside", tmp_path / "outside2"
+    reports.mkdir(), outside.mkdir(), outside2.mkdir()
+    (reports / "s").symlink_to(outside)
+    rd = ReportDir(reports, "s", "0.10.2")
+    (rd.begin() / "trace.jsonl").write_text("{}\n")
+    rd.commit()
+    assert list(outside.iterdir()) == []
+    assert not (reports / "s").is_symlink() and (reports / "s" / "0.10.2" / "trace.jsonl").is_file()
+    # the release level: replaced, and the link itself does not linger as .0.10.2.old.PID
+    rd.path.rename(tmp_path / "moved")
+    rd.path.symlink_to(outside2)
+    (rd.begin() / "trace.jsonl").write_text("{}\n")
+    rd.commit()
+    assert list(outside2.iterdir()) == [] and not rd.path.is_symlink()
+    assert [p.name for p in (reports / "s").iterdir()] == ["0.10.2"]
+
+
+def test_a_full_disk_leaves_no_half_report_filling_it(tmp_path, monkeypatch):
+    """A run that filled a small --reports disk ended exit 3 (no space left) but left its 1 MB
+    staging folder (.0.10.2.partial-PID/trace.jsonl) behind, so the disk stayed full; the
+    half-written report now goes with the error."""
+    import os
+    import vllm_repro.lab as lab
+    from vllm_repro.records import ReportDir
+    rd = ReportDir(tmp_path / "r", "s", "0.10.2")
+    (rd.begin() / "trace.jsonl").write_bytes(b"x" * 4096)
+    log = tmp_path / "worker.log"
+    log.write_text("vLLM said things\n")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(lab.shutil, "copyfileobj", full)
+    with pytest.raises(OSError) as info:
+        lab._run_log(log, 0, rd)
+    assert info.value.errno == errno.ENOSPC
+    assert not rd.staging.exists() and not rd.path.exists()
+
+
+def test_events_are_bounded(tmp_path, capsys):
+    """100,000 events (a 2.9 MB scenario, under the 8 MiB cap) loaded for 12 s and then ran
+    past a minute; a scenario lists at most 10,000 events, exit 2 naming the field."""
+    from vllm_repro.scenario.schema import MAX_EVENTS
+    c = Case(tmp_path)
+    events = "".join("  - {at_step: 3, abort: [A]}\n" for _ in range(MAX_EVENTS + 1))
+    s = c.scenario(GOOD.replace("events:\n  - {at_step: 3, abort: [A]}\n", "events:\n" + events))
+    code, _, err = invoke(c.run(s), capsys)
+    assert code == 2 and "events: List should have at most 10000" in err, err
+
+
+def test_a_huge_description_is_refused(tmp_path, capsys):
+    """An 8 MB description (legal under the 8 MiB file cap) made a 4 s run take 48 s; a
+    description is at most 65,536 characters, exit 2 naming it."""
+    c = Case(tmp_path)
+    s = c.scenario(GOOD.replace("name: t\n", "name: t\ndescription: " + "a" * 70_000 + "\n"))
+    code, _, err = invoke(c.run(s), capsys)
+    assert code == 2 and "description" in err and "65536" in err, err

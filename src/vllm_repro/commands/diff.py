@@ -36,8 +36,8 @@ def diff(
     from ..verdict import exit_code
 
     versions = checked_releases([release_name(v) for v in vllm], "--vllm")
-    if len(versions) != 2:
-        raise InputError(f"--vllm: give two different releases, A and B (got {len(versions)}); "
+    if len(versions) != 2 or len(vllm) != 2:  # a third --vllm was dropped without a word
+        raise InputError(f"--vllm: give two different releases, A and B (got {len(vllm)}); "
                          "e.g. --vllm 0.10.1.1 --vllm 0.10.2")
     check_tree(tree)
     sc = unique_scenarios([scenario])[0]

@@ -33,6 +33,8 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 #: drafts per request a step: the fake runner makes a list this long per request every step,
 #: so it is bounded (the lab's limit; vLLM's drafters propose a handful)
 MAX_SPEC_TOKENS = 1024
+#: the most events a scenario lists
+MAX_EVENTS = 10_000
 
 
 
@@ -818,7 +820,9 @@ class Scenario(Strict):
     """A whole scenario file (format v1). See docs/scenarios.md for the format."""
 
     name: str = Field(min_length=1)
-    description: str = ""
+    #: at most 65,536 characters (the lab's limit; the catalog's longest is about 2,100): an
+    #: 8 MB description took a run from 4 s to 48 s, carried to the worker and into the report
+    description: str = Field(default="", max_length=65_536)
     vllm: VllmRefs = Field(default_factory=VllmRefs)
     #: ``scheduler``: the release's Scheduler driven step by step as ``EngineCore.step`` does;
     #: ``engine-core``: the release's own ``EngineCore`` built and driven with a fake executor
@@ -826,7 +830,9 @@ class Scenario(Strict):
     level: Literal["scheduler", "engine-core", "v0-engine"] = "scheduler"
     config: SchedulerSettings
     requests: list[RequestSpec] = Field(min_length=1)
-    events: list[Event] = Field(default_factory=list)
+    #: at most MAX_EVENTS (the lab's limit): 100,000 events loaded for 12 s and ran past a
+    #: minute (the catalog's stress workloads have about 20)
+    events: list[Event] = Field(default_factory=list, max_length=MAX_EVENTS)
     model: ModelBehaviour = Field(default_factory=ModelBehaviour)
     limits: Limits = Field(default_factory=Limits)
     #: the platform vLLM sees: the GPU deployment's (CUDA, emulated) unless the scenario says

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from ..errors import EnvError
+from ..errors import EnvError, InputError
 from ..sources.prepare import prepare_release, release_lock
 from ..settings import cache_dir
 from ..sources.env import ReleaseEnv
@@ -173,11 +173,14 @@ def make_slice(version: str, base: Path, include: tuple[str, ...] = (),
     ``equivalence.equal = false``, and the CLI exits 1.
     """
     t_start = time.perf_counter()
-    full_env = prepare_release(version, say, tree="full")
-    release = fetch_sdist(version)
+    # checked before the release is prepared (minutes): --base (default: the working folder)
+    # outside a lab checkout is the user's input, exit 2, not a lab failure
     scenarios = runs.scenario_files(base, globs)
     if not scenarios:
-        raise EnvError(f"no scenario files under {base} ({', '.join(globs)})")
+        raise InputError(f"--base {base}: no scenario files under it ({', '.join(globs)}); run "
+                         "slice in the lab's checkout or give --base that checkout")
+    full_env = prepare_release(version, say, tree="full")
+    release = fetch_sdist(version)
     work = work_dir(version)
     work.mkdir(parents=True, exist_ok=True)
     from .tracer import TRACE_FORMAT
