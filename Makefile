@@ -161,6 +161,9 @@ STAGED_INDEX = images/stage/index
 # a fixed port keeps the build argument, and so the releases layer's cache, the same from one
 # build to the next; a random free one when something listens on it (a port in TIME_WAIT after
 # the last build's downloads is reused, as http.server does)
+# A failed build leaves no container (--force-rm) and no catalog stage image (pruned by its
+# label); the image of its last good step stays, as the cache of the next build, which removes
+# it (the image's label) when it is not reused.
 STAGED_INDEX_PORT ?= 47615
 stage-images:
 	@rm -f images/stage/ca/*.pem images/stage/wheels/*.whl $(STAGED_INDEX)/torch/*.whl
@@ -188,11 +191,12 @@ image-cpu: stage-images
 	    echo "images: the torch wheel's index on 127.0.0.1:$$port did not answer:" >&2; tail -5 $(STAGED_INDEX)/.server.log >&2; exit 3; fi; \
 	  build_index="--build-arg TORCH_BUILD_INDEX_URL=http://127.0.0.1:$$port"; net="--network host"; \
 	fi; \
-	$(DOCKER) build $(DOCKER_BUILD_FLAGS) $$net $$build_index -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
+	$(DOCKER) build --force-rm $(DOCKER_BUILD_FLAGS) $$net $$build_index -f images/cpu/Dockerfile -t $(CPU_IMAGE) \
 	  --label $(LAB_HASH_LABEL)=$$(sh images/lab-hash.sh $(VLLM_VERSIONS)) --label "$(RELEASES_LABEL)=$(VLLM_VERSIONS)" \
 	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
-	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || exit 3; \
+	  --build-arg VLLM_VERSIONS="$(VLLM_VERSIONS)" . || { \
+	  $(DOCKER) image prune -f --filter "label=$(CPU_STAGE_LABEL)" >/dev/null 2>&1; exit 3; }; \
 	echo "images: $(CPU_IMAGE) built in $$(( $$(date +%s) - start ))s, $$($(DOCKER) image inspect -f '{{.Size}}' $(CPU_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"; \
 	$(DOCKER) image prune -f --filter "label=$(CPU_IMAGE_LABEL)" 2>/dev/null | sed -n 's/^Total reclaimed space: \(.*[1-9].*\)/images: removed the untagged earlier builds of this image (\1)/p'; \
 	$(DOCKER) image prune -f --filter "label=$(CPU_STAGE_LABEL)" 2>/dev/null | sed -n 's/^Total reclaimed space: \(.*[1-9].*\)/images: removed the untagged build stages (\1)/p'
