@@ -130,3 +130,31 @@ def test_a_failure_met_while_shrinking_another_is_said_not_dropped():
     assert "--target" in line
     # a signature that is a finding too is not said again
     assert Campaign(findings={s: found[0] for s in sigs}, others=stats["others"]).unshrunk() is None
+
+
+class SlowCleanWorker(GrammarWorker):
+    """Never fails, and each run takes 50 ms: a search bounded by --time alone."""
+
+    def run(self, payload, _trace, audit=True, keep_going=False):
+        import time
+
+        self.runs += 1
+        time.sleep(0.05)
+        return RunResult(outcome="clean")
+
+
+def test_time_ends_the_search_at_the_next_example_not_the_chunks_end():
+    """`fuzz --time 1s` ran 58 s (issue 47's breaker): time was looked at between chunks of 40
+    examples only. Now the example after the deadline ends the search, nothing being shrunk."""
+    import time
+
+    cfg = SearchConfig(version="9.9", profile=replace(DEFAULT, kv_connectors=False), seed=3,
+                       time_s=0.3, stop_on_first=True, target=None, audit=False,
+                       level="engine-core", use_database=False)
+    worker = SlowCleanWorker()
+    t0 = time.perf_counter()
+    stats = search(0, cfg, None, None, lambda kind, p: None, worker=worker)
+    took = time.perf_counter() - t0
+    assert stats["bound"] == "time"
+    assert worker.runs < 20, worker.runs  # a chunk is 40; 0.3 s is about 6 runs of 50 ms
+    assert took < 5, took
