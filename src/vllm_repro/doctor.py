@@ -161,6 +161,9 @@ def smoke_scenarios(directory: Path) -> list[tuple[str, Scenario, tuple[str, ...
     file."""
     from .inputs import load_yaml, read_text
 
+    if not directory.is_dir():
+        raise InputError(f"--directory {directory}: not a folder; give the repository's "
+                         "scenarios/ folder (the smoke set's workloads)")
     out = []
     for n, (mode, rel, overlay, needs) in enumerate(SMOKE, 1):
         if rel is None:
@@ -170,8 +173,8 @@ def smoke_scenarios(directory: Path) -> list[tuple[str, Scenario, tuple[str, ...
         else:
             path = directory / rel
             if not path.is_file():
-                raise InputError(f"{path}: no such file (doctor's smoke set reads the "
-                                 "repository's scenarios/; give --directory)")
+                raise InputError(f"--directory {directory}: no {rel} there; the smoke set reads "
+                                 "the repository's scenarios/ folder: give it as --directory")
             d = load_yaml(read_text(path, "scenario", "give --directory"), path)
         d = {**d, **{k: v for k, v in overlay.items() if k not in ("config", "matrix_mode")}}
         d["config"] = {**d.get("config", {}), **overlay.get("config", {})}

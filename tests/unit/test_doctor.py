@@ -118,7 +118,7 @@ def test_cli_newest_asks_the_index_and_no_release_is_exit_2(cli, tmp_path):
         r = cli("doctor", "--newest", "--directory", str(tmp_path), "--reports",
                 str(tmp_path / "r"), env={"PIP_INDEX_URL": idx.url})
     assert "the index's newest release is 0.34.0" in r.stderr, r.stderr
-    assert r.returncode == 2 and "no such file" in r.stderr and "--directory" in r.stderr
+    assert r.returncode == 2 and f"--directory {tmp_path}: no " in r.stderr and "scenarios/ folder" in r.stderr
 
 
 def test_an_unknown_book_read_mid_run_turns_off_only_its_check_group():
@@ -164,3 +164,15 @@ def test_a_name_that_is_no_release_is_exit_2_before_anything_runs(cli, tmp_path)
         assert "rows" not in r.stderr and not (tmp_path / "r").exists()
         r = cli("doctor", "0.34", "--reports", str(tmp_path / "r"), env=env)
         assert r.returncode == 2 and "published as 0.34.0" in r.stderr, r.stderr
+
+
+def test_a_directory_that_is_not_a_folder_says_so():
+    """`doctor --directory /etc/passwd` named a missing file inside it (issue 47's breaker)."""
+    from pathlib import Path
+
+    import pytest
+
+    from vllm_repro.errors import InputError
+
+    with pytest.raises(InputError, match="--directory /etc/passwd: not a folder"):
+        smoke_scenarios(Path("/etc/passwd"))
