@@ -152,7 +152,12 @@ def kill_all(timeout: float = 2.0) -> None:
     _aborting = True
     for proc in list(_workers):
         kill_group(proc)
-    deadline = time.monotonic() + timeout
+    _kill_descendants(time.monotonic() + timeout)
+
+
+def _kill_descendants(deadline: float) -> None:
+    """SIGKILL every process below the lab (the resource tracker aside) until none is left
+    alive or ``deadline`` (``time.monotonic()``) passed."""
     while True:
         alive = [p for p in descendants() if not _is_resource_tracker(p)]
         for pid in alive:
@@ -278,17 +283,7 @@ def sweep(timeout: float = 2.0) -> list[int]:
     warm parents aside. Returns the pids that were alive."""
     left = [p for p in descendants() if not _is_resource_tracker(p)]
     if left:
-        deadline = time.monotonic() + timeout
-        while True:
-            alive = [p for p in descendants() if not _is_resource_tracker(p)]
-            for pid in alive:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            if not alive or time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        _kill_descendants(time.monotonic() + timeout)
     return left
 
 

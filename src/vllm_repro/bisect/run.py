@@ -80,9 +80,13 @@ class ReleaseClassifier:
     it ``skip``.
     """
 
+    #: whether each run goes to its end past an audit finding (``DiffClassifier``'s runs do)
+    keep_going = False
+
     def __init__(self, scenario: Scenario, reports: Path, say: Say = lambda s: None,
                  tree: str | None = None):
-        require_expectation(scenario, scenario.name)
+        if not self.keep_going:
+            require_expectation(scenario, scenario.name)
         self.scenario = scenario
         self.reports = reports
         self.say = say
@@ -106,7 +110,8 @@ class ReleaseClassifier:
 
         item = RunItem(scenario, version)
         self._unreachable = None
-        run_matrix([item], self.reports, jobs=1, say=self.say, prepare=self._prepare)
+        run_matrix([item], self.reports, keep_going=self.keep_going, jobs=1, say=self.say,
+                   prepare=self._prepare)
         if self._unreachable is not None:
             raise self._unreachable
         return item
@@ -142,26 +147,13 @@ class DiffClassifier(ReleaseClassifier):
     end, as ``vllm-repro diff`` runs it (an audit finding does not stop it). Raises
     :class:`~vllm_repro.errors.InputError` when the reference itself does not run."""
 
+    keep_going = True  # no expectation needed either
+
     def __init__(self, scenario: Scenario, reference: str, reports: Path,
                  say: Say = lambda s: None, tree: str | None = None):
-        self.scenario = scenario
+        super().__init__(scenario, reports, say, tree)
         self.reference = reference
-        self.reports = reports
-        self.say = say
-        self.tree = tree
-        self._unreachable = None
         self._reference_trace = None
-
-    def _run(self, scenario: Scenario, version: str):
-        from ..lab import RunItem, run_matrix
-
-        item = RunItem(scenario, version)
-        self._unreachable = None
-        run_matrix([item], self.reports, keep_going=True, jobs=1, say=self.say,
-                   prepare=self._prepare)
-        if self._unreachable is not None:
-            raise self._unreachable
-        return item
 
     def _trace(self, version: str):
         from ..records import ReportDir, read_trace
