@@ -90,7 +90,8 @@ def test_catalog_gives_the_same_verdicts_at_both_levels(cli, tmp_path):
     assert res["engine"]["scheduler"] == "AsyncScheduler"
     for version, crash in (("0.10.1.1", flag), ("0.24.0", k)):
         res = json.loads((tmp_path / "e" / crash / version / "result.json").read_text())
-        log = tmp_path / "e" / "_engine" / f"{version}.log"
+        # the run's own part of the worker's output (issue 47: stored once, in its report)
+        log = tmp_path / "e" / crash / version / "engine.log"
         text = log.read_text()
         assert "Dumping scheduler output for model execution" in text
         assert "EngineCore encountered a fatal error" in text

@@ -116,7 +116,7 @@ def test_25067_without_the_audit_0_10_2_dies_with_the_prs_key_error(cli, tmp_pat
     assert crash["vllm_frames"][-1]["function"] == "_update_from_kv_xfer_finished"
     # 0.11.0 (PR #25844) only warns, with P's blocks long back in the pool
     assert result(tmp_path, ENTRY_25067.stem, "0.11.0")["outcome"] == "clean"
-    log = (tmp_path / "_engine" / "0.11.0.log").read_text()
+    log = (tmp_path / ENTRY_25067.stem / "0.11.0" / "engine.log").read_text()  # the run's own
     assert "Got finished sending KV transfer for request P" in log and "already freed" in log
 
 
