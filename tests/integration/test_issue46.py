@@ -63,7 +63,10 @@ def test_a_livelock_in_schedule_ends_as_hang_naming_the_loop(tmp_path, level):
     assert h.where.where() == "vllm/v1/core/sched/scheduler.py:schedule"
     assert h.where.line in res.planted["notes"]["lines"]
     assert h.phase in ("schedule", "step")
-    assert f'line {h.where.line} in schedule' in h.stacks and h.stacks.lower().count("thread 0x") >= 2
+    # the stacks are dumped a moment after the frame is read: either of the loop's two lines
+    loop = res.planted["notes"]["lines"]
+    assert any(f"line {n} in schedule" in h.stacks for n in loop), h.stacks[-3000:]
+    assert h.stacks.lower().count("thread 0x") >= 2
     assert limit <= took < limit + 30, took
     assert again.outcome == "clean", (again.outcome, again.stall, again.crash)
     time.sleep(0.5)

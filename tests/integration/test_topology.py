@@ -6,6 +6,7 @@ Through the CLI, as a user runs it."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -204,6 +205,17 @@ def test_an_interrupt_while_a_rank_hangs_leaves_no_rank_process(tmp_path):
     assert lab_processes() - before == set()
 
 
+def _steps_left_out(row: dict) -> str:
+    """A clean run's observation without its step count. Where a release's
+    ``EngineCore.step_with_batch_queue`` waits on a batch whose Future is already done (up to
+    0.22.0), the in-process fake executor never leaves a batch in flight, and the release's
+    ``MultiprocExecutor`` does: an async-scheduling run then takes other steps to the same end
+    (vllm-49097 on 0.10.2: 10 in-process, 13 at TP=2). A crash's or violation's step stays."""
+    if row["outcome"] == "clean":
+        return re.sub(r", \d+ steps\)$", ")", row["observed"])
+    return row["observed"]
+
+
 @pytest.mark.parametrize("versions", [("0.10.2", "0.33.0")])
 def test_the_engine_core_catalog_gives_the_same_verdicts_at_tensor_parallel_2(cli, tmp_path,
                                                                               versions):
@@ -224,7 +236,7 @@ def test_the_engine_core_catalog_gives_the_same_verdicts_at_tensor_parallel_2(cl
     tables = []
     for files, reports in ((entries, "plain"), (tp2, "tp2")):
         proc = cli("run", *map(str, files), *vs, "--json", "--reports", str(tmp_path / reports))
-        tables.append({(r["scenario"], r["vllm"]): (r["outcome"], r["observed"], r["ok"])
+        tables.append({(r["scenario"], r["vllm"]): (r["outcome"], _steps_left_out(r), r["ok"])
                        for r in json.loads(proc.stdout)})
     assert tables[0] == tables[1]
     ran = [json.loads(p.read_text()).get("engine") or {}

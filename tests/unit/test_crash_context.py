@@ -18,6 +18,9 @@ SOURCE = textwrap.dedent('''
 
 
     def schedule(running, calls):
+        import time
+        scheduled_timestamp = time.monotonic()
+        num_steps = 3.5
         scheduled = [Request("L"), Request("H")]
         preempted = [scheduled[0]]
         big = "x" * 5000
@@ -57,6 +60,9 @@ def test_an_asserts_operands_are_evaluated_in_its_frame(tmp_path):
     assert ctx.locals["scheduled"] == "[<Request L>, <Request H>]"
     assert ctx.locals["preempted"] == "[<Request L>]"
     assert len(ctx.locals["big"]) == MAX_REPR and ctx.locals["big"].endswith("...")
+    # a clock reading differs run to run (a warm and a cold run must write the same result.json)
+    assert ctx.locals["scheduled_timestamp"] == "<clock reading>"
+    assert ctx.locals["num_steps"] == "3.5"
 
 
 def test_the_crash_record_carries_it_and_survives_json(tmp_path):

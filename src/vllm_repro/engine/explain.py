@@ -85,6 +85,19 @@ def short_repr(value, limit: int = MAX_REPR, depth: int = 0) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+#: a local holding a clock reading (``time.monotonic()`` / ``time.time()``), such as
+#: ``Scheduler.schedule``'s ``scheduled_timestamp``: its value differs from run to run
+_CLOCK_NAME = re.compile(r"(^|_)(time|timestamp|ts|now|deadline|t0|start_time)(_|$)")
+
+
+def _local_repr(name: str, value: object) -> str:
+    """``short_repr(value)``, except a float local whose name says it reads a clock: shown as
+    ``<clock reading>`` so that result.json is the same for the same run (cold or warm)."""
+    if isinstance(value, float) and _CLOCK_NAME.search(name):
+        return "<clock reading>"
+    return short_repr(value)
+
+
 def _statement(filename: str, line: int) -> ast.stmt | None:
     """The innermost statement of ``filename`` that spans ``line``."""
     source = "".join(linecache.getlines(filename))
@@ -153,7 +166,7 @@ def crash_context(tb: TracebackType | None, vllm_root: Path) -> CrashContext | N
     ctx = CrashContext()
     try:
         names = list(frame.f_locals.items())
-        ctx.locals = {name: short_repr(value) for name, value in names[:MAX_LOCALS]}
+        ctx.locals = {name: _local_repr(name, value) for name, value in names[:MAX_LOCALS]}
         if len(names) > MAX_LOCALS:
             ctx.locals["..."] = f"{len(names) - MAX_LOCALS} more"
     except Exception as exc:  # noqa: BLE001
