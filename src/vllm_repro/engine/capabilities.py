@@ -81,6 +81,12 @@ class Capabilities:
     #: the names the release's ``KVConnectorFactory`` registry has, of those the lab's worker
     #: half can answer (``engine/kv_worker.py``)
     own_kv_connectors: tuple[str, ...] = ()
+    #: the release's KV connector base has ``SupportsHMA`` (``kv_connector/v1/base.py``): a
+    #: connector may declare hybrid memory allocator support (``supports_hma``)
+    kv_hma: bool = False
+    #: the base's ``get_num_new_matched_tokens`` may answer ``None`` ("not yet": its return
+    #: annotation is ``int | None``), which the scheduler skips and asks again
+    kv_lookup_not_ready: bool = False
     v1_engine: bool = True
     v0_engine: bool = False
     v0_priority: bool = False
@@ -266,6 +272,9 @@ def probe(adapter) -> Capabilities:
         kv_connectors=connector,
         kv_load_failures=load_failures,
         own_kv_connectors=_own_kv_connectors(connector),
+        kv_hma=connector and _try_import(
+            "vllm.distributed.kv_transfer.kv_connector.v1.base:SupportsHMA") is not None,
+        kv_lookup_not_ready=connector and _lookup_may_be_none(),
         v0_engine=_module_exists("vllm.engine.llm_engine") and _module_exists("vllm.core.scheduler"),
         kv_block_hash=_block_field(BLOCK_HASH_FIELDS),
         kv_block_hash_tokens=_block_field(BLOCK_HASH_TOKENS_FIELDS),
@@ -348,6 +357,23 @@ def _kv_connector_seam(adapter) -> tuple[bool, tuple[str, ...]]:
     failures = tuple(f for f in ("invalid_block_ids", "failed_recving")
                      if ok and kvo is not None and f in fields_of(kvo))
     return ok, failures
+
+
+def _lookup_may_be_none() -> bool:
+    """Whether ``KVConnectorBase_V1.get_num_new_matched_tokens`` (``kv_connector/v1/base.py``)
+    declares ``None`` in its count (``tuple[int | None, bool]``, ``Optional[int]``: the
+    "not yet" answer, vLLM #23620)."""
+    import inspect
+
+    from .adapter import _try_import
+
+    base = _try_import("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1")
+    try:
+        ann = inspect.signature(base.get_num_new_matched_tokens).return_annotation
+    except (AttributeError, TypeError, ValueError):
+        return False
+    text = ann if isinstance(ann, str) else repr(ann)
+    return "None" in text or "Optional" in text
 
 
 #: vLLM's own connectors the lab's worker half answers (engine/kv_worker.py reads their metadata)

@@ -167,6 +167,12 @@ class EngineCoreLoop(StepLoop):
                 f"kv_transfer_config.requests.{failing[0]}.load_fails: vLLM {a.version}'s "
                 "KVConnectorOutput has no report of failed loads (invalid_block_ids, "
                 "failed_recving); drop load_fails for this release")
+        waiting = [rid for rid, e in script.items() if e.get("not_ready_lookups")]
+        if waiting and not a.caps.kv_lookup_not_ready:
+            raise RefusedByRelease(
+                f"kv_transfer_config.requests.{waiting[0]}.not_ready_lookups: vLLM {a.version}'s "
+                "get_num_new_matched_tokens cannot answer None (\"not yet\", vLLM #23620, "
+                "kv_connector/v1/base.py); drop not_ready_lookups for this release")
         from .kv_worker import ScriptedWorker
 
         def blocks_of(rid):
@@ -249,6 +255,13 @@ class EngineCoreLoop(StepLoop):
             loop._marks = loop._lab(state.preemption_marks, sched)
             so = schedule(*args, **kwargs)
             scheduled = loop._lab(loop.adapter.scheduled, so)
+            not_ready = getattr(getattr(sched, "connector", None), "not_ready_log", None) if \
+                loop.kv_worker is not None else None
+            if not_ready:  # the scripted connector's "not yet" answers of this schedule()
+                line = loop._line
+                line.kv_connector = line.kv_connector or {}
+                line.kv_connector.setdefault("not_ready", []).extend(not_ready)
+                not_ready.clear()
             loop._note_schedule(loop._line, scheduled)
             loop._scheduled_so.append(so)
             loop._so_step[id(so)] = loop.step

@@ -22,6 +22,8 @@ class ScriptedWorker:
         #: metadata does not carry them (vLLM's NixlConnector: ``reqs_to_send`` holds deadlines)
         self.blocks_of = blocks_of
         self.recv: dict[str, tuple[int, list[int], bool]] = {}  # id -> (done at, blocks, fails)
+        #: request id -> the blocks its load writes, one list per KV cache group
+        self.groups: dict[str, list[list[int]]] = {}
         self.send: dict[str, tuple[int, list[int]]] = {}  # id -> (done at, blocks)
         self.failed_once: set[str] = set()
         #: (step, request id, event) for the trace: "load", "recv", "load_failed", "send"
@@ -32,6 +34,8 @@ class ScriptedWorker:
         failed: set[str] = set()
         meta = self._translate(meta)
         if meta is not None and hasattr(meta, "loads"):  # ScriptedConnectorMetadata
+            for rid, groups in (getattr(meta, "load_groups", None) or {}).items():
+                self.groups[rid] = [list(g) for g in groups]
             for rid, (blocks, is_async) in meta.loads.items():
                 entry = self.script.get(rid) or {}
                 fails = bool(entry.get("load_fails")) and rid not in self.failed_once
@@ -59,6 +63,8 @@ class ScriptedWorker:
         for rid in sending:
             del self.send[rid]
             self.events.append((n, rid, "send"))
+        for rid in [r for r in self.groups if r not in self.recv]:
+            del self.groups[rid]  # a load done (or failed): its blocks are no longer watched
         return sending, recving, invalid, failed
 
     def _translate(self, meta):
@@ -71,11 +77,15 @@ class ScriptedWorker:
         ``send_done_at_step``, or at once, as the decode side's read or the expiry would)."""
         if meta is None or hasattr(meta, "loads") or not hasattr(meta, "reqs_to_recv"):
             return meta
+        recv = getattr(meta, "reqs_to_recv", None) or {}
         loads = {rid: (_first_group(getattr(m, "local_block_ids", ())), True)
-                 for rid, m in (getattr(meta, "reqs_to_recv", None) or {}).items()}
+                 for rid, m in recv.items()}
         sends = {rid: (_first_group(self.blocks_of(rid)) if self.blocks_of else [])
                  for rid in (getattr(meta, "reqs_to_send", None) or {})}
-        return _Translated(loads, sends)
+        out = _Translated(loads, sends)
+        out.load_groups = {rid: _groups(getattr(m, "local_block_ids", ()))
+                           for rid, m in recv.items()}
+        return out
 
     def transfers_in_flight(self) -> dict[str, tuple[str, list[int]]]:
         """Request id -> ``("load", block ids)`` for an asynchronous load still writing them
@@ -86,10 +96,21 @@ class ScriptedWorker:
         return out
 
     def _fail(self, rid: str, blocks: list[int], invalid: set[int], failed: set[str]) -> None:
+        """Report ``rid``'s load failed: the request in ``failed_recving`` and the blocks in
+        ``invalid_block_ids`` (where the release's ``KVConnectorOutput`` has them): those of
+        the KV cache groups ``load_fails_groups`` names (default: every group the load wrote;
+        ``[]``: no block, the request only), ``blocks`` (group 0) where the metadata gave no
+        groups."""
         if "failed_recving" in self.fields:
             failed.add(rid)
         if "invalid_block_ids" in self.fields:
-            invalid.update(blocks)
+            groups = self.groups.pop(rid, None) or [blocks]
+            chosen = (self.script.get(rid) or {}).get("load_fails_groups")
+            if chosen is None:
+                chosen = range(len(groups))
+            for g in chosen:
+                if 0 <= g < len(groups):
+                    invalid.update(groups[g])
 
 
 class _Translated:
@@ -103,9 +124,14 @@ class _Translated:
 def _first_group(block_ids) -> list[int]:
     """The block ids of the first KV cache group of ``BlockIds`` (one list per group, or a
     flat list)."""
+    return _groups(block_ids)[0]
+
+
+def _groups(block_ids) -> list[list[int]]:
+    """One list of block ids per KV cache group (a flat list is one group)."""
     if block_ids and isinstance(block_ids[0], (list, tuple)):
-        return list(block_ids[0])
-    return list(block_ids or ())
+        return [list(g) for g in block_ids]
+    return [list(block_ids or ())]
 
 
 __all__ = ["ScriptedWorker"]

@@ -555,25 +555,38 @@ class KVConnectorScript(Strict):
     ``KVConnectorOutput`` has them). ``delay_free``: ``request_finished`` returns True (the
     connector keeps the blocks, as a prefill instance does for the decode side to read) and
     the worker reports ``finished_sending`` at step ``send_done_at_step`` (default: the step the
-    worker learns of the send; never earlier)."""
+    worker learns of the send; never earlier). ``delay_free_on_abort``: the same for the
+    request aborted (a connector whose save of it is already under way when the abort comes);
+    without it an aborted request is freed at once, as NixlConnector does.
+    ``load_fails_groups``: the KV cache groups (indices into ``config.kv_cache_groups``) whose
+    blocks the failed load reports in ``invalid_block_ids`` (default: every group it wrote;
+    ``[]``: none, the request only in ``failed_recving``). ``not_ready_lookups``: the first N
+    lookups of the request answer ``None`` ("not yet": vLLM skips the request that step and
+    asks again), at most ``limits.max_steps``."""
 
     external_hit_tokens: NonNegInt = 0
     load_async: bool = False
     recv_done_at_step: PosInt | None = None
     load_fails: bool = False
+    load_fails_groups: list[NonNegInt] | None = None
     delay_free: bool = False
+    delay_free_on_abort: bool = False
     send_done_at_step: PosInt | None = None
+    not_ready_lookups: NonNegInt = 0
 
 
 class KVTransferConfig(Strict):
     """vLLM's ``kv_transfer_config`` (``KVTransferConfig``), with the lab's scripted connector:
     ``kv_connector`` (``ScriptedConnector``, registered with the release's
     ``KVConnectorFactory``), ``kv_role`` (vLLM's: ``kv_both``, ``kv_producer``,
-    ``kv_consumer``) and ``requests``: request id -> :class:`KVConnectorScript` (a request
-    without an entry gets no external hit and is freed at once)."""
+    ``kv_consumer``), ``supports_hma`` (the scripted connector declares vLLM's ``SupportsHMA``,
+    so the release keeps hybrid KV cache groups and calls ``request_finished_all_groups``) and
+    ``requests``: request id -> :class:`KVConnectorScript` (a request without an entry gets no
+    external hit and is freed at once)."""
 
     kv_connector: Literal["ScriptedConnector", "NixlConnector"] = "ScriptedConnector"
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
+    supports_hma: bool = False
     requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -583,7 +596,8 @@ class KVTransferConfig(Strict):
             if self.kv_connector != "ScriptedConnector":
                 # vLLM's own connector decides hits, async loads and delayed frees from the
                 # request's kv_transfer_params; only its worker half is scripted
-                for key in ("external_hit_tokens", "load_async", "load_fails", "delay_free"):
+                for key in ("external_hit_tokens", "load_async", "load_fails", "delay_free",
+                            "delay_free_on_abort", "load_fails_groups", "not_ready_lookups"):
                     if getattr(e, key):
                         raise ValueError(
                             f"{where}.{key}: {self.kv_connector}'s scheduler half (vLLM's own) "
@@ -591,6 +605,9 @@ class KVTransferConfig(Strict):
                             "requests[].kv_transfer_params instead, and here only "
                             "recv_done_at_step / send_done_at_step (its worker half's reports)")
                 continue
+            if e.load_fails_groups is not None and not e.load_fails:
+                raise ValueError(f"{where}.load_fails_groups: goes with load_fails: true (no "
+                                 "load of this request fails otherwise)")
             if not e.external_hit_tokens:
                 for key in ("load_async", "recv_done_at_step", "load_fails"):
                     if getattr(e, key):
@@ -599,9 +616,12 @@ class KVTransferConfig(Strict):
             if e.recv_done_at_step is not None and not e.load_async:
                 raise ValueError(f"{where}.recv_done_at_step: goes with load_async: true (a "
                                  "synchronous load finishes inside its step)")
-            if e.send_done_at_step is not None and not e.delay_free:
-                raise ValueError(f"{where}.send_done_at_step: goes with delay_free: true (nothing"
-                                 " is sent otherwise)")
+            if e.send_done_at_step is not None and not (e.delay_free or e.delay_free_on_abort):
+                raise ValueError(f"{where}.send_done_at_step: goes with delay_free: true or "
+                                 "delay_free_on_abort: true (nothing is sent otherwise)")
+        if self.supports_hma and self.kv_connector != "ScriptedConnector":
+            raise ValueError(f"kv_transfer_config.supports_hma: {self.kv_connector} declares "
+                             "its own HMA support (vLLM's class decides); drop supports_hma")
         return self
 
 
@@ -1033,6 +1053,23 @@ class Scenario(Strict):
                                  f"{entry.external_hit_tokens} is over its prompt_len "
                                  f"{prompts[rid]} (an external cache holds prompt tokens only);"
                                  " give at most the prompt length")
+            groups = len(self.config.kv_cache_groups or ()) or 1
+            for g in entry.load_fails_groups or ():
+                where = f"kv_transfer_config.requests.{rid}.load_fails_groups"
+                if g >= groups:
+                    raise ValueError(f"{where}: group {g} is past config.kv_cache_groups "
+                                     f"({groups} group(s)); give indices below {groups}")
+                if g and not kv.supports_hma:
+                    raise ValueError(f"{where}: group {g} needs kv_transfer_config.supports_hma:"
+                                     " true (a connector without HMA support makes vLLM turn "
+                                     "the hybrid allocator off: one KV cache group)")
+            if len(set(entry.load_fails_groups or ())) != len(entry.load_fails_groups or ()):
+                raise ValueError(f"kv_transfer_config.requests.{rid}.load_fails_groups: a group"
+                                 " is named twice; name each once")
+            if entry.not_ready_lookups > max_steps:
+                raise ValueError(f"kv_transfer_config.requests.{rid}.not_ready_lookups: "
+                                 f"{entry.not_ready_lookups} is over limits.max_steps "
+                                 f"{max_steps} (one lookup a step at most); give fewer")
             for key in ("recv_done_at_step", "send_done_at_step"):
                 at = getattr(entry, key)
                 if at is not None and at > max_steps:

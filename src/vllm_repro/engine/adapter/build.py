@@ -227,9 +227,16 @@ class BuildMixin:
         factory = _import("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory")
         registry = getattr(factory, "_registry", {})
         name = kv.get("kv_connector") or connector.NAME
-        if name == connector.NAME:
-            if connector.NAME not in registry:
-                factory.register_connector(connector.NAME, connector.__name__, "ScriptedConnector")
+        if name == connector.NAME and kv.get("supports_hma"):
+            if connector.ScriptedHMAConnector is None:  # no SupportsHMA in the release's base
+                raise RefusedByRelease(
+                    f"kv_transfer_config.supports_hma: vLLM {self.version}'s KV connector base "
+                    "has no SupportsHMA (kv_connector/v1/base.py): the hybrid allocator runs "
+                    "without connectors there; drop supports_hma for this release")
+            name = connector.HMA_NAME  # the subclass declaring SupportsHMA
+        if name in (connector.NAME, connector.HMA_NAME):
+            if name not in registry:
+                factory.register_connector(name, connector.__name__, name)
         elif name not in registry:
             # one of vLLM's own connectors (its scheduler half runs as the release ships it)
             raise RefusedByRelease(f"kv_transfer_config.kv_connector: vLLM {self.version}'s "

@@ -1,0 +1,118 @@
+"""The scripted KV connector's failure-path fields without a release (issue 45): per-group
+failed loads (``load_fails_groups``), "not yet" lookups (``not_ready_lookups``), delayed frees
+of aborted requests (``delay_free_on_abort``) and HMA support (``supports_hma``): what the
+scenario accepts, the one-line errors naming field and fix, and what the worker half reports."""
+
+from __future__ import annotations
+
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_repro.engine.kv_worker import ScriptedWorker
+from vllm_repro.errors import InputError
+from vllm_repro.scenario import load_scenario
+
+SCENARIO = """
+    name: kv
+    level: engine-core
+    config:
+      num_gpu_blocks: 32
+      kv_cache_groups: [{type: full}, {type: sliding_window, sliding_window: 32}]
+    requests:
+      - {id: A, prompt_len: 64}
+      - {id: P, prompt_len: 32}
+    kv_transfer_config:
+      supports_hma: true
+      requests:
+        A: {external_hit_tokens: 48, load_fails: true, load_fails_groups: [1], not_ready_lookups: 3}
+        P: {delay_free_on_abort: true, send_done_at_step: 6}
+    limits: {max_steps: 20}
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_the_new_fields_load_and_reach_the_worker(tmp_path):
+    sc = load_scenario(write(tmp_path, SCENARIO))
+    payload = sc.child_payload()["kv_transfer_config"]
+    assert payload["supports_hma"] is True
+    a, p = payload["requests"]["A"], payload["requests"]["P"]
+    assert (a["load_fails_groups"], a["not_ready_lookups"]) == ([1], 3)
+    assert (p["delay_free_on_abort"], p["delay_free"], p["send_done_at_step"]) == (True, False, 6)
+
+
+@pytest.mark.parametrize("old,new,words", [
+    ("load_fails: true, ", "",
+     "kv_transfer_config.requests.A.load_fails_groups: goes with load_fails: true"),
+    ("load_fails_groups: [1]", "load_fails_groups: [2]",
+     "kv_transfer_config.requests.A.load_fails_groups: group 2 is past config.kv_cache_groups "
+     "(2 group(s)); give indices below 2"),
+    ("supports_hma: true", "supports_hma: false",
+     "load_fails_groups: group 1 needs kv_transfer_config.supports_hma: true"),
+    ("load_fails_groups: [1]", "load_fails_groups: [0, 0]", "a group is named twice"),
+    ("load_fails_groups: [1]", "load_fails_groups: [-1]", "load_fails_groups"),
+    ("not_ready_lookups: 3", "not_ready_lookups: 21",
+     "kv_transfer_config.requests.A.not_ready_lookups: 21 is over limits.max_steps 20"),
+    ("delay_free_on_abort: true, ", "",
+     "send_done_at_step: goes with delay_free: true or delay_free_on_abort: true"),
+    ("supports_hma: true", "supports_hma: true\n      kv_connector: NixlConnector",
+     "kv_transfer_config.requests.A.external_hit_tokens: NixlConnector's scheduler half"),
+    ("      requests:\n        A:", "      requests:\n        Z:",
+     "unknown request id 'Z'"),
+])
+def test_bad_scripts_are_one_line_input_errors_naming_the_field(tmp_path, old, new, words):
+    text = SCENARIO.replace(old, new)
+    assert text != SCENARIO
+    with pytest.raises(InputError) as e:
+        load_scenario(write(tmp_path, text))
+    msg = str(e.value)
+    assert words in msg and "s.yaml" in msg and "\n" not in msg.strip()
+
+
+def test_supports_hma_with_vllms_own_connector_is_refused(tmp_path):
+    text = SCENARIO.replace("      requests:\n        A: {external_hit_tokens: 48, load_fails: "
+                            "true, load_fails_groups: [1], not_ready_lookups: 3}\n        P: "
+                            "{delay_free_on_abort: true, send_done_at_step: 6}\n",
+                            "      kv_connector: NixlConnector\n")
+    assert "NixlConnector" in text
+    with pytest.raises(InputError, match="kv_transfer_config.supports_hma: NixlConnector "
+                                         "declares its own HMA support"):
+        load_scenario(write(tmp_path, text))
+
+
+def meta(loads=None, sends=None, groups=None):
+    """What the scheduler half's build_connector_meta hands the worker."""
+    return SimpleNamespace(loads=loads or {}, sends=dict(sends or {}), load_groups=groups or {})
+
+
+@pytest.mark.parametrize("chosen,invalid", [(None, {1, 2, 7, 8}), ([1], {7, 8}), ([0], {1, 2}),
+                                            ([], set())])
+def test_a_failed_load_reports_the_blocks_of_the_groups_the_script_names(chosen, invalid):
+    """A's load writes blocks 1, 2 in group 0 and 7, 8 in group 1 (block ids are per group);
+    the failure reports the named groups' blocks in invalid_block_ids, and the request in
+    failed_recving where the release has it."""
+    script = {"A": {"external_hit_tokens": 32, "load_fails": True, "load_fails_groups": chosen}}
+    both = ScriptedWorker(script, {"invalid_block_ids", "failed_recving"})
+    out = both.step(1, meta({"A": ([1, 2], False)}, groups={"A": [[1, 2], [7, 8]]}))
+    assert out == (set(), set(), invalid, {"A"})
+    only_blocks = ScriptedWorker(script, {"invalid_block_ids"})
+    out = only_blocks.step(1, meta({"A": ([1, 2], False)}, groups={"A": [[1, 2], [7, 8]]}))
+    assert out == (set(), set(), invalid, set())
+    assert only_blocks.groups == {}  # nothing kept once the load is over
+
+
+def test_an_async_load_fails_with_its_groups_when_it_is_reported():
+    script = {"A": {"external_hit_tokens": 32, "load_async": True, "recv_done_at_step": 3,
+                    "load_fails": True, "load_fails_groups": [1]}}
+    w = ScriptedWorker(script, {"invalid_block_ids"})
+    assert w.step(1, meta({"A": ([1, 2], True)}, groups={"A": [[1, 2], [7, 8]]})) == (
+        set(), set(), set(), set())
+    assert w.transfers_in_flight() == {"A": ("load", [1, 2])}
+    assert w.step(3, None) == (set(), {"A"}, {7, 8}, set())
+
