@@ -32,7 +32,8 @@ class Capabilities:
     """One release's support, as probed (see :func:`probe` for the vLLM source each field reads).
 
     ``events``: the EngineCore calls a scenario's ``events`` may make (``abort``,
-    ``abort_in_flight``, ``reset_prefix_cache``, ``reset_running_requests``, ``pause``,
+    ``abort_in_flight``, ``reset_prefix_cache``, ``reset_running_requests``,
+    ``reset_connector`` (``reset_prefix_cache(reset_connector=...)``), ``pause``,
     ``pause_mode`` (``pause_scheduler(mode=...)``), ``resume``); ``spec_methods``: the
     ``SpeculativeConfig.method`` values the lab's fake drafter
     can stand for (``ngram``, ``ngram_gpu``); ``kv_group_kinds``: KV cache spec kinds
@@ -230,6 +231,8 @@ def probe(adapter) -> Capabilities:
             events.append("reset_prefix_cache")
             if "reset_running_requests" in core_methods["reset_prefix_cache"]:
                 events.append("reset_running_requests")
+            if "reset_connector" in core_methods["reset_prefix_cache"]:
+                events.append("reset_connector")
         if "pause_scheduler" in core_methods:
             events.append("pause")
             if "mode" in core_methods["pause_scheduler"]:
@@ -377,7 +380,7 @@ def _lookup_may_be_none() -> bool:
 
 
 #: vLLM's own connectors the lab's worker half answers (engine/kv_worker.py reads their metadata)
-LAB_RUNS_OWN_CONNECTORS = ("NixlConnector",)
+LAB_RUNS_OWN_CONNECTORS = ("NixlConnector", "OffloadingConnector")
 
 
 def _own_kv_connectors(seam: bool) -> tuple[str, ...]:

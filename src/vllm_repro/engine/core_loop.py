@@ -219,7 +219,8 @@ class EngineCoreLoop(StepLoop):
             sending, recving, invalid, failed = self.kv_worker.step(
                 self.step, getattr(so, "kv_connector_metadata", None))
             kv = dict(finished_sending=sending, finished_recving=recving,
-                      invalid_block_ids=invalid, failed_recving=failed)
+                      invalid_block_ids=invalid, failed_recving=failed,
+                      completed_jobs=list(self.kv_worker.completed_jobs))
             line = self._line
             for _, rid, event in self.kv_worker.events[mark:]:
                 line.kv_connector = line.kv_connector or {}
@@ -569,6 +570,11 @@ class EngineCoreLoop(StepLoop):
                     f"events[at_step {e['at_step']}].mode: vLLM {self.adapter.version}'s "
                     "pause_scheduler() takes no mode (it pauses without aborting); drop mode "
                     "for this release")
+            if e.get("reset_connector") and "reset_connector" not in events:
+                raise RefusedByRelease(
+                    f"events[at_step {e['at_step']}].reset_connector: vLLM "
+                    f"{self.adapter.version}'s reset_prefix_cache() does not take it (no "
+                    "connector cache reset); drop it for this release")
             if e.get("reset_running_requests") and "reset_running_requests" not in events:
                 raise RefusedByRelease(
                     f"events[at_step {e['at_step']}].reset_running_requests: vLLM "
@@ -586,6 +592,8 @@ class EngineCoreLoop(StepLoop):
             line.aborted.extend(e["abort"])
         elif e.get("reset_prefix_cache"):
             kwargs = {"reset_running_requests": True} if e.get("reset_running_requests") else {}
+            if e.get("reset_connector"):
+                kwargs["reset_connector"] = True
             self._marks = self._lab(state.preemption_marks, self.scheduler)
             line.reset_prefix_cache = engine.reset_prefix_cache(**kwargs)
             self._note_preemptions(line, "reset_prefix_cache")

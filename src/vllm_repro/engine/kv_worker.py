@@ -26,12 +26,21 @@ class ScriptedWorker:
         self.groups: dict[str, list[list[int]]] = {}
         self.send: dict[str, tuple[int, list[int]]] = {}  # id -> (done at, blocks)
         self.failed_once: set[str] = set()
-        #: (step, request id, event) for the trace: "load", "recv", "load_failed", "send"
+        #: (step, request id, event) for the trace: "load", "recv", "load_failed", "send",
+        #: and for vLLM's OffloadingConnector "store" (a store job started), "stored" (done)
         self.events: list[tuple[int, str, str]] = []
+        #: OffloadingConnector's transfer jobs in flight: job id -> (done at, request id,
+        #: "load" | "store", the GPU blocks a load writes (group 0))
+        self.jobs: dict[int, tuple[int, str, str, list[int]]] = {}
+        #: the job ids this step completed (what the release's OffloadingConnectorWorker
+        #: reports in ``KVConnectorOutput.kv_connector_worker_meta``), read after step()
+        self.completed_jobs: list[int] = []
 
     def step(self, n: int, meta) -> tuple[set[str], set[str], set[int], set[str]]:
         invalid: set[int] = set()
         failed: set[str] = set()
+        if meta is not None and hasattr(meta, "load_jobs") and hasattr(meta, "store_jobs"):
+            return self._offloading_step(n, meta)
         meta = self._translate(meta)
         if meta is not None and hasattr(meta, "loads"):  # ScriptedConnectorMetadata
             for rid, groups in (getattr(meta, "load_groups", None) or {}).items():
@@ -67,6 +76,39 @@ class ScriptedWorker:
             del self.groups[rid]  # a load done (or failed): its blocks are no longer watched
         return sending, recving, invalid, failed
 
+    def _offloading_step(self, n: int, meta) -> tuple[set[str], set[str], set[int], set[str]]:
+        """vLLM's OffloadingConnector (``kv_connector/v1/offloading``): its scheduler half hands
+        the worker ``OffloadingConnectorMetadata`` (``load_jobs`` / ``store_jobs``: job id ->
+        ``TransferJob(req_id, src_spec, dst_spec)``, ``jobs_to_flush``: jobs whose GPU blocks
+        are about to be reused). As the release's ``OffloadingConnectorWorker``, a load is
+        reported in ``finished_recving`` when done, a store never in ``finished_sending``, and
+        every finished job by id (``completed_jobs``, ``kv_connector_worker_meta``). A load
+        is done at its request's ``recv_done_at_step``, a store at ``send_done_at_step``
+        (default: the step the worker learns of it), a flushed job at once (the worker waits
+        for it before the blocks are overwritten)."""
+        for kind, jobs in (("load", meta.load_jobs), ("store", meta.store_jobs)):
+            key = "recv_done_at_step" if kind == "load" else "send_done_at_step"
+            for job_id, job in (jobs or {}).items():
+                rid = job.req_id
+                at = int((self.script.get(rid) or {}).get(key) or n)
+                blocks = _spec_blocks(job.dst_spec) if kind == "load" else []
+                self.jobs[int(job_id)] = (max(n, at), rid, kind, blocks)
+                self.events.append((n, rid, kind))
+        for job_id in getattr(meta, "jobs_to_flush", None) or ():
+            if job_id in self.jobs:
+                _, rid, kind, blocks = self.jobs[job_id]
+                self.jobs[job_id] = (n, rid, kind, blocks)
+        recving: set[str] = set()
+        self.completed_jobs = []
+        for job_id, (done, rid, kind, _) in sorted(self.jobs.items()):
+            if done <= n:
+                del self.jobs[job_id]
+                self.completed_jobs.append(job_id)
+                if kind == "load":
+                    recving.add(rid)
+                self.events.append((n, rid, "recv" if kind == "load" else "stored"))
+        return set(), recving, set(), set()
+
     def _translate(self, meta):
         """vLLM's own connector's metadata in the scripted metadata's terms (``loads``,
         ``sends``), or ``meta`` as it is. ``NixlConnectorMetadata``
@@ -93,6 +135,10 @@ class ScriptedWorker:
         delayed free whose send still reads them (not yet reported in ``finished_sending``)."""
         out = {rid: ("send", list(blocks)) for rid, (_, blocks) in self.send.items()}
         out.update({rid: ("load", list(blocks)) for rid, (_, blocks, _) in self.recv.items()})
+        # OffloadingConnector's loads; its stores read blocks the scheduler may free (it fences
+        # their reuse with jobs_to_flush instead), so they are not held to a block table
+        out.update({rid: ("load", list(blocks)) for _, rid, kind, blocks in self.jobs.values()
+                    if kind == "load"})
         return out
 
     def _fail(self, rid: str, blocks: list[int], invalid: set[int], failed: set[str]) -> None:
@@ -119,6 +165,15 @@ class _Translated:
     def __init__(self, loads: dict[str, tuple[list[int], bool]], sends: dict[str, list[int]]):
         self.loads = loads
         self.sends = sends
+
+
+def _spec_blocks(spec) -> list[int]:
+    """The GPU block ids of KV cache group 0 in an offloading ``GPULoadStoreSpec``
+    (``vllm/v1/kv_offload``: ``block_ids`` ordered by group, ``group_sizes`` per group)."""
+    raw = getattr(spec, "block_ids", None)
+    ids = [int(b) for b in raw] if raw is not None else []
+    sizes = list(getattr(spec, "group_sizes", None) or ())
+    return ids[:int(sizes[0])] if sizes else ids
 
 
 def _first_group(block_ids) -> list[int]:

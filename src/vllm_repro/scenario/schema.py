@@ -418,7 +418,8 @@ class Event(Strict):
       as the engine's input thread delivers it (``EngineCore.aborts_queue`` where the release
       has one, else only while a batch-queue step is in flight);
     - ``reset_prefix_cache: true`` (``EngineCore.reset_prefix_cache``; with
-      ``reset_running_requests: true`` where the release takes it);
+      ``reset_running_requests: true`` where the release takes it, and ``reset_connector:
+      true``: the scheduler's KV connector's ``reset_cache`` too, where the release takes it);
     - ``pause: true`` / ``resume: true`` (``EngineCore.pause_scheduler`` / ``resume_scheduler``);
       ``mode: abort | keep | wait`` is handed to ``pause_scheduler(mode=...)`` where the release
       takes it (default: the release's own default, which is ``abort`` where modes exist: the
@@ -433,6 +434,7 @@ class Event(Strict):
     when: Literal["before_step", "in_flight"] = "before_step"
     reset_prefix_cache: bool = False
     reset_running_requests: bool = False
+    reset_connector: bool = False
     pause: bool = False
     mode: Literal["abort", "keep", "wait"] | None = None
     resume: bool = False
@@ -454,6 +456,9 @@ class Event(Strict):
             raise ValueError("`mode` goes with pause: true (EngineCore.pause_scheduler's mode)")
         if self.reset_running_requests and not self.reset_prefix_cache:
             raise ValueError("`reset_running_requests` goes with reset_prefix_cache: true")
+        if self.reset_connector and not self.reset_prefix_cache:
+            raise ValueError("`reset_connector` goes with reset_prefix_cache: true "
+                             "(EngineCore.reset_prefix_cache(reset_connector=True))")
         return self
 
 
@@ -584,9 +589,14 @@ class KVTransferConfig(Strict):
     ``requests``: request id -> :class:`KVConnectorScript` (a request without an entry gets no
     external hit and is freed at once)."""
 
-    kv_connector: Literal["ScriptedConnector", "NixlConnector"] = "ScriptedConnector"
+    kv_connector: Literal["ScriptedConnector", "NixlConnector", "OffloadingConnector"] = \
+        "ScriptedConnector"
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
     supports_hma: bool = False
+    #: vLLM's own ``kv_connector_extra_config`` for vLLM's own connector, handed over as written
+    #: (OffloadingConnector: ``cpu_bytes_to_use``, ``block_size`` / ``blocks_per_chunk``,
+    #: ``eviction_policy``, ...): at most 16 keys of plain values, numbers at most 2**40
+    kv_connector_extra_config: dict[str, int | float | str | bool] | None = None
     requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -619,6 +629,29 @@ class KVTransferConfig(Strict):
             if e.send_done_at_step is not None and not (e.delay_free or e.delay_free_on_abort):
                 raise ValueError(f"{where}.send_done_at_step: goes with delay_free: true or "
                                  "delay_free_on_abort: true (nothing is sent otherwise)")
+        extra = self.kv_connector_extra_config
+        if extra is not None:
+            if self.kv_connector == "ScriptedConnector":
+                raise ValueError("kv_transfer_config.kv_connector_extra_config: the scripted "
+                                 "connector reads only `requests`; drop it, or name one of "
+                                 "vLLM's own connectors in kv_connector")
+            if len(extra) > 16:
+                raise ValueError(f"kv_transfer_config.kv_connector_extra_config: {len(extra)} "
+                                 "keys, over the lab's 16; give only what the connector reads")
+            for key, value in extra.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and not 0 <= value <= 2 ** 40:
+                    raise ValueError(f"kv_transfer_config.kv_connector_extra_config.{key}: "
+                                     f"{value} is outside 0..2**40; give a smaller size")
+                if isinstance(value, str) and len(value) > 200:
+                    raise ValueError(f"kv_transfer_config.kv_connector_extra_config.{key}: "
+                                     "over 200 characters; give a shorter value")
+        if self.kv_connector == "OffloadingConnector" and not (extra or {}).get(
+                "cpu_bytes_to_use"):
+            raise ValueError("kv_transfer_config.kv_connector_extra_config.cpu_bytes_to_use: "
+                             "OffloadingConnector's CPU spec needs the CPU cache's size in bytes"
+                             " (vLLM's own key); add e.g. `kv_connector_extra_config: "
+                             "{cpu_bytes_to_use: 1000000}`")
         if self.supports_hma and self.kv_connector != "ScriptedConnector":
             raise ValueError(f"kv_transfer_config.supports_hma: {self.kv_connector} declares "
                              "its own HMA support (vLLM's class decides); drop supports_hma")

@@ -246,8 +246,20 @@ class BuildMixin:
         if cls is None:
             raise RefusedByRelease(f"kv_transfer_config: vLLM {self.version} has no "
                                    "KVTransferConfig")
+        if name == "OffloadingConnector" and _try_import(
+                "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common:"
+                "OffloadingWorkerMetadata") is None:
+            # the lab's worker half answers the per-job protocol (load_jobs / store_jobs,
+            # completions in KVConnectorOutput.kv_connector_worker_meta) only
+            raise RefusedByRelease(
+                f"kv_transfer_config.kv_connector: vLLM {self.version}'s OffloadingConnector "
+                "reports its transfers per request (no OffloadingWorkerMetadata in "
+                "kv_connector/v1/offloading/common.py), which the lab's worker half does not "
+                "answer; run it on a release with per-job transfers")
+        extra = {**(kv.get("kv_connector_extra_config") or {}),
+                 connector.SCRIPT_KEY: kv.get("requests") or {}}
         return call_supported(cls, kv_connector=name, kv_role=kv.get("kv_role", "kv_both"),
-                              kv_connector_extra_config={connector.SCRIPT_KEY: kv.get("requests") or {}})
+                              kv_connector_extra_config=extra)
 
     def _scheduler_class(self, cfg: dict[str, Any], vllm_config, spec_config) -> type:
         """The scheduler class the config selects (``AsyncScheduler`` with async scheduling),
