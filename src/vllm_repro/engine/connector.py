@@ -192,6 +192,40 @@ class ScriptedConnector(KVConnectorBase_V1):
         return delay, None
 
     # ---- worker side: the lab's ScriptedWorker stands for it (no forward pass here) -----------
+    # The worker role's reports are the ScriptedWorker's, once the lab attaches one
+    # (attach_worker): vLLM's own MultiConnector on the worker calls them for its children.
+    def attach_worker(self, worker, step_of) -> None:
+        """Report through ``worker`` (a :class:`ScriptedWorker` with this child's script);
+        ``step_of()``: the engine step being executed."""
+        self._worker, self._step_of = worker, step_of
+        self._load_errors: set[int] = set()
+        self._failed: set[str] = set()
+
+    def get_finished(self, finished_req_ids):
+        """``(finished_sending, finished_recving)`` of this step's transfers (None when
+        empty, as vLLM's connectors answer), from the bound metadata; the failed loads are kept
+        for ``get_block_ids_with_load_errors`` / ``get_transfer_results``."""
+        worker = getattr(self, "_worker", None)
+        if worker is None:
+            return None, None
+        meta = getattr(self, "_connector_metadata", None)
+        sending, recving, self._load_errors, self._failed = worker.step(self._step_of(), meta)
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._load_errors = set(getattr(self, "_load_errors", ())), set()
+        return out
+
+    if hasattr(KVConnectorBase_V1, "get_transfer_results"):
+        def get_transfer_results(self, finished_req_ids):
+            """The base's ``KVConnectorTransferResults`` with this step's failed loads."""
+            sending, recving = self.get_finished(finished_req_ids)
+            kw = dict(finished_sending=set(sending or ()), finished_recving=set(recving or ()))
+            results = _base.KVConnectorTransferResults
+            if "failed_recving" in getattr(results, "__dataclass_fields__", {}):
+                kw["failed_recving"] = set(getattr(self, "_failed", ()))
+            return results(**kw)
+
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         return None
 
@@ -203,6 +237,72 @@ class ScriptedConnector(KVConnectorBase_V1):
 
     def wait_for_save(self):
         return None
+
+
+class MultiWorkerHalf:
+    """The worker half under ``kv_connector: MultiConnector``: vLLM's own ``MultiConnector`` in
+    its worker role (``kv_connector/v1/multi_connector.py``: it binds each child's share of
+    ``MultiKVConnectorMetadata``, merges the children's reports and holds a request's
+    ``finished_sending`` until every child that saved it reports, by the scheduler's
+    ``extra_async_saves``), built from the engine's ``vllm_config`` and KV cache config on the
+    first step; its children are scripted connectors, each reporting through a
+    :class:`ScriptedWorker` with its own script. ``step(n, metadata)`` answers as
+    :meth:`ScriptedWorker.step`, for what ``GPUModelRunner`` asks the connector after a
+    forward pass (``get_finished`` / ``get_transfer_results``, then
+    ``get_block_ids_with_load_errors``)."""
+
+    def __init__(self, scripts: list[dict], fields: set[str], build):
+        #: () -> (vllm_config, kv_cache_config) of the engine, once it is built
+        self._build = build
+        self.scripts, self.fields = scripts, fields
+        self.connector = None
+        self.workers: list[ScriptedWorker] = []
+        self.events: list[tuple[int, str, str]] = []  # shared by the children's workers
+        self.completed_jobs: list[int] = []
+        self._step = 0
+
+    def _start(self) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+        from .adapter import call_supported
+
+        vllm_config, kv_cache_config = self._build()
+        self.connector = call_supported(MultiConnector, vllm_config=vllm_config,
+                                        role=KVConnectorRole.WORKER,
+                                        kv_cache_config=kv_cache_config)
+        for child, script in zip(self.connector._connectors, self.scripts):
+            worker = ScriptedWorker(script, self.fields)
+            worker.events = self.events
+            child.attach_worker(worker, lambda: self._step)
+            self.workers.append(worker)
+
+    def step(self, n: int, meta) -> tuple[set[str], set[str], set[int], set[str]]:
+        if self.connector is None:
+            self._start()
+        self._step = n
+        mc = self.connector
+        if meta is None:
+            return set(), set(), set(), set()
+        mc.bind_connector_metadata(meta)
+        try:
+            if hasattr(mc, "get_transfer_results"):
+                r = mc.get_transfer_results(set())
+                sending, recving = set(r.finished_sending), set(r.finished_recving)
+                failed = set(getattr(r, "failed_recving", ()) or ())
+            else:
+                sending, recving = (set(x or ()) for x in mc.get_finished(set()))
+                failed = set()
+            invalid = set(mc.get_block_ids_with_load_errors() or ())
+        finally:
+            mc.clear_connector_metadata()
+        return sending, recving, invalid, failed
+
+    def transfers_in_flight(self) -> dict[str, tuple[str, list[int]]]:
+        out: dict[str, tuple[str, list[int]]] = {}
+        for w in self.workers:
+            out.update(w.transfers_in_flight())
+        return out
 
 
 if SupportsHMA is not None:
@@ -218,5 +318,5 @@ else:  # the release has no SupportsHMA: build.py refuses supports_hma before na
     ScriptedHMAConnector = None
 
 
-__all__ = ["HMA_NAME", "NAME", "SCRIPT_KEY", "ScriptedConnector", "ScriptedConnectorMetadata",
+__all__ = ["HMA_NAME", "MultiWorkerHalf", "NAME", "SCRIPT_KEY", "ScriptedConnector", "ScriptedConnectorMetadata",
            "ScriptedHMAConnector", "ScriptedWorker", "SupportsHMA"]

@@ -160,7 +160,8 @@ class EngineCoreLoop(StepLoop):
         a = self.adapter
         if not a.caps.kv_connectors:
             raise RefusedByRelease(f"kv_transfer_config: {a.caps.refusal('kv connectors')}")
-        script = kv.get("requests") or {}
+        script = {rid: e for c in kv.get("connectors") or [kv]
+                  for rid, e in (c.get("requests") or {}).items()}
         failing = [rid for rid, e in script.items() if e.get("load_fails")]
         if failing and not a.caps.kv_load_failures:
             raise RefusedByRelease(
@@ -174,6 +175,14 @@ class EngineCoreLoop(StepLoop):
                 "get_num_new_matched_tokens cannot answer None (\"not yet\", vLLM #23620, "
                 "kv_connector/v1/base.py); drop not_ready_lookups for this release")
         from .kv_worker import ScriptedWorker
+
+        if kv.get("kv_connector") == "MultiConnector":  # vLLM's own, scripted children
+            from .connector import MultiWorkerHalf
+
+            return MultiWorkerHalf(
+                [c.get("requests") or {} for c in kv.get("connectors") or ()],
+                set(a.caps.kv_load_failures),
+                lambda: (self.vllm_config, self.scheduler.kv_cache_config))
 
         def blocks_of(rid):
             # the request's blocks in the release's KV cache manager (KVCacheManager.get_block_ids)

@@ -580,6 +580,14 @@ class KVConnectorScript(Strict):
     not_ready_lookups: NonNegInt = 0
 
 
+class KVChildConnector(Strict):
+    """One child of vLLM's ``MultiConnector`` (``kv_transfer_config.connectors[i]``): the lab's
+    scripted connector with its own script (``requests``, as :class:`KVTransferConfig`'s)."""
+
+    kv_connector: Literal["ScriptedConnector"] = "ScriptedConnector"
+    requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
+
+
 class KVTransferConfig(Strict):
     """vLLM's ``kv_transfer_config`` (``KVTransferConfig``), with the lab's scripted connector:
     ``kv_connector`` (``ScriptedConnector``, registered with the release's
@@ -589,8 +597,8 @@ class KVTransferConfig(Strict):
     ``requests``: request id -> :class:`KVConnectorScript` (a request without an entry gets no
     external hit and is freed at once)."""
 
-    kv_connector: Literal["ScriptedConnector", "NixlConnector", "OffloadingConnector"] = \
-        "ScriptedConnector"
+    kv_connector: Literal["ScriptedConnector", "NixlConnector", "OffloadingConnector",
+                          "MultiConnector"] = "ScriptedConnector"
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
     supports_hma: bool = False
     #: vLLM's own ``kv_connector_extra_config`` for vLLM's own connector, handed over as written
@@ -598,12 +606,41 @@ class KVTransferConfig(Strict):
     #: ``eviction_policy``, ...): at most 16 keys of plain values, numbers at most 2**40
     kv_connector_extra_config: dict[str, int | float | str | bool] | None = None
     requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
+    #: ``kv_connector: MultiConnector``: its children, in order (vLLM's
+    #: ``kv_connector_extra_config.connectors``), 1 to 4 scripted connectors, each with its
+    #: own script; vLLM's MultiConnector loads from the first child with a hit and saves to all
+    connectors: list[KVChildConnector] | None = Field(default=None, min_length=1, max_length=4)
+
+    def scripts(self) -> list[tuple[str, dict[str, KVConnectorScript]]]:
+        """``(field path, script)`` of every scripted connector: the children of a
+        MultiConnector, else this connector's own ``requests``."""
+        if self.connectors:
+            return [(f"kv_transfer_config.connectors[{i}].requests", c.requests)
+                    for i, c in enumerate(self.connectors)]
+        return [("kv_transfer_config.requests", self.requests)]
 
     @model_validator(mode="after")
     def _consistent(self):
-        for rid, e in self.requests.items():
-            where = f"kv_transfer_config.requests.{rid}"
-            if self.kv_connector != "ScriptedConnector":
+        if self.kv_connector == "MultiConnector":
+            if not self.connectors:
+                raise ValueError("kv_transfer_config.connectors: MultiConnector needs its "
+                                 "children; add e.g. `connectors: [{requests: {...}}, "
+                                 "{requests: {...}}]`")
+            if self.requests:
+                raise ValueError("kv_transfer_config.requests: with MultiConnector each child "
+                                 "has its own script; move it into connectors[i].requests")
+        elif self.connectors is not None:
+            raise ValueError("kv_transfer_config.connectors: only MultiConnector has children;"
+                             " set kv_connector: MultiConnector or drop connectors")
+        for prefix, script in self.scripts():
+            self._check_script(prefix, script, scripted=self.kv_connector in (
+                "ScriptedConnector", "MultiConnector"))
+        return self._check_rest()
+
+    def _check_script(self, prefix: str, script: dict, scripted: bool) -> None:
+        for rid, e in script.items():
+            where = f"{prefix}.{rid}"
+            if not scripted:
                 # vLLM's own connector decides hits, async loads and delayed frees from the
                 # request's kv_transfer_params; only its worker half is scripted
                 for key in ("external_hit_tokens", "load_async", "load_fails", "delay_free",
@@ -629,9 +666,11 @@ class KVTransferConfig(Strict):
             if e.send_done_at_step is not None and not (e.delay_free or e.delay_free_on_abort):
                 raise ValueError(f"{where}.send_done_at_step: goes with delay_free: true or "
                                  "delay_free_on_abort: true (nothing is sent otherwise)")
+
+    def _check_rest(self):
         extra = self.kv_connector_extra_config
         if extra is not None:
-            if self.kv_connector == "ScriptedConnector":
+            if self.kv_connector in ("ScriptedConnector", "MultiConnector"):
                 raise ValueError("kv_transfer_config.kv_connector_extra_config: the scripted "
                                  "connector reads only `requests`; drop it, or name one of "
                                  "vLLM's own connectors in kv_connector")
@@ -652,7 +691,8 @@ class KVTransferConfig(Strict):
                              "OffloadingConnector's CPU spec needs the CPU cache's size in bytes"
                              " (vLLM's own key); add e.g. `kv_connector_extra_config: "
                              "{cpu_bytes_to_use: 1000000}`")
-        if self.supports_hma and self.kv_connector != "ScriptedConnector":
+        if self.supports_hma and self.kv_connector not in ("ScriptedConnector",
+                                                           "MultiConnector"):
             raise ValueError(f"kv_transfer_config.supports_hma: {self.kv_connector} declares "
                              "its own HMA support (vLLM's class decides); drop supports_hma")
         return self
@@ -1074,21 +1114,22 @@ class Scenario(Strict):
                              "engine-core`")
         prompts = {r.id: r.prompt_len for r in self.requests}
         max_steps = self.limits.max_steps
-        for rid, entry in kv.requests.items():
+        for prefix, rid, entry in [(p, rid, e) for p, script in kv.scripts()
+                                   for rid, e in script.items()]:
             if rid not in prompts:
                 near = close_field(rid, prompts, cutoff=0.6)
-                raise ValueError(f"kv_transfer_config.requests: unknown request id {rid!r} (no "
+                raise ValueError(f"{prefix}: unknown request id {rid!r} (no "
                                  "request has it); "
                                  + (f"did you mean {near!r}?" if near else
                                     "use an id from requests[].id or drop the entry"))
             if entry.external_hit_tokens > prompts[rid]:
-                raise ValueError(f"kv_transfer_config.requests.{rid}.external_hit_tokens: "
+                raise ValueError(f"{prefix}.{rid}.external_hit_tokens: "
                                  f"{entry.external_hit_tokens} is over its prompt_len "
                                  f"{prompts[rid]} (an external cache holds prompt tokens only);"
                                  " give at most the prompt length")
             groups = len(self.config.kv_cache_groups or ()) or 1
             for g in entry.load_fails_groups or ():
-                where = f"kv_transfer_config.requests.{rid}.load_fails_groups"
+                where = f"{prefix}.{rid}.load_fails_groups"
                 if g >= groups:
                     raise ValueError(f"{where}: group {g} is past config.kv_cache_groups "
                                      f"({groups} group(s)); give indices below {groups}")
@@ -1097,16 +1138,16 @@ class Scenario(Strict):
                                      " true (a connector without HMA support makes vLLM turn "
                                      "the hybrid allocator off: one KV cache group)")
             if len(set(entry.load_fails_groups or ())) != len(entry.load_fails_groups or ()):
-                raise ValueError(f"kv_transfer_config.requests.{rid}.load_fails_groups: a group"
+                raise ValueError(f"{prefix}.{rid}.load_fails_groups: a group"
                                  " is named twice; name each once")
             if entry.not_ready_lookups > max_steps:
-                raise ValueError(f"kv_transfer_config.requests.{rid}.not_ready_lookups: "
+                raise ValueError(f"{prefix}.{rid}.not_ready_lookups: "
                                  f"{entry.not_ready_lookups} is over limits.max_steps "
                                  f"{max_steps} (one lookup a step at most); give fewer")
             for key in ("recv_done_at_step", "send_done_at_step"):
                 at = getattr(entry, key)
                 if at is not None and at > max_steps:
-                    raise ValueError(f"kv_transfer_config.requests.{rid}.{key}: step {at} is "
+                    raise ValueError(f"{prefix}.{rid}.{key}: step {at} is "
                                      f"past limits.max_steps {max_steps}: it would never "
                                      "happen; raise max_steps or give an earlier step")
 

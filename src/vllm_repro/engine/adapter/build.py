@@ -216,9 +216,12 @@ class BuildMixin:
         ``vllm.config``) naming the lab's scripted connector (registered first with the
         release's ``KVConnectorFactory.register_connector(name, module, class)``
         (``vllm/distributed/kv_transfer/kv_connector/factory.py``; the scheduler builds it by
-        that name), or one of the release's own (``NixlConnector``: its registry must have it).
-        ``kv``: the scenario's ``kv_transfer_config`` (``kv_connector``,
-        ``kv_role``, ``requests``: the script, handed over in ``kv_connector_extra_config``).
+        that name), or one of the release's own (``NixlConnector``, ``OffloadingConnector``,
+        ``MultiConnector`` with scripted children: its registry must have it).
+        ``kv``: the scenario's ``kv_transfer_config`` (``kv_connector``, ``kv_role``,
+        ``supports_hma``, ``requests``: the script, handed over in ``kv_connector_extra_config``
+        with vLLM's own keys; ``connectors``: MultiConnector's children, each a scripted
+        connector with its own script).
         Raises :class:`RefusedByRelease` where the release has no V1 KV connectors."""
         if not self.caps.kv_connectors:
             raise RefusedByRelease(f"kv_transfer_config: {self.caps.refusal('kv connectors')}")
@@ -227,17 +230,20 @@ class BuildMixin:
         factory = _import("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory")
         registry = getattr(factory, "_registry", {})
         name = kv.get("kv_connector") or connector.NAME
-        if name == connector.NAME and kv.get("supports_hma"):
+        scripted = connector.NAME
+        if kv.get("supports_hma") and name in (connector.NAME, "MultiConnector"):
             if connector.ScriptedHMAConnector is None:  # no SupportsHMA in the release's base
                 raise RefusedByRelease(
                     f"kv_transfer_config.supports_hma: vLLM {self.version}'s KV connector base "
                     "has no SupportsHMA (kv_connector/v1/base.py): the hybrid allocator runs "
                     "without connectors there; drop supports_hma for this release")
-            name = connector.HMA_NAME  # the subclass declaring SupportsHMA
-        if name in (connector.NAME, connector.HMA_NAME):
-            if name not in registry:
-                factory.register_connector(name, connector.__name__, name)
-        elif name not in registry:
+            scripted = connector.HMA_NAME  # the subclass declaring SupportsHMA
+            name = scripted if name == connector.NAME else name
+        if name in (connector.NAME, connector.HMA_NAME, "MultiConnector"):
+            # the lab's scripted connector (MultiConnector: its children)
+            if scripted not in registry:
+                factory.register_connector(scripted, connector.__name__, scripted)
+        if name not in registry:
             # one of vLLM's own connectors (its scheduler half runs as the release ships it)
             raise RefusedByRelease(f"kv_transfer_config.kv_connector: vLLM {self.version}'s "
                                    f"KVConnectorFactory has no {name} (it has "
@@ -258,6 +264,11 @@ class BuildMixin:
                 "answer; run it on a release with per-job transfers")
         extra = {**(kv.get("kv_connector_extra_config") or {}),
                  connector.SCRIPT_KEY: kv.get("requests") or {}}
+        if name == "MultiConnector":  # vLLM's own children list, each a scripted connector
+            extra["connectors"] = [
+                {"kv_connector": scripted, "kv_role": kv.get("kv_role", "kv_both"),
+                 "kv_connector_extra_config": {connector.SCRIPT_KEY: c.get("requests") or {}}}
+                for c in kv.get("connectors") or ()]
         return call_supported(cls, kv_connector=name, kv_role=kv.get("kv_role", "kv_both"),
                               kv_connector_extra_config=extra)
 
