@@ -116,3 +116,105 @@ def test_an_async_load_fails_with_its_groups_when_it_is_reported():
     assert w.transfers_in_flight() == {"A": ("load", [1, 2])}
     assert w.step(3, None) == (set(), {"A"}, {7, 8}, set())
 
+
+
+# ---- vLLM's own OffloadingConnector and MultiConnector ----------------------------------------
+OWN = """
+    name: kv-own
+    level: engine-core
+    config: {num_gpu_blocks: 32, enable_prefix_caching: true}
+    requests:
+      - {id: A, prompt_len: 64}
+      - {id: C, prompt_len: 64}
+    kv_transfer_config:
+      kv_connector: OffloadingConnector
+      kv_connector_extra_config: {cpu_bytes_to_use: 1000000}
+      requests:
+        C: {recv_done_at_step: 4}
+"""
+
+MULTI = """
+    name: kv-multi
+    level: engine-core
+    config: {num_gpu_blocks: 32}
+    requests:
+      - {id: P, prompt_len: 48}
+      - {id: A, prompt_len: 64}
+    kv_transfer_config:
+      kv_connector: MultiConnector
+      connectors:
+        - requests: {P: {delay_free: true, send_done_at_step: 4}}
+        - requests: {A: {external_hit_tokens: 32, load_async: true}}
+"""
+
+
+def test_own_connectors_take_vllms_extra_config_and_children(tmp_path):
+    own = load_scenario(write(tmp_path, OWN)).child_payload()["kv_transfer_config"]
+    assert own["kv_connector_extra_config"] == {"cpu_bytes_to_use": 1000000}
+    assert own["requests"]["C"]["recv_done_at_step"] == 4
+    multi = load_scenario(write(tmp_path, MULTI)).child_payload()["kv_transfer_config"]
+    assert [sorted(c["requests"]) for c in multi["connectors"]] == [["P"], ["A"]]
+    assert multi["requests"] == {}
+
+
+@pytest.mark.parametrize("text,old,new,words", [
+    (OWN, "kv_connector_extra_config: {cpu_bytes_to_use: 1000000}", "",
+     "kv_transfer_config.kv_connector_extra_config.cpu_bytes_to_use: OffloadingConnector's "
+     "CPU spec needs"),
+    (OWN, "cpu_bytes_to_use: 1000000", "cpu_bytes_to_use: 10000000000000",
+     "kv_connector_extra_config.cpu_bytes_to_use: 10000000000000 is outside 0..2**40"),
+    (OWN, "C: {recv_done_at_step: 4}", "C: {external_hit_tokens: 16}",
+     "kv_transfer_config.requests.C.external_hit_tokens: OffloadingConnector's scheduler half"),
+    (MULTI, "kv_connector: MultiConnector",
+     "kv_connector: MultiConnector\n      kv_connector_extra_config: {spec_name: X}",
+     "kv_transfer_config.kv_connector_extra_config: the scripted connector reads only"),
+    (MULTI, "kv_connector: MultiConnector", "kv_connector: ScriptedConnector",
+     "kv_transfer_config.connectors: only MultiConnector has children"),
+    (MULTI, "A: {external_hit_tokens: 32", "A: {external_hit_tokens: 99",
+     "kv_transfer_config.connectors[1].requests.A.external_hit_tokens: 99 is over its "
+     "prompt_len 64"),
+    (MULTI, "P: {delay_free: true, send", "X: {delay_free: true, send",
+     "kv_transfer_config.connectors[0].requests: unknown request id 'X'"),
+    (MULTI, "A: {external_hit_tokens: 32, load_async: true}", "A: {load_async: true}",
+     "kv_transfer_config.connectors[1].requests.A.load_async: needs `external_hit_tokens"),
+    (MULTI, "      connectors:\n", "      requests: {A: {}}\n      connectors:\n",
+     "kv_transfer_config.requests: with MultiConnector each child has its own script"),
+    (MULTI, "        - requests: {A: {external_hit_tokens: 32, load_async: true}}\n",
+     "        - requests: {}\n" * 4, "connectors"),
+])
+def test_bad_own_connector_configs_are_one_line_input_errors(tmp_path, text, old, new, words):
+    bad = text.replace(old, new)
+    assert bad != text
+    with pytest.raises(InputError) as e:
+        load_scenario(write(tmp_path, bad))
+    msg = str(e.value)
+    assert words in msg and "s.yaml" in msg and "\n" not in msg.strip()
+
+
+def job(rid, blocks=(), sizes=None):
+    """An offloading ``TransferJob`` as vLLM's scheduler half makes it (GPU side: dst of a
+    load, ``block_ids`` ordered by group with ``group_sizes``)."""
+    spec = SimpleNamespace(block_ids=list(blocks), group_sizes=sizes)
+    return SimpleNamespace(req_id=rid, src_spec=None, dst_spec=spec)
+
+
+def test_offloading_jobs_finish_at_their_steps_and_report_as_vllms_worker():
+    """As OffloadingConnectorWorker: a load is reported in finished_recving when done, a store
+    never in finished_sending; every finished job by id (completed_jobs); a flushed job is
+    done at once (the worker waits for it before its blocks are reused)."""
+    w = ScriptedWorker({"C": {"recv_done_at_step": 4}, "A": {"send_done_at_step": 3}}, set())
+    offload = SimpleNamespace(load_jobs={7: job("C", [5, 6, 9], [2, 1])},
+                              store_jobs={3: job("A"), 4: job("B")}, jobs_to_flush=set())
+    assert w.step(2, offload) == (set(), set(), set(), set())
+    assert w.completed_jobs == [4]  # B's store: no scripted step, done when learned of
+    assert w.transfers_in_flight() == {"C": ("load", [5, 6])}  # group 0's blocks; no stores
+    assert w.step(3, SimpleNamespace(load_jobs={}, store_jobs={}, jobs_to_flush=None)) == (
+        set(), set(), set(), set())
+    assert w.completed_jobs == [3]
+    flush = SimpleNamespace(load_jobs={}, store_jobs={8: job("A")}, jobs_to_flush={8})
+    w.script["A"]["send_done_at_step"] = 9
+    assert w.step(3, flush)[1] == set() and w.completed_jobs == [8]
+    assert w.step(4, SimpleNamespace(load_jobs={}, store_jobs={}, jobs_to_flush=None)) == (
+        set(), {"C"}, set(), set())
+    assert w.completed_jobs == [7] and w.jobs == {}
+    assert [e for _, r, e in w.events if r == "C"] == ["load", "recv"]
