@@ -218,3 +218,13 @@ def test_offloading_jobs_finish_at_their_steps_and_report_as_vllms_worker():
         set(), {"C"}, set(), set())
     assert w.completed_jobs == [7] and w.jobs == {}
     assert [e for _, r, e in w.events if r == "C"] == ["load", "recv"]
+
+
+def test_reset_connector_goes_with_reset_prefix_cache(tmp_path):
+    ok = SCENARIO.replace("limits:", "events:\n      - {at_step: 2, reset_prefix_cache: true, "
+                                     "reset_connector: true}\n    limits:")
+    events = load_scenario(write(tmp_path, ok)).child_payload()["events"]
+    assert events[0]["reset_connector"] is True
+    bad = ok.replace("reset_prefix_cache: true, ", "pause: true, ")
+    with pytest.raises(InputError, match="`reset_connector` goes with reset_prefix_cache: true"):
+        load_scenario(write(tmp_path, bad))
