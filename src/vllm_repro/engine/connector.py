@@ -293,7 +293,8 @@ class MultiWorkerHalf:
             else:
                 sending, recving = (set(x or ()) for x in mc.get_finished(set()))
                 failed = set()
-            invalid = set(mc.get_block_ids_with_load_errors() or ())
+            errors = getattr(mc, "get_block_ids_with_load_errors", None)  # where it has them
+            invalid = set((errors() if errors is not None else None) or ())
         finally:
             mc.clear_connector_metadata()
         return sending, recving, invalid, failed
