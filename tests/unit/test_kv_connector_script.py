@@ -5,6 +5,7 @@ scenario accepts, the one-line errors naming field and fix, and what the worker 
 
 from __future__ import annotations
 
+import re
 import textwrap
 from types import SimpleNamespace
 
@@ -228,3 +229,40 @@ def test_reset_connector_goes_with_reset_prefix_cache(tmp_path):
     bad = ok.replace("reset_prefix_cache: true, ", "pause: true, ")
     with pytest.raises(InputError, match="`reset_connector` goes with reset_prefix_cache: true"):
         load_scenario(write(tmp_path, bad))
+
+
+def test_store_steps_time_each_store_job_and_old_jobs_carry_a_spec_pair():
+    """``store_steps``: each of the request's store jobs is done that many steps after the
+    worker learns of it; a load job whose GPU side is the second of a ``transfer_spec`` pair
+    (the job's older shape) is watched by its blocks the same way."""
+    w = ScriptedWorker({"A": {"store_steps": 2}}, set())
+    def meta(loads=None, stores=None):
+        return SimpleNamespace(load_jobs=loads or {}, store_jobs=stores or {},
+                               jobs_to_flush=None)
+    w.step(1, meta(stores={1: job("A")}))
+    w.step(2, meta(stores={2: job("A")}))
+    assert w.completed_jobs == []
+    w.step(3, meta())
+    assert w.completed_jobs == [1]
+    w.step(4, meta())
+    assert w.completed_jobs == [2]
+    old = SimpleNamespace(req_id="C", transfer_spec=(None, SimpleNamespace(block_ids=[3, 4],
+                                                                          group_sizes=None)))
+    w.step(5, meta(loads={9: old}))
+    assert w.transfers_in_flight() == {} and w.completed_jobs == [9]
+    w.script["C"] = {"recv_done_at_step": 7}
+    w.step(6, meta(loads={10: old}))
+    assert w.transfers_in_flight() == {"C": ("load", [3, 4])}
+
+
+@pytest.mark.parametrize("old,new,words", [
+    ("C: {recv_done_at_step: 4}", "C: {recv_done_at_step: 4, store_steps: 600}",
+     "kv_transfer_config.requests.C.store_steps: 600 is over limits.max_steps 500"),
+    ("C: {recv_done_at_step: 4}", "C: {store_steps: 2, send_done_at_step: 3}",
+     "store_steps: give it or send_done_at_step, not both"),
+])
+def test_bad_store_steps_are_input_errors(tmp_path, old, new, words):
+    with pytest.raises(InputError, match=re.escape(words)):
+        load_scenario(write(tmp_path, OWN.replace(old, new)))
+    with pytest.raises(InputError, match="store_steps: times OffloadingConnector's store jobs"):
+        load_scenario(write(tmp_path, MULTI.replace("send_done_at_step: 4", "store_steps: 2")))

@@ -83,15 +83,19 @@ class ScriptedWorker:
         are about to be reused). As the release's ``OffloadingConnectorWorker``, a load is
         reported in ``finished_recving`` when done, a store never in ``finished_sending``, and
         every finished job by id (``completed_jobs``, ``kv_connector_worker_meta``). A load
-        is done at its request's ``recv_done_at_step``, a store at ``send_done_at_step``
-        (default: the step the worker learns of it), a flushed job at once (the worker waits
+        is done at its request's ``recv_done_at_step``, a store at ``send_done_at_step`` or
+        ``store_steps`` steps after the worker learns of it (default: the step it learns of
+        it), a flushed job at once (the worker waits
         for it before the blocks are overwritten)."""
         for kind, jobs in (("load", meta.load_jobs), ("store", meta.store_jobs)):
             key = "recv_done_at_step" if kind == "load" else "send_done_at_step"
             for job_id, job in (jobs or {}).items():
                 rid = job.req_id
-                at = int((self.script.get(rid) or {}).get(key) or n)
-                blocks = _spec_blocks(job.dst_spec) if kind == "load" else []
+                entry = self.script.get(rid) or {}
+                at = int(entry.get(key) or n)
+                if kind == "store" and entry.get("store_steps"):
+                    at = n + int(entry["store_steps"])  # each store takes that many steps
+                blocks = _spec_blocks(_load_dst(job)) if kind == "load" else []
                 self.jobs[int(job_id)] = (max(n, at), rid, kind, blocks)
                 self.events.append((n, rid, kind))
         for job_id in getattr(meta, "jobs_to_flush", None) or ():
@@ -165,6 +169,15 @@ class _Translated:
     def __init__(self, loads: dict[str, tuple[list[int], bool]], sends: dict[str, list[int]]):
         self.loads = loads
         self.sends = sends
+
+
+def _load_dst(job):
+    """The GPU side of an offloading load job: ``TransferJob.dst_spec``, or the second of its
+    ``transfer_spec`` pair ``(src, dst)`` where the job has one."""
+    if hasattr(job, "dst_spec"):
+        return job.dst_spec
+    pair = getattr(job, "transfer_spec", None)
+    return pair[1] if isinstance(pair, (tuple, list)) and len(pair) == 2 else None
 
 
 def _spec_blocks(spec) -> list[int]:

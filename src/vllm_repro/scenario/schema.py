@@ -578,6 +578,9 @@ class KVConnectorScript(Strict):
     delay_free_on_abort: bool = False
     send_done_at_step: PosInt | None = None
     not_ready_lookups: NonNegInt = 0
+    #: vLLM's OffloadingConnector: each store job of the request is done this many steps after
+    #: the worker learns of it (instead of at ``send_done_at_step``), at most limits.max_steps
+    store_steps: NonNegInt | None = None
 
 
 class KVChildConnector(Strict):
@@ -640,6 +643,11 @@ class KVTransferConfig(Strict):
     def _check_script(self, prefix: str, script: dict, scripted: bool) -> None:
         for rid, e in script.items():
             where = f"{prefix}.{rid}"
+            if e.store_steps is not None and self.kv_connector != "OffloadingConnector":
+                raise ValueError(f"{where}.store_steps: times OffloadingConnector's store jobs;"
+                                 " set kv_connector: OffloadingConnector or drop it")
+            if e.store_steps is not None and e.send_done_at_step is not None:
+                raise ValueError(f"{where}.store_steps: give it or send_done_at_step, not both")
             if not scripted:
                 # vLLM's own connector decides hits, async loads and delayed frees from the
                 # request's kv_transfer_params; only its worker half is scripted
@@ -1140,6 +1148,9 @@ class Scenario(Strict):
             if len(set(entry.load_fails_groups or ())) != len(entry.load_fails_groups or ()):
                 raise ValueError(f"{prefix}.{rid}.load_fails_groups: a group"
                                  " is named twice; name each once")
+            if (entry.store_steps or 0) > max_steps:
+                raise ValueError(f"{prefix}.{rid}.store_steps: {entry.store_steps} is over "
+                                 f"limits.max_steps {max_steps}; give fewer")
             if entry.not_ready_lookups > max_steps:
                 raise ValueError(f"{prefix}.{rid}.not_ready_lookups: "
                                  f"{entry.not_ready_lookups} is over limits.max_steps "
