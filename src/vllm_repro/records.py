@@ -485,7 +485,8 @@ class TraceLine(Record):
     (structured-output requests: request id -> the token ids the fake worker sampled through the grammar bitmask in this
     step); ``kv_connector`` (with a scripted KV connector: what its worker half did in this
     step, event -> request ids: ``load`` started, ``recv`` reported in ``finished_recving``,
-    ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``);
+    ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``,
+    ``not_ready``: the scheduler half's lookup answered "not yet", ``None``);
     ``idle`` (nothing to schedule: vLLM's early return), ``applied`` (engine-core: how
     many batches ``update_from_output`` applied, which with async scheduling or a batch queue
     is not the one just scheduled), with a batch queue ``applied_from`` (the steps that

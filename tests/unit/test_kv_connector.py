@@ -52,7 +52,10 @@ def test_kv_transfer_config_loads_under_vllms_names_and_reaches_the_worker(tmp_p
     payload = sc.child_payload()["kv_transfer_config"]
     assert payload["requests"]["A"] == {"external_hit_tokens": 48, "load_async": True,
                                         "recv_done_at_step": 4, "load_fails": True,
-                                        "delay_free": False, "send_done_at_step": None}
+                                        "load_fails_groups": None, "delay_free": False,
+                                        "delay_free_on_abort": False, "send_done_at_step": None,
+                                        "not_ready_lookups": 0}
+    assert payload["supports_hma"] is False
     assert payload["requests"]["B"]["send_done_at_step"] == 9
     # a scenario without one carries none
     plain = load_scenario(write(tmp_path, SCENARIO.split("    kv_transfer_config")[0]))

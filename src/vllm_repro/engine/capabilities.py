@@ -32,7 +32,8 @@ class Capabilities:
     """One release's support, as probed (see :func:`probe` for the vLLM source each field reads).
 
     ``events``: the EngineCore calls a scenario's ``events`` may make (``abort``,
-    ``abort_in_flight``, ``reset_prefix_cache``, ``reset_running_requests``, ``pause``,
+    ``abort_in_flight``, ``reset_prefix_cache``, ``reset_running_requests``,
+    ``reset_connector`` (``reset_prefix_cache(reset_connector=...)``), ``pause``,
     ``pause_mode`` (``pause_scheduler(mode=...)``), ``resume``); ``spec_methods``: the
     ``SpeculativeConfig.method`` values the lab's fake drafter
     can stand for (``ngram``, ``ngram_gpu``); ``kv_group_kinds``: KV cache spec kinds
@@ -81,6 +82,12 @@ class Capabilities:
     #: the names the release's ``KVConnectorFactory`` registry has, of those the lab's worker
     #: half can answer (``engine/kv_worker.py``)
     own_kv_connectors: tuple[str, ...] = ()
+    #: the release's KV connector base has ``SupportsHMA`` (``kv_connector/v1/base.py``): a
+    #: connector may declare hybrid memory allocator support (``supports_hma``)
+    kv_hma: bool = False
+    #: the base's ``get_num_new_matched_tokens`` may answer ``None`` ("not yet": its return
+    #: annotation is ``int | None``), which the scheduler skips and asks again
+    kv_lookup_not_ready: bool = False
     v1_engine: bool = True
     v0_engine: bool = False
     v0_priority: bool = False
@@ -224,6 +231,8 @@ def probe(adapter) -> Capabilities:
             events.append("reset_prefix_cache")
             if "reset_running_requests" in core_methods["reset_prefix_cache"]:
                 events.append("reset_running_requests")
+            if "reset_connector" in core_methods["reset_prefix_cache"]:
+                events.append("reset_connector")
         if "pause_scheduler" in core_methods:
             events.append("pause")
             if "mode" in core_methods["pause_scheduler"]:
@@ -266,6 +275,9 @@ def probe(adapter) -> Capabilities:
         kv_connectors=connector,
         kv_load_failures=load_failures,
         own_kv_connectors=_own_kv_connectors(connector),
+        kv_hma=connector and _try_import(
+            "vllm.distributed.kv_transfer.kv_connector.v1.base:SupportsHMA") is not None,
+        kv_lookup_not_ready=connector and _lookup_may_be_none(),
         v0_engine=_module_exists("vllm.engine.llm_engine") and _module_exists("vllm.core.scheduler"),
         kv_block_hash=_block_field(BLOCK_HASH_FIELDS),
         kv_block_hash_tokens=_block_field(BLOCK_HASH_TOKENS_FIELDS),
@@ -350,8 +362,25 @@ def _kv_connector_seam(adapter) -> tuple[bool, tuple[str, ...]]:
     return ok, failures
 
 
+def _lookup_may_be_none() -> bool:
+    """Whether ``KVConnectorBase_V1.get_num_new_matched_tokens`` (``kv_connector/v1/base.py``)
+    declares ``None`` in its count (``tuple[int | None, bool]``, ``Optional[int]``: the
+    "not yet" answer, vLLM #23620)."""
+    import inspect
+
+    from .adapter import _try_import
+
+    base = _try_import("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1")
+    try:
+        ann = inspect.signature(base.get_num_new_matched_tokens).return_annotation
+    except (AttributeError, TypeError, ValueError):
+        return False
+    text = ann if isinstance(ann, str) else repr(ann)
+    return "None" in text or "Optional" in text
+
+
 #: vLLM's own connectors the lab's worker half answers (engine/kv_worker.py reads their metadata)
-LAB_RUNS_OWN_CONNECTORS = ("NixlConnector",)
+LAB_RUNS_OWN_CONNECTORS = ("NixlConnector", "OffloadingConnector")
 
 
 def _own_kv_connectors(seam: bool) -> tuple[str, ...]:

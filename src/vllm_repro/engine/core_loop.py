@@ -160,14 +160,29 @@ class EngineCoreLoop(StepLoop):
         a = self.adapter
         if not a.caps.kv_connectors:
             raise RefusedByRelease(f"kv_transfer_config: {a.caps.refusal('kv connectors')}")
-        script = kv.get("requests") or {}
+        script = {rid: e for c in kv.get("connectors") or [kv]
+                  for rid, e in (c.get("requests") or {}).items()}
         failing = [rid for rid, e in script.items() if e.get("load_fails")]
         if failing and not a.caps.kv_load_failures:
             raise RefusedByRelease(
                 f"kv_transfer_config.requests.{failing[0]}.load_fails: vLLM {a.version}'s "
                 "KVConnectorOutput has no report of failed loads (invalid_block_ids, "
                 "failed_recving); drop load_fails for this release")
+        waiting = [rid for rid, e in script.items() if e.get("not_ready_lookups")]
+        if waiting and not a.caps.kv_lookup_not_ready:
+            raise RefusedByRelease(
+                f"kv_transfer_config.requests.{waiting[0]}.not_ready_lookups: vLLM {a.version}'s "
+                "get_num_new_matched_tokens cannot answer None (\"not yet\", vLLM #23620, "
+                "kv_connector/v1/base.py); drop not_ready_lookups for this release")
         from .kv_worker import ScriptedWorker
+
+        if kv.get("kv_connector") == "MultiConnector":  # vLLM's own, scripted children
+            from .connector import MultiWorkerHalf
+
+            return MultiWorkerHalf(
+                [c.get("requests") or {} for c in kv.get("connectors") or ()],
+                set(a.caps.kv_load_failures),
+                lambda: (self.vllm_config, self.scheduler.kv_cache_config))
 
         def blocks_of(rid):
             # the request's blocks in the release's KV cache manager (KVCacheManager.get_block_ids)
@@ -213,7 +228,8 @@ class EngineCoreLoop(StepLoop):
             sending, recving, invalid, failed = self.kv_worker.step(
                 self.step, getattr(so, "kv_connector_metadata", None))
             kv = dict(finished_sending=sending, finished_recving=recving,
-                      invalid_block_ids=invalid, failed_recving=failed)
+                      invalid_block_ids=invalid, failed_recving=failed,
+                      completed_jobs=list(self.kv_worker.completed_jobs))
             line = self._line
             for _, rid, event in self.kv_worker.events[mark:]:
                 line.kv_connector = line.kv_connector or {}
@@ -249,6 +265,13 @@ class EngineCoreLoop(StepLoop):
             loop._marks = loop._lab(state.preemption_marks, sched)
             so = schedule(*args, **kwargs)
             scheduled = loop._lab(loop.adapter.scheduled, so)
+            not_ready = getattr(getattr(sched, "connector", None), "not_ready_log", None) if \
+                loop.kv_worker is not None else None
+            if not_ready:  # the scripted connector's "not yet" answers of this schedule()
+                line = loop._line
+                line.kv_connector = line.kv_connector or {}
+                line.kv_connector.setdefault("not_ready", []).extend(not_ready)
+                not_ready.clear()
             loop._note_schedule(loop._line, scheduled)
             loop._scheduled_so.append(so)
             loop._so_step[id(so)] = loop.step
@@ -556,6 +579,11 @@ class EngineCoreLoop(StepLoop):
                     f"events[at_step {e['at_step']}].mode: vLLM {self.adapter.version}'s "
                     "pause_scheduler() takes no mode (it pauses without aborting); drop mode "
                     "for this release")
+            if e.get("reset_connector") and "reset_connector" not in events:
+                raise RefusedByRelease(
+                    f"events[at_step {e['at_step']}].reset_connector: vLLM "
+                    f"{self.adapter.version}'s reset_prefix_cache() does not take it (no "
+                    "connector cache reset); drop it for this release")
             if e.get("reset_running_requests") and "reset_running_requests" not in events:
                 raise RefusedByRelease(
                     f"events[at_step {e['at_step']}].reset_running_requests: vLLM "
@@ -573,6 +601,8 @@ class EngineCoreLoop(StepLoop):
             line.aborted.extend(e["abort"])
         elif e.get("reset_prefix_cache"):
             kwargs = {"reset_running_requests": True} if e.get("reset_running_requests") else {}
+            if e.get("reset_connector"):
+                kwargs["reset_connector"] = True
             self._marks = self._lab(state.preemption_marks, self.scheduler)
             line.reset_prefix_cache = engine.reset_prefix_cache(**kwargs)
             self._note_preemptions(line, "reset_prefix_cache")

@@ -418,7 +418,8 @@ class Event(Strict):
       as the engine's input thread delivers it (``EngineCore.aborts_queue`` where the release
       has one, else only while a batch-queue step is in flight);
     - ``reset_prefix_cache: true`` (``EngineCore.reset_prefix_cache``; with
-      ``reset_running_requests: true`` where the release takes it);
+      ``reset_running_requests: true`` where the release takes it, and ``reset_connector:
+      true``: the scheduler's KV connector's ``reset_cache`` too, where the release takes it);
     - ``pause: true`` / ``resume: true`` (``EngineCore.pause_scheduler`` / ``resume_scheduler``);
       ``mode: abort | keep | wait`` is handed to ``pause_scheduler(mode=...)`` where the release
       takes it (default: the release's own default, which is ``abort`` where modes exist: the
@@ -433,6 +434,7 @@ class Event(Strict):
     when: Literal["before_step", "in_flight"] = "before_step"
     reset_prefix_cache: bool = False
     reset_running_requests: bool = False
+    reset_connector: bool = False
     pause: bool = False
     mode: Literal["abort", "keep", "wait"] | None = None
     resume: bool = False
@@ -454,6 +456,9 @@ class Event(Strict):
             raise ValueError("`mode` goes with pause: true (EngineCore.pause_scheduler's mode)")
         if self.reset_running_requests and not self.reset_prefix_cache:
             raise ValueError("`reset_running_requests` goes with reset_prefix_cache: true")
+        if self.reset_connector and not self.reset_prefix_cache:
+            raise ValueError("`reset_connector` goes with reset_prefix_cache: true "
+                             "(EngineCore.reset_prefix_cache(reset_connector=True))")
         return self
 
 
@@ -555,35 +560,99 @@ class KVConnectorScript(Strict):
     ``KVConnectorOutput`` has them). ``delay_free``: ``request_finished`` returns True (the
     connector keeps the blocks, as a prefill instance does for the decode side to read) and
     the worker reports ``finished_sending`` at step ``send_done_at_step`` (default: the step the
-    worker learns of the send; never earlier)."""
+    worker learns of the send; never earlier). ``delay_free_on_abort``: the same for the
+    request aborted (a connector whose save of it is already under way when the abort comes);
+    without it an aborted request is freed at once, as NixlConnector does.
+    ``load_fails_groups``: the KV cache groups (indices into ``config.kv_cache_groups``) whose
+    blocks the failed load reports in ``invalid_block_ids`` (default: every group it wrote;
+    ``[]``: none, the request only in ``failed_recving``). ``not_ready_lookups``: the first N
+    lookups of the request answer ``None`` ("not yet": vLLM skips the request that step and
+    asks again), at most ``limits.max_steps``."""
 
     external_hit_tokens: NonNegInt = 0
     load_async: bool = False
     recv_done_at_step: PosInt | None = None
     load_fails: bool = False
+    load_fails_groups: list[NonNegInt] | None = None
     delay_free: bool = False
+    delay_free_on_abort: bool = False
     send_done_at_step: PosInt | None = None
+    not_ready_lookups: NonNegInt = 0
+    #: vLLM's OffloadingConnector: each store job of the request is done this many steps after
+    #: the worker learns of it (instead of at ``send_done_at_step``), at most limits.max_steps
+    store_steps: NonNegInt | None = None
+
+
+class KVChildConnector(Strict):
+    """One child of vLLM's ``MultiConnector`` (``kv_transfer_config.connectors[i]``): the lab's
+    scripted connector with its own script (``requests``, as :class:`KVTransferConfig`'s)."""
+
+    kv_connector: Literal["ScriptedConnector"] = "ScriptedConnector"
+    requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
 
 
 class KVTransferConfig(Strict):
     """vLLM's ``kv_transfer_config`` (``KVTransferConfig``), with the lab's scripted connector:
     ``kv_connector`` (``ScriptedConnector``, registered with the release's
     ``KVConnectorFactory``), ``kv_role`` (vLLM's: ``kv_both``, ``kv_producer``,
-    ``kv_consumer``) and ``requests``: request id -> :class:`KVConnectorScript` (a request
-    without an entry gets no external hit and is freed at once)."""
+    ``kv_consumer``), ``supports_hma`` (the scripted connector declares vLLM's ``SupportsHMA``,
+    so the release keeps hybrid KV cache groups and calls ``request_finished_all_groups``) and
+    ``requests``: request id -> :class:`KVConnectorScript` (a request without an entry gets no
+    external hit and is freed at once)."""
 
-    kv_connector: Literal["ScriptedConnector", "NixlConnector"] = "ScriptedConnector"
+    kv_connector: Literal["ScriptedConnector", "NixlConnector", "OffloadingConnector",
+                          "MultiConnector"] = "ScriptedConnector"
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
+    supports_hma: bool = False
+    #: vLLM's own ``kv_connector_extra_config`` for vLLM's own connector, handed over as written
+    #: (OffloadingConnector: ``cpu_bytes_to_use``, ``block_size`` / ``blocks_per_chunk``,
+    #: ``eviction_policy``, ...): at most 16 keys of plain values, numbers at most 2**40
+    kv_connector_extra_config: dict[str, int | float | str | bool] | None = None
     requests: dict[str, KVConnectorScript] = Field(default_factory=dict)
+    #: ``kv_connector: MultiConnector``: its children, in order (vLLM's
+    #: ``kv_connector_extra_config.connectors``), 1 to 4 scripted connectors, each with its
+    #: own script; vLLM's MultiConnector loads from the first child with a hit and saves to all
+    connectors: list[KVChildConnector] | None = Field(default=None, min_length=1, max_length=4)
+
+    def scripts(self) -> list[tuple[str, dict[str, KVConnectorScript]]]:
+        """``(field path, script)`` of every scripted connector: the children of a
+        MultiConnector, else this connector's own ``requests``."""
+        if self.connectors:
+            return [(f"kv_transfer_config.connectors[{i}].requests", c.requests)
+                    for i, c in enumerate(self.connectors)]
+        return [("kv_transfer_config.requests", self.requests)]
 
     @model_validator(mode="after")
     def _consistent(self):
-        for rid, e in self.requests.items():
-            where = f"kv_transfer_config.requests.{rid}"
-            if self.kv_connector != "ScriptedConnector":
+        if self.kv_connector == "MultiConnector":
+            if not self.connectors:
+                raise ValueError("kv_transfer_config.connectors: MultiConnector needs its "
+                                 "children; add e.g. `connectors: [{requests: {...}}, "
+                                 "{requests: {...}}]`")
+            if self.requests:
+                raise ValueError("kv_transfer_config.requests: with MultiConnector each child "
+                                 "has its own script; move it into connectors[i].requests")
+        elif self.connectors is not None:
+            raise ValueError("kv_transfer_config.connectors: only MultiConnector has children;"
+                             " set kv_connector: MultiConnector or drop connectors")
+        for prefix, script in self.scripts():
+            self._check_script(prefix, script, scripted=self.kv_connector in (
+                "ScriptedConnector", "MultiConnector"))
+        return self._check_rest()
+
+    def _check_script(self, prefix: str, script: dict, scripted: bool) -> None:
+        for rid, e in script.items():
+            where = f"{prefix}.{rid}"
+            if e.store_steps is not None and self.kv_connector != "OffloadingConnector":
+                raise ValueError(f"{where}.store_steps: times OffloadingConnector's store jobs;"
+                                 " set kv_connector: OffloadingConnector or drop it")
+            if e.store_steps is not None and e.send_done_at_step is not None:
+                raise ValueError(f"{where}.store_steps: give it or send_done_at_step, not both")
+            if not scripted:
                 # vLLM's own connector decides hits, async loads and delayed frees from the
                 # request's kv_transfer_params; only its worker half is scripted
-                for key in ("external_hit_tokens", "load_async", "load_fails", "delay_free"):
+                for key in ("external_hit_tokens", "load_async", "load_fails", "delay_free",
+                            "delay_free_on_abort", "load_fails_groups", "not_ready_lookups"):
                     if getattr(e, key):
                         raise ValueError(
                             f"{where}.{key}: {self.kv_connector}'s scheduler half (vLLM's own) "
@@ -591,6 +660,9 @@ class KVTransferConfig(Strict):
                             "requests[].kv_transfer_params instead, and here only "
                             "recv_done_at_step / send_done_at_step (its worker half's reports)")
                 continue
+            if e.load_fails_groups is not None and not e.load_fails:
+                raise ValueError(f"{where}.load_fails_groups: goes with load_fails: true (no "
+                                 "load of this request fails otherwise)")
             if not e.external_hit_tokens:
                 for key in ("load_async", "recv_done_at_step", "load_fails"):
                     if getattr(e, key):
@@ -599,9 +671,38 @@ class KVTransferConfig(Strict):
             if e.recv_done_at_step is not None and not e.load_async:
                 raise ValueError(f"{where}.recv_done_at_step: goes with load_async: true (a "
                                  "synchronous load finishes inside its step)")
-            if e.send_done_at_step is not None and not e.delay_free:
-                raise ValueError(f"{where}.send_done_at_step: goes with delay_free: true (nothing"
-                                 " is sent otherwise)")
+            if e.send_done_at_step is not None and not (e.delay_free or e.delay_free_on_abort):
+                raise ValueError(f"{where}.send_done_at_step: goes with delay_free: true or "
+                                 "delay_free_on_abort: true (nothing is sent otherwise)")
+
+    def _check_rest(self):
+        extra = self.kv_connector_extra_config
+        if extra is not None:
+            if self.kv_connector in ("ScriptedConnector", "MultiConnector"):
+                raise ValueError("kv_transfer_config.kv_connector_extra_config: the scripted "
+                                 "connector reads only `requests`; drop it, or name one of "
+                                 "vLLM's own connectors in kv_connector")
+            if len(extra) > 16:
+                raise ValueError(f"kv_transfer_config.kv_connector_extra_config: {len(extra)} "
+                                 "keys, over the lab's 16; give only what the connector reads")
+            for key, value in extra.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and not 0 <= value <= 2 ** 40:
+                    raise ValueError(f"kv_transfer_config.kv_connector_extra_config.{key}: "
+                                     f"{value} is outside 0..2**40; give a smaller size")
+                if isinstance(value, str) and len(value) > 200:
+                    raise ValueError(f"kv_transfer_config.kv_connector_extra_config.{key}: "
+                                     "over 200 characters; give a shorter value")
+        if self.kv_connector == "OffloadingConnector" and not (extra or {}).get(
+                "cpu_bytes_to_use"):
+            raise ValueError("kv_transfer_config.kv_connector_extra_config.cpu_bytes_to_use: "
+                             "OffloadingConnector's CPU spec needs the CPU cache's size in bytes"
+                             " (vLLM's own key); add e.g. `kv_connector_extra_config: "
+                             "{cpu_bytes_to_use: 1000000}`")
+        if self.supports_hma and self.kv_connector not in ("ScriptedConnector",
+                                                           "MultiConnector"):
+            raise ValueError(f"kv_transfer_config.supports_hma: {self.kv_connector} declares "
+                             "its own HMA support (vLLM's class decides); drop supports_hma")
         return self
 
 
@@ -1021,22 +1122,43 @@ class Scenario(Strict):
                              "engine-core`")
         prompts = {r.id: r.prompt_len for r in self.requests}
         max_steps = self.limits.max_steps
-        for rid, entry in kv.requests.items():
+        for prefix, rid, entry in [(p, rid, e) for p, script in kv.scripts()
+                                   for rid, e in script.items()]:
             if rid not in prompts:
                 near = close_field(rid, prompts, cutoff=0.6)
-                raise ValueError(f"kv_transfer_config.requests: unknown request id {rid!r} (no "
+                raise ValueError(f"{prefix}: unknown request id {rid!r} (no "
                                  "request has it); "
                                  + (f"did you mean {near!r}?" if near else
                                     "use an id from requests[].id or drop the entry"))
             if entry.external_hit_tokens > prompts[rid]:
-                raise ValueError(f"kv_transfer_config.requests.{rid}.external_hit_tokens: "
+                raise ValueError(f"{prefix}.{rid}.external_hit_tokens: "
                                  f"{entry.external_hit_tokens} is over its prompt_len "
                                  f"{prompts[rid]} (an external cache holds prompt tokens only);"
                                  " give at most the prompt length")
+            groups = len(self.config.kv_cache_groups or ()) or 1
+            for g in entry.load_fails_groups or ():
+                where = f"{prefix}.{rid}.load_fails_groups"
+                if g >= groups:
+                    raise ValueError(f"{where}: group {g} is past config.kv_cache_groups "
+                                     f"({groups} group(s)); give indices below {groups}")
+                if g and not kv.supports_hma:
+                    raise ValueError(f"{where}: group {g} needs kv_transfer_config.supports_hma:"
+                                     " true (a connector without HMA support makes vLLM turn "
+                                     "the hybrid allocator off: one KV cache group)")
+            if len(set(entry.load_fails_groups or ())) != len(entry.load_fails_groups or ()):
+                raise ValueError(f"{prefix}.{rid}.load_fails_groups: a group"
+                                 " is named twice; name each once")
+            if (entry.store_steps or 0) > max_steps:
+                raise ValueError(f"{prefix}.{rid}.store_steps: {entry.store_steps} is over "
+                                 f"limits.max_steps {max_steps}; give fewer")
+            if entry.not_ready_lookups > max_steps:
+                raise ValueError(f"{prefix}.{rid}.not_ready_lookups: "
+                                 f"{entry.not_ready_lookups} is over limits.max_steps "
+                                 f"{max_steps} (one lookup a step at most); give fewer")
             for key in ("recv_done_at_step", "send_done_at_step"):
                 at = getattr(entry, key)
                 if at is not None and at > max_steps:
-                    raise ValueError(f"kv_transfer_config.requests.{rid}.{key}: step {at} is "
+                    raise ValueError(f"{prefix}.{rid}.{key}: step {at} is "
                                      f"past limits.max_steps {max_steps}: it would never "
                                      "happen; raise max_steps or give an earlier step")
 

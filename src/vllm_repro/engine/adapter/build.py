@@ -216,9 +216,12 @@ class BuildMixin:
         ``vllm.config``) naming the lab's scripted connector (registered first with the
         release's ``KVConnectorFactory.register_connector(name, module, class)``
         (``vllm/distributed/kv_transfer/kv_connector/factory.py``; the scheduler builds it by
-        that name), or one of the release's own (``NixlConnector``: its registry must have it).
-        ``kv``: the scenario's ``kv_transfer_config`` (``kv_connector``,
-        ``kv_role``, ``requests``: the script, handed over in ``kv_connector_extra_config``).
+        that name), or one of the release's own (``NixlConnector``, ``OffloadingConnector``,
+        ``MultiConnector`` with scripted children: its registry must have it).
+        ``kv``: the scenario's ``kv_transfer_config`` (``kv_connector``, ``kv_role``,
+        ``supports_hma``, ``requests``: the script, handed over in ``kv_connector_extra_config``
+        with vLLM's own keys; ``connectors``: MultiConnector's children, each a scripted
+        connector with its own script).
         Raises :class:`RefusedByRelease` where the release has no V1 KV connectors."""
         if not self.caps.kv_connectors:
             raise RefusedByRelease(f"kv_transfer_config: {self.caps.refusal('kv connectors')}")
@@ -227,10 +230,20 @@ class BuildMixin:
         factory = _import("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory")
         registry = getattr(factory, "_registry", {})
         name = kv.get("kv_connector") or connector.NAME
-        if name == connector.NAME:
-            if connector.NAME not in registry:
-                factory.register_connector(connector.NAME, connector.__name__, "ScriptedConnector")
-        elif name not in registry:
+        scripted = connector.NAME
+        if kv.get("supports_hma") and name in (connector.NAME, "MultiConnector"):
+            if connector.ScriptedHMAConnector is None:  # no SupportsHMA in the release's base
+                raise RefusedByRelease(
+                    f"kv_transfer_config.supports_hma: vLLM {self.version}'s KV connector base "
+                    "has no SupportsHMA (kv_connector/v1/base.py): the hybrid allocator runs "
+                    "without connectors there; drop supports_hma for this release")
+            scripted = connector.HMA_NAME  # the subclass declaring SupportsHMA
+            name = scripted if name == connector.NAME else name
+        if name in (connector.NAME, connector.HMA_NAME, "MultiConnector"):
+            # the lab's scripted connector (MultiConnector: its children)
+            if scripted not in registry:
+                factory.register_connector(scripted, connector.__name__, scripted)
+        if name not in registry:
             # one of vLLM's own connectors (its scheduler half runs as the release ships it)
             raise RefusedByRelease(f"kv_transfer_config.kv_connector: vLLM {self.version}'s "
                                    f"KVConnectorFactory has no {name} (it has "
@@ -239,8 +252,25 @@ class BuildMixin:
         if cls is None:
             raise RefusedByRelease(f"kv_transfer_config: vLLM {self.version} has no "
                                    "KVTransferConfig")
+        if name == "OffloadingConnector" and _try_import(
+                "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common:"
+                "OffloadingWorkerMetadata") is None:
+            # the lab's worker half answers the per-job protocol (load_jobs / store_jobs,
+            # completions in KVConnectorOutput.kv_connector_worker_meta) only
+            raise RefusedByRelease(
+                f"kv_transfer_config.kv_connector: vLLM {self.version}'s OffloadingConnector "
+                "reports its transfers per request (no OffloadingWorkerMetadata in "
+                "kv_connector/v1/offloading/common.py), which the lab's worker half does not "
+                "answer; run it on a release with per-job transfers")
+        extra = {**(kv.get("kv_connector_extra_config") or {}),
+                 connector.SCRIPT_KEY: kv.get("requests") or {}}
+        if name == "MultiConnector":  # vLLM's own children list, each a scripted connector
+            extra["connectors"] = [
+                {"kv_connector": scripted, "kv_role": kv.get("kv_role", "kv_both"),
+                 "kv_connector_extra_config": {connector.SCRIPT_KEY: c.get("requests") or {}}}
+                for c in kv.get("connectors") or ()]
         return call_supported(cls, kv_connector=name, kv_role=kv.get("kv_role", "kv_both"),
-                              kv_connector_extra_config={connector.SCRIPT_KEY: kv.get("requests") or {}})
+                              kv_connector_extra_config=extra)
 
     def _scheduler_class(self, cfg: dict[str, Any], vllm_config, spec_config) -> type:
         """The scheduler class the config selects (``AsyncScheduler`` with async scheduling),

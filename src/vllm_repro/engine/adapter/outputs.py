@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass
 
 from .. import state
-from .probes import AdapterError, _try_import, call_supported, fields_of
+from .probes import AdapterError, _import, _try_import, call_supported, fields_of
 
 
 @dataclass
@@ -68,13 +68,17 @@ class OutputsMixin:
         return call_supported(self.ModelRunnerOutput, **kwargs)
 
     def kv_connector_fields(self, finished_sending: set, finished_recving: set,
-                            invalid_block_ids: set, failed_recving: set) -> dict:
+                            invalid_block_ids: set, failed_recving: set,
+                            completed_jobs: list[int] | None = None) -> dict:
         """The ``ModelRunnerOutput`` fields that carry a step's KV connector report, as
         ``GPUModelRunner`` fills them from its connector's ``get_finished`` /
         ``get_block_ids_with_load_errors``: one ``KVConnectorOutput`` in
         ``kv_connector_output`` (``vllm/v1/outputs.py``, 0.10.1+; ``invalid_block_ids`` and
         ``failed_recving`` where it has them), or ``finished_sending`` / ``finished_recving`` on
-        the output itself (0.9.x). Sets stay None when empty, as the runner leaves them. Raises
+        the output itself (0.9.x). ``completed_jobs``: vLLM's OffloadingConnector's finished
+        transfer jobs, in ``kv_connector_worker_meta`` as its worker's
+        ``build_connector_worker_meta`` reports them (``OffloadingWorkerMetadata``, None
+        when none finished). Sets stay None when empty, as the runner leaves them. Raises
         :class:`AdapterError` where the output has neither (the capabilities refuse first)."""
         send = set(finished_sending) or None
         recv = set(finished_recving) or None
@@ -86,6 +90,11 @@ class OutputsMixin:
                 kw["invalid_block_ids"] = set(invalid_block_ids)
             if failed_recving and "failed_recving" in kvo_fields:
                 kw["failed_recving"] = set(failed_recving)
+            if completed_jobs and "kv_connector_worker_meta" in kvo_fields:
+                meta_cls = _import("vllm.distributed.kv_transfer.kv_connector.v1.offloading."
+                                   "common:OffloadingWorkerMetadata")
+                kw["kv_connector_worker_meta"] = meta_cls(
+                    completed_jobs={int(j): 1 for j in completed_jobs})
             return {"kv_connector_output": kvo_cls(**kw)}
         if "finished_recving" in self._mro_fields:
             return {"finished_sending": send, "finished_recving": recv}
