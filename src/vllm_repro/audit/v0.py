@@ -41,6 +41,7 @@ from collections import Counter
 from ..records import AuditSummary, TraceLine, Violation
 from .auditor import AuditStop
 from .bm_v1 import V1Books, check_books_v1, is_block_manager_v1
+from .v0_queues import async_stopped_of, queues_of
 from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT,
                     REQ_RESIDUE, REQ_STATE, make_violation, names)
 from .registry import (AFTER_SCHEDULE, AFTER_UPDATE, END_OF_RUN, IN_CALL, V0_LEVELS, Check, Moment,
@@ -138,19 +139,6 @@ class V0Books:
         tables = self.tables() if tables is None else tables
         gpu = self.pools().get("GPU", {}).get("all", set())
         return [b for b in tables.get(seq_id, ()) if b in gpu]
-
-
-def queues_of(scheduler) -> dict[str, list]:
-    """The scheduler's ``waiting`` / ``running`` / ``swapped`` groups."""
-    s = scheduler
-    return {"waiting": list(s.waiting), "running": list(s.running), "swapped": list(s.swapped)}
-
-
-def async_stopped_of(scheduler) -> list:
-    """Groups that left ``running`` at ``max_model_len`` with async output processing
-    (``Scheduler._async_stopped``, 0.6.1+): they keep their blocks until the engine's
-    ``free_finished_seq_groups``."""
-    return list(getattr(scheduler, "_async_stopped", ()) or ())
 
 
 def check_books(books: V0Books, req_of_seq: dict[int, str]) -> list[Violation]:

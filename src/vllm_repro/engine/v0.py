@@ -56,6 +56,7 @@ from pathlib import Path
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from .adapter.probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import,
                              params_of, refused_by_vllm)
+from .adapter.capability_probes import probe_v0
 from .adapter.requests import EOS_TOKEN_ID
 from .engine_args import (NGRAM_FLAT_FIELDS, as_command_line_text, engine_arg_refusal,
                           engine_arg_type_error)
@@ -176,7 +177,6 @@ class V0Adapter:
         #: the packaged tokenizer's highest token id (the engine loads it: EOS is its ``</s>``)
         self.max_token_id = _max_token_id(self.model_dir)
         self.add_request_params, _ = params_of(self.LLMEngine.add_request)
-        from .capabilities import probe_v0
 
         self.caps = probe_v0(self)
 
