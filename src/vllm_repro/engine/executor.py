@@ -37,7 +37,8 @@ _NO_OPS = ("init_worker", "init_device", "load_model", "initialize_cache", "prof
 
 
 class FakeWorker:
-    """What ``vllm/v1/worker/gpu_worker.py:Worker`` answers, without a GPU.
+    """What ``vllm/v1/worker/gpu_worker.py:Worker`` answers, without a GPU (the contract:
+    :class:`vllm_repro.engine.interfaces.FakeWorker`).
 
     ``kv_cache_spec``: ``{layer name: KVCacheSpec}`` (the model's attention layers);
     ``available_memory``: bytes free for the KV cache after profiling (int);

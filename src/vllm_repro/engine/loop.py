@@ -27,6 +27,7 @@ from ..records import Crash, Frame, Hang, RunResult, Stall, Timing, TraceLine
 from .adapter import (AdapterError, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
+from .interfaces import Observer
 from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
@@ -70,18 +71,20 @@ class _NeverRaised(BaseException):
 
 
 class StepLoop:
-    """One scenario run. ``observer`` (the auditor, :class:`vllm_repro.audit.Auditor`) gets
-    ``attach(loop)``, ``after_schedule(step, so, scheduled)``, ``after_update(step, so, line)``
-    and ``finish(loop, outcome)`` calls and may stop the run by returning True. Optional:
+    """One scenario run. ``observer`` (the auditor, :class:`vllm_repro.audit.Auditor`; the
+    contract: :class:`vllm_repro.engine.interfaces.Observer`) gets ``attach(loop)``,
+    ``after_schedule(step, so, scheduled)``, ``after_update(step, so, line)`` and
+    ``finish(loop, outcome)`` calls and may stop the run by returning True. Optional here:
     ``annotate(line)`` adds fields to each trace line before it is written; ``stop_exception``
     (a ``BaseException`` it raises from inside a vLLM call to stop there); ``violations`` and
-    ``summary()`` go into the result."""
+    ``summary()`` go into the result. A level's loop subclasses this one and is built by its
+    driver in :data:`vllm_repro.engine.run.LEVELS`."""
 
     level = "scheduler"
 
     def __init__(self, adapter: V1Adapter, scenario: dict,
                  trace: Callable[[TraceLine], None] | None = None,
-                 observer: Any = None):
+                 observer: Observer | None = None):
         self.adapter = adapter
         self.sc = scenario
         self.trace = trace or (lambda line: None)

@@ -1,7 +1,8 @@
 """Running one scenario on the release the worker imported: the level table and the run's
 frame (trace file, watchdog, emulated devices, errors to a :class:`~vllm_repro.records.RunResult`).
 
-:data:`LEVELS` maps each scenario ``level`` to its driver (a :class:`LevelDriver`): it builds
+:data:`LEVELS` maps each scenario ``level`` to its driver
+(:class:`~vllm_repro.engine.interfaces.LevelDriver`): it builds
 the level's loop (:class:`~vllm_repro.engine.loop.StepLoop`,
 :class:`~vllm_repro.engine.core_loop.EngineCoreLoop`,
 :class:`~vllm_repro.engine.v0.V0EngineLoop`) in the scope that level needs and hands it to
@@ -16,11 +17,11 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, Protocol
 
 from ..records import Crash, ReportDir, RunResult, TraceLine
 from .adapter import AdapterError, LevelMissing, RefusedByRelease, V1Adapter, platform
 from .core_loop import EngineCoreLoop
+from .interfaces import LevelDriver
 from .loop import OverLimit, StepLoop, describe_exception
 from .topology import topology
 from .v0 import V0Adapter, V0EngineLoop
@@ -182,23 +183,6 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     return result
 
 
-class LevelDriver(Protocol):
-    """How one level runs a scenario: ``driver(adapter, level, scenario, write, observer,
-    start) -> RunResult``.
-
-    ``adapter``: the worker's adapter (:class:`~vllm_repro.engine.adapter.V1Adapter`, or the
-    V0 adapter on a release without the V1 engine); ``level``: the scenario's level name;
-    ``write``: called with each :class:`~vllm_repro.records.TraceLine`; ``observer``: the
-    auditor or None (:class:`~vllm_repro.engine.interfaces.Observer`). The driver builds its
-    loop (a :class:`~vllm_repro.engine.loop.StepLoop`) and returns ``start(loop)``, inside
-    whatever scope the level needs (the V0 platform). Raises
-    :class:`~vllm_repro.engine.adapter.LevelMissing` when the release has no such engine,
-    :class:`~vllm_repro.engine.adapter.RefusedByRelease` for what it refuses."""
-
-    def __call__(self, adapter, level: str, scenario: dict, write: Callable[[TraceLine], None],
-                 observer, start: Callable[[StepLoop], RunResult]) -> RunResult: ...
-
-
 def _v1_level(loop_cls: type[StepLoop]) -> LevelDriver:
     """The driver of a V1 level whose loop is ``loop_cls``: refused on a release without the V1
     engine."""
@@ -224,4 +208,4 @@ LEVELS: dict[str, LevelDriver] = {
     "v0-engine": _v0_level,
 }
 
-__all__ = ["LEVELS", "LevelDriver", "run_scenario", "slice_gap", "v0_adapter"]
+__all__ = ["LEVELS", "run_scenario", "slice_gap", "v0_adapter"]

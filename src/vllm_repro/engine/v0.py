@@ -496,7 +496,8 @@ def v0_engine_class():
 
 
 class FakeV0Worker:
-    """What the release's GPU ``Worker`` answers its executor (see the module docstring)."""
+    """What the release's GPU ``Worker`` answers its executor (see the module docstring; the
+    contract: :class:`vllm_repro.engine.interfaces.FakeWorker`)."""
 
     def __init__(self, loop: "V0EngineLoop"):
         self.loop = loop
