@@ -27,6 +27,7 @@ from ..records import Crash, Frame, Hang, RunResult, Stall, Timing, TraceLine
 from .adapter import (AdapterError, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
+from .events import Abort, Event, by_step, perform, supported
 from .interfaces import Observer
 from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
@@ -93,9 +94,8 @@ class StepLoop:
         self.requests_by_step: dict[int, list[dict]] = {}
         for r in scenario["requests"]:
             self.requests_by_step.setdefault(r["at_step"], []).append(r)
-        self.events_by_step: dict[int, list[dict]] = {}
-        for e in scenario.get("events", []):
-            self.events_by_step.setdefault(e["at_step"], []).append(e)
+        #: the scenario's events (engine/events.py's dataclasses) by step
+        self.events_by_step: dict[int, list[Event]] = by_step(scenario.get("events"))
         self.created: dict[str, Any] = {}
         self.finished: dict[str, str] = {}
         #: request id -> the release's front-door error, for requests it refused (never added)
@@ -104,6 +104,12 @@ class StepLoop:
         self.lab_limits: dict = {}  # vllm_repro.limits.RunLimits as a mapping (run_scenario's)
         self._idle = 0  # steps in a row without progress
         self._paused = False  # the scenario paused the scheduler (engine-core events)
+
+    # ---- events (engine/events.py's dispatch calls these) -------------------------------------
+    def do_abort(self, e: Abort, line: TraceLine) -> None:
+        """``EngineCore.abort_requests`` on the scheduler: finish the requests as aborted."""
+        self.adapter.abort(self.scheduler, list(e.ids))
+        line.aborted.extend(e.ids)
 
     def prompt_of(self, spec: dict) -> list[int]:
         n = spec["prompt_len"]
@@ -215,9 +221,8 @@ class StepLoop:
                 line.added.append(r["id"])
             phase = self._phase = "abort"
             for e in self.events_by_step.get(step, []):
-                if e.get("abort"):
-                    a.abort(sched, e["abort"])
-                    line.aborted.extend(e["abort"])
+                if supported(self, e):  # (the schema allows only aborts at this level)
+                    perform(self, e, line)
             if not a.has_work(sched):
                 line.scheduled = {}
                 line.idle = True  # EngineCore.step returns without scheduling: nothing to do

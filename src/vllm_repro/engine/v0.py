@@ -58,6 +58,7 @@ from .adapter.probes import (AdapterError, LevelMissing, RefusedByRelease, _impo
                              params_of, refused_by_vllm)
 from .adapter.capability_probes import probe_v0
 from .adapter.requests import EOS_TOKEN_ID
+from .events import Abort, from_mapping, perform, supported
 from .engine_args import (NGRAM_FLAT_FIELDS, as_command_line_text, engine_arg_refusal,
                           engine_arg_type_error)
 from .loop import StepLoop, describe_exception, vllm_frames
@@ -865,8 +866,8 @@ class V0EngineLoop(StepLoop):
         if (self.sc.get("model") or {}).get("empty_at"):
             raise RefusedByRelease("model.empty_at: not supported at level: v0-engine (a V0 "
                                    "worker returns a token for every sampling group)")
-        for e in self.sc.get("events", []):
-            if not e.get("abort") or e.get("when") == "in_flight":
+        for e in map(from_mapping, self.sc.get("events", [])):
+            if not supported(self, e) or (isinstance(e, Abort) and e.when == "in_flight"):
                 raise RefusedByRelease("events: only aborts between steps at level: v0-engine "
                                        "(LLMEngine.abort_request)")
         for r in self.sc["requests"]:
@@ -986,6 +987,12 @@ class V0EngineLoop(StepLoop):
             else:
                 os.environ["VLLM_USE_V1"] = self._use_v1_was
 
+    def do_abort(self, e: Abort, line: TraceLine) -> None:
+        """``LLMEngine.abort_request``: the only event of this level (engine/events.py)."""
+        self.engine.abort_request(list(e.ids))
+        line.aborted.extend(e.ids)
+        self.aborted_ids.update(e.ids)
+
     def _engine_step(self, step: int, line: TraceLine):
         """One turn of ``LLMEngine``'s caller: this step's requests added, aborts applied, then
         ``engine.step()`` where the engine has unfinished requests."""
@@ -1011,10 +1018,7 @@ class V0EngineLoop(StepLoop):
                 line.added.append(r["id"])
             phase = "abort"
             for e in self.events_by_step.get(step, []):
-                if e.get("abort"):
-                    engine.abort_request(list(e["abort"]))
-                    line.aborted.extend(e["abort"])
-                    self.aborted_ids.update(e["abort"])
+                perform(self, e, line)
             if not engine.has_unfinished_requests():
                 line.idle = True
                 return None, None
