@@ -18,7 +18,7 @@ from operator import attrgetter, is_not, ne
 from ..engine import state
 from ..records import Violation
 from .books import HOLDING_WAIT_STATUSES, Books
-from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_TRANSFER_FREED,
+from .codes import (BATCH_LIMIT, DRAFT_OVER_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_TRANSFER_FREED,
                     KV_REFCOUNT, PREEMPT_UNREPORTED, REQ_OVER_MAX_LEN, REQ_RESIDUE, REQ_STARVED,
                     REQ_STATE, WORKER_BATCH_OVERFLOW, KV_CODES, NO_PROGRESS, make_violation, names)
 from .registry import (AFTER_SCHEDULE, AFTER_UPDATE, END_OF_RUN, KV_BOOKS, REQUEST_CHECKS, Moment,
@@ -1230,6 +1230,23 @@ def starvation(auditor, m: Moment) -> list[Violation]:
             m.so, paused=paused,
             exempt=self_preempted_and_after(pre, m.extra["preempted_in_schedule"], m.so))
     return []
+
+
+@check("draft limit", codes=DRAFT_OVER_LIMIT, phase=AFTER_SCHEDULE,
+       needs="spec decode (Scheduler.num_spec_tokens > 0)",
+       text="no request is scheduled with more draft tokens than num_speculative_tokens")
+def draft_limit(auditor, m: Moment) -> list[Violation]:
+    """``Scheduler.schedule`` schedules every draft a request holds (0.24.0
+    ``vllm/v1/core/sched/scheduler.py``: ``scheduled_spec_decode_tokens[req_id] =
+    request.spec_token_ids``, trimmed only to the tokens it schedules): vLLM's drafters propose
+    at most ``num_speculative_tokens``, and the model runner verifies that many per request."""
+    limit = getattr(auditor.books.scheduler, "num_spec_tokens", 0) or 0
+    if not limit:
+        return []
+    return [make_violation(DRAFT_OVER_LIMIT, (
+        f"{rid} is scheduled with {len(drafts)} draft tokens but num_speculative_tokens is "
+        f"{limit}; expected at most {limit} (the drafter's proposals are capped there)"),
+        requests=[rid]) for rid, drafts in state.spec_tokens(m.so).items() if len(drafts) > limit]
 
 
 @check("KV books at the end", codes=(KV_LEAK, KV_REFCOUNT, KV_FREE_QUEUE, KV_PREFIX_MAP),

@@ -21,6 +21,7 @@ PREEMPT_UNREPORTED = "PREEMPT_UNREPORTED"
 WORKER_BATCH_OVERFLOW = "WORKER_BATCH_OVERFLOW"
 REQ_OVER_MAX_LEN = "REQ_OVER_MAX_LEN"
 KV_TRANSFER_FREED = "KV_TRANSFER_FREED"
+DRAFT_OVER_LIMIT = "DRAFT_OVER_LIMIT"
 
 #: code -> the invariant that broke (docs/audit.md's table of codes is generated from it:
 #: ``python -m vllm_repro.audit``; markdown).
@@ -74,6 +75,9 @@ CODES: dict[str, str] = {
                        'reported in `finished_recving`; vLLM #32255: an abort freed it at once) or the send of a '
                        'delayed free still reading it (not yet reported in `finished_sending`; vLLM #25067: an abort'
                        " of the finished request freed it). The transfers are the scripted connector's worker half's",
+    DRAFT_OVER_LIMIT: "a request scheduled with more draft tokens (`scheduled_spec_decode_tokens`) "
+                      "than the scheduler's `num_spec_tokens` (`num_speculative_tokens`): the "
+                      "drafter proposed more than the GPU model runner's verification slots hold",
 }
 
 #: codes about the KV cache's own books (checked again after a crash)
