@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .engine.host import Worker
+from .engine.host import WorkerHandle
 from .errors import EXIT_INPUT, EnvError, InputError, LabError
 from .records import ReportDir, RunResult, _alive
 from .scenario.schema import Scenario
@@ -137,7 +137,7 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
         return
     changed = _tree_changes(version, env, say)
     try:
-        with Worker(env, log, platform=platform) as worker:
+        with WorkerHandle(env, log, platform=platform) as worker:
             say(f"vLLM {version}: imported in {worker.import_time}" + warm_note(worker))
             v1 = audit and any(item.scenario.level != "v0-engine" for item in items)
             for line in worker.capabilities.audit_off() if v1 else ():

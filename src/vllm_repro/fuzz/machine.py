@@ -1,7 +1,7 @@
 """Fuzzing as a hypothesis state machine: the engine's own calls, one scenario per example.
 
 Shape (why this one). The release under test runs in a worker process of its own environment
-(:class:`~vllm_repro.engine.host.Worker`); hypothesis runs here, in the lab's process. A rule of
+(:class:`~vllm_repro.engine.host.WorkerHandle`); hypothesis runs here, in the lab's process. A rule of
 :class:`ScenarioMachine` does not call vLLM: it *appends one engine call* to the scenario being
 built, in the scenario format's own terms (a request of ``requests:``, an ``events:`` entry, an
 entry of ``model:``), at the step the machine has reached; the ``step`` rule lets the engine
