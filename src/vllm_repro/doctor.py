@@ -112,7 +112,7 @@ PARTIAL = {
 SEAMS = (
     ("audit/", "the audit's books (audit/books.py, audit/checks.py; engine/state.py reads "
                "the release's objects)"),
-    ("engine/executor.py", "the fake worker (engine/executor.py FakeWorker)"),
+    ("engine/fake_executor.py", "the fake worker (engine/fake_executor.py FakeWorker)"),
     ("engine/core_loop.py", "the engine-core loop (engine/core_loop.py)"),
     ("engine/adapter/capability_probes.py",
      "the capabilities probe (engine/adapter/capability_probes.py)"),
@@ -199,7 +199,7 @@ def seam_of(error_message: str, traceback: str | None) -> str:
     """The seam a lab error broke in: the :data:`SEAMS` entry of the last lab file in the
     traceback (``vllm_repro/<file>``), else of the message's ``Class.method`` / worker call."""
     if "worker call" in error_message:
-        return dict(SEAMS)["engine/executor.py"]
+        return dict(SEAMS)["engine/fake_executor.py"]
     files = re.findall(r"vllm_repro/([\w/]+\.py)", traceback or "")
     for f in reversed(files):
         for prefix, seam in SEAMS:

@@ -371,7 +371,7 @@ def run_matrix_on(executor, items: list[RunItem], reports: Path, audit: bool = T
                   keep_going: bool = False, tree: str | None = None,
                   say: Say = lambda s: None) -> list[RunItem]:
     """:func:`run_matrix` with one task per release on ``executor``
-    (:mod:`vllm_repro.executor`: ``--ray``), each running that release's items; the verdicts
+    (:mod:`vllm_repro.task_executor`: ``--ray``), each running that release's items; the verdicts
     are judged here from the results that come back. A task that failed (its process or node
     died) marks its items ``error`` of kind ``env``."""
     reports = reports.resolve()

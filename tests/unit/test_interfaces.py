@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from vllm_repro.audit import Auditor
 from vllm_repro.audit.v0 import V0Auditor
 from vllm_repro.engine import interfaces
-from vllm_repro.engine.executor import FakeWorker
+from vllm_repro.engine.fake_executor import FakeWorker
 from vllm_repro.engine.run import LEVELS
 from vllm_repro.engine.v0 import FakeV0Worker
 

@@ -1,6 +1,6 @@
 """One campaign task: (release, seed), every feature set of the campaign in turn.
 
-:func:`run_task` is what the executor (:mod:`vllm_repro.executor`) runs, in a local worker
+:func:`run_task` is what the executor (:mod:`vllm_repro.task_executor`) runs, in a local worker
 process or on a Ray node: it prepares the release in that machine's own cache
 (:func:`vllm_repro.sources.prepare.prepare_release`, locked per release, so tasks of one
 release on one node build it once), then runs the fuzzer's search

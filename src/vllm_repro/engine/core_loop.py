@@ -1,7 +1,7 @@
 """``level: engine-core``: a scenario driven through the release's own ``EngineCore``.
 
 vLLM builds and runs everything above the executor here; the lab only supplies the executor's
-worker (:mod:`vllm_repro.engine.executor`) and calls what vLLM's own engine process calls:
+worker (:mod:`vllm_repro.engine.fake_executor`) and calls what vLLM's own engine process calls:
 
     EngineCore(vllm_config, executor_class=FakeExecutor, log_stats=True)   # start-up:
         # KV cache specs + free memory -> get_kv_cache_config(s) -> vLLM's capacity checks ->
@@ -33,7 +33,7 @@ import traceback
 
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import, call_supported,
                       fields_of, init_params, iter_queue)
-from .executor import (FakeWorker, available_memory, kv_cache_spec, make_executor_class,
+from .fake_executor import (FakeWorker, available_memory, kv_cache_spec, make_executor_class,
                        unknown_call)
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from . import state

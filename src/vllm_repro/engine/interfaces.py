@@ -9,7 +9,7 @@ and a fake worker promise (:class:`typing.Protocol`: checked by type checkers an
   (:class:`vllm_repro.audit.Auditor`, :class:`vllm_repro.audit.v0.V0Auditor`,
   :class:`vllm_repro.audit.plant.WithPlant`).
 - :class:`FakeWorker`: what the release's engine calls on the GPU worker the lab stands in for
-  (:class:`vllm_repro.engine.executor.FakeWorker` under the release's ``UniProcExecutor``,
+  (:class:`vllm_repro.engine.fake_executor.FakeWorker` under the release's ``UniProcExecutor``,
   :class:`vllm_repro.engine.v0.FakeV0Worker` under its V0 GPU executor).
 
 Runs inside release environments: standard library only.

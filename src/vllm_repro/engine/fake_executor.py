@@ -172,7 +172,7 @@ def unknown_call(worker: FakeWorker | None, exc: BaseException, version: str) ->
     for name in reversed(worker.unknown):
         if name in text:
             return (f"the lab does not know vLLM {version}'s worker call `{name}` "
-                    "(engine/executor.py FakeWorker answers the calls it knows)")
+                    "(engine/fake_executor.py FakeWorker answers the calls it knows)")
     return None
 
 
