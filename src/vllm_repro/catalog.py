@@ -138,7 +138,7 @@ def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | N
                 ray_remote: bool = False, on_run: Callable | None = None) -> list:
     """Run the items (:func:`vllm_repro.lab.run_matrix`; with ``ray``, one task per release on
     that Ray back end, :func:`vllm_repro.lab.run_matrix_on`; ``ray_remote``: ``--ray-remote``,
-    see :func:`vllm_repro.executor.check_ray`) and rewrite the reports' index; returns the
+    see :func:`vllm_repro.task_executor.check_ray`) and rewrite the reports' index; returns the
     items, each with its verdict. ``on_run(item)``: as each local run ends (a progress bar)."""
     from .lab import run_matrix, run_matrix_on
     from .report.index import write_index
@@ -146,7 +146,7 @@ def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | N
     if ray is None:
         run_matrix(items, reports, audit=audit, jobs=jobs, say=say, on_run=on_run)
     else:
-        from .executor import open_executor
+        from .task_executor import open_executor
 
         with open_executor(ray, jobs, ray_remote) as executor:
             say(f"catalog: releases run on {executor.name}")

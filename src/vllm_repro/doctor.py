@@ -112,12 +112,14 @@ PARTIAL = {
 SEAMS = (
     ("audit/", "the audit's books (audit/books.py, audit/checks.py; engine/state.py reads "
                "the release's objects)"),
-    ("engine/executor.py", "the fake worker (engine/executor.py FakeWorker)"),
+    ("engine/fake_executor.py", "the fake worker (engine/fake_executor.py FakeWorker)"),
     ("engine/core_loop.py", "the engine-core loop (engine/core_loop.py)"),
+    ("engine/adapter/capability_probes.py",
+     "the capabilities probe (engine/adapter/capability_probes.py)"),
     ("engine/adapter/", "the adapter (engine/adapter/)"),
     ("engine/state.py", "the scheduler state reader (engine/state.py)"),
     ("engine/v0.py", "the V0 adapter (engine/v0.py)"),
-    ("engine/capabilities.py", "the capabilities probe (engine/capabilities.py)"),
+    ("engine/capabilities.py", "the capabilities record (engine/capabilities.py)"),
     ("engine/connector.py", "the scripted KV connector (engine/connector.py)"),
     ("engine/kv_worker.py", "the KV connector's worker half (engine/kv_worker.py)"),
     ("engine/", "the engine worker (engine/)"),
@@ -197,7 +199,7 @@ def seam_of(error_message: str, traceback: str | None) -> str:
     """The seam a lab error broke in: the :data:`SEAMS` entry of the last lab file in the
     traceback (``vllm_repro/<file>``), else of the message's ``Class.method`` / worker call."""
     if "worker call" in error_message:
-        return dict(SEAMS)["engine/executor.py"]
+        return dict(SEAMS)["engine/fake_executor.py"]
     files = re.findall(r"vllm_repro/([\w/]+\.py)", traceback or "")
     for f in reversed(files):
         for prefix, seam in SEAMS:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .engine.host import Worker
+from .engine.host import WorkerHandle
 from .errors import EXIT_INPUT, EnvError, InputError, LabError
 from .records import ReportDir, RunResult, _alive
 from .scenario.schema import Scenario
@@ -137,7 +137,7 @@ def _run_release_logged(version: str, env: ReleaseEnv, items: list[RunItem], rep
         return
     changed = _tree_changes(version, env, say)
     try:
-        with Worker(env, log, platform=platform) as worker:
+        with WorkerHandle(env, log, platform=platform) as worker:
             say(f"vLLM {version}: imported in {worker.import_time}" + warm_note(worker))
             v1 = audit and any(item.scenario.level != "v0-engine" for item in items)
             for line in worker.capabilities.audit_off() if v1 else ():
@@ -371,7 +371,7 @@ def run_matrix_on(executor, items: list[RunItem], reports: Path, audit: bool = T
                   keep_going: bool = False, tree: str | None = None,
                   say: Say = lambda s: None) -> list[RunItem]:
     """:func:`run_matrix` with one task per release on ``executor``
-    (:mod:`vllm_repro.executor`: ``--ray``), each running that release's items; the verdicts
+    (:mod:`vllm_repro.task_executor`: ``--ray``), each running that release's items; the verdicts
     are judged here from the results that come back. A task that failed (its process or node
     died) marks its items ``error`` of kind ``env``."""
     reports = reports.resolve()

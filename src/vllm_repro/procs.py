@@ -1,7 +1,7 @@
 """The lab's child processes, and stopping all of them on a signal (README, "Exit codes").
 
 Every engine worker runs in its own process group (``start_new_session``) and is registered
-here by :class:`vllm_repro.engine.host.Worker`. :func:`install_signal_handlers` (called first
+here by :class:`vllm_repro.engine.host.WorkerHandle`. :func:`install_signal_handlers` (called first
 thing by :func:`vllm_repro.cli.main`) turns SIGINT and SIGTERM into :class:`Interrupted` in
 the main thread, after killing every registered worker's whole process group and every other
 descendant of the lab (environment builds, search processes, their children). On Linux the lab

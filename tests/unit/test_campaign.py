@@ -11,7 +11,7 @@ from vllm_repro.campaign.report import merge, span_lines
 from vllm_repro.campaign.run import load_done, open_folder, save_task, task_order
 from vllm_repro.campaign.spec import CampaignSpec, parse_features, select_releases
 from vllm_repro.errors import InputError
-from vllm_repro.executor import LocalExecutor, check_ray, is_loopback
+from vllm_repro.task_executor import LocalExecutor, check_ray, is_loopback
 from vllm_repro.records import CampaignFinding, CampaignTaskResult, RunResult
 
 INDEX = {v: {"filename": f"vllm-{v}.tar.gz"} for v in (
@@ -71,7 +71,7 @@ def test_a_remote_ray_address_is_refused_before_anything_is_contacted(address):
                                      ["catalog", "run", "--only", "nothing"]])
 def test_a_remote_ray_address_is_exit_2_in_one_line_before_ray(command, tmp_path, monkeypatch,
                                                               capsys):
-    from vllm_repro import executor
+    from vllm_repro import task_executor as executor
     from vllm_repro.cli import main
 
     def must_not_run(*a, **k):  # pragma: no cover - the point is that it is never reached

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from vllm_repro.engine.capabilities import FEATURES, Capabilities, _class_source, load, save
+from vllm_repro.engine.adapter.capability_probes import _class_source
+from vllm_repro.engine.capabilities import FEATURES, Capabilities, load, save
 from vllm_repro.errors import InputError
 from vllm_repro.fuzz.search import fit_profile, refused_features
 from vllm_repro.fuzz.strategies import DEFAULT
@@ -103,7 +104,7 @@ def test_mamba_cache_modes_are_read_from_cache_configs_annotation():
     import types
     from typing import Literal
 
-    from vllm_repro.engine.capabilities import _mamba_cache_modes
+    from vllm_repro.engine.adapter.capability_probes import _mamba_cache_modes
 
     def adapter_with(annotations):
         cls = type("CacheConfig", (), {"__annotations__": annotations, "__module__": __name__})

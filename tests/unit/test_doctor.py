@@ -55,7 +55,7 @@ def test_rows_read_works_degraded_na_and_fails():
     assert na.status == "n/a" and "no V0 engine" in na.detail
     lab = RunResult.failed("lab", "the lab does not know vLLM 9.9.0's worker call `frob`")
     row = row_of("9.9.0", "m", ("v1-engine", "engine-core"), item(lab), V1)
-    assert row.status == "fails" and row.detail.startswith("the fake worker (engine/executor.py")
+    assert row.status == "fails" and row.detail.startswith("the fake worker (engine/fake_executor.py")
     assert row.detail.endswith("worker call `frob`")
     assert row_of("9.9.0", "m", (), item(RunResult("incomplete", steps=3)), V1).status == "finding"
     env = RunResult.failed("env", "cannot build the environment")

@@ -1,5 +1,5 @@
 """gpu-judge in the CPU image picks the baked environment that stands in for the CUDA image's
-installed vLLM (``remote/judge.py:find_installed``)."""
+installed vLLM (``remote/gpu_judge.py:find_installed``)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_the_full_tree_stands_in_for_the_cuda_image_where_one_is_baked(tmp_path,
     """0.10.1.1 is baked twice (its slice for scheduler-level runs, its full tree for the
     engine-core and V0 entries): a bundle carrying #18957 (V0) must be judged on the full tree,
     as the CUDA image has all of vLLM; the slice lacks vllm/engine."""
-    from vllm_repro.remote.judge import find_installed
+    from vllm_repro.remote.gpu_judge import find_installed
 
     sliced = _fake_env(tmp_path / "slice", "0.10.1.1+cpu")
     full = _fake_env(tmp_path / "full", "0.10.1.1+cpu")
@@ -64,7 +64,7 @@ def test_the_full_tree_stands_in_for_the_cuda_image_where_one_is_baked(tmp_path,
 
 def test_another_release_is_refused_naming_both(tmp_path, baked_cache):
     from vllm_repro.errors import EnvError
-    from vllm_repro.remote.judge import find_installed
+    from vllm_repro.remote.gpu_judge import find_installed
 
     py = _fake_env(tmp_path / "x", "0.10.2+cpu")
     (baked_cache / "baked.json").write_text(json.dumps({"0.10.1.1": {"python": str(py)}}))
@@ -119,7 +119,7 @@ def test_the_cpu_image_judges_a_patched_copy_and_never_writes_the_baked_tree(tmp
     denied"), and the pristine release of every other run as root. The patch goes to a copy
     under <cache>/patched/ (as verify makes them) and the second suite runs with an interpreter
     of the same environment that imports the copy."""
-    from vllm_repro.remote import judge
+    from vllm_repro.remote import gpu_judge as judge
 
     tree = _release_tree(baked_cache / "slices" / "1.0.0-abc", "1.0.0+cpu")
     py = _baked_venv(baked_cache / "envs" / "1.0.0-slice", tree)
@@ -162,7 +162,7 @@ def _pip_venv(env: Path, version: str) -> Path:
 def test_a_vllm_outside_the_cache_is_patched_in_place(tmp_path, baked_cache):
     """The CUDA image's vLLM (installed by pip in its interpreter's environment, writable,
     outside the lab's cache) is patched in place, as before."""
-    from vllm_repro.remote.judge import apply_patch
+    from vllm_repro.remote.gpu_judge import apply_patch
     from vllm_repro.sources.installed import probe
 
     py = _pip_venv(tmp_path / "cuda", "1.0.0+cu128")
@@ -183,7 +183,7 @@ def test_a_baked_tree_outside_the_cache_is_patched_as_a_copy(tmp_path, baked_cac
     environment's .pth; or PYTHONPATH) is never written, wherever it lies; the copy goes to the
     cache in use."""
     from vllm_repro.errors import EnvError
-    from vllm_repro.remote.judge import apply_patch
+    from vllm_repro.remote.gpu_judge import apply_patch
     from vllm_repro.sources.installed import probe
 
     image = tmp_path / "image-cache"  # the image's own cache, not VLLM_REPRO_CACHE's
@@ -227,7 +227,7 @@ def test_no_baked_environment_is_said_first(baked_cache):
     away from the image's read-only one), the only interpreter left is the lab's own, which has
     no vLLM: the error says first that the baked environment was not found, and where."""
     from vllm_repro.errors import EnvError
-    from vllm_repro.remote.judge import find_installed
+    from vllm_repro.remote.gpu_judge import find_installed
 
     with pytest.raises(EnvError, match=r"^no installed vLLM in this image: no baked environment of "
                                        rf"1\.0\.0 in {baked_cache}/baked\.json \(FileNotFoundError\)"):

@@ -286,7 +286,7 @@ def _bundle(tmp_path: Path, entries: dict[str, bytes]) -> Path:
 
 @pytest.mark.parametrize("how", ["dot-dot", "absolute", "symlink-file", "symlink-folder"])
 def test_the_judge_reads_nothing_outside_the_bundle(tmp_path, how):
-    from vllm_repro.remote.judge import check_manifest
+    from vllm_repro.remote.gpu_judge import check_manifest
 
     secret = tmp_path / "secret"
     secret.write_bytes(b"s3cret")
@@ -386,7 +386,7 @@ def test_gpu_verify_counts_skipped_tests_apart():
 
 
 def test_the_judge_does_not_verify_a_suite_that_skipped_everything(tmp_path, monkeypatch):
-    import vllm_repro.remote.judge as judge
+    import vllm_repro.remote.gpu_judge as judge
 
     b = _bundle(tmp_path, {})
     (b / "release.txt").write_text("0.10.2\n")
@@ -461,7 +461,7 @@ def test_a_campaign_whose_tasks_were_all_refused_is_not_a_clean_campaign(tmp_pat
     from contextlib import contextmanager
 
     import vllm_repro.campaign.run as crun
-    import vllm_repro.executor as executor
+    import vllm_repro.task_executor as executor
     import vllm_repro.sources.index as index
     from vllm_repro.records import CampaignReport, CampaignTaskResult
 
@@ -535,7 +535,7 @@ def test_step_timeout_setting_is_read_not_a_lab_failure(monkeypatch, value, code
 def test_a_bundle_missing_its_release_or_name_is_exit_2(tmp_path, files):
     """A bundle whose manifest checks out (here: lists nothing) but lacks release.txt or a
     scenario name was a FileNotFoundError / KeyError: exit 3, 'lab failure, please report'."""
-    from vllm_repro.remote.judge import judge
+    from vllm_repro.remote.gpu_judge import judge
     b = tmp_path / "b"
     b.mkdir()
     (b / "manifest.json").write_text(json.dumps({"sha256": {}}))

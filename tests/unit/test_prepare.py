@@ -207,7 +207,7 @@ def test_prepare_of_a_ready_release_logs_elsewhere_when_the_cache_is_read_only(t
 
     monkeypatch.setattr(prepare, "prepare_release", lambda v, say, tree=None, progress=None: ReleaseEnv(
         v, tmp_path / "tree", tmp_path / "env"))
-    monkeypatch.setattr(host, "Worker", Worker)
+    monkeypatch.setattr(host, "WorkerHandle", Worker)
     code, lines = _prepare(["0.10.1.1"], capsys)
     assert code == 0, lines
     assert lines[-1].startswith("vLLM 0.10.1.1: ready, imported in 0.1 s under cpu")

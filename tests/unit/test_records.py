@@ -138,7 +138,7 @@ def test_a_release_without_the_scenarios_engine_is_recorded_as_such():
     LevelMissing) as RunError.lacks_level, which catalog run --also-on and matrix read; other
     refusals carry none. No vLLM is needed: the refusal comes before any vLLM object."""
     from vllm_repro.engine.capabilities import Capabilities
-    from vllm_repro.engine.loop import run_scenario
+    from vllm_repro.engine.run import run_scenario
 
     class NoV0:  # 0.33.0's V1 adapter, as far as the refusal reads it
         version = "0.33.0"

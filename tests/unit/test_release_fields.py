@@ -114,7 +114,7 @@ def refused_without_a_worker(monkeypatch, env: ReleaseEnv, sc, tmp_path: Path) -
         def __init__(self, *a, **k):
             raise AssertionError("a worker was started (vLLM imported) for a refused scenario")
 
-    monkeypatch.setattr(lab, "Worker", NoWorker)
+    monkeypatch.setattr(lab, "WorkerHandle", NoWorker)
     item = lab.RunItem(sc, env.version)
     lab.run_matrix([item], tmp_path / "r", prepare=lambda v: env)
     assert item.result.outcome == "error" and item.result.error.kind == "input"

@@ -13,7 +13,9 @@ MODULES = ["vllm_repro.engine.state", "vllm_repro.engine.adapter", "vllm_repro.e
            "vllm_repro.audit", "vllm_repro.audit.books", "vllm_repro.audit.checks",
            "vllm_repro.audit.hooks", "vllm_repro.audit.plant", "vllm_repro.records",
            "vllm_repro.engine.loop", "vllm_repro.engine.core_loop", "vllm_repro.engine.worker",
-           "vllm_repro.engine.kv_worker", "vllm_repro.engine.warm"]
+           "vllm_repro.engine.kv_worker", "vllm_repro.engine.warm", "vllm_repro.engine.run",
+           "vllm_repro.engine.adapter.capability_probes", "vllm_repro.audit.registry",
+           "vllm_repro.audit.v0"]
 
 BLOCKER = """
 import sys

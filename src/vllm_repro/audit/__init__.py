@@ -5,6 +5,7 @@ Runs inside release environments (standard library + what vLLM imports). Entry p
 :class:`Auditor` (the step loop's observer); codes in :mod:`vllm_repro.audit.codes`.
 """
 
+from . import v0  # noqa: F401 - registers the v0-engine checks (audit/registry.py)
 from .auditor import AuditStop, Auditor
 from .codes import CODES
 

@@ -24,16 +24,17 @@ from ..records import AuditSummary, TraceLine, Violation
 from .books import Books, HeldIds
 from ..engine import state
 from .checks import (PrefixMapCheck, RequestChecks, RequestHashCheck, StarvationCheck,
-                     check_end_of_run, check_free_queue, check_leaks, check_transfer_blocks,
-                     check_preempt_report,
-                     check_refcounts, check_residue, check_worker_batch, used_blocks)
-from .codes import KV_CODES, NO_PROGRESS, make_violation, names
+                     check_free_queue, check_leaks, check_refcounts, self_preempted_and_after,
+                     used_blocks)
+from .codes import NO_PROGRESS, make_violation, names
 from .hooks import PoolHooks
+from .registry import (AFTER_SCHEDULE, AFTER_UPDATE, END_OF_RUN, KV_BOOKS, REQUEST_CHECKS, Moment,
+                       checks_for)
 
 _AUDIT_DIR = os.path.dirname(os.path.abspath(__file__))
-#: the check groups an unknown book turns off (:meth:`Auditor._guarded`), as ``off`` names them
-KV_BOOKS = "KV book checks"
-REQUEST_CHECKS = "request checks"
+#: the levels whose runs this auditor observes (the registry's checks of these levels run)
+LEVEL = "scheduler"
+__all__ = ["Auditor", "AuditStop", "KV_BOOKS", "REQUEST_CHECKS", "self_preempted_and_after"]
 _rid = attrgetter("request_id")
 _npre = attrgetter("num_preemptions")
 
@@ -45,19 +46,6 @@ class AuditStop(BaseException):
     def __init__(self, violation: Violation):
         super().__init__(violation.message)
         self.violation = violation
-
-
-def self_preempted_and_after(pre: list[tuple[str, int]], preempted: list[str], so) -> set[str]:
-    """The running requests the starvation check leaves alone in a step with a preemption:
-    the one that preempted itself (the last, in the running order before ``schedule()``
-    (``pre``), of those preempted in it that got no tokens) and every one after it, which
-    vLLM's running loop never reached (it stops there). Empty when none preempted itself."""
-    nst = so.num_scheduled_tokens
-    order = [rid for rid, _ in pre]
-    selves = [rid for rid in order if rid in preempted and not nst.get(rid)]
-    if not selves:
-        return set()
-    return set(order[order.index(selves[-1]):])
 
 
 class Auditor:
@@ -94,6 +82,7 @@ class Auditor:
         self._vllm_root = str(getattr(adapter, "vllm_file", "") or "")
         self.off: list[str] = []
         self._off_names: set[str] = set()  # checks turned off during the run (_guarded)
+        self.loop_ended = None  # the loop finish() was given (the end-of-run checks read it)
 
     # ---- observer protocol ----------------------------------------------------------------
     def attach(self, loop) -> None:
@@ -122,28 +111,15 @@ class Auditor:
         self._wrap_schedule(loop.scheduler)
 
     def after_schedule(self, step: int, so, scheduled) -> bool:
-        found = self._guarded(KV_BOOKS, self._kv_checks, scheduled_ids=so.num_scheduled_tokens)
-        found += self._guarded(REQUEST_CHECKS, self.req_checks.check, "schedule", so, scheduled)
-        found += self._transfer_blocks()
-        self._last_schedule_step = step
         pre = self._pre_running
         in_schedule = self._preempted_in_schedule(so)
-        found += check_preempt_report(so, in_schedule, self._preempted_between())
-        paused = bool(getattr(self.loop, "_paused", False))
-        if not self.req_checks.preempted_now:
-            found += self.starve_check.check(so, paused=paused)
-        elif pre is not None and state.preempted_report(so) is not state.ABSENT:
-            # a preemption in this step: the running loop stopped at the request whose
-            # allocation failed and that preempted itself; the requests before it were visited
-            found += self.starve_check.check(
-                so, paused=paused, exempt=self_preempted_and_after(pre, in_schedule, so))
+        found = self._run_checks(Moment(step, AFTER_SCHEDULE, so, scheduled, extra={
+            "running_before": pre, "preempted_in_schedule": in_schedule}))
+        self._last_schedule_step = step
         return self._record_all(found, step, "after schedule")
 
     def after_update(self, step: int, so, line: TraceLine) -> bool:
-        found = self._guarded(KV_BOOKS, self._kv_checks, quick=True)
-        found += self._guarded(REQUEST_CHECKS, self.req_checks.check, "update", so)
-        found += self._worker_batch()
-        found += self._transfer_blocks()
+        found = self._run_checks(Moment(step, AFTER_UPDATE, so, line=line))
         for rid in line.finished or ():
             self._left_at.setdefault(rid, step)
         if line.progressed():
@@ -181,25 +157,31 @@ class Auditor:
         return bool(self.violations)
 
     def _end_checks(self, loop, outcome: str) -> None:
+        """The registry's end-of-run checks of ``outcome`` (``clean`` only where every request
+        finished and the audit did not stop the run), recorded without stopping."""
         step = getattr(loop, "step", 0)
         unfinished = [rid for rid in loop.created if rid not in loop.finished]
-        if outcome == "clean" and not unfinished and self.stopped is None:
-            found = self._guarded(KV_BOOKS, self._end_of_run_kv)
-            found += self._guarded(REQUEST_CHECKS, check_residue, self.books, set(loop.created),
-                                   self._left_at, self._last_schedule_step, step)
+        if outcome == "clean" and (unfinished or self.stopped is not None):
+            return
+        self.loop_ended = loop
+        found = self._run_checks(Moment(step, END_OF_RUN, outcome=outcome))
+        if outcome == "clean":
             self._record_all(found, step, "end of run", stop=False)
         elif outcome == "stall":
-            v = self._no_progress(loop, step)
-            self._record_all([v], self._stalled_since, "stall", stop=False)
+            self._record_all(found, self._stalled_since, "stall", stop=False)
         elif outcome == "crash":
-            found = [v for v in self._guarded(KV_BOOKS, self._kv_checks, with_leaks=False)
-                     if v.code in KV_CODES]
             self._record_all(found, step, "after crash", stop=False)
 
-    def _end_of_run_kv(self) -> list[Violation]:
-        refs = self.books.refs()
-        free, _ = self.books.free_list()
-        return check_end_of_run(self.books, refs, free) + self.map_check.check(full=True)
+    def _run_checks(self, moment: Moment) -> list[Violation]:
+        """Every registered check of ``moment.phase`` for this auditor's levels, in registration
+        order (a check's ``group`` through :meth:`_guarded`)."""
+        found: list[Violation] = []
+        for c in checks_for(moment.phase, LEVEL, moment.outcome):
+            if c.group is None:
+                found += c.run(self, moment)
+            else:
+                found += self._guarded(c.group, c.run, self, moment)
+        return found
 
     def summary(self) -> AuditSummary:
         """The ``audit`` section of ``result.json``."""
@@ -475,24 +457,6 @@ class Auditor:
         if not pre or not state.reports_preemptions_between_steps(self.books.scheduler):
             return []  # (a release that does not report them there: nothing to require)
         return [rid for rid, cause in pre.items() if cause != "schedule"]
-
-    def _worker_batch(self) -> list[Violation]:
-        """WORKER_BATCH_OVERFLOW from the fake runner's persistent batch, new entries only."""
-        slots = getattr(getattr(self.loop, "runner", None), "slots", None)
-        overflow = getattr(slots, "overflow", None)
-        if not overflow or len(overflow) <= self._overflow_seen:
-            return []
-        new = overflow[self._overflow_seen:]
-        self._overflow_seen = len(overflow)
-        return check_worker_batch(new)
-
-    def _transfer_blocks(self) -> list[Violation]:
-        """KV_TRANSFER_FREED over the scripted KV connector's transfers in flight (its worker
-        half, ``loop.kv_worker``: :class:`vllm_repro.engine.kv_worker.ScriptedWorker`)."""
-        worker = getattr(self.loop, "kv_worker", None)
-        if worker is None:
-            return []
-        return check_transfer_blocks(self.books, worker.transfers_in_flight())
 
     # ---- recording ------------------------------------------------------------------------
     def _record(self, v: Violation, step: int, phase: str) -> bool:

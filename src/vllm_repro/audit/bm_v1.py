@@ -42,6 +42,7 @@ from collections import Counter
 
 from ..records import Violation
 from .codes import KV_FREE_QUEUE, KV_PREFIX_MAP, KV_REFCOUNT, make_violation, names
+from .v0_queues import async_stopped_of, queues_of
 
 
 def device_name(obj) -> str:
@@ -103,13 +104,9 @@ class V1Books:
         self.readable = "GPU" in self.allocators
 
     def queues(self) -> dict[str, list]:
-        from .v0 import queues_of
-
         return queues_of(self.scheduler)
 
     def async_stopped(self) -> list:
-        from .v0 import async_stopped_of
-
         return async_stopped_of(self.scheduler)
 
     # ---- tables ------------------------------------------------------------------------------

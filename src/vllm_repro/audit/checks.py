@@ -1,5 +1,8 @@
 """The invariants of DESIGN.md as checks over a release's live objects (found by :class:`Books`).
 
+The checks the auditor runs are registered at the end of this file
+(:func:`~vllm_repro.audit.registry.check`: code, phase, levels, needs, text): each takes the
+auditor and the :class:`~vllm_repro.audit.registry.Moment` and calls the functions above.
 Each check returns violation records (:func:`~vllm_repro.audit.codes.make_violation`) without
 ``step``/``phase``; the :class:`~vllm_repro.audit.auditor.Auditor` fills those in. Runs inside
 release environments (standard library only). The fast paths compare whole lists built by
@@ -15,9 +18,11 @@ from operator import attrgetter, is_not, ne
 from ..engine import state
 from ..records import Violation
 from .books import HOLDING_WAIT_STATUSES, Books
-from .codes import (BATCH_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_TRANSFER_FREED,
+from .codes import (BATCH_LIMIT, DRAFT_OVER_LIMIT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_TRANSFER_FREED,
                     KV_REFCOUNT, PREEMPT_UNREPORTED, REQ_OVER_MAX_LEN, REQ_RESIDUE, REQ_STARVED,
-                    REQ_STATE, WORKER_BATCH_OVERFLOW, make_violation, names)
+                    REQ_STATE, WORKER_BATCH_OVERFLOW, KV_CODES, NO_PROGRESS, make_violation, names)
+from .registry import (AFTER_SCHEDULE, AFTER_UPDATE, END_OF_RUN, KV_BOOKS, REQUEST_CHECKS, Moment,
+                       check)
 
 _bid = attrgetter("block_id")
 _ref = attrgetter("ref_cnt")
@@ -1136,3 +1141,141 @@ def check_transfer_blocks(books: Books, transfers: dict[str, tuple[str, list[int
             f"longer in its block table{where}; expected the scheduler to keep them until the "
             f"transfer finishes"), requests=[rid, *others], blocks=gone))
     return out
+
+
+def self_preempted_and_after(pre: list[tuple[str, int]], preempted: list[str], so) -> set[str]:
+    """The running requests the starvation check leaves alone in a step with a preemption:
+    the one that preempted itself (the last, in the running order before ``schedule()``
+    (``pre``), of those preempted in it that got no tokens) and every one after it, which
+    vLLM's running loop never reached (it stops there). Empty when none preempted itself."""
+    scheduled_tokens = so.num_scheduled_tokens
+    order = [rid for rid, _ in pre]
+    selves = [rid for rid in order if rid in preempted and not scheduled_tokens.get(rid)]
+    if not selves:
+        return set()
+    return set(order[order.index(selves[-1]):])
+
+
+# ---- the registered checks (levels scheduler and engine-core; run in this order) -----------
+# Each is ``fn(auditor, moment) -> list[Violation]``; the auditor (audit/auditor.py) runs those
+# of a phase, turning a check's ``group`` off when the release's books lack an attribute.
+
+@check("KV books", codes=(KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP),
+       phase=(AFTER_SCHEDULE, AFTER_UPDATE), group=KV_BOOKS,
+       needs="Capabilities.kv_block_hash for the hash checks",
+       text="every block's ref count against the block tables, the free queue's links and count, "
+            "blocks of finished requests, the prefix-cache hash map against the blocks' hashes "
+            "(after update: only leaks when no pool call ran since the last check)")
+def kv_books(auditor, m: Moment) -> list[Violation]:
+    if m.phase == AFTER_SCHEDULE:
+        return auditor._kv_checks(scheduled_ids=m.so.num_scheduled_tokens)
+    return auditor._kv_checks(quick=True)
+
+
+@check("request states", codes=(REQ_STATE, BATCH_LIMIT, REQ_OVER_MAX_LEN),
+       phase=(AFTER_SCHEDULE, AFTER_UPDATE), group=REQUEST_CHECKS,
+       text="each request in one queue with the status of that queue, num_computed_tokens in "
+            "bounds and moving forwards, the scheduler output's counts within the batch limits")
+def request_states(auditor, m: Moment) -> list[Violation]:
+    if m.phase == AFTER_SCHEDULE:
+        return auditor.req_checks.check("schedule", m.so, m.scheduled)
+    return auditor.req_checks.check("update", m.so)
+
+
+@check("worker batch", codes=WORKER_BATCH_OVERFLOW, phase=AFTER_UPDATE,
+       needs="the fake runner's persistent batch (or the release's InputBatch)",
+       text="every scheduled request found a slot in the worker's max_num_seqs slots")
+def worker_batch(auditor, m: Moment) -> list[Violation]:
+    slots = getattr(getattr(auditor.loop, "runner", None), "slots", None)
+    overflow = getattr(slots, "overflow", None)
+    if not overflow or len(overflow) <= auditor._overflow_seen:
+        return []
+    new = overflow[auditor._overflow_seen:]
+    auditor._overflow_seen = len(overflow)
+    return check_worker_batch(new)
+
+
+@check("KV transfers", codes=KV_TRANSFER_FREED, phase=(AFTER_SCHEDULE, AFTER_UPDATE),
+       needs="a scripted KV connector (loop.kv_worker)",
+       text="every block a KV load or send in flight uses is still in its request's block table")
+def kv_transfers(auditor, m: Moment) -> list[Violation]:
+    worker = getattr(auditor.loop, "kv_worker", None)
+    if worker is None:
+        return []
+    return check_transfer_blocks(auditor.books, worker.transfers_in_flight())
+
+
+@check("preemption report", codes=PREEMPT_UNREPORTED, phase=AFTER_SCHEDULE,
+       needs="SchedulerOutput.preempted_req_ids (0.12+, probed)",
+       text="every request preempted inside schedule() or by an engine-core event between steps "
+            "is in the step's preempted_req_ids")
+def preemption_report(auditor, m: Moment) -> list[Violation]:
+    return check_preempt_report(m.so, m.extra["preempted_in_schedule"],
+                                auditor._preempted_between())
+
+
+@check("starvation", codes=REQ_STARVED, phase=AFTER_SCHEDULE,
+       text="no running request with tokens pending gets nothing in a step that left token budget "
+            "and free blocks for it (a step with a preemption: only the requests the running "
+            "loop visited)")
+def starvation(auditor, m: Moment) -> list[Violation]:
+    paused = bool(getattr(auditor.loop, "_paused", False))
+    pre = m.extra["running_before"]
+    if not auditor.req_checks.preempted_now:
+        return auditor.starve_check.check(m.so, paused=paused)
+    if pre is not None and state.preempted_report(m.so) is not state.ABSENT:
+        # a preemption in this step: the running loop stopped at the request whose
+        # allocation failed and that preempted itself; the requests before it were visited
+        return auditor.starve_check.check(
+            m.so, paused=paused,
+            exempt=self_preempted_and_after(pre, m.extra["preempted_in_schedule"], m.so))
+    return []
+
+
+@check("draft limit", codes=DRAFT_OVER_LIMIT, phase=AFTER_SCHEDULE,
+       needs="spec decode (Scheduler.num_spec_tokens > 0)",
+       text="no request is scheduled with more draft tokens than num_speculative_tokens")
+def draft_limit(auditor, m: Moment) -> list[Violation]:
+    """``Scheduler.schedule`` schedules every draft a request holds (0.24.0
+    ``vllm/v1/core/sched/scheduler.py``: ``scheduled_spec_decode_tokens[req_id] =
+    request.spec_token_ids``, trimmed only to the tokens it schedules): vLLM's drafters propose
+    at most ``num_speculative_tokens``, and the model runner verifies that many per request."""
+    limit = getattr(auditor.books.scheduler, "num_spec_tokens", 0) or 0
+    if not limit:
+        return []
+    return [make_violation(DRAFT_OVER_LIMIT, (
+        f"{rid} is scheduled with {len(drafts)} draft tokens but num_speculative_tokens is "
+        f"{limit}; expected at most {limit} (the drafter's proposals are capped there)"),
+        requests=[rid]) for rid, drafts in state.spec_tokens(m.so).items() if len(drafts) > limit]
+
+
+@check("KV books at the end", codes=(KV_LEAK, KV_REFCOUNT, KV_FREE_QUEUE, KV_PREFIX_MAP),
+       phase=END_OF_RUN, outcomes=("clean",), group=KV_BOOKS,
+       text="after a clean run every block is back in the free queue and the hash map agrees "
+            "with every block")
+def kv_books_at_end(auditor, m: Moment) -> list[Violation]:
+    books = auditor.books
+    refs = books.refs()
+    free, _ = books.free_list()
+    return check_end_of_run(books, refs, free) + auditor.map_check.check(full=True)
+
+
+@check("residue", codes=REQ_RESIDUE, phase=END_OF_RUN, outcomes=("clean",),
+       group=REQUEST_CHECKS,
+       text="no request that left the scheduler is still a key of a per-request dict or set")
+def residue(auditor, m: Moment) -> list[Violation]:
+    loop = auditor.loop_ended
+    return check_residue(auditor.books, set(loop.created), auditor._left_at,
+                         auditor._last_schedule_step, m.step)
+
+
+@check("stall", codes=NO_PROGRESS, phase=END_OF_RUN, outcomes=("stall",),
+       text="a run that stalled gets one record naming its first step without progress")
+def stall(auditor, m: Moment) -> list[Violation]:
+    return [auditor._no_progress(auditor.loop_ended, m.step)]
+
+
+@check("KV books after a crash", codes=KV_CODES, phase=END_OF_RUN, outcomes=("crash",),
+       group=KV_BOOKS, text="the KV cache's books as vLLM left them when it raised")
+def kv_books_after_crash(auditor, m: Moment) -> list[Violation]:
+    return [v for v in auditor._kv_checks(with_leaks=False) if v.code in KV_CODES]

@@ -29,6 +29,7 @@ from collections import Counter
 from ..engine import state
 from .books import Books
 from .codes import KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_PREFIX_MAP, KV_REFCOUNT, names
+from .registry import IN_CALL, Check, add
 from .checks import _req_ids
 
 
@@ -297,3 +298,10 @@ class PoolHooks:
                        f"{b.ref_cnt} (held by {names(who[b.block_id])}) and get_new_blocks is "
                        f"about to hand it out again; expected ref_cnt 0")
             self.report(KV_FREE_QUEUE, msg, _req_ids(who[b.block_id]), [b.block_id])
+
+
+add(Check("block pool hooks", (KV_DOUBLE_FREE, KV_REFCOUNT, KV_FREE_QUEUE, KV_PREFIX_MAP),
+          (IN_CALL,), ("scheduler", "engine-core"),
+          "inside BlockPool.free_blocks / touch / get_new_blocks, before the release's method "
+          "runs: no free below the references held, a prefix hit only on a queued, hashed ref-0 "
+          "block, only ref-0 non-null blocks handed out"))

@@ -4,7 +4,7 @@ A *plant* is a function in a file named ``plant_*.py``, named to the worker as
 ``/abs/path/plant_faults.py:double_free`` in a job's ``options.plant`` (with keyword arguments in
 ``options.plant_args``). The worker imports the file, calls ``fn(ctx, **args)`` before the
 scheduler is built, runs the scenario, then undoes every patch. Nothing in the CLI or the lab
-sets ``options.plant``: only :meth:`vllm_repro.engine.host.Worker.run`'s keyword-only ``plant``
+sets ``options.plant``: only :meth:`vllm_repro.engine.host.WorkerHandle.run`'s keyword-only ``plant``
 argument does, and a result produced with a plant carries ``"planted"``, which the verdict
 never accepts as an observation of a release.
 

@@ -41,8 +41,11 @@ from collections import Counter
 from ..records import AuditSummary, TraceLine, Violation
 from .auditor import AuditStop
 from .bm_v1 import V1Books, check_books_v1, is_block_manager_v1
+from .v0_queues import async_stopped_of, queues_of
 from .codes import (KV_DOUBLE_FREE, KV_FREE_QUEUE, KV_LEAK, KV_PREFIX_MAP, KV_REFCOUNT,
                     REQ_RESIDUE, REQ_STATE, make_violation, names)
+from .registry import (AFTER_SCHEDULE, AFTER_UPDATE, END_OF_RUN, IN_CALL, V0_LEVELS, Check, Moment,
+                       add, check, checks_for)
 
 #: the queue each unfinished sequence status belongs to (``vllm/sequence.py:SequenceStatus``)
 QUEUE_OF_STATUS = {"WAITING": "waiting", "RUNNING": "running", "SWAPPED": "swapped"}
@@ -136,19 +139,6 @@ class V0Books:
         tables = self.tables() if tables is None else tables
         gpu = self.pools().get("GPU", {}).get("all", set())
         return [b for b in tables.get(seq_id, ()) if b in gpu]
-
-
-def queues_of(scheduler) -> dict[str, list]:
-    """The scheduler's ``waiting`` / ``running`` / ``swapped`` groups."""
-    s = scheduler
-    return {"waiting": list(s.waiting), "running": list(s.running), "swapped": list(s.swapped)}
-
-
-def async_stopped_of(scheduler) -> list:
-    """Groups that left ``running`` at ``max_model_len`` with async output processing
-    (``Scheduler._async_stopped``, 0.6.1+): they keep their blocks until the engine's
-    ``free_finished_seq_groups``."""
-    return list(getattr(scheduler, "_async_stopped", ()) or ())
 
 
 def check_books(books: V0Books, req_of_seq: dict[int, str]) -> list[Violation]:
@@ -408,6 +398,7 @@ class V0Auditor:
         self.hook_names: list[str] = []
         self.hook_calls: Counter = Counter()
         self._undo: list = []
+        self.loop_ended = None  # the loop finish() was given (the end-of-run checks read it)
         #: child group id -> the step it was first seen left behind in seq_id_to_seq_group
         self._residue_since: dict[str, int] = {}
         self.kv: KVContent | None = None
@@ -442,10 +433,12 @@ class V0Auditor:
                 raise AuditStop(v)
 
     def after_schedule(self, step: int, so, scheduled) -> bool:
-        return self._record_all(self._check(), step, "after schedule")
+        return self._record_all(self._run_checks(Moment(step, AFTER_SCHEDULE, so, scheduled)),
+                                step, "after schedule")
 
     def after_update(self, step: int, so, line: TraceLine) -> bool:
-        return self._record_all(self._check(), step, "after step")
+        return self._record_all(self._run_checks(Moment(step, AFTER_UPDATE, so, line=line)),
+                                step, "after step")
 
     def annotate(self, line: TraceLine) -> None:
         if self._step_new:
@@ -457,22 +450,17 @@ class V0Auditor:
         for undo in reversed(self._undo):
             undo()
         self._undo = []
-        b = self.books
-        if outcome == "clean":
-            self._check_residue(loop.step)
-            for v in self.residue(loop, loop.step):
-                self._record(v, loop.step, "end of run")
-        if outcome == "clean" and b is not None and b.readable:
-            try:
-                free = b.bm.get_num_free_gpu_blocks()
-                total = b.gpu_total()
-                if free != total:
-                    self._record(make_violation(
-                        KV_LEAK, f"at the end of the run {total - free} GPU block(s) are not "
-                        f"back ({free} of {total} free)"), loop.step, "end of run")
-            except Exception:  # noqa: BLE001 - books unreadable after the run: nothing to add
-                pass
+        self.loop_ended = loop
+        for v in self._run_checks(Moment(loop.step, END_OF_RUN, outcome=outcome)):
+            self._record(v, loop.step, "end of run")
         return bool(self.violations)
+
+    def _run_checks(self, moment: Moment) -> list[Violation]:
+        """Every registered check of ``moment.phase`` at level v0-engine, in order."""
+        found: list[Violation] = []
+        for c in checks_for(moment.phase, V0_LEVELS[0], moment.outcome):
+            found += c.run(self, moment)
+        return found
 
     def summary(self) -> AuditSummary:
         by_code = Counter(v.code for v in self.violations)
@@ -640,3 +628,49 @@ class V0Auditor:
             self.stopped = {"step": step, "code": new[0].code, "phase": phase}
             return True
         return False
+
+
+# ---- the registered checks of level v0-engine (audit/registry.py; run in this order) -------
+
+@check("V0 books", codes=(REQ_STATE, KV_REFCOUNT, KV_FREE_QUEUE, KV_LEAK),
+       phase=(AFTER_SCHEDULE, AFTER_UPDATE), levels=V0_LEVELS,
+       needs="a block manager whose books are readable (SelfAttnBlockSpaceManager or V1)",
+       text="queues and statuses, aborted requests out of every queue, each allocator's ref "
+            "counts against the block tables, the free list and the evictor")
+def v0_books(auditor, m: Moment) -> list[Violation]:
+    return auditor._check()
+
+
+@check("V0 residue", codes=REQ_RESIDUE, phase=END_OF_RUN, outcomes=("clean",),
+       levels=V0_LEVELS, needs="LLMEngine.seq_id_to_seq_group (n > 1)",
+       text="no collected child group of an n > 1 request is still a key of "
+            "LLMEngine.seq_id_to_seq_group")
+def v0_residue(auditor, m: Moment) -> list[Violation]:
+    auditor._check_residue(m.step)
+    return auditor.residue(auditor.loop_ended, m.step)
+
+
+@check("V0 GPU blocks back", codes=KV_LEAK, phase=END_OF_RUN, outcomes=("clean",),
+       levels=V0_LEVELS, text="after a clean run every GPU block is free")
+def v0_blocks_back(auditor, m: Moment) -> list[Violation]:
+    b = auditor.books
+    if b is None or not b.readable:
+        return []
+    try:
+        free = b.bm.get_num_free_gpu_blocks()
+        total = b.gpu_total()
+    except Exception:  # noqa: BLE001 - books unreadable after the run: nothing to add
+        return []
+    if free == total:
+        return []
+    return [make_violation(KV_LEAK, f"at the end of the run {total - free} GPU block(s) are "
+                                    f"not back ({free} of {total} free)")]
+
+
+add(Check("V0 double free", (KV_DOUBLE_FREE,), (IN_CALL,), V0_LEVELS,
+          "a block given back at ref count 0, caught in each allocator's RefCounter.decr (or "
+          "BlockSpaceManagerV1's allocator free) before vLLM's own assert"))
+add(Check("V0 KV content", (KV_PREFIX_MAP,), (IN_CALL,), V0_LEVELS,
+          "a block the worker is told to skip as a cached prefix holds KV of exactly that "
+          "sequence's tokens (in Worker.execute_model)",
+          needs="prefix caching without a sliding window"))

@@ -195,7 +195,7 @@ def classify_task(arg: dict) -> Observation:
 
 def classify_on(executor, scenario: Scenario, reports: Path) -> Callable[[list[str]], dict[str, Observation]]:
     """``releases -> observations``, each release one task on ``executor``
-    (:mod:`vllm_repro.executor`), for :func:`~vllm_repro.bisect.search.bisect_releases`'s
+    (:mod:`vllm_repro.task_executor`), for :func:`~vllm_repro.bisect.search.bisect_releases`'s
     ``classify_many``. A task that raised (the index unreachable, its process or node died) is
     an :class:`~vllm_repro.errors.EnvError` naming the release: exit 3, as without Ray."""
     from ..errors import EnvError

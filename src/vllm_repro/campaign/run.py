@@ -101,7 +101,7 @@ class Progress:
 def run_campaign(spec: CampaignSpec, releases: list[str], folder: Path, executor,
                  on_event: Callable[[Progress], None] = lambda p: None) -> CampaignReport:
     """Run the (release, seed) tasks not done yet on ``executor``
-    (:mod:`vllm_repro.executor`), saving each record as it ends, and merge every record into
+    (:mod:`vllm_repro.task_executor`), saving each record as it ends, and merge every record into
     the campaign's report (written to ``folder``: ``campaign.json``, ``heatmap.png``,
     ``findings/``). Returns the report."""
     from .report import heatmap, merge, write_report, write_scenarios

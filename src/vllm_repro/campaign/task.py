@@ -1,6 +1,6 @@
 """One campaign task: (release, seed), every feature set of the campaign in turn.
 
-:func:`run_task` is what the executor (:mod:`vllm_repro.executor`) runs, in a local worker
+:func:`run_task` is what the executor (:mod:`vllm_repro.task_executor`) runs, in a local worker
 process or on a Ray node: it prepares the release in that machine's own cache
 (:func:`vllm_repro.sources.prepare.prepare_release`, locked per release, so tasks of one
 release on one node build it once), then runs the fuzzer's search
@@ -102,7 +102,7 @@ def run_task(arg: dict) -> dict:
     return _done(res, t0)
 
 
-#: this process's engine worker: (release, tree) -> the started Worker; one at a time (a
+#: this process's engine worker: (release, tree) -> the started WorkerHandle; one at a time (a
 #: worker holds a release's vLLM imported, several hundred MB). The executor's processes run
 #: task after task (a ProcessPoolExecutor's workers, Ray's worker processes), and the tasks are
 #: ordered so that a slot's next task is often the same release's next seed: the worker is then
@@ -112,16 +112,16 @@ _CACHED: dict = {}
 
 
 def _worker(env, log: Path):
-    """The started :class:`~vllm_repro.engine.host.Worker` of ``env`` in this process: the
+    """The started :class:`~vllm_repro.engine.host.WorkerHandle` of ``env`` in this process: the
     cached one while it lives, else a new one (the old one closed)."""
-    from ..engine.host import Worker
+    from ..engine.host import WorkerHandle
 
     key = (env.version, str(env.tree))
     w = _CACHED.get(key)
     if w is not None and w.proc is not None and w.proc.poll() is None:
         return w
     _drop_worker()
-    w = Worker(env, log)
+    w = WorkerHandle(env, log)
     w.start()
     _CACHED[key] = w
     return w

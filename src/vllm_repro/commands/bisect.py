@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from . import COLD_HELP, warm_setting
-from ..executor import RAY_HELP, RAY_REMOTE_HELP  # standard library only at import: --help stays light
+from ..task_executor import RAY_HELP, RAY_REMOTE_HELP  # standard library only at import: --help stays light
 
 
 def bisect(
@@ -42,7 +42,7 @@ def bisect(
     from ..bisect.search import bisect_releases, release_span
     from ..console import out, say
     from ..errors import InputError
-    from ..executor import check_ray, open_executor
+    from ..task_executor import check_ray, open_executor
     from ..inputs import release_name, reports_dir
     from ..report.index import write_index
     from ..scenario import load_scenario

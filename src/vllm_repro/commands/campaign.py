@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from . import COLD_HELP, Level, Policy, value, warm_setting
-from ..executor import RAY_HELP, RAY_REMOTE_HELP  # standard library only at import: --help stays light
+from ..task_executor import RAY_HELP, RAY_REMOTE_HELP  # standard library only at import: --help stays light
 
 
 def campaign(
@@ -57,7 +57,7 @@ def campaign(
     from ..campaign.spec import CampaignSpec, parse_features, parse_range, select_releases
     from ..console import err, out, say
     from ..errors import EXIT_ENV, EXIT_MISMATCH, InputError
-    from ..executor import check_ray, open_executor
+    from ..task_executor import check_ray, open_executor
     from ..fuzz.search import parse_duration
     from ..inputs import folder, reports_dir
     from ..sources.index import list_releases

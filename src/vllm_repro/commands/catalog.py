@@ -12,7 +12,7 @@ import typer
 from . import COLD_HELP, warm_setting
 
 from ..catalog import DEFAULT_DIR  # standard library only at import: --help stays light
-from ..executor import RAY_HELP, RAY_REMOTE_HELP
+from ..task_executor import RAY_HELP, RAY_REMOTE_HELP
 
 app = typer.Typer(help="The catalog of real vLLM bugs.", invoke_without_command=True)
 
@@ -57,7 +57,7 @@ def catalog_run(
     warm_setting(cold)
     from ..catalog import catalog_items, run_catalog
     from ..console import print_results, progress
-    from ..executor import check_ray
+    from ..task_executor import check_ray
     from ..lab import checked_releases
     from ..inputs import folder, release_name, reports_dir
 

@@ -65,7 +65,7 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
     release's scheduler and engine-core path there (the worker's start-up) before saying ready.
     With --restore, the trees are extracted again first."""
     from ..console import out, progress
-    from ..engine.host import Worker
+    from ..engine.host import WorkerHandle
     from ..inputs import release_name
     from ..sources.prepare import check_tree, prepare_release, restore_trees
 
@@ -90,7 +90,7 @@ def prepare(versions: List[str] = typer.Argument(..., help="Release(s) to fetch 
                 # proven, not assumed: the worker imports vLLM's scheduler path and probes the
                 # release (an import failure is exit 3 with its cause and the log)
                 bar.note(f"vLLM {env.version}: importing its scheduler in a worker")
-                with Worker(env, log_path(env.version)) as worker:
+                with WorkerHandle(env, log_path(env.version)) as worker:
                     hello = worker.hello
                 bar.advance()
                 ready.append(f"vLLM {env.version}: ready, imported in {worker.import_time} under "

@@ -94,7 +94,7 @@ def gpu_judge(
     """Inside the CUDA image: the shared suite before and after applying the bundle's patch
     to the installed vLLM (run by gpu-verify on the GPU host)."""
     from ..inputs import folder
-    from ..remote.judge import judge
+    from ..remote.gpu_judge import judge
 
     bundle, _ = read_bundle(bundle)
     out_dir = folder(out_dir, "--out folder", "give --out a folder you can write", create=True,

@@ -1,7 +1,7 @@
 """``level: engine-core``: a scenario driven through the release's own ``EngineCore``.
 
 vLLM builds and runs everything above the executor here; the lab only supplies the executor's
-worker (:mod:`vllm_repro.engine.executor`) and calls what vLLM's own engine process calls:
+worker (:mod:`vllm_repro.engine.fake_executor`) and calls what vLLM's own engine process calls:
 
     EngineCore(vllm_config, executor_class=FakeExecutor, log_stats=True)   # start-up:
         # KV cache specs + free memory -> get_kv_cache_config(s) -> vLLM's capacity checks ->
@@ -33,10 +33,11 @@ import traceback
 
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import, call_supported,
                       fields_of, init_params, iter_queue)
-from .executor import (FakeWorker, available_memory, kv_cache_spec, make_executor_class,
+from .fake_executor import (FakeWorker, available_memory, kv_cache_spec, make_executor_class,
                        unknown_call)
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from . import state
+from .events import Abort, InjectFault, Pause, ResetPrefixCache, Resume, from_mapping, perform, refusal
 from .fake_runner import FakeModelRunner
 from .loop import OverLimit, StepLoop, describe_exception, vllm_frames
 
@@ -385,7 +386,7 @@ class EngineCoreLoop(StepLoop):
                     line.refused = {**(line.refused or {}), r["id"]: refused}
             self._phase = "events"
             for e in self.events_by_step.get(step, []):
-                self._event(e, line)
+                perform(self, e, line)
             if not self._has_work():
                 line.idle = True
                 return None, None
@@ -557,77 +558,61 @@ class EngineCoreLoop(StepLoop):
     def _check_events(self) -> None:
         """Refuse, before the run, an event whose EngineCore call the release lacks."""
         engine = self.engine
-        events = self.adapter.caps.events
-        for e in self.sc.get("events", []):
-            if e.get("fault") and self.ranks is None:
-                raise RefusedByRelease(f"events[at_step {e['at_step']}].fault: a rank fault needs "
-                                       "rank processes; add config.distributed_executor_backend: mp")
-            if e.get("when") == "in_flight" and not hasattr(engine, "aborts_queue") \
+        for e in map(from_mapping, self.sc.get("events", [])):
+            if isinstance(e, InjectFault) and self.ranks is None:
+                raise RefusedByRelease(f"{e.where()}: a rank fault needs rank processes; add "
+                                       "config.distributed_executor_backend: mp")
+            if isinstance(e, Abort) and e.when == "in_flight" \
+                    and not hasattr(engine, "aborts_queue") \
                     and getattr(engine, "batch_queue", None) is None:
                 raise RefusedByRelease(
-                    f"events[at_step {e['at_step']}].when: in_flight: vLLM "
+                    f"{e.where('when')}: in_flight: vLLM "
                     f"{self.adapter.version}'s EngineCore takes aborts only between steps (no "
                     "aborts_queue, no batch queue); use when: before_step on this release")
-            for key, method in (("reset_prefix_cache", "reset_prefix_cache"),
-                                ("pause", "pause_scheduler"), ("resume", "resume_scheduler")):
-                if e.get(key) and key not in events:
-                    raise RefusedByRelease(
-                        f"events[at_step {e['at_step']}].{key}: vLLM {self.adapter.version}'s "
-                        f"EngineCore has no {method}(); drop the event for this release")
-            if e.get("mode") and "pause_mode" not in events:
-                raise RefusedByRelease(
-                    f"events[at_step {e['at_step']}].mode: vLLM {self.adapter.version}'s "
-                    "pause_scheduler() takes no mode (it pauses without aborting); drop mode "
-                    "for this release")
-            if e.get("reset_connector") and "reset_connector" not in events:
-                raise RefusedByRelease(
-                    f"events[at_step {e['at_step']}].reset_connector: vLLM "
-                    f"{self.adapter.version}'s reset_prefix_cache() does not take it (no "
-                    "connector cache reset); drop it for this release")
-            if e.get("reset_running_requests") and "reset_running_requests" not in events:
-                raise RefusedByRelease(
-                    f"events[at_step {e['at_step']}].reset_running_requests: vLLM "
-                    f"{self.adapter.version}'s reset_prefix_cache() does not take it; drop it "
-                    "for this release")
+            why = refusal(e, self.adapter.caps.events, self.adapter.version)
+            if why is not None:
+                raise RefusedByRelease(why)
 
-    def _event(self, e: dict, line: TraceLine) -> None:
-        engine = self.engine
-        if e.get("abort"):
-            if e.get("when") == "in_flight" and hasattr(engine, "aborts_queue"):
-                self._in_flight.setdefault(self.step, []).extend(e["abort"])
-            else:
-                # before the step; with a batch queue the previous batch is still in flight
-                engine.abort_requests(list(e["abort"]))
-            line.aborted.extend(e["abort"])
-        elif e.get("reset_prefix_cache"):
-            kwargs = {"reset_running_requests": True} if e.get("reset_running_requests") else {}
-            if e.get("reset_connector"):
-                kwargs["reset_connector"] = True
-            self._marks = self._lab(state.preemption_marks, self.scheduler)
-            line.reset_prefix_cache = engine.reset_prefix_cache(**kwargs)
-            self._note_preemptions(line, "reset_prefix_cache")
-        elif e.get("pause"):
-            self._marks = self._lab(state.preemption_marks, self.scheduler)
-            if e.get("mode"):
-                engine.pause_scheduler(mode=e["mode"])
-            else:
-                call_supported(engine.pause_scheduler)
-            self._note_preemptions(line, "pause")
-            self._paused = True
-            line.paused = e.get("mode") or True
-        elif e.get("fault"):
-            from .ranks import Fault
+    # each event kind, performed on the release's EngineCore (engine/events.py's dispatch)
+    def do_abort(self, e: Abort, line: TraceLine) -> None:
+        if e.when == "in_flight" and hasattr(self.engine, "aborts_queue"):
+            self._in_flight.setdefault(self.step, []).extend(e.ids)
+        else:
+            # before the step; with a batch queue the previous batch is still in flight
+            self.engine.abort_requests(list(e.ids))
+        line.aborted.extend(e.ids)
 
-            f = e["fault"]
-            fault = Fault(rank=f["rank"], kind=f["kind"], at_step=e["at_step"],
-                          seconds=float(f.get("seconds", 60.0)), exit_code=f.get("exit_code", 1),
-                          on_execute_model=f.get("on_execute_model"))
-            self.ranks.arm(fault)
-            line.fault = fault.brief()
-        elif e.get("resume"):
-            engine.resume_scheduler()
-            self._paused = False
-            line.resumed = True
+    def do_reset_prefix_cache(self, e: ResetPrefixCache, line: TraceLine) -> None:
+        kwargs = {"reset_running_requests": True} if e.reset_running_requests else {}
+        if e.reset_connector:
+            kwargs["reset_connector"] = True
+        self._marks = self._lab(state.preemption_marks, self.scheduler)
+        line.reset_prefix_cache = self.engine.reset_prefix_cache(**kwargs)
+        self._note_preemptions(line, "reset_prefix_cache")
+
+    def do_pause(self, e: Pause, line: TraceLine) -> None:
+        self._marks = self._lab(state.preemption_marks, self.scheduler)
+        if e.mode:
+            self.engine.pause_scheduler(mode=e.mode)
+        else:
+            call_supported(self.engine.pause_scheduler)
+        self._note_preemptions(line, "pause")
+        self._paused = True
+        line.paused = e.mode or True
+
+    def do_fault(self, e: InjectFault, line: TraceLine) -> None:
+        from .ranks import Fault  # (multiprocessing, ctypes: only where a scenario has ranks)
+
+        f = e.fault
+        fault = Fault(rank=f.rank, kind=f.kind, at_step=e.at_step, seconds=f.seconds,
+                      exit_code=f.exit_code, on_execute_model=f.on_execute_model)
+        self.ranks.arm(fault)
+        line.fault = fault.brief()
+
+    def do_resume(self, e: Resume, line: TraceLine) -> None:
+        self.engine.resume_scheduler()
+        self._paused = False
+        line.resumed = True
 
     # ---- the crash dump ----------------------------------------------------------------------
     def _log_fatal(self, exc: BaseException, so) -> None:

@@ -99,8 +99,9 @@ def child_environment(env: ReleaseEnv, extra_path: tuple[str, ...] = (),
     return child
 
 
-class Worker:
-    """One engine worker process for one release. Use as a context manager.
+class WorkerHandle:
+    """The host's handle on one engine worker process (``engine/worker.py`` runs inside it) for
+    one release. Use as a context manager.
 
     ``hello`` holds the worker's greeting (release, import time in seconds). Raises
     :class:`EnvError` if vLLM cannot be imported in the environment (the log names the cause).
@@ -128,7 +129,7 @@ class Worker:
         #: seconds this worker's start spent starting that parent (None: one was serving)
         self.parent_start_s: float | None = None
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> "WorkerHandle":
         self.start()
         return self
 
@@ -389,6 +390,10 @@ class Worker:
                 self.warm_started = False
             self.proc = None
             self._log.close()
+
+
+#: the name before issue 43 (kept for branches written against it; use WorkerHandle)
+Worker = WorkerHandle
 
 
 def _tail(path: Path, n: int = 3) -> str:

@@ -18,21 +18,22 @@ step; ``result.json`` is the host's to write (:class:`~vllm_repro.records.Report
 
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records import Crash, Frame, Hang, ReportDir, RunResult, Stall, Timing, TraceLine
-from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
+from ..records import Crash, Frame, Hang, RunResult, Stall, Timing, TraceLine
+from .adapter import (AdapterError, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
+from .events import Abort, Event, by_step, perform, supported
+from .interfaces import Observer
 from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
 from .explain import crash_context
-from .watchdog import StepTimeout, Watchdog
+from .watchdog import StepTimeout
 
 
 def vllm_frames(tb, vllm_root: Path) -> list[Frame]:
@@ -71,18 +72,20 @@ class _NeverRaised(BaseException):
 
 
 class StepLoop:
-    """One scenario run. ``observer`` (the auditor, :class:`vllm_repro.audit.Auditor`) gets
-    ``attach(loop)``, ``after_schedule(step, so, scheduled)``, ``after_update(step, so, line)``
-    and ``finish(loop, outcome)`` calls and may stop the run by returning True. Optional:
+    """One scenario run. ``observer`` (the auditor, :class:`vllm_repro.audit.Auditor`; the
+    contract: :class:`vllm_repro.engine.interfaces.Observer`) gets ``attach(loop)``,
+    ``after_schedule(step, so, scheduled)``, ``after_update(step, so, line)`` and
+    ``finish(loop, outcome)`` calls and may stop the run by returning True. Optional here:
     ``annotate(line)`` adds fields to each trace line before it is written; ``stop_exception``
     (a ``BaseException`` it raises from inside a vLLM call to stop there); ``violations`` and
-    ``summary()`` go into the result."""
+    ``summary()`` go into the result. A level's loop subclasses this one and is built by its
+    driver in :data:`vllm_repro.engine.run.LEVELS`."""
 
     level = "scheduler"
 
     def __init__(self, adapter: V1Adapter, scenario: dict,
                  trace: Callable[[TraceLine], None] | None = None,
-                 observer: Any = None):
+                 observer: Observer | None = None):
         self.adapter = adapter
         self.sc = scenario
         self.trace = trace or (lambda line: None)
@@ -91,9 +94,8 @@ class StepLoop:
         self.requests_by_step: dict[int, list[dict]] = {}
         for r in scenario["requests"]:
             self.requests_by_step.setdefault(r["at_step"], []).append(r)
-        self.events_by_step: dict[int, list[dict]] = {}
-        for e in scenario.get("events", []):
-            self.events_by_step.setdefault(e["at_step"], []).append(e)
+        #: the scenario's events (engine/events.py's dataclasses) by step
+        self.events_by_step: dict[int, list[Event]] = by_step(scenario.get("events"))
         self.created: dict[str, Any] = {}
         self.finished: dict[str, str] = {}
         #: request id -> the release's front-door error, for requests it refused (never added)
@@ -102,6 +104,12 @@ class StepLoop:
         self.lab_limits: dict = {}  # vllm_repro.limits.RunLimits as a mapping (run_scenario's)
         self._idle = 0  # steps in a row without progress
         self._paused = False  # the scenario paused the scheduler (engine-core events)
+
+    # ---- events (engine/events.py's dispatch calls these) -------------------------------------
+    def do_abort(self, e: Abort, line: TraceLine) -> None:
+        """``EngineCore.abort_requests`` on the scheduler: finish the requests as aborted."""
+        self.adapter.abort(self.scheduler, list(e.ids))
+        line.aborted.extend(e.ids)
 
     def prompt_of(self, spec: dict) -> list[int]:
         n = spec["prompt_len"]
@@ -213,9 +221,8 @@ class StepLoop:
                 line.added.append(r["id"])
             phase = self._phase = "abort"
             for e in self.events_by_step.get(step, []):
-                if e.get("abort"):
-                    a.abort(sched, e["abort"])
-                    line.aborted.extend(e["abort"])
+                if supported(self, e):  # (the schema allows only aborts at this level)
+                    perform(self, e, line)
             if not a.has_work(sched):
                 line.scheduled = {}
                 line.idle = True  # EngineCore.step returns without scheduling: nothing to do
@@ -498,178 +505,3 @@ class StepLoop:
 class OverLimit(RefusedByRelease):
     """The run reached one of the lab's limits (:mod:`vllm_repro.limits`): an input error
     (exit 2) naming the setting, never a crash or a lab failure."""
-
-
-def v0_adapter(adapter):
-    """The V0 adapter for ``level: v0-engine``: ``adapter`` itself on a release without the V1
-    engine, else one built once on top of the worker's V1 adapter. Raises
-    :class:`LevelMissing` when the release has no V0 engine."""
-    if getattr(adapter, "generation", "v1") == "v0":
-        return adapter
-    if not adapter.caps.v0_engine:
-        raise LevelMissing("v0-engine", adapter.caps.refusal("v0-engine"))
-    v0 = getattr(adapter, "_v0_adapter", None)
-    if v0 is None:
-        from .v0 import V0Adapter
-
-        v0 = adapter._v0_adapter = V0Adapter(adapter.model_dir, base=adapter)
-    return v0
-
-
-def _slice_runtime():
-    """A slice tree's run-time module in this process (``_vllm_slice``, whose ``EVENTS`` lists
-    each import of a module the slice leaves out and each use of a stubbed package), or None on
-    a full tree."""
-    return sys.modules.get("_vllm_slice")
-
-
-def slice_gap(events: list, version: str, crash: Crash | None = None) -> str | None:
-    """The lab-failure message for a run on a slice of ``version`` that met ``events``
-    (``_vllm_slice.EVENTS`` entries, oldest first), or ended in ``crash`` with an
-    ``ImportError`` (a distribution the slice's environment does not hold: it holds only the
-    traced ones), else ``None``. Such a run left the paths the slice was traced and proven on,
-    so whatever it did (a crash of vLLM included, or a fallback vLLM took on an ``ImportError``)
-    is the slice's doing, not the release's."""
-    unique = list({(e["kind"], e["name"]): e for e in events}.values())
-    if unique:
-        first = unique[0]
-        what = (f"it imported {first['name']}, which the slice leaves out"
-                if first["kind"] == "missing"
-                else f"it used {first['name']} of {first.get('package')!r}, a stub in the slice")
-        more = f" (and {len(unique) - 1} more)" if len(unique) > 1 else ""
-    elif crash is not None and crash.type in ("ModuleNotFoundError", "ImportError"):
-        what = (f"it raised {crash.type}: {crash.message}, and the slice's environment holds only "
-                f"the distributions its traced runs loaded")
-        more = ""
-    else:
-        return None
-    return (f"the run left the slice of vLLM {version}: {what}{more}; its outcome would be the "
-            f"slice's, not vLLM's. Run it on the full tree (--tree full; VLLM_REPRO_TREE=full "
-            f"for commands without --tree, such as verify), or re-slice with a trace that covers "
-            f"this path (vllm-repro slice {version})")
-
-
-def _emulate_devices(scenario: dict) -> int | None:
-    """Make the emulated platform report the devices the scenario's topology needs
-    (:func:`~vllm_repro.engine.topology.topology`); returns the count before, or None where the
-    scenario asks for one device (nothing changed). Raises :class:`RefusedByRelease` for sizes
-    the lab refuses."""
-    from .adapter import platform
-    from .topology import topology
-
-    try:
-        topo = topology(scenario.get("config") or {})
-    except ValueError as exc:
-        raise RefusedByRelease(str(exc)) from None
-    if topo.devices == 1:
-        return None
-    return platform.set_device_count(topo.devices)
-
-
-def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
-                 limits: dict | None = None) -> RunResult:
-    """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
-    :class:`~vllm_repro.records.TraceLine` a step. ``result.json`` is not written here: the
-    host writes it, with the verdict (:class:`~vllm_repro.records.ReportDir`).
-
-    ``limits`` (:class:`vllm_repro.limits.RunLimits` as a mapping): ``max_trace_mb`` stops a
-    run whose trace reaches it, ``max_kv_blocks`` refuses an engine-core pool larger than it
-    (both :class:`OverLimit`: outcome ``error``, kind ``input``).
-
-    The result's ``outcome`` is ``clean``, ``crash``, ``violation``, ``stall`` or ``error``;
-    ``error`` means the lab or the input failed (``error.kind``: ``input`` or ``lab``). On a
-    slice tree, a run that imported a module the slice leaves out or used a stubbed package
-    (:func:`slice_gap`) is a ``lab`` error whatever vLLM did, its crash's traceback kept.
-    """
-    events_before = len(getattr(_slice_runtime(), "EVENTS", ()))
-    trace_f = None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        trace_f = open(out_dir / ReportDir.TRACE, "w")
-
-    limits = limits or {}
-    cap = int(float(limits.get("max_trace_mb") or 0) * (1 << 20))
-    written = 0
-
-    def write(line: TraceLine) -> None:
-        nonlocal written
-        if trace_f is not None:
-            text = line.to_json() + "\n"
-            written += len(text)
-            if cap and written > cap:
-                raise OverLimit(f"trace.jsonl reached {limits['max_trace_mb']} MB at step "
-                                f"{line.step} (VLLM_REPRO_MAX_TRACE_MB): the run was stopped there; "
-                                "fewer requests or steps, or raise VLLM_REPRO_MAX_TRACE_MB")
-            trace_f.write(text)
-
-    devices_before = None
-    timeout = (scenario.get("limits") or {}).get("step_timeout_s") or limits.get("step_timeout_s")
-    current: list[StepLoop] = []
-    watchdog = Watchdog(float(timeout), adapter.vllm_file,
-                        lambda: getattr(current[0], "_phase", None) if current else None) \
-        if timeout else None
-    try:
-        level = scenario.get("level") or "scheduler"
-        devices_before = _emulate_devices(scenario)
-        if level == "v0-engine":
-            from .v0 import V0EngineLoop
-
-            v0 = v0_adapter(adapter)
-            with v0.platform_scope():
-                loop: StepLoop = V0EngineLoop(v0, scenario, write, observer)
-                loop.lab_limits, loop.watchdog = limits, watchdog
-                current.append(loop)
-                result = loop.run()
-        elif getattr(adapter, "generation", "v1") == "v0":
-            raise LevelMissing(level, adapter.caps.refusal("v1-engine"))
-        elif level == "engine-core":
-            from .core_loop import EngineCoreLoop
-
-            loop = EngineCoreLoop(adapter, scenario, write, observer)
-        else:
-            loop = StepLoop(adapter, scenario, write, observer)
-        if level != "v0-engine":
-            loop.lab_limits, loop.watchdog = limits, watchdog
-            current.append(loop)
-            result = loop.run()
-    except LevelMissing as exc:
-        result = RunResult.failed("input", str(exc), lacks_level=exc.level)
-    except RefusedByRelease as exc:
-        result = RunResult.failed("input", str(exc))
-        if exc.vllm_exc is not None:  # vLLM's own refusal: what `outcome: refused` is judged on
-            result.refusal = describe_exception(exc.vllm_exc, adapter.vllm_file, 0, exc.phase)
-            # the whole text, not its first line: a ValidationError's reason is on its second
-            result.refusal.message = " ".join(str(exc.vllm_exc).split())[:800]
-    except MemoryError:
-        mb = (limits or {}).get("worker_memory_mb")
-        result = RunResult.failed("input", f"out of memory (limit {mb} MB, VLLM_REPRO_WORKER_MEMORY_MB): "
-                                  "the run needs more than the worker may map; a smaller "
-                                  "scenario, or raise VLLM_REPRO_WORKER_MEMORY_MB")
-    except AdapterError as exc:
-        cause = exc.__cause__ or exc
-        result = RunResult.failed("lab", str(exc), traceback="".join(traceback.format_exception(
-            type(cause), cause, cause.__traceback__))[-4000:])
-    except Exception as exc:  # noqa: BLE001 - a bug in the lab itself: never a reproduction
-        result = RunResult.failed("lab", f"{type(exc).__name__}: {exc}",
-                                  traceback=traceback.format_exc()[-4000:])
-    finally:
-        if watchdog is not None:
-            watchdog.close()
-        if trace_f is not None:
-            trace_f.close()
-        if devices_before is not None:
-            from .adapter import platform
-
-            platform.set_device_count(devices_before)
-    runtime = _slice_runtime()
-    gap = None if runtime is None else \
-        slice_gap(getattr(runtime, "EVENTS", [])[events_before:], adapter.version, result.crash)
-    if gap is not None and not (result.error is not None and result.error.kind == "lab"):
-        tb = result.crash.traceback if result.crash is not None else (
-            result.error.traceback if result.error is not None else None)
-        result = RunResult.failed("lab", gap, traceback=tb)
-    result.scenario = scenario["name"]
-    result.level = result.level or scenario.get("level", "scheduler")
-    result.vllm = adapter.version
-    result.python = sys.version.split()[0]
-    return result

@@ -13,7 +13,7 @@ Each rank's worker is :class:`RankWorker`, named through the release's own setti
 patched.
 
 What a GPU computes is the fake's, as at the in-process level: the engine process's
-:class:`~vllm_repro.engine.executor.FakeWorker` computes each answer at the moment vLLM hands the
+:class:`~vllm_repro.engine.fake_executor.FakeWorker` computes each answer at the moment vLLM hands the
 batch to its executor (where the in-process fake computes it, reading the same scheduler
 state), and :class:`RankSet` sends it to every rank over a side queue before vLLM broadcasts the
 RPC; the rank returns it through vLLM's response queue. The forward pass's collectives (TP

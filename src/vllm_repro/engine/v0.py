@@ -56,7 +56,9 @@ from pathlib import Path
 from ..records import EngineInfo, RunResult, Timing, TraceLine
 from .adapter.probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _try_import,
                              params_of, refused_by_vllm)
+from .adapter.capability_probes import probe_v0
 from .adapter.requests import EOS_TOKEN_ID
+from .events import Abort, from_mapping, perform, supported
 from .engine_args import (NGRAM_FLAT_FIELDS, as_command_line_text, engine_arg_refusal,
                           engine_arg_type_error)
 from .loop import StepLoop, describe_exception, vllm_frames
@@ -176,7 +178,6 @@ class V0Adapter:
         #: the packaged tokenizer's highest token id (the engine loads it: EOS is its ``</s>``)
         self.max_token_id = _max_token_id(self.model_dir)
         self.add_request_params, _ = params_of(self.LLMEngine.add_request)
-        from .capabilities import probe_v0
 
         self.caps = probe_v0(self)
 
@@ -496,7 +497,8 @@ def v0_engine_class():
 
 
 class FakeV0Worker:
-    """What the release's GPU ``Worker`` answers its executor (see the module docstring)."""
+    """What the release's GPU ``Worker`` answers its executor (see the module docstring; the
+    contract: :class:`vllm_repro.engine.interfaces.FakeWorker`)."""
 
     def __init__(self, loop: "V0EngineLoop"):
         self.loop = loop
@@ -864,8 +866,8 @@ class V0EngineLoop(StepLoop):
         if (self.sc.get("model") or {}).get("empty_at"):
             raise RefusedByRelease("model.empty_at: not supported at level: v0-engine (a V0 "
                                    "worker returns a token for every sampling group)")
-        for e in self.sc.get("events", []):
-            if not e.get("abort") or e.get("when") == "in_flight":
+        for e in map(from_mapping, self.sc.get("events", [])):
+            if not supported(self, e) or (isinstance(e, Abort) and e.when == "in_flight"):
                 raise RefusedByRelease("events: only aborts between steps at level: v0-engine "
                                        "(LLMEngine.abort_request)")
         for r in self.sc["requests"]:
@@ -985,6 +987,12 @@ class V0EngineLoop(StepLoop):
             else:
                 os.environ["VLLM_USE_V1"] = self._use_v1_was
 
+    def do_abort(self, e: Abort, line: TraceLine) -> None:
+        """``LLMEngine.abort_request``: the only event of this level (engine/events.py)."""
+        self.engine.abort_request(list(e.ids))
+        line.aborted.extend(e.ids)
+        self.aborted_ids.update(e.ids)
+
     def _engine_step(self, step: int, line: TraceLine):
         """One turn of ``LLMEngine``'s caller: this step's requests added, aborts applied, then
         ``engine.step()`` where the engine has unfinished requests."""
@@ -1010,10 +1018,7 @@ class V0EngineLoop(StepLoop):
                 line.added.append(r["id"])
             phase = "abort"
             for e in self.events_by_step.get(step, []):
-                if e.get("abort"):
-                    engine.abort_request(list(e["abort"]))
-                    line.aborted.extend(e["abort"])
-                    self.aborted_ids.update(e["abort"])
+                perform(self, e, line)
             if not engine.has_unfinished_requests():
                 line.idle = True
                 return None, None

@@ -209,7 +209,7 @@ def _main(argv: list[str] | None = None) -> int:
                    "python": sys.version.split()[0], "platform": adapter.platform,
                    "capabilities": adapter.caps.to_dict()})
     from ..records import RunResult
-    from .loop import run_scenario
+    from .run import run_scenario
 
     for raw in sys.stdin:
         raw = raw.strip()

@@ -1,7 +1,7 @@
 """Fuzzing as a hypothesis state machine: the engine's own calls, one scenario per example.
 
 Shape (why this one). The release under test runs in a worker process of its own environment
-(:class:`~vllm_repro.engine.host.Worker`); hypothesis runs here, in the lab's process. A rule of
+(:class:`~vllm_repro.engine.host.WorkerHandle`); hypothesis runs here, in the lab's process. A rule of
 :class:`ScenarioMachine` does not call vLLM: it *appends one engine call* to the scenario being
 built, in the scenario format's own terms (a request of ``requests:``, an ``events:`` entry, an
 entry of ``model:``), at the step the machine has reached; the ``step`` rule lets the engine
@@ -37,13 +37,13 @@ precondition).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from hypothesis import strategies as st
 from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, multiple,
                                  precondition, rule)
 
-from .strategies import MAX_MODEL_LEN, Profile
+from .strategies import MAX_MODEL_LEN, Profile, base_config
 
 #: bump when a rule's meaning changes: the database's stored examples (keyed by it) would
 #: replay as other scenarios
@@ -124,21 +124,8 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
     """The ``config:`` of a scenario (vLLM's names), drawn once per example (``@initialize``).
     Features the release lacks (``caps``) are not drawn; everything shrinks towards a plain
     full-attention fcfs config without spec decode or async scheduling."""
-    block_size = 16  # a block size every release accepts, under the CUDA and the CPU platform
-    num_blocks = draw(st.integers(*profile.blocks))
-    max_model_len = min(MAX_MODEL_LEN, (num_blocks - 1) * block_size)
-    cfg = {
-        "block_size": block_size,
-        "num_gpu_blocks": num_blocks,
-        "max_num_seqs": draw(st.integers(1, 8)),
-        "max_num_batched_tokens": draw(st.sampled_from([2048, 64, 128, 256, 512, 32])),
-        "max_model_len": max_model_len,
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": profile.prefix_caching and draw(st.booleans()),
-        "policy": draw(st.sampled_from(profile.policies)),
-        "long_prefill_token_threshold": draw(st.sampled_from(
-            [t for t in (0, 0, 16, 64) if t <= max_model_len])),
-    }
+    cfg = draw(base_config(profile))  # the draw every fuzzed scenario starts from
+    block_size, num_blocks = cfg["block_size"], cfg["num_gpu_blocks"]
     # two in three where the release has it: the async scheduler's own accounting (output
     # placeholders, frames to discard) is where #42117 and #46066 live
     if profile.async_scheduling and caps.async_scheduling \
@@ -222,7 +209,7 @@ def configs(draw, profile: Profile, level: str, caps) -> dict:
             cfg["kv_cache_groups"] = [{"type": "full"}, group]
             if mode is not None:
                 cfg["mamba_cache_mode"] = mode
-            cfg["max_model_len"] = max_model_len = fits
+            cfg["max_model_len"] = fits
             cfg["long_prefill_token_threshold"] = min(cfg["long_prefill_token_threshold"], fits)
     if level == "v0-engine":  # V0's EngineArgs take the threshold from 0.8 only
         cfg["long_prefill_token_threshold"] = 0
@@ -305,392 +292,446 @@ def _hybrid_max_model_len(num_blocks: int, block_size: int, hybrid: Hybrid) -> i
     return 0
 
 
-def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], None],
-                  version: str | None = None) -> type[RuleBasedStateMachine]:
-    """The state machine of one campaign: ``profile`` bounds the draws, ``level`` is the
-    scenario's level, ``caps`` the release's record (preconditions), ``check(scenario)`` runs
-    the built scenario dict at teardown and raises to fail the example."""
+class ScenarioMachine(RuleBasedStateMachine):
+    """The fuzz machine (the module docstring says why this shape): each rule appends one
+    engine call to the scenario being built, ``teardown`` runs it once through ``check``.
 
+    The rules are the methods below; their arguments' strategies and preconditions depend on
+    the campaign (``profile`` bounds the draws, ``level`` is the scenario's level, ``caps`` the
+    release's record), so :func:`machine_class` binds them per campaign (:func:`_rules`) in a
+    subclass that also sets these class attributes and ``check(scenario)`` (raises to fail the
+    example) and ``version`` (``vllm.reproduces_on``)."""
+
+    requests = Bundle("requests")
+    profile: Profile
+    level: str
+    caps: Any
+    version: str | None = None
+    check: Callable[[dict], None]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cursor = 1  # the step the next call lands just before
+        self.config: dict = {}
+        self.reqs: list[dict] = []
+        self.events: list[dict] = []
+        self.model: dict = {"token": 100}
+        self.connector: dict[str, dict] = {}  # request id -> KVConnectorScript fields
+        #: the instance's KV connector (None, ``scripted``, ``nixl``), drawn with the config
+        self.connector_kind: str | None = None
+        #: vLLM's own NixlConnector as the prefill instance of P/D (instead of the script)
+        self.nixl = False
+        #: its requests sent for remote decode (``kv_transfer_params: {do_remote_decode: true}``)
+        self.remote: set[str] = set()
+        #: the calls this example may still make (None: every one hypothesis draws)
+        self.calls_left: int | None = None
+
+    # -- the scenario being built -----------------------------------------------------
+    def scenario(self) -> dict:
+        """The scenario dict so far (validates as ``Scenario``)."""
+        sc = {"name": "fuzz", "level": self.level,
+              "description": f"found by vllm-repro fuzz (profile {self.profile.name}, "
+                             f"level {self.level})",
+              "config": dict(self.config), "requests": [dict(r) for r in self.reqs],
+              "events": [dict(e) for e in self.events],
+              "model": {k: v for k, v in self.model.items() if v not in ({}, None)},
+              "limits": {"max_steps": 400, "stall_steps": 40}}
+        if self.version:
+            sc["vllm"] = {"reproduces_on": [self.version]}
+        if self.nixl:
+            # the prefill instance of P/D: the proxy's requests come with do_remote_decode
+            # (vLLM's NixlConnector decides hits, truncation and delayed frees from it; its
+            # worker half is the lab's), others are served here. An emulated A100: NIXL's package imports
+            # Mamba's Triton ops on 9.0 (0.33.0), whose config filter the CPU environment's
+            # Triton stand-in cannot serve (as the catalog's #53514 runs)
+            sc["kv_transfer_config"] = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+            for r in sc["requests"]:
+                if r["id"] in self.remote:
+                    r["kv_transfer_params"] = {"do_remote_decode": True}
+            sc["platform"] = {"name": "cuda", "capability": "8.0",
+                              "device_name": "NVIDIA A100-SXM4-80GB"}
+        elif self.connector:
+            sc["kv_transfer_config"] = {"kv_connector": "ScriptedConnector", "kv_role": "kv_both",
+                                        "requests": {k: dict(v) for k, v in self.connector.items()}}
+        return sc
+
+    def _engine_core(self) -> bool:
+        return self.level == "engine-core"
+
+    def _has_requests(self) -> bool:
+        return bool(self.reqs)
+
+    def _space(self) -> bool:
+        return len(self.reqs) < self.profile.requests[1]
+
+    def _spent(self) -> bool:
+        """Whether this example's calls are used up (then a rule changes nothing: a
+        precondition would leave hypothesis no rule to run); else counts one call."""
+        if self.calls_left is None:
+            return False
+        if self.calls_left <= 0:
+            return True
+        self.calls_left -= 1
+        return False
+
+    # -- preconditions (read the campaign's profile and the release's capabilities) ---------
+    def _can_continue(self) -> bool:
+        return self._space() and self.profile.shared_prefixes
+
+    def _can_add_grammar(self) -> bool:
+        return (self._space() and self._engine_core() and self.profile.structured_outputs
+                and self.caps.structured_outputs and bool(self.caps.structured_backends))
+
+    def _has_connector(self) -> bool:
+        return self.connector_kind is not None
+
+    def _before_last_step(self) -> bool:
+        return self.cursor < MAX_CALL_STEP
+
+    def _can_abort(self) -> bool:
+        return self.profile.aborts
+
+    def _can_reset(self) -> bool:
+        return (self.profile.engine_events and self._engine_core()
+                and "reset_prefix_cache" in self.caps.events)
+
+    def _can_pause(self) -> bool:
+        return (self.profile.engine_events and self._engine_core() and "pause" in self.caps.events
+                and "resume" in self.caps.events and self.cursor < MAX_CALL_STEP)
+
+    # -- calls --------------------------------------------------------------------------
+    def build_engine(self, config, long, prompt, max_tokens, priority, aligned, accept,
+                     remote, calls, data=None):
+        """The engine's configuration (EngineCore is built from it before step 1) and its
+        first request (a scenario holds at least one: no example runs nothing). At
+        engine-core level the instance's KV connector is drawn with the config
+        (:func:`configs`: none, the scripted one, or a P/D prefill instance under vLLM's
+        own NixlConnector where the release's KVConnectorFactory has it); on such an
+        instance ``remote``: the request is the proxy's (:meth:`add_request`)."""
+        config = dict(config)
+        #: the instance's KV connector (:func:`configs`): None, scripted or nixl
+        self.connector_kind = config.pop("_connector", None)
+        self.nixl = self.connector_kind == "nixl"
+        self.config = config
+        self.calls_left = calls
+        return self._add(long, prompt, max_tokens, priority, None, None, 1, aligned=aligned,
+                         accept=accept, remote=remote, data=data)
+
+    def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
+                    aligned, accept, remote, data=None):
+        """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step;
+        ``aligned``: where the prompt's length lands against the block size
+        (:data:`BOUNDARY`); ``accept``: how many of its drafts the model accepts each step,
+        where spec decode is on (None: all); ``remote``: on a P/D prefill instance
+        (NixlConnector), the request is the proxy's, sent for remote decode
+        (``kv_transfer_params: {do_remote_decode: true}``), else served here. The proxy
+        sends every request it routes through P/D to the prefill instance that way, so
+        half of them are (until machine version 6 only the ``kv_connector`` rule's and
+        continuations were)."""
+        if self._spent():
+            return multiple()
+        return self._add(long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
+                         aligned=aligned, accept=accept, remote=remote, data=data)
+
+    # extra 0: the same prompt sent again (a client's retry, the proxy resending a
+    # request, users sharing a template), a full-prompt hit that vLLM caps at the prompt
+    # less one token
+    def add_continuation(self, rid, extra, max_tokens, remote_decode, accept):
+        """A request whose prompt is ``rid``'s shared part (its whole prompt where it shares
+        none: from now on a prefix of its own) and ``extra`` new tokens: a conversation's next
+        turn, a prompt sent again with a token more (a prefix-cache hit on every full block but
+        the tail; vLLM caps a hit at the prompt less one token), or the same prompt again."""
+        if self._spent():
+            return multiple()
+        base = next(r for r in self.reqs if r["id"] == rid)
+        if "prefix" not in base:
+            base["prefix"], base["prefix_len"] = f"turn-{rid}", base["prompt_len"]
+        shared = base["prefix_len"]
+        mml = self.config["max_model_len"]
+        prompt_len = max(1, min(shared + extra, mml - 1))
+        req = {"id": f"R{len(self.reqs)}", "at_step": self.cursor, "prompt_len": prompt_len,
+               "max_tokens": max(1, min(max_tokens, mml - prompt_len)),
+               "prefix": base["prefix"], "prefix_len": min(shared, prompt_len)}
+        if self.config["policy"] == "priority":
+            req["priority"] = base.get("priority", 0)
+        if self.nixl and remote_decode:  # the next turn sent through P/D
+            self.remote.add(req["id"])
+        self._accept(req["id"], accept)
+        self.reqs.append(req)
+        return req["id"]
+
+    def _add(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
+             structured=None, aligned=None, accept=None, remote=False, data=None) -> str:
+        mml = self.config["max_model_len"]
+        profile = self.profile
+        lo, hi = (profile.long_prompt if long and profile.long_prompt else profile.short_prompt)
+        # within what the config admits (max_model_len - 1, a token left to generate), as
+        # the whole-scenario strategy draws: clamping a drawn length to it (until machine
+        # version 6) made every long prompt of a small pool a one-token request at the
+        # admission limit, which ends at its prefill and never decodes (in 0.24.0's
+        # spec-decode examples 17 % of the requests sat at max_model_len - 1 and 23 % had
+        # max_tokens 1; 8 % and 14 % drawn within the range)
+        hi = max(1, min(hi, mml - 1))
+        lo = min(lo, hi)
+        prompt_len = lo + (prompt - 1) % (hi - lo + 1)
+        bs = self.config["block_size"]
+        if aligned and prompt_len >= bs:
+            prompt_len = prompt_len // bs * bs
+            if aligned == "past" and prompt_len < mml - 1:
+                prompt_len += 1
+        req = {"id": f"R{len(self.reqs)}", "at_step": self.cursor, "prompt_len": prompt_len,
+               "max_tokens": max(1, min(max_tokens, mml - prompt_len))}
+        if self.config["policy"] == "priority":
+            req["priority"] = priority
+            if arrival is not None:
+                req["arrival_time"] = arrival
+        if profile.shared_prefixes and prefix is not None:
+            req["prefix"] = prefix
+            req["prefix_len"] = min(prefix_len, prompt_len)
+        if structured is not None:
+            req["structured_outputs"] = structured
+        if self.nixl and remote:
+            self.remote.add(req["id"])
+        if data is not None:  # (level v0-engine only: V0_DATA)
+            # parallel sampling (SamplingParams.n), which V0 runs as child sequences of
+            # one group (#14326's abort, #14353's finished children); drawn from the rule's
+            # data, an argument only the v0-engine level's rules have (V0_DATA), so the
+            # other levels draw exactly what they drew before
+            n = data.draw(PARALLEL, label="n")
+            if n > 1:
+                req["n"] = n
+            # a prompt over max_model_len, one request in eight: V0's front door
+            # (LLMEngine._validate_model_inputs) let it through before 0.8.4 (#8881, with
+            # chunked prefill), refuses it from 0.8.4 (a refusal, not a finding); the
+            # other levels refuse such a scenario as input (exit 2)
+            if data.draw(OVER_LENGTH, label="over max_model_len"):
+                req["prompt_len"] = mml + data.draw(st.integers(1, 2 * bs), label="over by")
+        self._accept(req["id"], accept)
+        self.reqs.append(req)
+        return req["id"]
+
+    def _accept(self, rid: str, accept: int | None) -> None:
+        """``rid``'s drafts: ``accept`` of them accepted each step (None: all), where spec
+        decode is on (``model.spec_decode.accept``)."""
+        if accept is not None and self.config.get("num_speculative_tokens"):
+            self.model.setdefault("spec_decode", {}).setdefault("accept", {})[rid] = accept
+
+    def add_grammar_request(self, grammar, prompt, max_tokens):
+        """A structured-output request: the release's front door validates it, its
+        ``StructuredOutputManager`` compiles the grammar, the fake model samples through
+        the step's bitmask."""
+        if self._spent():
+            return multiple()
+        return self._add(False, prompt, max_tokens, 0, None, None, 1, structured=grammar)
+
+    def kv_connector(self, rid, hit, load_async, recv_after, load_fails, delay_free,
+                     send_after):
+        """The scripted KV connector's answers for ``rid`` (``kv_transfer_config``): an
+        external prefix hit on part of its prompt, loaded synchronously or asynchronously
+        (``finished_recving`` ``recv_after`` steps after now), a failed load where the
+        release's ``KVConnectorOutput`` reports one, and a delayed free
+        (``request_finished`` keeps the blocks until ``finished_sending``)."""
+        if self._spent():
+            return
+        if self.nixl:  # vLLM's NixlConnector: rid is one of the proxy's, sent for remote decode
+            self.remote.add(rid)
+            return
+        prompt = next(r["prompt_len"] for r in self.reqs if r["id"] == rid)
+        ext = max(1, int(prompt * hit))
+        if not load_async:
+            # a synchronous hit leaves the last prompt token to compute, as vLLM's own
+            # connectors do (ExampleConnector rounds len(prompt) - 1 down to a block; LMCache
+            # recomputes the last token of a full-prompt hit): the scheduler must schedule at
+            # least one token (``assert num_new_tokens > 0`` in Scheduler.schedule fails on a
+            # whole-prompt hit, in every release). An asynchronous whole-prompt hit is vLLM's
+            # own case (the scheduler takes one token back once the load is done,
+            # Scheduler._update_waiting_for_remote_kv)
+            ext = min(ext, prompt - 1)
+        script: dict = {}
+        if ext > 0:
+            script["external_hit_tokens"] = ext
+            if load_async:
+                script["load_async"] = True
+                if recv_after:
+                    script["recv_done_at_step"] = self.cursor + recv_after
+            if load_fails and self.caps.kv_load_failures:
+                script["load_fails"] = True
+        if delay_free:
+            script["delay_free"] = True
+            if send_after:
+                script["send_done_at_step"] = self.cursor + send_after
+        self.connector[rid] = script
+
+    def step(self, steps):
+        """Let the engine run ``steps`` steps before the next call."""
+        if self._spent():
+            return
+        self.cursor = min(MAX_CALL_STEP, self.cursor + steps)
+
+    # one rule for both kinds of abort (each rule is drawn as often as any other: two
+    # would make aborts, which end a request's story, twice as common as a reset).
+    # ``after``: an abort lands 0-8 steps after the cursor, as the engine's other calls do
+    # (a client disconnects while its request prefills, decodes, or after it finished and
+    # its blocks wait for a connector); at the cursor alone (until machine version 6) it
+    # mostly landed at the request's own arrival step, before it was ever scheduled
+    def abort(self, rid, in_flight, after):
+        """``EngineCore.abort_requests([rid])`` before the step ``after`` steps from now, or
+        (``in_flight``, at engine-core level where the release has it: ``abort_in_flight``)
+        delivered by the engine's input thread while that step's batch executes."""
+        if self._spent():
+            return
+        ev = {"at_step": self.cursor + after, "abort": [rid]}
+        if in_flight and self._engine_core() and "abort_in_flight" in self.caps.events:
+            ev["when"] = "in_flight"
+        self.events.append(ev)
+
+    # reset_running_requests two times in three: a reset without it only fails while any
+    # request holds blocks (Scheduler.reset_prefix_cache returns False), so it changes
+    # nothing while requests run, where the scheduler's own accounting is tested
+    # ``after``: most calls land a few steps after the machine's cursor, once the requests
+    # added so far are decoding: the machine's calls mostly come before its cursor moves
+    # (``step`` is one rule of many), so a reset at the cursor landed before the first
+    # decode step (on 0.24.0, two resets while a request decoded came in 1 % of examples)
+    def reset_prefix_cache(self, running, again, after):
+        """``EngineCore.reset_prefix_cache`` ``after`` steps from now
+        (``reset_running_requests`` where the release takes it), and the same call again on
+        each of the ``again`` following steps (an RLHF loop's weight syncs, or
+        ``pause_generation(clear_cache=True)`` retried, come in runs: a second reset while
+        the first one's preempted requests resume meets frames still in flight)."""
+        if self._spent():
+            return
+        if running == "unconnected":
+            # under a KV connector a running reset is drawn one time in three, not two:
+            # Scheduler.reset_prefix_cache raises when the preempted requests' blocks are
+            # still held by the connector (an asynchronous load, a finished request's blocks
+            # waiting for the decode side's read), which vLLM documents as "not supported
+            # yet"; on 0.24.0, 23 % of the spec-decode examples with two running resets
+            # ended there, at their first reset, before anything the resets lead to
+            running = self.connector_kind is None
+        for k in range(again + 1):
+            ev = {"at_step": self.cursor + after + k, "reset_prefix_cache": True}
+            if running and "reset_running_requests" in self.caps.events:
+                ev["reset_running_requests"] = True
+            self.events.append(ev)
+
+    # no mode "wait": vLLM 0.33.0's pause_scheduler refuses it in-process ("'wait' mode
+    # can't be used in inproc-engine mode"), where the lab's EngineCore runs: a refusal of
+    # the call, not a crash under load (59 false findings in a 40 s campaign)
+    # ``after``: a pause lands 0-8 steps after the cursor, as a reset does: at the cursor
+    # alone (until machine version 6) most pauses came before the engine's first step, where
+    # vLLM's default mode (abort, with clear_cache) aborts every request before any was
+    # scheduled and empties the prefix cache: an example's whole story gone at step 1 (a
+    # pause came in 30 % of 0.24.0's examples, two in three of them aborting)
+    def pause(self, mode, steps, after):
+        """``EngineCore.pause_scheduler`` ``after`` steps from now, ``resume_scheduler``
+        ``steps`` later (an engine left paused never finishes its requests: not a
+        finding)."""
+        if self._spent():
+            return
+        at = self.cursor + after
+        ev = {"at_step": at, "pause": True}
+        if mode is not None and "pause_mode" in self.caps.events:
+            ev["mode"] = mode
+        self.events.append(ev)
+        self.events.append({"at_step": at + steps, "resume": True})
+
+    # what the model returns is one rule, its kind drawn: the fake runner's output is one
+    # concern, and as four rules (empty_output, eos, scripted_output, propose_drafts,
+    # until machine version 6) it was four calls in twelve, each drawn as often as a
+    # request or an engine call, so the engine's own calls (requests, resets, aborts,
+    # pauses, connector answers) were a minority of every example's calls. The kinds are
+    # the release's and the profile's (empty outputs where a ModelRunnerOutput holds
+    # several tokens, drafts where the example decodes speculatively); scripted tokens,
+    # the harmless kind, first: what the kind shrinks towards
+    def model_output(self, rid, kind, at, tokens):
+        """The model's behaviour for ``rid``: ``tokens``, the tokens it prefers, one per
+        output position (``model.tokens``); ``eos``, EOS at output length ``at``
+        (``model.eos_at``); ``empty``, no sampled token at the next step although it was
+        scheduled, what a preempted or aborted request looks like to the runner
+        (``model.empty_at``); ``drafts``, what the drafter proposes after each step, at
+        most ``num_speculative_tokens`` (``model.draft_tokens``, every request's)."""
+        if self._spent():
+            return
+        if kind == "tokens":
+            self.model.setdefault("tokens", {})[rid] = tokens
+        elif kind == "eos":
+            self.model.setdefault("eos_at", {})[rid] = at
+        elif kind == "empty":
+            steps = self.model.setdefault("empty_at", {}).setdefault(rid, [])
+            if self.cursor not in steps:
+                steps.append(self.cursor)
+        elif self.config.get("num_speculative_tokens"):  # drafts, where the example drafts
+            self.model["draft_tokens"] = tokens[: self.config["num_speculative_tokens"]]
+
+    def teardown(self) -> None:
+        if self.reqs:  # none only when build_engine itself failed
+            type(self).check(self.scenario())
+
+
+def _rules(profile: Profile, level: str, caps) -> dict[str, Callable]:
+    """:class:`ScenarioMachine`'s rules bound to one campaign: each method with its
+    arguments' strategies and its precondition (hypothesis's ``initialize`` / ``rule`` /
+    ``precondition``). The strategies are the campaign's (the profile's ranges, the release's
+    config features, the model-output kinds it supports), so they are bound here rather than
+    at the class: the same names and strategies in the same order as every machine version
+    drew them, so stored examples replay."""
+    m = ScenarioMachine
+    requests = m.requests
     #: the kinds of the ``model_output`` rule this campaign draws (the profile's, the release's)
-    MODEL_KINDS = (("tokens",) + (("eos",) if profile.eos else ())
+    model_kinds = (("tokens",) + (("eos",) if profile.eos else ())
                    + (("empty",) if profile.empty_outputs and caps.empty_outputs else ())
                    + (("drafts",) if profile.spec_decode and caps.spec_decode else ()))
-
     #: the request rules' extra argument at level v0-engine (a request's ``n`` and an over-long
     #: prompt are drawn from it); none at the other levels, whose rules keep the arguments, and
     #: so the draws, they had
-    V0_DATA = {"data": st.data()} if level == "v0-engine" else {}
+    v0_data = {"data": st.data()} if level == "v0-engine" else {}
+    return {
+        "build_engine": initialize(
+            target=requests, config=configs(profile, level, caps), long=LONG,
+            prompt=st.integers(1, 900), max_tokens=st.integers(1, 64),
+            priority=st.integers(0, 2), aligned=BOUNDARY, accept=ACCEPTS,
+            remote=st.booleans(), calls=CALLS, **v0_data)(m.build_engine),
+        "add_request": precondition(m._space)(rule(
+            target=requests, long=LONG, prompt=st.integers(1, 900),
+            max_tokens=st.integers(1, 64), priority=st.integers(0, 2),
+            arrival=st.sampled_from([None, None, 0.0, 1.0]),
+            prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900),
+            aligned=BOUNDARY, accept=ACCEPTS, remote=st.booleans(), **v0_data)(m.add_request)),
+        "add_continuation": precondition(m._can_continue)(rule(
+            target=requests, rid=requests, extra=st.sampled_from([1, 1, 0, 16, 33]),
+            max_tokens=st.integers(1, 64), remote_decode=st.booleans(),
+            accept=ACCEPTS)(m.add_continuation)),
+        "add_grammar_request": precondition(m._can_add_grammar)(rule(
+            target=requests, grammar=st.sampled_from(GRAMMARS), prompt=st.integers(1, 64),
+            max_tokens=st.integers(1, 32))(m.add_grammar_request)),
+        "kv_connector": precondition(m._has_connector)(rule(
+            rid=requests, hit=st.sampled_from([1.0, 0.5, 0.25]), load_async=st.booleans(),
+            recv_after=st.integers(0, 4), load_fails=st.booleans(), delay_free=st.booleans(),
+            send_after=st.integers(0, 4))(m.kv_connector)),
+        "step": precondition(m._before_last_step)(rule(steps=st.integers(1, 4))(m.step)),
+        "abort": precondition(m._can_abort)(rule(
+            rid=requests, in_flight=st.booleans(), after=st.integers(0, 8))(m.abort)),
+        "reset_prefix_cache": precondition(m._can_reset)(rule(
+            running=st.sampled_from([False, True, "unconnected"]), again=st.integers(0, 2),
+            after=st.integers(0, 8))(m.reset_prefix_cache)),
+        "pause": precondition(m._can_pause)(rule(
+            mode=st.sampled_from([None, "abort", "keep"]), steps=st.integers(1, 4),
+            after=st.integers(0, 8))(m.pause)),
+        "model_output": rule(
+            rid=requests, kind=st.sampled_from(model_kinds), at=st.integers(1, 16),
+            tokens=st.lists(st.integers(0, 200), min_size=1, max_size=4))(m.model_output),
+    }
 
-    class ScenarioMachine(RuleBasedStateMachine):
-        requests = Bundle("requests")
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.cursor = 1  # the step the next call lands just before
-            self.config: dict = {}
-            self.reqs: list[dict] = []
-            self.events: list[dict] = []
-            self.model: dict = {"token": 100}
-            self.connector: dict[str, dict] = {}  # request id -> KVConnectorScript fields
-            #: the instance's KV connector (None, ``scripted``, ``nixl``), drawn with the config
-            self.connector_kind: str | None = None
-            #: vLLM's own NixlConnector as the prefill instance of P/D (instead of the script)
-            self.nixl = False
-            #: its requests sent for remote decode (``kv_transfer_params: {do_remote_decode: true}``)
-            self.remote: set[str] = set()
-            #: the calls this example may still make (None: every one hypothesis draws)
-            self.calls_left: int | None = None
-
-        # -- the scenario being built -----------------------------------------------------
-        def scenario(self) -> dict:
-            """The scenario dict so far (validates as ``Scenario``)."""
-            sc = {"name": "fuzz", "level": level,
-                  "description": f"found by vllm-repro fuzz (profile {profile.name}, level {level})",
-                  "config": dict(self.config), "requests": [dict(r) for r in self.reqs],
-                  "events": [dict(e) for e in self.events],
-                  "model": {k: v for k, v in self.model.items() if v not in ({}, None)},
-                  "limits": {"max_steps": 400, "stall_steps": 40}}
-            if version:
-                sc["vllm"] = {"reproduces_on": [version]}
-            if self.nixl:
-                # the prefill instance of P/D: the proxy's requests come with do_remote_decode
-                # (vLLM's NixlConnector decides hits, truncation and delayed frees from it; its
-                # worker half is the lab's), others are served here. An emulated A100: NIXL's package imports
-                # Mamba's Triton ops on 9.0 (0.33.0), whose config filter the CPU environment's
-                # Triton stand-in cannot serve (as the catalog's #53514 runs)
-                sc["kv_transfer_config"] = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
-                for r in sc["requests"]:
-                    if r["id"] in self.remote:
-                        r["kv_transfer_params"] = {"do_remote_decode": True}
-                sc["platform"] = {"name": "cuda", "capability": "8.0",
-                                  "device_name": "NVIDIA A100-SXM4-80GB"}
-            elif self.connector:
-                sc["kv_transfer_config"] = {"kv_connector": "ScriptedConnector", "kv_role": "kv_both",
-                                            "requests": {k: dict(v) for k, v in self.connector.items()}}
-            return sc
-
-        def _engine_core(self) -> bool:
-            return level == "engine-core"
-
-        def _has_requests(self) -> bool:
-            return bool(self.reqs)
-
-        def _space(self) -> bool:
-            return len(self.reqs) < profile.requests[1]
-
-        def _spent(self) -> bool:
-            """Whether this example's calls are used up (then a rule changes nothing: a
-            precondition would leave hypothesis no rule to run); else counts one call."""
-            if self.calls_left is None:
-                return False
-            if self.calls_left <= 0:
-                return True
-            self.calls_left -= 1
-            return False
-
-        # -- calls --------------------------------------------------------------------------
-        @initialize(target=requests, config=configs(profile, level, caps), long=LONG,
-                    prompt=st.integers(1, 900), max_tokens=st.integers(1, 64),
-                    priority=st.integers(0, 2), aligned=BOUNDARY, accept=ACCEPTS,
-                    remote=st.booleans(), calls=CALLS, **V0_DATA)
-        def build_engine(self, config, long, prompt, max_tokens, priority, aligned, accept,
-                         remote, calls, data=None):
-            """The engine's configuration (EngineCore is built from it before step 1) and its
-            first request (a scenario holds at least one: no example runs nothing). At
-            engine-core level the instance's KV connector is drawn with the config
-            (:func:`configs`: none, the scripted one, or a P/D prefill instance under vLLM's
-            own NixlConnector where the release's KVConnectorFactory has it); on such an
-            instance ``remote``: the request is the proxy's (:meth:`add_request`)."""
-            config = dict(config)
-            #: the instance's KV connector (:func:`configs`): None, scripted or nixl
-            self.connector_kind = config.pop("_connector", None)
-            self.nixl = self.connector_kind == "nixl"
-            self.config = config
-            self.calls_left = calls
-            return self._add(long, prompt, max_tokens, priority, None, None, 1, aligned=aligned,
-                             accept=accept, remote=remote, data=data)
-
-        @precondition(_space)
-        @rule(target=requests, long=LONG, prompt=st.integers(1, 900),
-              max_tokens=st.integers(1, 64), priority=st.integers(0, 2),
-              arrival=st.sampled_from([None, None, 0.0, 1.0]),
-              prefix=st.sampled_from([None, None, "p0", "p1"]), prefix_len=st.integers(1, 900),
-              aligned=BOUNDARY, accept=ACCEPTS, remote=st.booleans(), **V0_DATA)
-        def add_request(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                        aligned, accept, remote, data=None):
-            """``EngineCore.add_request`` (``Scheduler.add_request``) before the next step;
-            ``aligned``: where the prompt's length lands against the block size
-            (:data:`BOUNDARY`); ``accept``: how many of its drafts the model accepts each step,
-            where spec decode is on (None: all); ``remote``: on a P/D prefill instance
-            (NixlConnector), the request is the proxy's, sent for remote decode
-            (``kv_transfer_params: {do_remote_decode: true}``), else served here. The proxy
-            sends every request it routes through P/D to the prefill instance that way, so
-            half of them are (until machine version 6 only the ``kv_connector`` rule's and
-            continuations were)."""
-            if self._spent():
-                return multiple()
-            return self._add(long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                             aligned=aligned, accept=accept, remote=remote, data=data)
-
-        @precondition(lambda self: self._space() and profile.shared_prefixes)
-        # extra 0: the same prompt sent again (a client's retry, the proxy resending a
-        # request, users sharing a template), a full-prompt hit that vLLM caps at the prompt
-        # less one token
-        @rule(target=requests, rid=requests, extra=st.sampled_from([1, 1, 0, 16, 33]),
-              max_tokens=st.integers(1, 64), remote_decode=st.booleans(), accept=ACCEPTS)
-        def add_continuation(self, rid, extra, max_tokens, remote_decode, accept):
-            """A request whose prompt is ``rid``'s shared part (its whole prompt where it shares
-            none: from now on a prefix of its own) and ``extra`` new tokens: a conversation's next
-            turn, a prompt sent again with a token more (a prefix-cache hit on every full block but
-            the tail; vLLM caps a hit at the prompt less one token), or the same prompt again."""
-            if self._spent():
-                return multiple()
-            base = next(r for r in self.reqs if r["id"] == rid)
-            if "prefix" not in base:
-                base["prefix"], base["prefix_len"] = f"turn-{rid}", base["prompt_len"]
-            shared = base["prefix_len"]
-            mml = self.config["max_model_len"]
-            prompt_len = max(1, min(shared + extra, mml - 1))
-            req = {"id": f"R{len(self.reqs)}", "at_step": self.cursor, "prompt_len": prompt_len,
-                   "max_tokens": max(1, min(max_tokens, mml - prompt_len)),
-                   "prefix": base["prefix"], "prefix_len": min(shared, prompt_len)}
-            if self.config["policy"] == "priority":
-                req["priority"] = base.get("priority", 0)
-            if self.nixl and remote_decode:  # the next turn sent through P/D
-                self.remote.add(req["id"])
-            self._accept(req["id"], accept)
-            self.reqs.append(req)
-            return req["id"]
-
-        def _add(self, long, prompt, max_tokens, priority, arrival, prefix, prefix_len,
-                 structured=None, aligned=None, accept=None, remote=False, data=None) -> str:
-            mml = self.config["max_model_len"]
-            lo, hi = (profile.long_prompt if long and profile.long_prompt else profile.short_prompt)
-            # within what the config admits (max_model_len - 1, a token left to generate), as
-            # the whole-scenario strategy draws: clamping a drawn length to it (until machine
-            # version 6) made every long prompt of a small pool a one-token request at the
-            # admission limit, which ends at its prefill and never decodes (in 0.24.0's
-            # spec-decode examples 17 % of the requests sat at max_model_len - 1 and 23 % had
-            # max_tokens 1; 8 % and 14 % drawn within the range)
-            hi = max(1, min(hi, mml - 1))
-            lo = min(lo, hi)
-            prompt_len = lo + (prompt - 1) % (hi - lo + 1)
-            bs = self.config["block_size"]
-            if aligned and prompt_len >= bs:
-                prompt_len = prompt_len // bs * bs
-                if aligned == "past" and prompt_len < mml - 1:
-                    prompt_len += 1
-            req = {"id": f"R{len(self.reqs)}", "at_step": self.cursor, "prompt_len": prompt_len,
-                   "max_tokens": max(1, min(max_tokens, mml - prompt_len))}
-            if self.config["policy"] == "priority":
-                req["priority"] = priority
-                if arrival is not None:
-                    req["arrival_time"] = arrival
-            if profile.shared_prefixes and prefix is not None:
-                req["prefix"] = prefix
-                req["prefix_len"] = min(prefix_len, prompt_len)
-            if structured is not None:
-                req["structured_outputs"] = structured
-            if self.nixl and remote:
-                self.remote.add(req["id"])
-            if data is not None:  # (level v0-engine only: V0_DATA)
-                # parallel sampling (SamplingParams.n), which V0 runs as child sequences of
-                # one group (#14326's abort, #14353's finished children); drawn from the rule's
-                # data, an argument only the v0-engine level's rules have (V0_DATA), so the
-                # other levels draw exactly what they drew before
-                n = data.draw(PARALLEL, label="n")
-                if n > 1:
-                    req["n"] = n
-                # a prompt over max_model_len, one request in eight: V0's front door
-                # (LLMEngine._validate_model_inputs) let it through before 0.8.4 (#8881, with
-                # chunked prefill), refuses it from 0.8.4 (a refusal, not a finding); the
-                # other levels refuse such a scenario as input (exit 2)
-                if data.draw(OVER_LENGTH, label="over max_model_len"):
-                    req["prompt_len"] = mml + data.draw(st.integers(1, 2 * bs), label="over by")
-            self._accept(req["id"], accept)
-            self.reqs.append(req)
-            return req["id"]
-
-        def _accept(self, rid: str, accept: int | None) -> None:
-            """``rid``'s drafts: ``accept`` of them accepted each step (None: all), where spec
-            decode is on (``model.spec_decode.accept``)."""
-            if accept is not None and self.config.get("num_speculative_tokens"):
-                self.model.setdefault("spec_decode", {}).setdefault("accept", {})[rid] = accept
-
-        @precondition(lambda self: self._space() and self._engine_core()
-                      and profile.structured_outputs and caps.structured_outputs
-                      and bool(caps.structured_backends))
-        @rule(target=requests, grammar=st.sampled_from(GRAMMARS), prompt=st.integers(1, 64),
-              max_tokens=st.integers(1, 32))
-        def add_grammar_request(self, grammar, prompt, max_tokens):
-            """A structured-output request: the release's front door validates it, its
-            ``StructuredOutputManager`` compiles the grammar, the fake model samples through
-            the step's bitmask."""
-            if self._spent():
-                return multiple()
-            return self._add(False, prompt, max_tokens, 0, None, None, 1, structured=grammar)
-
-        @precondition(lambda self: self.connector_kind is not None)
-        @rule(rid=requests, hit=st.sampled_from([1.0, 0.5, 0.25]), load_async=st.booleans(),
-              recv_after=st.integers(0, 4), load_fails=st.booleans(), delay_free=st.booleans(),
-              send_after=st.integers(0, 4))
-        def kv_connector(self, rid, hit, load_async, recv_after, load_fails, delay_free,
-                         send_after):
-            """The scripted KV connector's answers for ``rid`` (``kv_transfer_config``): an
-            external prefix hit on part of its prompt, loaded synchronously or asynchronously
-            (``finished_recving`` ``recv_after`` steps after now), a failed load where the
-            release's ``KVConnectorOutput`` reports one, and a delayed free
-            (``request_finished`` keeps the blocks until ``finished_sending``)."""
-            if self._spent():
-                return
-            if self.nixl:  # vLLM's NixlConnector: rid is one of the proxy's, sent for remote decode
-                self.remote.add(rid)
-                return
-            prompt = next(r["prompt_len"] for r in self.reqs if r["id"] == rid)
-            ext = max(1, int(prompt * hit))
-            if not load_async:
-                # a synchronous hit leaves the last prompt token to compute, as vLLM's own
-                # connectors do (ExampleConnector rounds len(prompt) - 1 down to a block; LMCache
-                # recomputes the last token of a full-prompt hit): the scheduler must schedule at
-                # least one token (``assert num_new_tokens > 0`` in Scheduler.schedule fails on a
-                # whole-prompt hit, in every release). An asynchronous whole-prompt hit is vLLM's
-                # own case (the scheduler takes one token back once the load is done,
-                # Scheduler._update_waiting_for_remote_kv)
-                ext = min(ext, prompt - 1)
-            script: dict = {}
-            if ext > 0:
-                script["external_hit_tokens"] = ext
-                if load_async:
-                    script["load_async"] = True
-                    if recv_after:
-                        script["recv_done_at_step"] = self.cursor + recv_after
-                if load_fails and caps.kv_load_failures:
-                    script["load_fails"] = True
-            if delay_free:
-                script["delay_free"] = True
-                if send_after:
-                    script["send_done_at_step"] = self.cursor + send_after
-            self.connector[rid] = script
-
-        @precondition(lambda self: self.cursor < MAX_CALL_STEP)
-        @rule(steps=st.integers(1, 4))
-        def step(self, steps):
-            """Let the engine run ``steps`` steps before the next call."""
-            if self._spent():
-                return
-            self.cursor = min(MAX_CALL_STEP, self.cursor + steps)
-
-        @precondition(lambda self: profile.aborts)
-        # one rule for both kinds of abort (each rule is drawn as often as any other: two
-        # would make aborts, which end a request's story, twice as common as a reset).
-        # ``after``: an abort lands 0-8 steps after the cursor, as the engine's other calls do
-        # (a client disconnects while its request prefills, decodes, or after it finished and
-        # its blocks wait for a connector); at the cursor alone (until machine version 6) it
-        # mostly landed at the request's own arrival step, before it was ever scheduled
-        @rule(rid=requests, in_flight=st.booleans(), after=st.integers(0, 8))
-        def abort(self, rid, in_flight, after):
-            """``EngineCore.abort_requests([rid])`` before the step ``after`` steps from now, or
-            (``in_flight``, at engine-core level where the release has it: ``abort_in_flight``)
-            delivered by the engine's input thread while that step's batch executes."""
-            if self._spent():
-                return
-            ev = {"at_step": self.cursor + after, "abort": [rid]}
-            if in_flight and self._engine_core() and "abort_in_flight" in caps.events:
-                ev["when"] = "in_flight"
-            self.events.append(ev)
-
-        @precondition(lambda self: profile.engine_events and self._engine_core()
-                      and "reset_prefix_cache" in caps.events)
-        # reset_running_requests two times in three: a reset without it only fails while any
-        # request holds blocks (Scheduler.reset_prefix_cache returns False), so it changes
-        # nothing while requests run, where the scheduler's own accounting is tested
-        # ``after``: most calls land a few steps after the machine's cursor, once the requests
-        # added so far are decoding: the machine's calls mostly come before its cursor moves
-        # (``step`` is one rule of many), so a reset at the cursor landed before the first
-        # decode step (on 0.24.0, two resets while a request decoded came in 1 % of examples)
-        @rule(running=st.sampled_from([False, True, "unconnected"]), again=st.integers(0, 2),
-              after=st.integers(0, 8))
-        def reset_prefix_cache(self, running, again, after):
-            """``EngineCore.reset_prefix_cache`` ``after`` steps from now
-            (``reset_running_requests`` where the release takes it), and the same call again on
-            each of the ``again`` following steps (an RLHF loop's weight syncs, or
-            ``pause_generation(clear_cache=True)`` retried, come in runs: a second reset while
-            the first one's preempted requests resume meets frames still in flight)."""
-            if self._spent():
-                return
-            if running == "unconnected":
-                # under a KV connector a running reset is drawn one time in three, not two:
-                # Scheduler.reset_prefix_cache raises when the preempted requests' blocks are
-                # still held by the connector (an asynchronous load, a finished request's blocks
-                # waiting for the decode side's read), which vLLM documents as "not supported
-                # yet"; on 0.24.0, 23 % of the spec-decode examples with two running resets
-                # ended there, at their first reset, before anything the resets lead to
-                running = self.connector_kind is None
-            for k in range(again + 1):
-                ev = {"at_step": self.cursor + after + k, "reset_prefix_cache": True}
-                if running and "reset_running_requests" in caps.events:
-                    ev["reset_running_requests"] = True
-                self.events.append(ev)
-
-        @precondition(lambda self: profile.engine_events and self._engine_core()
-                      and "pause" in caps.events and "resume" in caps.events
-                      and self.cursor < MAX_CALL_STEP)
-        # no mode "wait": vLLM 0.33.0's pause_scheduler refuses it in-process ("'wait' mode
-        # can't be used in inproc-engine mode"), where the lab's EngineCore runs: a refusal of
-        # the call, not a crash under load (59 false findings in a 40 s campaign)
-        # ``after``: a pause lands 0-8 steps after the cursor, as a reset does: at the cursor
-        # alone (until machine version 6) most pauses came before the engine's first step, where
-        # vLLM's default mode (abort, with clear_cache) aborts every request before any was
-        # scheduled and empties the prefix cache: an example's whole story gone at step 1 (a
-        # pause came in 30 % of 0.24.0's examples, two in three of them aborting)
-        @rule(mode=st.sampled_from([None, "abort", "keep"]), steps=st.integers(1, 4),
-              after=st.integers(0, 8))
-        def pause(self, mode, steps, after):
-            """``EngineCore.pause_scheduler`` ``after`` steps from now, ``resume_scheduler``
-            ``steps`` later (an engine left paused never finishes its requests: not a
-            finding)."""
-            if self._spent():
-                return
-            at = self.cursor + after
-            ev = {"at_step": at, "pause": True}
-            if mode is not None and "pause_mode" in caps.events:
-                ev["mode"] = mode
-            self.events.append(ev)
-            self.events.append({"at_step": at + steps, "resume": True})
-
-        # what the model returns is one rule, its kind drawn: the fake runner's output is one
-        # concern, and as four rules (empty_output, eos, scripted_output, propose_drafts,
-        # until machine version 6) it was four calls in twelve, each drawn as often as a
-        # request or an engine call, so the engine's own calls (requests, resets, aborts,
-        # pauses, connector answers) were a minority of every example's calls. The kinds are
-        # the release's and the profile's (empty outputs where a ModelRunnerOutput holds
-        # several tokens, drafts where the example decodes speculatively); scripted tokens,
-        # the harmless kind, first: what the kind shrinks towards
-        @rule(rid=requests, kind=st.sampled_from(MODEL_KINDS), at=st.integers(1, 16),
-              tokens=st.lists(st.integers(0, 200), min_size=1, max_size=4))
-        def model_output(self, rid, kind, at, tokens):
-            """The model's behaviour for ``rid``: ``tokens``, the tokens it prefers, one per
-            output position (``model.tokens``); ``eos``, EOS at output length ``at``
-            (``model.eos_at``); ``empty``, no sampled token at the next step although it was
-            scheduled, what a preempted or aborted request looks like to the runner
-            (``model.empty_at``); ``drafts``, what the drafter proposes after each step, at
-            most ``num_speculative_tokens`` (``model.draft_tokens``, every request's)."""
-            if self._spent():
-                return
-            if kind == "tokens":
-                self.model.setdefault("tokens", {})[rid] = tokens
-            elif kind == "eos":
-                self.model.setdefault("eos_at", {})[rid] = at
-            elif kind == "empty":
-                steps = self.model.setdefault("empty_at", {}).setdefault(rid, [])
-                if self.cursor not in steps:
-                    steps.append(self.cursor)
-            elif self.config.get("num_speculative_tokens"):  # drafts, where the example drafts
-                self.model["draft_tokens"] = tokens[: self.config["num_speculative_tokens"]]
-
-        def teardown(self) -> None:
-            if self.reqs:  # none only when build_engine itself failed
-                check(self.scenario())
-
-    ScenarioMachine.__qualname__ = ScenarioMachine.__name__ = f"ScenarioMachine_{level.replace('-', '_')}"
-    return ScenarioMachine
+def machine_class(profile: Profile, level: str, caps, check: Callable[[dict], None],
+                  version: str | None = None) -> type[RuleBasedStateMachine]:
+    """The state machine of one campaign: a subclass of :class:`ScenarioMachine` with its rules
+    bound (:func:`_rules`). ``profile`` bounds the draws, ``level`` is the scenario's level,
+    ``caps`` the release's record (preconditions), ``check(scenario)`` runs the built scenario
+    dict at teardown and raises to fail the example."""
+    name = f"ScenarioMachine_{level.replace('-', '_')}"
+    namespace = {"profile": profile, "level": level, "caps": caps, "version": version,
+                 "check": staticmethod(check), **_rules(profile, level, caps)}
+    machine = type(name, (ScenarioMachine,), namespace)
+    machine.__qualname__ = name
+    return machine

@@ -363,7 +363,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
     example's scenario runs once in the worker (``check``) and fails the example when its
     signature is the process's target. Used by ``vllm-repro fuzz``'s search processes
     (:func:`search_process`) and by a campaign's tasks (:mod:`vllm_repro.campaign.task`)."""
-    from ..engine.host import Worker
+    from ..engine.host import WorkerHandle
     from ..scenario import parse_scenario
 
     _without_local_constants()
@@ -371,7 +371,7 @@ def search(index: int, cfg: SearchConfig, env, log: Path, emit, worker=None) -> 
     stats = {"examples": 0, "errors": 0, "by_outcome": {}, "bound": None, "others": {}}
     try:
         database = cfg.example_database()
-        with nullcontext(worker) if worker is not None else Worker(env, log) as worker:
+        with nullcontext(worker) if worker is not None else WorkerHandle(env, log) as worker:
             refused = refused_features(worker)
             profile = fit_profile(cfg.profile, refused, spec_forced=cfg.spec_forced,
                                   level=cfg.level)

@@ -76,18 +76,20 @@ DEFAULT = Profile("default")
 
 
 @st.composite
-def scenarios(draw, profile: Profile = DEFAULT, version: str | None = None) -> dict:
-    """A scenario dict (validates as ``Scenario``), named ``fuzz``; ``version`` goes into
-    ``vllm.reproduces_on`` when given."""
-    # 16 is a block size every release accepts under either platform (0.10.x's CPU platform
-    # refuses others without IPEX); the GPU-side meaning of the bugs does not depend on it
+def base_config(draw, profile: Profile) -> dict:
+    """The ``config:`` every fuzzed scenario starts from (vLLM's names), drawn in this order by
+    both the state machine (:func:`vllm_repro.fuzz.machine.configs`, which adds the release's
+    features) and :func:`scenarios`: a pool of ``profile.blocks`` blocks of 16 tokens (a block
+    size every release accepts under either platform; 0.10.x's CPU platform refuses others
+    without IPEX), ``max_model_len`` what the pool holds (block 0 is the null block; the engine
+    refuses more) up to :data:`MAX_MODEL_LEN`, chunked prefill, prefix caching where the
+    profile allows it, the profile's policies and a ``long_prefill_token_threshold`` within
+    ``max_model_len`` (vLLM's SchedulerConfig refuses one over it). Shrinks towards the smallest
+    pool, one sequence, a 2048-token budget, fcfs."""
     block_size = 16
-    policy = draw(st.sampled_from(profile.policies))
-    spec = profile.spec_decode and draw(st.booleans())
     num_blocks = draw(st.integers(*profile.blocks))
-    # the engine refuses a max_model_len its KV cache cannot hold (block 0 is the null block)
     max_model_len = min(MAX_MODEL_LEN, (num_blocks - 1) * block_size)
-    config = {
+    return {
         "block_size": block_size,
         "num_gpu_blocks": num_blocks,
         "max_num_seqs": draw(st.integers(1, 8)),
@@ -95,11 +97,19 @@ def scenarios(draw, profile: Profile = DEFAULT, version: str | None = None) -> d
         "max_model_len": max_model_len,
         "enable_chunked_prefill": True,
         "enable_prefix_caching": profile.prefix_caching and draw(st.booleans()),
-        "policy": policy,
-        # vLLM's SchedulerConfig refuses a threshold over max_model_len
+        "policy": draw(st.sampled_from(profile.policies)),
         "long_prefill_token_threshold": draw(st.sampled_from(
             [t for t in (0, 0, 16, 64) if t <= max_model_len])),
     }
+
+
+@st.composite
+def scenarios(draw, profile: Profile = DEFAULT, version: str | None = None) -> dict:
+    """A scenario dict (validates as ``Scenario``), named ``fuzz``; ``version`` goes into
+    ``vllm.reproduces_on`` when given. Its config is :func:`base_config`'s, with spec decode."""
+    config = draw(base_config(profile))
+    policy, max_model_len = config["policy"], config["max_model_len"]
+    spec = profile.spec_decode and draw(st.booleans())
     if spec:
         config["num_speculative_tokens"] = draw(st.integers(1, 4))
         # as `vllm serve` runs (stats on), the front end's stat loggers record every step's

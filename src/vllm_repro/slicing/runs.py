@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable
 
-from ..engine.host import DEFAULT_MODEL, Worker, child_environment
+from ..engine.host import DEFAULT_MODEL, WorkerHandle, child_environment
 from ..errors import EnvError
 from ..settings import IndexSettings, cache_dir
 from ..sources.env import ReleaseEnv, index_args, run_uv, uv_env
@@ -456,7 +456,7 @@ def run_scenarios(env: ReleaseEnv, files: list[Path], work: Path,
         except LabError as exc:
             out[f.stem] = {"file": str(f), "load_error": str(exc)}
     say(f"vLLM {env.version}: {len(loaded)} scenarios ({'traced' if trace_dir else 'plain'})")
-    with Worker(env, work / "engine.log", extra_path=extra_path, extra_env=extra_env) as worker:
+    with WorkerHandle(env, work / "engine.log", extra_path=extra_path, extra_env=extra_env) as worker:
         for f, sc in loaded:
             rep = work / "reports" / sc.name
             result = worker.run(sc.child_payload(), rep, audit=True)

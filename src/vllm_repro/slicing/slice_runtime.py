@@ -15,7 +15,7 @@ third-party packages. It does two things:
 
 Every such event is kept in :data:`EVENTS` (``{"kind": "missing" | "stub", "name": ...,
 "package": ...}``): a run that met one left the traced paths, so the lab reports it as its own
-failure, never as vLLM's outcome (``vllm_repro.engine.loop.run_scenario``). When
+failure, never as vLLM's outcome (``vllm_repro.engine.run.run_scenario``). When
 ``VLLM_REPRO_SLICE_LOG`` is set, each is also appended to that file as one JSON line: the
 slicer's verification runs use it to find a stub that something did use.
 """

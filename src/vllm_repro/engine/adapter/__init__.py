@@ -57,6 +57,7 @@ from pathlib import Path
 from .. import state
 from ..state import iter_queue  # noqa: F401 - re-exported (older importers)
 from .build import BuildMixin
+from .capability_probes import probe
 from .outputs import OutputsMixin, Scheduled  # noqa: F401 - re-exported
 from .probes import (AdapterError, LevelMissing, RefusedByRelease, _import, _source_has,  # noqa: F401
                      _try_import, call_supported, fields_of, init_params, params_of,
@@ -107,8 +108,6 @@ class V1Adapter(BuildMixin, RequestsMixin, OutputsMixin):
         self.computed_advanced_in_schedule = not _source_has(
             getattr(self.Scheduler, "update_from_output", None), "num_computed_tokens +=")
         self._register_model()
-        from ..capabilities import probe
-
         #: what this release supports, probed once (sent to the host in the worker's hello)
         self.caps = probe(self)
 

@@ -37,7 +37,8 @@ _NO_OPS = ("init_worker", "init_device", "load_model", "initialize_cache", "prof
 
 
 class FakeWorker:
-    """What ``vllm/v1/worker/gpu_worker.py:Worker`` answers, without a GPU.
+    """What ``vllm/v1/worker/gpu_worker.py:Worker`` answers, without a GPU (the contract:
+    :class:`vllm_repro.engine.interfaces.FakeWorker`).
 
     ``kv_cache_spec``: ``{layer name: KVCacheSpec}`` (the model's attention layers);
     ``available_memory``: bytes free for the KV cache after profiling (int);
@@ -171,7 +172,7 @@ def unknown_call(worker: FakeWorker | None, exc: BaseException, version: str) ->
     for name in reversed(worker.unknown):
         if name in text:
             return (f"the lab does not know vLLM {version}'s worker call `{name}` "
-                    "(engine/executor.py FakeWorker answers the calls it knows)")
+                    "(engine/fake_executor.py FakeWorker answers the calls it knows)")
     return None
 
 
