@@ -252,7 +252,8 @@ class MultiWorkerHalf:
     ``get_block_ids_with_load_errors``)."""
 
     def __init__(self, scripts: list[dict], fields: set[str], build):
-        #: () -> (vllm_config, kv_cache_config) of the engine, once it is built
+        #: (cls, role) -> ``cls(vllm_config=..., role=role, kv_cache_config=...)`` with the
+        #: engine's configs, once it is built (the arguments the release's constructor takes)
         self._build = build
         self.scripts, self.fields = scripts, fields
         self.connector = None
@@ -265,12 +266,7 @@ class MultiWorkerHalf:
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 
-        from .adapter import call_supported
-
-        vllm_config, kv_cache_config = self._build()
-        self.connector = call_supported(MultiConnector, vllm_config=vllm_config,
-                                        role=KVConnectorRole.WORKER,
-                                        kv_cache_config=kv_cache_config)
+        self.connector = self._build(MultiConnector, KVConnectorRole.WORKER)
         for child, script in zip(self.connector._connectors, self.scripts):
             worker = ScriptedWorker(script, self.fields)
             worker.events = self.events

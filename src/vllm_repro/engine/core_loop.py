@@ -183,7 +183,9 @@ class EngineCoreLoop(StepLoop):
             return MultiWorkerHalf(
                 [c.get("requests") or {} for c in kv.get("connectors") or ()],
                 set(a.caps.kv_load_failures),
-                lambda: (self.vllm_config, self.scheduler.kv_cache_config))
+                lambda cls, role: call_supported(
+                    cls, vllm_config=self.vllm_config, role=role,
+                    kv_cache_config=self.scheduler.kv_cache_config))
 
         def blocks_of(rid):
             # the request's blocks in the release's KV cache manager (KVCacheManager.get_block_ids)
