@@ -54,7 +54,7 @@ def test_kv_transfer_config_loads_under_vllms_names_and_reaches_the_worker(tmp_p
                                         "recv_done_at_step": 4, "load_fails": True,
                                         "load_fails_groups": None, "delay_free": False,
                                         "delay_free_on_abort": False, "send_done_at_step": None,
-                                        "not_ready_lookups": 0}
+                                        "not_ready_lookups": 0, "store_steps": None}
     assert payload["supports_hma"] is False
     assert payload["requests"]["B"]["send_done_at_step"] == 9
     # a scenario without one carries none
