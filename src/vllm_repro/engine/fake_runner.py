@@ -46,6 +46,11 @@ class FakeModelRunner:
         self.books: dict[str, list[int]] = {}
         #: the worker's persistent batch (set by the step loop: :class:`PersistentBatch`)
         self.slots: PersistentBatch | None = None
+        #: a model-based drafter's release-side decisions (set by the step loop:
+        #: :class:`~vllm_repro.engine.drafter.ReleaseDrafter`), None for the n-gram ones
+        self.drafter = None
+        #: the drafter's record of the last :meth:`execute` (``DraftRecord``), None without one
+        self.draft_record = None
 
     def execute(self, step: int, scheduled: list[Scheduled], requests: dict,
                 finished_ids=(), scheduler_output=None
@@ -61,7 +66,8 @@ class FakeModelRunner:
         sampled only when ``num_computed_tokens + num_scheduled_tokens >= num_tokens`` by the
         runner's own books, which a request scheduled without new or cached data keeps stale.
         """
-        req_ids, sampled, drafts = [], [], []
+        req_ids, sampled, drafts, seq_lens = [], [], [], []
+        self.draft_record = None
         if self.slots is not None:
             self.slots.update(step, [s.req_id for s in scheduled], finished_ids, scheduler_output)
         for rid in finished_ids:
@@ -81,6 +87,7 @@ class FakeModelRunner:
                 continue
             # else: scheduled without new/cached data (a stale entry): the runner's old books
             seq_len = book[0] + s.num_scheduled
+            seq_lens.append(seq_len)
             if seq_len < book[1] or step in self.empty_at.get(s.req_id, ()) or req is None:
                 # a partial prefill: the sampled token is discarded
                 sampled.append([])
@@ -104,6 +111,8 @@ class FakeModelRunner:
         after = getattr(self.slots, "after_sample", None)
         if after is not None:
             after(req_ids, sampled)
+        if self.drafter is not None and self.num_spec:
+            drafts, self.draft_record = self.drafter.decide(req_ids, seq_lens, drafts)
         return req_ids, sampled, (drafts if self.num_spec else None)
 
     def _accepted(self, rid: str, num_drafts: int) -> int:
@@ -111,6 +120,10 @@ class FakeModelRunner:
         this verification (``spec_decode.accept``: a count for all, or the next of a list;
         default and past the list: all). A step without drafts is no verification."""
         if not num_drafts:
+            return 0
+        if self.drafter is not None and rid in self.drafter.zeroed:
+            # the drafter did not run: the runner's zeroed drafts, which the target rejects
+            self._verified[rid] = self._verified.get(rid, 0) + 1
             return 0
         rule = self.accept.get(rid)
         i = self._verified.get(rid, 0)

@@ -28,6 +28,7 @@ from ..records import Crash, Frame, Hang, ReportDir, RunResult, Stall, Timing, T
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
+from .drafter import release_drafter
 from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
@@ -231,6 +232,7 @@ class StepLoop:
             phase = self._phase = "execute_model"
             req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
                                                  getattr(so, "finished_req_ids", ()), so)
+            line.drafter = runner.draft_record
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
             phase = self._phase = "update_from_output"
             engine_core_outputs = sched.update_from_output(so, mro)
@@ -401,6 +403,9 @@ class StepLoop:
         if runner is not None:
             runner.slots = worker_state(self.scheduler, self.cfg) or PersistentBatch(
                 worker_max_num_reqs(self.scheduler))
+            # a model-based drafter (EAGLE, MTP, draft model): the release's own decisions
+            runner.drafter = release_drafter(getattr(self.adapter, "vllm_config", None),
+                                             self.scheduler)
 
     def finish_result(self, result: RunResult, step: int, build_s: float, run_s: float,
                       run_cpu_s: float) -> RunResult:

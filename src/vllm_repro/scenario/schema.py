@@ -231,10 +231,15 @@ class SchedulerSettings(Strict):
     policy: Literal["fcfs", "priority"] = "fcfs"
     long_prefill_token_threshold: NonNegInt = 0
     num_speculative_tokens: Annotated[int, Field(ge=1, le=MAX_SPEC_TOKENS)] | None = None
-    #: the drafter (vLLM's ``SpeculativeConfig.method``): ``ngram`` (CPU n-gram proposer) or
-    #: ``ngram_gpu`` (the GPU one, the method async scheduling accepts from 0.20); either way the
-    #: drafts come from the fake model runner, as a drafter at the executor boundary
-    speculative_method: Literal["ngram", "ngram_gpu"] = "ngram"
+    #: the drafter (vLLM's ``SpeculativeConfig.method``): ``ngram`` (CPU n-gram proposer),
+    #: ``ngram_gpu`` (the GPU one, the method async scheduling accepts from 0.20), or a
+    #: model-based one on a packaged config-only draft model: ``eagle``, ``eagle3``, ``mtp`` /
+    #: ``deepseek_mtp`` (a DeepSeek-V3 config with one MTP layer), ``draft_model`` (the OPT
+    #: config as a separate draft); the draft tokens come from the fake model runner (the
+    #: scenario's ``model`` section), and for the model-based ones the release's own rule of
+    #: whether the drafter runs this step (``engine/drafter.py``)
+    speculative_method: Literal["ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "deepseek_mtp",
+                                "draft_model"] = "ngram"
     async_scheduling: bool = False
     kv_cache_groups: list[KVCacheGroup] | None = None
     #: vLLM's engine argument: false (as ``vllm serve`` runs) makes the front end record every
