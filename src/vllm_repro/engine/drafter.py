@@ -34,6 +34,7 @@ Runs inside the release environment (standard library + vLLM).
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 from ..records import DraftRecord
@@ -51,8 +52,8 @@ class ReleaseDrafter:
     """The release's drafter decisions for one run (see the module docstring).
 
     ``vllm_config``: the engine's config (its ``speculative_config`` set); ``scheduler``: the
-    release's scheduler (its ``num_lookahead_tokens``); ``notes``: where a one-line note goes
-    when the release has no callable rule (the run's platform notes)."""
+    release's scheduler (its ``num_lookahead_tokens``); ``notes``: where the one-line note goes
+    when the release has no callable rule (None: the engine log, ``vllm-repro: note: ...``)."""
 
     def __init__(self, vllm_config, scheduler, notes: list[str] | None = None):
         spec = vllm_config.speculative_config
@@ -71,9 +72,13 @@ class ReleaseDrafter:
         self._runner = SimpleNamespace(speculative_config=spec, num_spec_tokens=self.num_spec,
                                        effective_drafter_max_model_len=self.drafter_max_model_len)
         self.rule = RULE if callable(self._fits) else None
-        if self.rule is None and notes is not None:
-            notes.append(f"speculative_method {self.method}: the release has no "
-                         "GPUModelRunner._input_fits_in_drafter; the drafter runs every step")
+        if self.rule is None:
+            note = (f"speculative_method {self.method}: the release has no "
+                    "GPUModelRunner._input_fits_in_drafter to call; the drafter runs every step")
+            if notes is not None:
+                notes.append(note)
+            else:  # the engine log, as the worker-side state's notes
+                print(f"vllm-repro: note: {note}", file=sys.stderr)
         #: request ids whose last drafts were the runner's zeros (rejected at verification)
         self.zeroed: set[str] = set()
 

@@ -301,7 +301,8 @@ class V0Adapter:
         tokenizer), e.g. ``mistral-swa`` (a sliding-window Mistral). Raises
         :class:`RefusedByRelease` naming the packaged models for any other value."""
         root = self.model_dir.parent
-        known = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+        known = sorted(p.name for p in root.iterdir()
+                       if (p / "config.json").is_file() and (p / "tokenizer.json").is_file())
         if str(name) not in known:
             raise RefusedByRelease(f"config.model: {name!r} is not one of the lab's packaged model "
                                    f"configs ({', '.join(known)}); use one of them")
