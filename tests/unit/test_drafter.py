@@ -147,3 +147,8 @@ def test_the_scenario_takes_the_model_based_methods():
     base["config"]["speculative_method"] = "medusa"
     with pytest.raises(ValueError, match="speculative_method"):
         Scenario.model_validate(base)
+
+
+def test_every_packaged_draft_names_its_architectures():
+    for folder in drafter_mod.DRAFT_MODELS.values():
+        assert drafter_mod.DRAFT_ARCHS[folder], folder

@@ -44,6 +44,15 @@ from ..records import DraftRecord
 DRAFT_MODELS = {"eagle": "eagle-llama", "eagle3": "eagle3-llama", "mtp": "deepseek-mtp",
                 "deepseek_mtp": "deepseek-mtp", "draft_model": "opt"}
 
+#: packaged draft folder -> the architectures its config resolves to in the release (its own
+#: ``config.json``'s, and the ones ``SpeculativeConfig`` derives: ``EAGLEConfig``'s
+#: ``Eagle``/``Eagle3`` prefix, ``hf_config_override``'s MTP model), registered in-process
+#: before the draft ``ModelConfig`` inspects them (``V1Adapter._register_model``)
+DRAFT_ARCHS = {"eagle-llama": ("LlamaForCausalLM", "EagleLlamaForCausalLM"),
+               "eagle3-llama": ("LlamaForCausalLM", "Eagle3LlamaForCausalLM"),
+               "deepseek-mtp": ("DeepseekV3ForCausalLM", "DeepSeekMTPModel"),
+               "opt": ("OPTForCausalLM",)}
+
 #: the release's method that decides whether the drafter runs in a step
 RULE = "vllm/v1/worker/gpu_model_runner.py:GPUModelRunner._input_fits_in_drafter"
 
@@ -178,4 +187,4 @@ def release_drafter(vllm_config, scheduler, notes: list[str] | None = None) -> R
     return ReleaseDrafter(vllm_config, scheduler, notes)
 
 
-__all__ = ["DRAFT_MODELS", "RULE", "ReleaseDrafter", "release_drafter", "release_method"]
+__all__ = ["DRAFT_MODELS", "DRAFT_ARCHS", "RULE", "ReleaseDrafter", "release_drafter", "release_method"]

@@ -179,8 +179,9 @@ class BuildMixin:
         if other is not None and "parallel_config" not in other:
             other["parallel_config"] = call_supported(self.config_mod.ParallelConfig)
         parallel = (other or {}).get("parallel_config")
-        from ..drafter import DRAFT_MODELS
+        from ..drafter import DRAFT_ARCHS, DRAFT_MODELS
 
+        self._register_model(DRAFT_ARCHS[DRAFT_MODELS[method]])
         return dict(method=method, model=str(self.model_dir.parent / DRAFT_MODELS[method]),
                     num_speculative_tokens=cfg["num_speculative_tokens"],
                     target_model_config=model_config, target_parallel_config=parallel)
