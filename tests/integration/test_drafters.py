@@ -11,7 +11,9 @@
   zeroed drafts are rejected at the next verification; 0.34.0 (V2 runner only) has no such
   method and its record says so (``rule`` absent);
 - ``speculative_method: mtp`` at level scheduler (a DeepSeek-V3 config with one MTP layer);
-- n-gram drafts under async scheduling are vLLM's own refusal on 0.33.0.
+- n-gram drafts under async scheduling are vLLM's own refusal on 0.33.0;
+- EAGLE with a Mamba group on 0.22.0 (whose model runner sizes the Mamba block-table row with
+  room for the speculative blocks) runs clean: the worker-side state does not guess that size.
 """
 
 from __future__ import annotations
@@ -117,3 +119,27 @@ def test_mtp_at_level_scheduler_and_ngram_refused_under_async(cli, tmp_path):
     assert res["outcome"] == "error", res
     assert "Async scheduling is not supported" in res["refusal"]["message"]
     assert "ngram" in res["refusal"]["message"]
+
+
+MAMBA_EAGLE = textwrap.dedent("""
+    name: mamba-eagle
+    level: scheduler
+    config: {block_size: 16, num_gpu_blocks: 200, max_num_seqs: 4, max_num_batched_tokens: 512,
+             max_model_len: 128, enable_prefix_caching: true, mamba_cache_mode: align,
+             num_speculative_tokens: 3, speculative_method: eagle,
+             kv_cache_groups: [{type: full}, {type: mamba}]}
+    requests:
+      - {id: A, prompt_len: 100, max_tokens: 28}
+      - {id: B, prompt_len: 30, max_tokens: 98}
+""")
+
+
+def test_eagle_with_a_mamba_group_on_0_22_is_no_block_table_false_positive(cli, tmp_path):
+    reports = tmp_path / "reports"
+    proc = cli("run", *_write(tmp_path, MAMBA_EAGLE), "--vllm", "0.22.0", "--reports", str(reports))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res, steps = _load(reports, "mamba-eagle", "0.22.0")
+    assert res["outcome"] == "clean", (res.get("crash"), res.get("violations"))
+    assert set(res["finished"]) == {"A", "B"} and any(s.get("drafts") for s in steps)
+    log = (reports / "mamba-eagle" / "0.22.0" / "engine.log").read_text()
+    assert "MambaSpec has no max_num_blocks_per_req" in log
