@@ -43,6 +43,16 @@ MTP = (EAGLE_ASYNC.replace("name: eagle-async", "name: mtp-sched")
        .replace("async_scheduling: true", "async_scheduling: false")
        .replace("speculative_method: eagle", "speculative_method: mtp"))
 
+EAGLE3_DRAFT_LEN = textwrap.dedent("""
+    name: eagle3-draft-len
+    level: scheduler
+    config: {block_size: 16, num_gpu_blocks: 64, max_num_seqs: 4, max_num_batched_tokens: 256,
+             max_model_len: 256, num_speculative_tokens: 3, speculative_method: eagle3,
+             speculative_max_model_len: 64}
+    requests:
+      - {id: A, prompt_len: 40, max_tokens: 40}
+""")
+
 NGRAM_ASYNC = (EAGLE_ASYNC.replace("name: eagle-async", "name: ngram-async")
                .replace("speculative_method: eagle", "speculative_method: ngram"))
 
@@ -108,9 +118,21 @@ def test_eagle_async_on_0_34_drafts_every_step(cli, tmp_path):
                for s in steps if s.get("drafter"))
 
 
-def test_mtp_at_level_scheduler_and_ngram_refused_under_async(cli, tmp_path):
+def test_mtp_eagle3_draft_length_and_ngram_refused_under_async(cli, tmp_path):
     reports = tmp_path / "reports"
-    cli("run", *_write(tmp_path, MTP, NGRAM_ASYNC), "--vllm", "0.33.0", "--reports", str(reports))
+    cli("run", *_write(tmp_path, MTP, NGRAM_ASYNC, EAGLE3_DRAFT_LEN), "--vllm", "0.33.0",
+        "--reports", str(reports))
+    # speculative_max_model_len: the drafter stops where its 64 tokens end, the target goes on
+    res, steps = _load(reports, "eagle3-draft-len", "0.33.0")
+    assert res["outcome"] == "clean" and res["finished"] == {"A": "FINISHED_LENGTH_CAPPED"}
+    records = [s["drafter"] for s in steps if s.get("drafter")]
+    assert {r["drafter_max_model_len"] for r in records} == {64}
+    assert all(bool(r.get("skipped")) == (r["max_seq_len"] + 3 > 64) for r in records)
+    assert any(r.get("skipped") for r in records) and any(r.get("proposed") for r in records)
+    # past the drafter's end the zeroed drafts are verified and rejected: the sequence grows
+    # by one token a step (after the first skipped step, whose drafts were real)
+    lens = [r["max_seq_len"] for r in records if r.get("skipped")]
+    assert len(lens) > 3 and all(b - a == 1 for a, b in zip(lens[1:], lens[2:])), lens
     res, steps = _load(reports, "mtp-sched", "0.33.0")
     assert res["outcome"] == "clean", (res.get("violations"), res.get("error"))
     assert {s["drafter"]["method"] for s in steps if s.get("drafter")} == {"mtp"}

@@ -152,3 +152,16 @@ def test_the_scenario_takes_the_model_based_methods():
 def test_every_packaged_draft_names_its_architectures():
     for folder in drafter_mod.DRAFT_MODELS.values():
         assert drafter_mod.DRAFT_ARCHS[folder], folder
+
+
+def test_the_drafter_length_is_a_positive_count_for_model_based_drafters():
+    from vllm_repro.scenario.schema import Scenario
+
+    base = {"name": "x", "config": {"num_gpu_blocks": 8, "num_speculative_tokens": 2,
+                                    "speculative_method": "eagle",
+                                    "speculative_max_model_len": 64},
+            "requests": [{"id": "A", "prompt_len": 4, "max_tokens": 2}]}
+    assert Scenario.model_validate(base).config.speculative_max_model_len == 64
+    base["config"]["speculative_max_model_len"] = 0
+    with pytest.raises(ValueError, match="speculative_max_model_len"):
+        Scenario.model_validate(base)

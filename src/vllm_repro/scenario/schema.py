@@ -240,6 +240,11 @@ class SchedulerSettings(Strict):
     #: whether the drafter runs this step (``engine/drafter.py``)
     speculative_method: Literal["ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "deepseek_mtp",
                                 "draft_model"] = "ngram"
+    #: the drafter's own ``max_model_len`` (vLLM's ``SpeculativeConfig.max_model_len``, the
+    #: ``--speculative-max-model-len`` of older releases), model-based methods only: the
+    #: release caps the draft model config's length with it, and its runner stops drafting for a
+    #: batch past it (``engine/drafter.py``)
+    speculative_max_model_len: PosInt | None = None
     async_scheduling: bool = False
     kv_cache_groups: list[KVCacheGroup] | None = None
     #: vLLM's engine argument: false (as ``vllm serve`` runs) makes the front end record every

@@ -152,6 +152,11 @@ class BuildMixin:
         from ..drafter import DRAFT_MODELS
 
         method = cfg.get("speculative_method", "ngram")
+        if cfg.get("speculative_max_model_len") and method not in DRAFT_MODELS:
+            raise RefusedByRelease(f"config.speculative_max_model_len: the {method} drafter has "
+                                   "no draft model to cap (it takes the target's config); use a "
+                                   "model-based speculative_method (eagle, eagle3, mtp, "
+                                   "draft_model) or drop it")
         if method in DRAFT_MODELS:
             spec_kwargs = self._draft_model_kwargs(cfg, method, model_config, other)
         else:
@@ -169,7 +174,8 @@ class BuildMixin:
         the release's own ``SpeculativeConfig.__post_init__`` builds the draft ``ModelConfig``
         from its ``config.json``, and wraps an EAGLE head in its ``EAGLEConfig``), the target's
         model and parallel configs (the same ``ParallelConfig`` object ``VllmConfig`` gets:
-        put into ``other``). Refused where the release's ``SpeculativeMethod`` lacks ``method``
+        put into ``other``), ``max_model_len`` from ``speculative_max_model_len``. Refused
+        where the release's ``SpeculativeMethod`` lacks ``method``
         (:attr:`Capabilities.spec_methods`)."""
         if method not in self.caps.spec_methods:
             have = ", ".join(self.caps.spec_methods) or "none"
@@ -182,9 +188,12 @@ class BuildMixin:
         from ..drafter import DRAFT_ARCHS, DRAFT_MODELS
 
         self._register_model(DRAFT_ARCHS[DRAFT_MODELS[method]])
-        return dict(method=method, model=str(self.model_dir.parent / DRAFT_MODELS[method]),
-                    num_speculative_tokens=cfg["num_speculative_tokens"],
-                    target_model_config=model_config, target_parallel_config=parallel)
+        kwargs = dict(method=method, model=str(self.model_dir.parent / DRAFT_MODELS[method]),
+                      num_speculative_tokens=cfg["num_speculative_tokens"],
+                      target_model_config=model_config, target_parallel_config=parallel)
+        if cfg.get("speculative_max_model_len"):
+            kwargs["max_model_len"] = cfg["speculative_max_model_len"]
+        return kwargs
 
     def _spec_config_by_factory(self, cfg: dict[str, Any], routed: dict, factory, model_config):
         """V0's ``SpeculativeConfig.maybe_create_spec_config`` (``vllm/config.py``, 0.7.x) with
