@@ -90,6 +90,9 @@ class ReleaseDrafter:
                 print(f"vllm-repro: note: {note}", file=sys.stderr)
         #: request ids whose last drafts were the runner's zeros (rejected at verification)
         self.zeroed: set[str] = set()
+        #: steps the scenario says the drafter's input does not fit, checked against the
+        #: release's answer (:func:`check_scripted_skips`)
+        self.scripted_skips: set[int] = set()
 
     def fits(self, max_seq_len: int) -> bool:
         """The release's answer: whether the drafter runs after a batch whose longest sequence
@@ -100,7 +103,7 @@ class ReleaseDrafter:
         return bool(self._fits(self._runner, meta))
 
     def decide(self, req_ids: list[str], seq_lens: list[int],
-               drafts: list[list[int]]) -> tuple[list[list[int]], DraftRecord | None]:
+               drafts: list[list[int]], step: int = 0) -> tuple[list[list[int]], DraftRecord | None]:
         """The drafts handed on after a step, and its :class:`DraftRecord` (None for an empty
         batch: the drafter does not run).
 
@@ -116,7 +119,15 @@ class ReleaseDrafter:
         record = DraftRecord(self.method, num_lookahead_tokens=self.num_lookahead_tokens,
                              rule=self.rule, max_seq_len=max_seq_len,
                              drafter_max_model_len=self.drafter_max_model_len)
-        if self.fits(max_seq_len):
+        fits = self.fits(max_seq_len)
+        if step in self.scripted_skips and fits:
+            from .adapter.probes import RefusedByRelease
+
+            raise RefusedByRelease(
+                f"model.spec_decode.drafter_skipped_at: step {step}, where the release's "
+                f"GPUModelRunner._input_fits_in_drafter says the drafter's input fits (max_seq_len "
+                f"{max_seq_len} + {self.num_spec} <= {self.drafter_max_model_len}); fix the steps")
+        if fits:
             self.zeroed.difference_update(req_ids)
             record.proposed = {rid: len(d) for rid, d in zip(req_ids, drafts)}
             return drafts, record
@@ -167,6 +178,50 @@ def release_method(module: str, cls: str, name: str):
     return None
 
 
+def check_scripted_skips(runner, method: str | None, version: str) -> None:
+    """What ``model.spec_decode.drafter_skipped_at`` means on this release (the steps at which
+    the model runner's ``input_fits_in_drafter`` is false):
+
+    - the runner tests it inline (0.11 to 0.22: no method to call): the script stands for that
+      test, and the runner hands the scheduler no draft token ids at those steps;
+    - the release's ``GPUModelRunner._input_fits_in_drafter`` decides (0.24 to 0.33), with a
+      model-based drafter: the release's answer is used and each scripted step is checked
+      against it (:meth:`ReleaseDrafter.decide`; a disagreement is an input error); with an
+      n-gram drafter it is refused (the lab does not run that drafter's rule);
+    - the runner never skips the drafter (0.10.x; 0.34's V2 runner clamps draft positions on
+      the GPU instead): the steps do not apply, with a note in the engine log.
+
+    Raises :class:`~vllm_repro.engine.adapter.RefusedByRelease`. Sets ``runner``'s drafter
+    method name for the step records."""
+    import importlib.util
+
+    from .adapter.probes import RefusedByRelease
+
+    runner.spec_method = method
+    if not getattr(runner, "drafter_skipped_at", None):
+        return
+    field = "model.spec_decode.drafter_skipped_at"
+    if release_method("vllm.v1.worker.gpu_model_runner", "GPUModelRunner",
+                      "_input_fits_in_drafter") is not None:
+        if getattr(runner, "drafter", None) is None:
+            raise RefusedByRelease(f"{field}: vLLM {version} decides it with "
+                                   "GPUModelRunner._input_fits_in_drafter, which the lab runs for "
+                                   "model-based drafters only (speculative_method eagle, eagle3, "
+                                   "mtp, draft_model); use one, or drop it")
+        runner.drafter.scripted_skips = set(runner.drafter_skipped_at)
+        runner.drafter_skipped_at = set()
+        return
+    try:
+        spec = importlib.util.find_spec("vllm.v1.worker.gpu_model_runner")
+        text = open(spec.origin, encoding="utf-8").read() if spec and spec.origin else ""
+    except (ImportError, ValueError, OSError):
+        text = ""
+    if "input_fits_in_drafter" not in text:
+        print(f"vllm-repro: note: {field}: vLLM {version}'s model runner drafts after every step "
+              "(no input_fits_in_drafter): the scripted steps do not apply", file=sys.stderr)
+        runner.drafter_skipped_at = set()
+
+
 def release_drafter(vllm_config, scheduler, notes: list[str] | None = None) -> ReleaseDrafter | None:
     """A :class:`ReleaseDrafter` where the config's speculative method runs a draft model on the
     GPU (``SpeculativeConfig.use_eagle()`` or ``uses_draft_model()``, the release's own
@@ -187,4 +242,5 @@ def release_drafter(vllm_config, scheduler, notes: list[str] | None = None) -> R
     return ReleaseDrafter(vllm_config, scheduler, notes)
 
 
-__all__ = ["DRAFT_MODELS", "DRAFT_ARCHS", "RULE", "ReleaseDrafter", "release_drafter", "release_method"]
+__all__ = ["DRAFT_MODELS", "DRAFT_ARCHS", "RULE", "ReleaseDrafter", "release_drafter",
+           "release_method", "check_scripted_skips"]

@@ -38,6 +38,9 @@ class FakeModelRunner:
         self.accept: dict[str, int | list[int]] = spec.get("accept") or {}
         #: request id -> drafts proposed after its successive sampling steps (then all)
         self.propose: dict[str, list[int]] = spec.get("propose") or {}
+        #: steps after which the drafter does not run (``input_fits_in_drafter`` false in a
+        #: runner that tests it inline): no draft token ids reach the scheduler
+        self.drafter_skipped_at: set[int] = set(spec.get("drafter_skipped_at") or ())
         #: request id -> steps in which its drafts were verified / in which it sampled, so far
         self._verified: dict[str, int] = {}
         self._sampled: dict[str, int] = {}
@@ -111,8 +114,18 @@ class FakeModelRunner:
         after = getattr(self.slots, "after_sample", None)
         if after is not None:
             after(req_ids, sampled)
+        if self.num_spec and step in self.drafter_skipped_at:
+            # GPUModelRunner (0.11-0.22): the drafter not run, _draft_token_ids left None, so
+            # take_draft_token_ids returns None and the scheduler keeps its spec_token_ids
+            from ..records import DraftRecord
+
+            self.draft_record = DraftRecord(
+                getattr(self, "spec_method", None) or "ngram",
+                skipped={rid: f"model.spec_decode.drafter_skipped_at: step {step} (no draft "
+                              "token ids)" for rid in req_ids})
+            return req_ids, sampled, None
         if self.drafter is not None and self.num_spec:
-            drafts, self.draft_record = self.drafter.decide(req_ids, seq_lens, drafts)
+            drafts, self.draft_record = self.drafter.decide(req_ids, seq_lens, drafts, step)
         return req_ids, sampled, (drafts if self.num_spec else None)
 
     def _accepted(self, rid: str, num_drafts: int) -> int:

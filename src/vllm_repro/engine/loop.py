@@ -28,7 +28,7 @@ from ..records import Crash, Frame, Hang, ReportDir, RunResult, Stall, Timing, T
 from .adapter import (AdapterError, LevelMissing, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
-from .drafter import release_drafter
+from .drafter import check_scripted_skips, release_drafter
 from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
@@ -406,6 +406,7 @@ class StepLoop:
             # a model-based drafter (EAGLE, MTP, draft model): the release's own decisions
             runner.drafter = release_drafter(getattr(self.adapter, "vllm_config", None),
                                              self.scheduler)
+            check_scripted_skips(runner, self.cfg.get("speculative_method"), self.adapter.version)
 
     def finish_result(self, result: RunResult, step: int, build_s: float, run_s: float,
                       run_cpu_s: float) -> RunResult:

@@ -477,10 +477,18 @@ class SpecDecode(Strict):
     all. ``propose``: request id -> how many drafts the drafter proposes after each step in
     which the request sampled, in order (``{A: [2, 0, 3]}``; 0: no drafts that step, as an
     n-gram drafter that finds no match; after the list, ``model.draft_tokens`` in full), each
-    at most ``config.num_speculative_tokens``."""
+    at most ``config.num_speculative_tokens``. ``drafter_skipped_at``: steps after whose
+    forward pass the drafter does not run (the model runner's ``input_fits_in_drafter`` is
+    false). Where the runner makes that test inline (0.11 to 0.22) the steps stand for it and
+    the runner hands the scheduler no draft token ids there; where the release's own
+    ``GPUModelRunner._input_fits_in_drafter`` decides (0.24 to 0.33, model-based drafters) its
+    answer is used and each listed step is checked against it (a disagreement is exit 2);
+    where the runner never skips (0.10.x, 0.34's V2 runner) they do not apply
+    (``engine/drafter.py:check_scripted_skips``)."""
 
     accept: dict[str, int | list[int]] = Field(default_factory=dict)
     propose: dict[str, list[int]] = Field(default_factory=dict)
+    drafter_skipped_at: list[PosInt] = Field(default_factory=list, max_length=10_000)
 
     @field_validator("accept", "propose", mode="before")
     @classmethod
