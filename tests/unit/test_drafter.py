@@ -165,3 +165,38 @@ def test_the_drafter_length_is_a_positive_count_for_model_based_drafters():
     base["config"]["speculative_max_model_len"] = 0
     with pytest.raises(ValueError, match="speculative_max_model_len"):
         Scenario.model_validate(base)
+
+
+def test_scripted_skips_are_checked_against_the_release_rule(fake_release):
+    from vllm_repro.engine.adapter.probes import RefusedByRelease
+
+    runner = FakeModelRunner({"spec_decode": {"drafter_skipped_at": [2]}}, 3)
+    runner.drafter = drafter_mod.release_drafter(config(limit=128), SimpleNamespace())
+    drafter_mod.check_scripted_skips(runner, "eagle", "9.9")
+    assert runner.drafter.scripted_skips == {2} and not runner.drafter_skipped_at
+    assert runner.drafter.decide(["A"], [126], [[7, 7, 7]], step=2)[1].skipped  # agrees
+    with pytest.raises(RefusedByRelease, match="drafter_skipped_at: step 2"):
+        runner.drafter.decide(["A"], [40], [[7, 7, 7]], step=2)  # the release says it fits
+    ngram = FakeModelRunner({"spec_decode": {"drafter_skipped_at": [2]}}, 3)
+    with pytest.raises(RefusedByRelease, match="model-based"):
+        drafter_mod.check_scripted_skips(ngram, "ngram", "9.9")
+
+
+def test_scripted_skips_stand_for_an_inline_test_and_hand_back_no_drafts(fake_release):
+    # a runner whose input_fits_in_drafter is inline (no method): the steps apply
+    fake_release.write_text("class GPUModelRunner:\n    def execute_model(self):\n"
+                            "        input_fits_in_drafter = True\n")
+    runner = FakeModelRunner({"spec_decode": {"drafter_skipped_at": [1]}}, 2)
+    drafter_mod.check_scripted_skips(runner, "ngram", "9.9")
+    assert runner.drafter_skipped_at == {1}
+    from vllm_repro.engine.adapter import Scheduled
+
+    req = SimpleNamespace(num_tokens=4, num_output_tokens=0)
+    ids, sampled, drafts = runner.execute(1, [Scheduled("A", 4, 0, [], True)], {"A": req})
+    assert ids == ["A"] and sampled == [[100]] and drafts is None
+    assert "drafter_skipped_at" in runner.draft_record.skipped["A"]
+    # a runner that never skips: the steps do not apply
+    fake_release.write_text("class GPUModelRunner:\n    pass\n")
+    runner = FakeModelRunner({"spec_decode": {"drafter_skipped_at": [1]}}, 2)
+    drafter_mod.check_scripted_skips(runner, "ngram", "9.9")
+    assert not runner.drafter_skipped_at
