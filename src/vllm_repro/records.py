@@ -470,6 +470,27 @@ class RunResult(Record):
 
 
 @dataclass
+class DraftRecord(Record):
+    """What a model-based drafter (``eagle``, ``eagle3``, ``mtp``, ``draft_model``) did after one
+    step's forward pass (``engine/drafter.py``): ``method`` (the release's
+    ``SpeculativeConfig.method``), ``num_lookahead_tokens`` (the scheduler's own: KV slots it
+    reserves past each request's scheduled tokens), ``rule`` (the release's code that decided:
+    ``GPUModelRunner._input_fits_in_drafter``, or None where the release has no such method),
+    ``max_seq_len`` (the batch's longest sequence after this step, draft positions included: what
+    that rule reads) and ``drafter_max_model_len`` (the drafter's limit:
+    ``effective_drafter_max_model_len``), ``proposed`` (request id -> draft tokens proposed for
+    the next step) and ``skipped`` (request id -> why it got no real drafts)."""
+
+    method: str
+    num_lookahead_tokens: int | None = None
+    rule: str | None = None
+    max_seq_len: int | None = None
+    drafter_max_model_len: int | None = None
+    proposed: dict[str, int] | None = None
+    skipped: dict[str, str] | None = None
+
+
+@dataclass
 class TraceLine(Record):
     """One engine step: a line of ``trace.jsonl``.
 
@@ -477,7 +498,9 @@ class TraceLine(Record):
     ``added`` and ``aborted`` before it, and ``refused`` (request id -> the release's
     front-door error: the request never reached EngineCore); ``scheduled`` (request id ->
     tokens scheduled in this step's ``schedule()``); ``drafts`` (request id -> draft tokens
-    scheduled for verification in it, spec decode); ``preemptions`` (request id -> what
+    scheduled for verification in it, spec decode); ``drafter`` (a model-based drafter's
+    :class:`DraftRecord`: which requests drafted how many tokens, which were skipped and why);
+    ``preemptions`` (request id -> what
     preempted it in this step: ``schedule`` (the scheduler, for blocks), ``reset_prefix_cache``
     or ``pause``, the engine-core events before it); ``stats`` (the release's ``SchedulerStats``
     of this step, flattened: ``num_running_reqs``, ``prefix_cache_stats.hits``,
@@ -506,6 +529,8 @@ class TraceLine(Record):
     refused: dict[str, str] | None = None
     scheduled: dict[str, int] | None = None
     drafts: dict[str, int] | None = None
+    #: a model-based drafter's record of this step (:class:`DraftRecord`)
+    drafter: DraftRecord | None = None
     preemptions: dict[str, str] | None = None
     stats: dict | None = None
     sampled: dict[str, list[int]] | None = None
@@ -893,7 +918,7 @@ def schema() -> str:
     out = []
     for cls in (RunResult, Crash, CrashContext, Frame, Stall, Hang, Violation, RunError, Timing,
                 AuditSummary,
-                EngineInfo, TraceLine, StepDecisions, ReleaseDiff, MatrixReport, MatrixCell,
+                EngineInfo, TraceLine, DraftRecord, StepDecisions, ReleaseDiff, MatrixReport, MatrixCell,
                 CampaignReport,
                 CampaignTaskResult, CampaignFinding, SignatureSpan):
         out.append(f"### `{cls.__name__}`\n")
@@ -916,6 +941,6 @@ def schema() -> str:
 
 __all__ = ["OUTCOMES", "Record", "RecordError", "Frame", "Crash", "CrashContext", "Stall", "Hang",
            "Violation", "RunError", "StepDecisions", "ReleaseDiff",
-           "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "ReportDir",
+           "Timing", "AuditSummary", "EngineInfo", "RunResult", "TraceLine", "DraftRecord", "ReportDir",
            "read_trace", "schema", "MATRIX_OUTCOMES", "MatrixCell", "MatrixReport",
            "CampaignFinding", "CampaignTaskResult", "SignatureSpan", "CampaignReport"]

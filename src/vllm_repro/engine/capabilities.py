@@ -36,7 +36,9 @@ class Capabilities:
     ``reset_connector`` (``reset_prefix_cache(reset_connector=...)``), ``pause``,
     ``pause_mode`` (``pause_scheduler(mode=...)``), ``resume``); ``spec_methods``: the
     ``SpeculativeConfig.method`` values the lab's fake drafter
-    can stand for (``ngram``, ``ngram_gpu``); ``kv_group_kinds``: KV cache spec kinds
+    can stand for (``ngram``, ``ngram_gpu``; the model-based ``eagle``, ``eagle3``, ``mtp``,
+    ``deepseek_mtp``, ``draft_model`` where the release's ``SpeculativeMethod`` names them);
+    ``kv_group_kinds``: KV cache spec kinds
     (``full``, ``sliding_window``, ``chunked_local_attention``, ``mamba``,
     ``cross_attention``: ``engine/adapter/kv_specs.py``). ``structured_outputs``: the release has V1's
     ``StructuredOutputManager``; ``structured_outputs_field``: the ``SamplingParams`` field a

@@ -219,6 +219,8 @@ class EngineCoreLoop(StepLoop):
         scheduled = a.scheduled(so)
         req_ids, sampled, drafts = self.runner.execute(
             self.step, scheduled, self.scheduler.requests, getattr(so, "finished_req_ids", ()), so)
+        if self.runner.draft_record is not None:
+            self._line.drafter = self.runner.draft_record
         draft_ids = None
         if drafts is not None and a.DraftTokenIds is not None and "spec_token_ids" not in a._mro_fields:
             draft_ids = a.DraftTokenIds(req_ids, drafts)

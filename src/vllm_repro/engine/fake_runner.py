@@ -38,6 +38,9 @@ class FakeModelRunner:
         self.accept: dict[str, int | list[int]] = spec.get("accept") or {}
         #: request id -> drafts proposed after its successive sampling steps (then all)
         self.propose: dict[str, list[int]] = spec.get("propose") or {}
+        #: steps after which the drafter does not run (``input_fits_in_drafter`` false in a
+        #: runner that tests it inline): no draft token ids reach the scheduler
+        self.drafter_skipped_at: set[int] = set(spec.get("drafter_skipped_at") or ())
         #: request id -> steps in which its drafts were verified / in which it sampled, so far
         self._verified: dict[str, int] = {}
         self._sampled: dict[str, int] = {}
@@ -46,6 +49,11 @@ class FakeModelRunner:
         self.books: dict[str, list[int]] = {}
         #: the worker's persistent batch (set by the step loop: :class:`PersistentBatch`)
         self.slots: PersistentBatch | None = None
+        #: a model-based drafter's release-side decisions (set by the step loop:
+        #: :class:`~vllm_repro.engine.drafter.ReleaseDrafter`), None for the n-gram ones
+        self.drafter = None
+        #: the drafter's record of the last :meth:`execute` (``DraftRecord``), None without one
+        self.draft_record = None
 
     def execute(self, step: int, scheduled: list[Scheduled], requests: dict,
                 finished_ids=(), scheduler_output=None
@@ -61,7 +69,8 @@ class FakeModelRunner:
         sampled only when ``num_computed_tokens + num_scheduled_tokens >= num_tokens`` by the
         runner's own books, which a request scheduled without new or cached data keeps stale.
         """
-        req_ids, sampled, drafts = [], [], []
+        req_ids, sampled, drafts, seq_lens = [], [], [], []
+        self.draft_record = None
         if self.slots is not None:
             self.slots.update(step, [s.req_id for s in scheduled], finished_ids, scheduler_output)
         for rid in finished_ids:
@@ -81,6 +90,7 @@ class FakeModelRunner:
                 continue
             # else: scheduled without new/cached data (a stale entry): the runner's old books
             seq_len = book[0] + s.num_scheduled
+            seq_lens.append(seq_len)
             if seq_len < book[1] or step in self.empty_at.get(s.req_id, ()) or req is None:
                 # a partial prefill: the sampled token is discarded
                 sampled.append([])
@@ -104,6 +114,18 @@ class FakeModelRunner:
         after = getattr(self.slots, "after_sample", None)
         if after is not None:
             after(req_ids, sampled)
+        if self.num_spec and step in self.drafter_skipped_at:
+            # GPUModelRunner (0.11-0.22): the drafter not run, _draft_token_ids left None, so
+            # take_draft_token_ids returns None and the scheduler keeps its spec_token_ids
+            from ..records import DraftRecord
+
+            self.draft_record = DraftRecord(
+                getattr(self, "spec_method", None) or "ngram",
+                skipped={rid: f"model.spec_decode.drafter_skipped_at: step {step} (no draft "
+                              "token ids)" for rid in req_ids})
+            return req_ids, sampled, None
+        if self.drafter is not None and self.num_spec:
+            drafts, self.draft_record = self.drafter.decide(req_ids, seq_lens, drafts, step)
         return req_ids, sampled, (drafts if self.num_spec else None)
 
     def _accepted(self, rid: str, num_drafts: int) -> int:
@@ -111,6 +133,10 @@ class FakeModelRunner:
         this verification (``spec_decode.accept``: a count for all, or the next of a list;
         default and past the list: all). A step without drafts is no verification."""
         if not num_drafts:
+            return 0
+        if self.drafter is not None and rid in self.drafter.zeroed:
+            # the drafter did not run: the runner's zeroed drafts, which the target rejects
+            self._verified[rid] = self._verified.get(rid, 0) + 1
             return 0
         rule = self.accept.get(rid)
         i = self._verified.get(rid, 0)

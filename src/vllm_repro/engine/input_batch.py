@@ -313,6 +313,14 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
             if modes_enum is not None:
                 modes.append(modes_enum.NONE if is_mamba else modes_enum.TOKEN_TO_KV_SLOT)
             fn = getattr(spec, "max_num_blocks_per_req", None)
+            if is_mamba and not callable(fn):
+                # up to 0.25 GPUModelRunner.may_reinitialize_input_batch sizes a Mamba group's
+                # row itself (1 or the full length, plus MambaSpec.num_speculative_blocks with
+                # spec decode); the lab does not guess that size
+                note("the release's MambaSpec has no max_num_blocks_per_req (the model runner "
+                     "sizes a Mamba group's block table itself): the worker-side state is the "
+                     "lab's PersistentBatch")
+                return None
             max_blocks.append(fn(vcfg, max_model_len) if callable(fn)
                               else math.ceil(max_model_len / spec.block_size))
         vocab = model_cfg.get_vocab_size()

@@ -27,6 +27,7 @@ from ..records import Crash, Frame, Hang, RunResult, Stall, Timing, TraceLine
 from .adapter import (AdapterError, RefusedByRelease, V1Adapter, refused_by_vllm,
                       token_stream)
 from .fake_runner import FakeModelRunner, PersistentBatch
+from .drafter import check_scripted_skips, release_drafter
 from .events import Abort, Event, by_step, perform, supported
 from .interfaces import Observer
 from .input_batch import WORKER_STATE_ATTR, worker_state
@@ -238,6 +239,7 @@ class StepLoop:
             phase = self._phase = "execute_model"
             req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
                                                  getattr(so, "finished_req_ids", ()), so)
+            line.drafter = runner.draft_record
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
             phase = self._phase = "update_from_output"
             engine_core_outputs = sched.update_from_output(so, mro)
@@ -408,6 +410,10 @@ class StepLoop:
         if runner is not None:
             runner.slots = worker_state(self.scheduler, self.cfg) or PersistentBatch(
                 worker_max_num_reqs(self.scheduler))
+            # a model-based drafter (EAGLE, MTP, draft model): the release's own decisions
+            runner.drafter = release_drafter(getattr(self.adapter, "vllm_config", None),
+                                             self.scheduler)
+            check_scripted_skips(runner, self.cfg.get("speculative_method"), self.adapter.version)
 
     def finish_result(self, result: RunResult, step: int, build_s: float, run_s: float,
                       run_cpu_s: float) -> RunResult:

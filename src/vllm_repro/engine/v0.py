@@ -73,7 +73,7 @@ LAB_TO_ENGINE_ARGS = {"block_size": "block_size", "max_num_seqs": "max_num_seqs"
                       "enable_prefix_caching": "enable_prefix_caching"}
 #: lab fields with no meaning at this level (the V1 scheduler's, or engine-core's executor)
 V1_ONLY = ("kv_cache_memory_bytes", "max_concurrent_batches", "async_scheduling",
-           "kv_cache_groups", "execute_model_timeout_seconds")
+           "kv_cache_groups", "execute_model_timeout_seconds", "speculative_max_model_len")
 #: the n-gram drafter's names: ``speculative_model`` (0.6 to 0.8.x EngineArgs) or the
 #: ``speculative_config`` dict's ``model`` / ``method`` (0.8.5 on)
 NGRAM_NAMES = ("[ngram]", "ngram")
@@ -302,7 +302,8 @@ class V0Adapter:
         tokenizer), e.g. ``mistral-swa`` (a sliding-window Mistral). Raises
         :class:`RefusedByRelease` naming the packaged models for any other value."""
         root = self.model_dir.parent
-        known = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+        known = sorted(p.name for p in root.iterdir()
+                       if (p / "config.json").is_file() and (p / "tokenizer.json").is_file())
         if str(name) not in known:
             raise RefusedByRelease(f"config.model: {name!r} is not one of the lab's packaged model "
                                    f"configs ({', '.join(known)}); use one of them")

@@ -231,10 +231,20 @@ class SchedulerSettings(Strict):
     policy: Literal["fcfs", "priority"] = "fcfs"
     long_prefill_token_threshold: NonNegInt = 0
     num_speculative_tokens: Annotated[int, Field(ge=1, le=MAX_SPEC_TOKENS)] | None = None
-    #: the drafter (vLLM's ``SpeculativeConfig.method``): ``ngram`` (CPU n-gram proposer) or
-    #: ``ngram_gpu`` (the GPU one, the method async scheduling accepts from 0.20); either way the
-    #: drafts come from the fake model runner, as a drafter at the executor boundary
-    speculative_method: Literal["ngram", "ngram_gpu"] = "ngram"
+    #: the drafter (vLLM's ``SpeculativeConfig.method``): ``ngram`` (CPU n-gram proposer),
+    #: ``ngram_gpu`` (the GPU one, the method async scheduling accepts from 0.20), or a
+    #: model-based one on a packaged config-only draft model: ``eagle``, ``eagle3``, ``mtp`` /
+    #: ``deepseek_mtp`` (a DeepSeek-V3 config with one MTP layer), ``draft_model`` (the OPT
+    #: config as a separate draft); the draft tokens come from the fake model runner (the
+    #: scenario's ``model`` section), and for the model-based ones the release's own rule of
+    #: whether the drafter runs this step (``engine/drafter.py``)
+    speculative_method: Literal["ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "deepseek_mtp",
+                                "draft_model"] = "ngram"
+    #: the drafter's own ``max_model_len`` (vLLM's ``SpeculativeConfig.max_model_len``, the
+    #: ``--speculative-max-model-len`` of older releases), model-based methods only: the
+    #: release caps the draft model config's length with it, and its runner stops drafting for a
+    #: batch past it (``engine/drafter.py``)
+    speculative_max_model_len: PosInt | None = None
     async_scheduling: bool = False
     kv_cache_groups: list[KVCacheGroup] | None = None
     #: vLLM's engine argument: false (as ``vllm serve`` runs) makes the front end record every
@@ -472,10 +482,18 @@ class SpecDecode(Strict):
     all. ``propose``: request id -> how many drafts the drafter proposes after each step in
     which the request sampled, in order (``{A: [2, 0, 3]}``; 0: no drafts that step, as an
     n-gram drafter that finds no match; after the list, ``model.draft_tokens`` in full), each
-    at most ``config.num_speculative_tokens``."""
+    at most ``config.num_speculative_tokens``. ``drafter_skipped_at``: steps after whose
+    forward pass the drafter does not run (the model runner's ``input_fits_in_drafter`` is
+    false). Where the runner makes that test inline (0.11 to 0.22) the steps stand for it and
+    the runner hands the scheduler no draft token ids there; where the release's own
+    ``GPUModelRunner._input_fits_in_drafter`` decides (0.24 to 0.33, model-based drafters) its
+    answer is used and each listed step is checked against it (a disagreement is exit 2);
+    where the runner never skips (0.10.x, 0.34's V2 runner) they do not apply
+    (``engine/drafter.py:check_scripted_skips``)."""
 
     accept: dict[str, int | list[int]] = Field(default_factory=dict)
     propose: dict[str, list[int]] = Field(default_factory=dict)
+    drafter_skipped_at: list[PosInt] = Field(default_factory=list, max_length=10_000)
 
     @field_validator("accept", "propose", mode="before")
     @classmethod

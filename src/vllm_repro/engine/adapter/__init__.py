@@ -117,17 +117,29 @@ class V1Adapter(BuildMixin, RequestsMixin, OutputsMixin):
         v = getattr(mod, "__version__", None) if mod else None
         return str(v or getattr(sys.modules["vllm"], "__version__", "unknown"))
 
-    def _register_model(self) -> None:
-        """Register the packaged architecture's real class in-process, so that ``ModelConfig``
-        inspects it here instead of in a ``python -m vllm.model_executor.models.registry``
-        subprocess (a second 10 s import of torch and vLLM on 0.9/0.10)."""
-        registry = _try_import("vllm:ModelRegistry", "vllm.model_executor.models:ModelRegistry")
-        if registry is None or not hasattr(registry, "register_model"):
+    def _register_model(self, archs: tuple[str, ...] = ()) -> None:
+        """Register the packaged architecture's real class in-process (or ``archs``: the
+        architectures a packaged draft model resolves to), so that ``ModelConfig`` inspects it
+        here instead of in a ``python -m vllm.model_executor.models.registry`` subprocess (a
+        second 10 s import of torch and vLLM on 0.9/0.10; on 0.17 that subprocess fails for a
+        draft model under the emulated platform)."""
+        if archs:
+            for arch in archs:
+                self._register_arch(arch)
             return
         try:
             import json
 
-            arch = json.loads((self.model_dir / "config.json").read_text())["architectures"][0]
+            self._register_arch(json.loads((self.model_dir / "config.json").read_text())
+                                ["architectures"][0])
+        except Exception:  # noqa: BLE001 - an optimisation only: the subprocess path still works
+            return
+
+    def _register_arch(self, arch: str) -> None:
+        registry = _try_import("vllm:ModelRegistry", "vllm.model_executor.models:ModelRegistry")
+        if registry is None or not hasattr(registry, "register_model"):
+            return
+        try:
             models = getattr(registry, "models", {})
             lazy = models.get(arch)
             if lazy is None or not hasattr(lazy, "module_name"):

@@ -82,8 +82,8 @@ class BuildMixin:
                             cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"])
         cache_kwargs.update(routed.get("CacheConfig", {}))
         cache_config = self._strict_call(c.CacheConfig, cache_kwargs, routed.get("CacheConfig", {}))
-        spec_config = self._spec_config(cfg, routed, model_config)
         other = self._other_configs(routed)
+        spec_config = self._spec_config(cfg, routed, model_config, other)
         if cfg.get("kv_transfer_config"):
             other["kv_transfer_config"] = self.kv_transfer_config(cfg["kv_transfer_config"])
         vllm_config = call_supported(
@@ -127,7 +127,7 @@ class BuildMixin:
         return self._strict_call(self.config_mod.SchedulerConfig, sched_kwargs,
                                  routed.get("SchedulerConfig", {}))
 
-    def _spec_config(self, cfg: dict[str, Any], routed: dict, model_config=None):
+    def _spec_config(self, cfg: dict[str, Any], routed: dict, model_config=None, other=None):
         """``SpeculativeConfig`` (ngram drafts by default) when the scenario turns spec decode
         on, else None; a SpeculativeConfig field without it, or spec decode on a release whose
         V1 scheduler has no draft tokens, is refused. Where the release's ``SpeculativeConfig``
@@ -149,12 +149,51 @@ class BuildMixin:
         if callable(factory) and "num_speculative_tokens" in params_of(factory)[0] \
                 and "model" not in init_params(cls)[0]:
             return self._spec_config_by_factory(cfg, routed, factory, model_config)
-        spec_kwargs = dict(model="ngram", method=cfg.get("speculative_method", "ngram"),
-                           num_speculative_tokens=cfg["num_speculative_tokens"],
-                           prompt_lookup_max=4, prompt_lookup_min=1)
+        from ..drafter import DRAFT_MODELS
+
+        method = cfg.get("speculative_method", "ngram")
+        if cfg.get("speculative_max_model_len") and method not in DRAFT_MODELS:
+            raise RefusedByRelease(f"config.speculative_max_model_len: the {method} drafter has "
+                                   "no draft model to cap (it takes the target's config); use a "
+                                   "model-based speculative_method (eagle, eagle3, mtp, "
+                                   "draft_model) or drop it")
+        if method in DRAFT_MODELS:
+            spec_kwargs = self._draft_model_kwargs(cfg, method, model_config, other)
+        else:
+            spec_kwargs = dict(model="ngram", method=method,
+                               num_speculative_tokens=cfg["num_speculative_tokens"],
+                               prompt_lookup_max=4, prompt_lookup_min=1)
         spec_kwargs.update(routed.get("SpeculativeConfig", {}))
         return self._strict_call(self.config_mod.SpeculativeConfig, spec_kwargs,
                                  routed.get("SpeculativeConfig", {}))
+
+    def _draft_model_kwargs(self, cfg: dict[str, Any], method: str, model_config, other) -> dict:
+        """``SpeculativeConfig`` arguments for a model-based drafter, as ``EngineArgs.
+        create_speculative_config`` hands them over (``vllm/engine/arg_utils.py``): ``method``,
+        ``model`` (the packaged config-only draft, :data:`~vllm_repro.engine.drafter.DRAFT_MODELS`:
+        the release's own ``SpeculativeConfig.__post_init__`` builds the draft ``ModelConfig``
+        from its ``config.json``, and wraps an EAGLE head in its ``EAGLEConfig``), the target's
+        model and parallel configs (the same ``ParallelConfig`` object ``VllmConfig`` gets:
+        put into ``other``), ``max_model_len`` from ``speculative_max_model_len``. Refused
+        where the release's ``SpeculativeMethod`` lacks ``method``
+        (:attr:`Capabilities.spec_methods`)."""
+        if method not in self.caps.spec_methods:
+            have = ", ".join(self.caps.spec_methods) or "none"
+            raise RefusedByRelease(f"config.speculative_method: {method!r} is not one of vLLM "
+                                   f"{self.version}'s SpeculativeConfig methods the lab drives "
+                                   f"({have}); pick one of them")
+        if other is not None and "parallel_config" not in other:
+            other["parallel_config"] = call_supported(self.config_mod.ParallelConfig)
+        parallel = (other or {}).get("parallel_config")
+        from ..drafter import DRAFT_ARCHS, DRAFT_MODELS
+
+        self._register_model(DRAFT_ARCHS[DRAFT_MODELS[method]])
+        kwargs = dict(method=method, model=str(self.model_dir.parent / DRAFT_MODELS[method]),
+                      num_speculative_tokens=cfg["num_speculative_tokens"],
+                      target_model_config=model_config, target_parallel_config=parallel)
+        if cfg.get("speculative_max_model_len"):
+            kwargs["max_model_len"] = cfg["speculative_max_model_len"]
+        return kwargs
 
     def _spec_config_by_factory(self, cfg: dict[str, Any], routed: dict, factory, model_config):
         """V0's ``SpeculativeConfig.maybe_create_spec_config`` (``vllm/config.py``, 0.7.x) with

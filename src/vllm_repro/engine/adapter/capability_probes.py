@@ -36,6 +36,11 @@ def probe(adapter) -> Capabilities:
         methods.append("ngram")
         if "ngram_gpu" in text or _source_has(spec_cls, '"ngram_gpu"'):
             methods.append("ngram_gpu")
+        # the model-based drafters: the names the release's SpeculativeMethod Literal holds
+        # (nested Literals flattened: EagleModelTypes, MTPModelTypes), each with a packaged
+        # config-only draft (engine/drafter.py:DRAFT_MODELS)
+        named = _literal_values(getattr(src_mod, "SpeculativeMethod", None))
+        methods.extend(m for m in DRAFTER_METHODS if m in named)
 
     kinds = release_kinds()
     # EngineCore and the executor are read from their source (ast), not imported: the
@@ -217,6 +222,27 @@ _SO_BACKENDS = (("xgrammar", "backend_xgrammar", "xgrammar"),
                 ("guidance", "backend_guidance", "llguidance"),
                 ("outlines", "backend_outlines", "outlines_core"),
                 ("lm-format-enforcer", "backend_lm_format_enforcer", "lmformatenforcer"))
+
+
+#: the model-based ``SpeculativeConfig.method`` values the lab's drafter stands for, where the
+#: release names them (``engine/drafter.py``)
+DRAFTER_METHODS = ("eagle", "eagle3", "mtp", "deepseek_mtp", "draft_model")
+
+
+def _literal_values(tp) -> set[str]:
+    """The strings of a ``typing.Literal`` (nested Literals and Optional flattened); empty for
+    None or anything else."""
+    import typing
+
+    out: set[str] = set()
+    if tp is None:
+        return out
+    for arg in typing.get_args(tp):
+        if isinstance(arg, str):
+            out.add(arg)
+        else:
+            out |= _literal_values(arg)
+    return out
 
 
 def _module_exists(name: str) -> bool:
