@@ -38,20 +38,7 @@ import sys
 from types import SimpleNamespace
 
 from ..records import DraftRecord
-
-#: ``SpeculativeConfig.method`` -> the packaged config-only draft model (a folder of
-#: ``src/vllm_repro/models``) the lab names as its ``model``
-DRAFT_MODELS = {"eagle": "eagle-llama", "eagle3": "eagle3-llama", "mtp": "deepseek-mtp",
-                "deepseek_mtp": "deepseek-mtp", "draft_model": "opt"}
-
-#: packaged draft folder -> the architectures its config resolves to in the release (its own
-#: ``config.json``'s, and the ones ``SpeculativeConfig`` derives: ``EAGLEConfig``'s
-#: ``Eagle``/``Eagle3`` prefix, ``hf_config_override``'s MTP model), registered in-process
-#: before the draft ``ModelConfig`` inspects them (``V1Adapter._register_model``)
-DRAFT_ARCHS = {"eagle-llama": ("LlamaForCausalLM", "EagleLlamaForCausalLM"),
-               "eagle3-llama": ("LlamaForCausalLM", "Eagle3LlamaForCausalLM"),
-               "deepseek-mtp": ("DeepseekV3ForCausalLM", "DeepSeekMTPModel"),
-               "opt": ("OPTForCausalLM",)}
+from .draft_models import DRAFT_ARCHS, DRAFT_MODELS  # noqa: F401 - re-exported
 
 #: the release's method that decides whether the drafter runs in a step
 RULE = "vllm/v1/worker/gpu_model_runner.py:GPUModelRunner._input_fits_in_drafter"

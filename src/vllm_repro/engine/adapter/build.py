@@ -149,7 +149,7 @@ class BuildMixin:
         if callable(factory) and "num_speculative_tokens" in params_of(factory)[0] \
                 and "model" not in init_params(cls)[0]:
             return self._spec_config_by_factory(cfg, routed, factory, model_config)
-        from ..drafter import DRAFT_MODELS
+        from ..draft_models import DRAFT_MODELS
 
         method = cfg.get("speculative_method", "ngram")
         if cfg.get("speculative_max_model_len") and method not in DRAFT_MODELS:
@@ -185,7 +185,7 @@ class BuildMixin:
         if other is not None and "parallel_config" not in other:
             other["parallel_config"] = call_supported(self.config_mod.ParallelConfig)
         parallel = (other or {}).get("parallel_config")
-        from ..drafter import DRAFT_ARCHS, DRAFT_MODELS
+        from ..draft_models import DRAFT_ARCHS, DRAFT_MODELS
 
         self._register_model(DRAFT_ARCHS[DRAFT_MODELS[method]])
         kwargs = dict(method=method, model=str(self.model_dir.parent / DRAFT_MODELS[method]),
