@@ -116,8 +116,17 @@ class EngineCoreLoop(StepLoop):
             executor_cls = self._lab(ranks.multiproc_executor)
         else:
             executor_cls = self._lab(make_executor_class, self.worker, depth)
-        engine_cls = _import("vllm.v1.engine.core:EngineCore")
         self.vllm_config = vllm_config
+        engine = self._make_engine(vllm_config, executor_cls)
+        if engine is not None:
+            self._adopt(engine)
+
+    def _make_engine(self, vllm_config, executor_cls):
+        """The release's ``EngineCore`` built in this process with ``executor_cls`` (a vLLM
+        exception there is :class:`_EngineBuildCrash`); :mod:`~vllm_repro.engine.core_proc`
+        starts it in its own process behind the release's client instead (returns None)."""
+        a = self.adapter
+        engine_cls = _import("vllm.v1.engine.core:EngineCore")
         try:
             engine = call_supported(engine_cls, vllm_config=vllm_config,
                                     executor_class=executor_cls, log_stats=True,
@@ -132,6 +141,14 @@ class EngineCoreLoop(StepLoop):
                 raise AdapterError(f"building vLLM {a.version}'s EngineCore failed in the lab: "
                                    f"{type(exc).__name__}: {exc}") from exc
             raise _EngineBuildCrash(exc) from exc
+        return engine
+
+    def _adopt(self, engine) -> None:
+        """Take ``engine`` (the release's ``EngineCore``, or its ``EngineCoreProc`` in its own
+        process) as this run's: its scheduler observed, its step function and batch queue read."""
+        a = self.adapter
+        cfg = self.cfg
+        vllm_config = self.vllm_config
         self.engine = engine
         self.scheduler = engine.scheduler
         if self.ranks is not None:
@@ -379,8 +396,7 @@ class EngineCoreLoop(StepLoop):
                 queued = queue_.qsize() if hasattr(queue_, "qsize") else len(queue_)
                 line.in_flight = queued + len(line.applied_from)
             self._phase = "record_stats"
-            while not engine.output_queue.empty():
-                item = engine.output_queue.get_nowait()
+            for item in self._step_outputs(engine):
                 # (client index, outputs) from 0.9; the EngineCoreOutputs alone in 0.8.x
                 outs = item[1] if isinstance(item, tuple) else item
                 all_stats = self._stats_of({0: outs}, record_stats is not None)
@@ -406,6 +422,12 @@ class EngineCoreLoop(StepLoop):
             self._log_fatal(exc, (self._scheduled_so or [None])[-1])
             return self._crashed(exc, step, self._phase, line), None
         return None, (self._updated_so or self._scheduled_so or [None])[-1]
+
+    def _step_outputs(self, engine):
+        """What the step put on the engine's output queue (``EngineCoreProc.output_queue``),
+        taken off it: ``(client index, EngineCoreOutputs)`` items, or ``EngineCoreOutputs``."""
+        while not engine.output_queue.empty():
+            yield engine.output_queue.get_nowait()
 
     def _progressed(self, line: TraceLine) -> bool:
         """Progress at the engine-core level: some request got further than it ever was
@@ -640,7 +662,7 @@ class _rank_env:
         from .topology import topology
 
         try:
-            if topology(cfg).multiprocess:
+            if topology(cfg).multiprocess or cfg.get("multiprocess_mode"):
                 self.want["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         except ValueError:
             pass

@@ -623,9 +623,9 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         elif getattr(adapter, "generation", "v1") == "v0":
             raise LevelMissing(level, adapter.caps.refusal("v1-engine"))
         elif level == "engine-core":
-            from .core_loop import EngineCoreLoop
+            from .core_proc import loop_class  # in-process, or multiprocess_mode
 
-            loop = EngineCoreLoop(adapter, scenario, write, observer)
+            loop = loop_class(scenario)(adapter, scenario, write, observer)
         else:
             loop = StepLoop(adapter, scenario, write, observer)
         if level != "v0-engine":
