@@ -113,6 +113,9 @@ class CoreProcLoop(EngineCoreLoop):
         self._client_error: BaseException | None = None
         self._client_tb = ""
         self._client_finished: dict[str, str] = {}
+        self._wanted = 0  # the last step whose client messages the engine core asked for
+        self._want = threading.Condition()
+        self._stopping = False
         ctx = multiprocessing.get_context("fork")
         self._conn, child_conn = ctx.Pipe(duplex=True)
         global _PENDING
@@ -211,13 +214,25 @@ class CoreProcLoop(EngineCoreLoop):
         raise AdapterError(f"vLLM {self.adapter.version}'s client could not start the engine "
                            f"core process: {type(exc).__name__}: {exc}") from exc
 
+    def _client_steps(self) -> list[int]:
+        """The steps that send the client something (requests, aborts, reset_prefix_cache)."""
+        return sorted(set(self.requests_by_step) | {
+            e["at_step"] for e in self.sc.get("events", [])
+            if e.get("abort") or e.get("reset_prefix_cache")})
+
     def _send_inputs(self) -> None:
-        """The scenario's requests and events through the client, in step order (the engine
-        core process takes each step's off its input queue at that step)."""
+        """The scenario's requests and events through the client, each step's once the engine
+        core process reached that step and asked for them (as a front end whose users send
+        them then: sent earlier, vLLM's input thread would hand an abort to the engine's
+        ``aborts_queue`` steps before it is due)."""
         client = self.client
-        steps = sorted(set(self.requests_by_step) | set(self.events_by_step))
         try:
-            for step in steps:
+            for step in self._client_steps():
+                with self._want:
+                    while self._wanted < step and not self._stopping:
+                        self._want.wait(0.5)
+                    if self._stopping:
+                        return
                 for r in self.requests_by_step.get(step, []):
                     ecr = self._engine_core_request(r)
                     self.order += 1
@@ -273,7 +288,11 @@ class CoreProcLoop(EngineCoreLoop):
                     return None
                 last = time.monotonic()
                 kind = msg[0]
-                if kind == "trace":
+                if kind == "want":
+                    with self._want:
+                        self._wanted = msg[1]
+                        self._want.notify_all()
+                elif kind == "trace":
                     last_step = msg[1]
                     self.trace(_Line(msg[1], msg[2]))
                 elif kind == "result":
@@ -302,6 +321,9 @@ class CoreProcLoop(EngineCoreLoop):
         """The end of the run, the release's way: the engine core process told to leave its
         loop, the client's ``shutdown`` (vLLM stops its processes: SIGTERM, then SIGKILL), the
         lab's output thread let go, pending utility calls failed."""
+        with self._want:
+            self._stopping = True
+            self._want.notify_all()
         try:
             self._conn.send(("end",))
         except (OSError, ValueError, AttributeError):
@@ -336,6 +358,8 @@ class CoreProcLoop(EngineCoreLoop):
         handles it) or waits for the front end's end and leaves as on SIGTERM."""
         self.watchdog = None  # its thread stayed in the front end
         self.trace = lambda line: conn.send(("trace", line.step, line.to_json()))
+        self._child_conn = conn
+        self._asks = set(self._client_steps())
         self._fatal: BaseException | None = None
         self._outputs: list = []
         t0 = time.perf_counter()
@@ -382,6 +406,13 @@ class CoreProcLoop(EngineCoreLoop):
                                             "RUNNING") != "RUNNING":
                 break
         raise SystemExit(0)
+
+    def _engine_step(self, step: int, line: TraceLine, record_stats):
+        """The in-process level's step, after asking the front end for this step's client
+        messages where it has some."""
+        if step in self._asks:
+            self._child_conn.send(("want", step))
+        return super()._engine_step(step, line, record_stats)
 
     def _take_client_message(self, kind: str) -> None:
         """The next client message of ``kind`` (``ADD``, ``ABORT``, ``UTILITY``) off vLLM's
