@@ -144,7 +144,8 @@ class CoreProcLoop(EngineCoreLoop):
             result = self._relay()
             if result.outcome == "crash":  # the client's side of the engine's death
                 outputs.join(10.0)
-            result.timing = result.timing or Timing(round(build_s, 4))
+            result.timing = result.timing or Timing(0.0)
+            result.timing.build_s = round(build_s, 4)  # make_client: the process's start-up
             result.engine = result.engine or EngineInfo()
             result.engine.client = type(self.client).__name__
             if self._client_error is not None:
@@ -159,8 +160,12 @@ class CoreProcLoop(EngineCoreLoop):
             _set_sigpipe(pipe_before)
 
     def _refuse_unsent(self) -> None:
-        """Refuse, before anything starts, what this shape does not send through the client
-        yet (exit 2, naming the field)."""
+        """Refuse, before anything starts, a release without this shape (its capabilities
+        record) and what this shape does not send through the client yet (exit 2, naming the
+        field)."""
+        caps = self.adapter.caps
+        if caps.engine_core and not caps.engine_core_proc:
+            raise RefusedByRelease(f"config.multiprocess_mode: {caps.refusal('engine core process')}")
         if any(r.get("structured_outputs") for r in self.sc["requests"]):
             raise RefusedByRelease("requests[].structured_outputs with config.multiprocess_mode: "
                                    "the front door's grammar check is not run in this shape; "
