@@ -197,10 +197,15 @@ class CoreProcLoop(EngineCoreLoop):
             return _child_init(original, engine, *args, **kwargs)
 
         proc_cls.__init__ = __init__
+        asyncio_mode = bool(self.cfg.get("asyncio_mode"))
+        self._calls = _AsyncCalls() if asyncio_mode else _SyncCalls()
+
+        def make():
+            return call_supported(client_cls.make_client, multiprocess_mode=True,
+                                  asyncio_mode=asyncio_mode, vllm_config=vllm_config,
+                                  executor_class=executor_cls, log_stats=True)
         try:
-            self.client = call_supported(client_cls.make_client, multiprocess_mode=True,
-                                         asyncio_mode=False, vllm_config=vllm_config,
-                                         executor_class=executor_cls, log_stats=True)
+            self.client = self._calls.start(make)
         except Exception as exc:  # noqa: BLE001 - the engine core process failed to start
             raise _ClientStartFailed() from exc
         finally:
@@ -241,14 +246,14 @@ class CoreProcLoop(EngineCoreLoop):
                 for r in self.requests_by_step.get(step, []):
                     ecr = self._engine_core_request(r)
                     self.order += 1
-                    client.add_request(ecr)
+                    self._calls.call(client, "add_request", ecr)
                 for e in self.events_by_step.get(step, []):
                     if e.get("abort"):
-                        client.abort_requests(list(e["abort"]))
+                        self._calls.call(client, "abort_requests", list(e["abort"]))
                     elif e.get("reset_prefix_cache"):
                         kwargs = {"reset_running_requests": True} \
                             if e.get("reset_running_requests") else {}
-                        call_supported(client.reset_prefix_cache, **kwargs)
+                        self._calls.call(client, "reset_prefix_cache", **kwargs)
         except Exception:  # noqa: BLE001 - the engine died: the relay reports it
             return
 
@@ -257,7 +262,7 @@ class CoreProcLoop(EngineCoreLoop):
         requests noted, the client's error (``EngineDeadError``) kept."""
         while True:
             try:
-                outs = self.client.get_output()
+                outs = self._calls.call(self.client, "get_output")
             except _ClientStopped:
                 return
             except Exception as exc:  # noqa: BLE001 - vLLM's client raised: what a user sees
@@ -334,17 +339,11 @@ class CoreProcLoop(EngineCoreLoop):
         except (OSError, ValueError, AttributeError):
             pass
         client = self.client
+        calls = getattr(self, "_calls", None)
         if client is not None:
-            try:
-                client.shutdown()
-            except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
-                pass
-            outputs_queue = getattr(client, "outputs_queue", None)
-            if outputs_queue is not None:
-                outputs_queue.put_nowait(_ClientStopped())
-            for fut in list((getattr(client, "utility_results", None) or {}).values()):
-                if not fut.done():
-                    fut.set_exception(_ClientStopped())
+            calls.stop(client)
+        if calls is not None:
+            calls.close()
         try:
             self._conn.close()
         except (OSError, AttributeError):
@@ -470,6 +469,88 @@ class CoreProcLoop(EngineCoreLoop):
         """Kept to re-raise: vLLM's ``run_engine_core`` logs it here (its crash dump was
         written by ``EngineCore.step``'s own ``log_error_detail`` where the release has it)."""
         self._fatal = exc
+
+
+class _SyncCalls:
+    """The client's calls as ``SyncMPClient`` takes them (``asyncio_mode: false``)."""
+
+    def start(self, make):
+        return make()
+
+    def call(self, client, name: str, *args, **kwargs):
+        return call_supported(getattr(client, name), **kwargs) if kwargs and not args \
+            else getattr(client, name)(*args, **kwargs)
+
+    def stop(self, client) -> None:
+        """vLLM's ``shutdown``, then the lab's output thread and pending utility calls let go."""
+        try:
+            client.shutdown()
+        except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
+            pass
+        outputs_queue = getattr(client, "outputs_queue", None)
+        if outputs_queue is not None:
+            outputs_queue.put_nowait(_ClientStopped())
+        for fut in list((getattr(client, "utility_results", None) or {}).values()):
+            if not fut.done():
+                fut.set_exception(_ClientStopped())
+
+    def close(self) -> None:
+        pass
+
+
+class _AsyncCalls(_SyncCalls):
+    """The client's calls as ``AsyncMPClient`` takes them (``asyncio_mode: true``, what
+    ``AsyncLLM`` builds): its ``*_async`` methods, awaited on an event loop of the lab's own
+    thread, where the client is made (its output task runs there)."""
+
+    def __init__(self):
+        import asyncio
+
+        self.asyncio = asyncio
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="vllm-repro-client-loop")
+        self.thread.start()
+
+    def _run(self, coro_fn, timeout: float | None = None):
+        return self.asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout)
+
+    def start(self, make):
+        async def made():
+            return make()
+        return self._run(made)
+
+    def call(self, client, name: str, *args, **kwargs):
+        fn = getattr(client, f"{name}_async")
+
+        async def awaited():
+            if kwargs and not args:
+                return await call_supported(fn, **kwargs)
+            return await fn(*args, **kwargs)
+        return self._run(awaited)
+
+    def stop(self, client) -> None:
+        async def stopped():
+            try:
+                client.shutdown()
+            except Exception:  # noqa: BLE001 - shutdown after the run: nothing left to judge
+                pass
+            outputs_queue = getattr(client, "outputs_queue", None)
+            if outputs_queue is not None:
+                outputs_queue.put_nowait(_ClientStopped())
+            for fut in list((getattr(client, "utility_results", None) or {}).values()):
+                if not fut.done():
+                    fut.set_exception(_ClientStopped())
+        try:
+            self._run(stopped, timeout=60.0)
+        except Exception:  # noqa: BLE001 - the loop is closed below either way
+            pass
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10.0)
+        if not self.thread.is_alive():
+            self.loop.close()
 
 
 class _ClientStartFailed(Exception):
