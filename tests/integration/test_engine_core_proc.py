@@ -29,11 +29,13 @@ def variant(src, dst_dir, name, **config):
 @pytest.mark.parametrize("version", ["0.10.2", "0.34.0"])
 def test_the_engine_core_process_behind_the_client_gives_the_in_process_trace(cli, tmp_path,
                                                                               version):
-    """Requests, an abort and a reset_prefix_cache through SyncMPClient: the same steps, tokens
-    and audit as the in-process engine core, and no process of the run left behind."""
+    """Requests, an abort and a reset_prefix_cache through SyncMPClient and through
+    AsyncMPClient: the same steps, tokens and audit as the in-process engine core, and no
+    process of the run left behind."""
     before = lab_processes()
     plain = variant(CLIENT, tmp_path, "in-process", multiprocess_mode=False)
-    proc = cli("run", str(CLIENT), str(plain), "--vllm", version, "--reports",
+    asyncio = variant(CLIENT, tmp_path, "asyncio", asyncio_mode=True)
+    proc = cli("run", str(CLIENT), str(plain), str(asyncio), "--vllm", version, "--reports",
                str(tmp_path / "r"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = tmp_path / "r" / "engine-core-proc-client" / version
@@ -45,6 +47,9 @@ def test_the_engine_core_process_behind_the_client_gives_the_in_process_trace(cl
     assert res["finished"]["c"] == "FINISHED_ABORTED"
     lines = trace(run / "trace.jsonl")
     assert trace(tmp_path / "r" / "in-process" / version / "trace.jsonl") == lines
+    assert trace(tmp_path / "r" / "asyncio" / version / "trace.jsonl") == lines
+    res = json.loads((tmp_path / "r" / "asyncio" / version / "result.json").read_text())
+    assert (res["outcome"], res["engine"]["client"]) == ("clean", "AsyncMPClient")
     assert all("audit" in line for line in lines if not line.get("idle"))
     assert lab_processes() - before == set()
 

@@ -392,14 +392,14 @@ class CoreProcLoop(EngineCoreLoop):
             conn.send(("result", result.to_dict()))
         except (RefusedByRelease, AdapterError, OverLimit) as exc:
             conn.send(("error", type(exc).__name__, str(exc)))
-            raise SystemExit(0) from None
         except Exception as exc:  # noqa: BLE001 - the lab failed in the engine core process
             conn.send(("error", "AdapterError", f"the lab failed in the engine core process: "
                        f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"))
-            raise SystemExit(0) from None
         if self._fatal is not None:
             raise self._fatal  # vLLM's run_engine_core: logged, the client told it died
-        while True:  # until the front end says the run is over (or is gone)
+        # until the front end says the run is over (or is gone): leaving earlier, the client
+        # may still wait for the input thread's first message (0.10.2's MPClient start-up)
+        while True:
             if conn.poll(0.2):
                 try:
                     conn.recv()
