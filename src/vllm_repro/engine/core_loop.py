@@ -500,7 +500,7 @@ class EngineCoreLoop(StepLoop):
         engine's tokenizer): ``"ExcType: message"`` where vLLM refuses it, None where it
         passes (and picked the request's backend)."""
         a = self.adapter
-        tokenizer = getattr(self.engine.structured_output_manager, "tokenizer", None)
+        tokenizer = self._front_tokenizer()
         try:
             a.validate_structured_outputs(sp, tokenizer)
         except (AdapterError, RefusedByRelease):
@@ -512,6 +512,11 @@ class EngineCoreLoop(StepLoop):
             first = " ".join(str(exc).strip().splitlines()[:1])
             return f"{type(exc).__name__}: {first}"
         return None
+
+    def _front_tokenizer(self):
+        """The tokenizer the front door validates grammars with: the engine's structured-output
+        manager's (vLLM's own, built from the config)."""
+        return getattr(self.engine.structured_output_manager, "tokenizer", None)
 
     def _engine_core_request(self, r: dict):
         """An ``EngineCoreRequest`` (``vllm/v1/engine/__init__.py``) as the front end's

@@ -39,6 +39,7 @@ Runs inside the release environment (standard library + vLLM).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import multiprocessing
@@ -53,6 +54,7 @@ from typing import Any
 
 from ..records import EngineInfo, Hang, RunResult, Timing, TraceLine
 from .adapter import AdapterError, RefusedByRelease, _import, call_supported
+from . import state
 from .core_loop import EngineCoreLoop, _raised_in_lab
 from .loop import OverLimit, describe_exception, vllm_frames
 
@@ -166,10 +168,6 @@ class CoreProcLoop(EngineCoreLoop):
         caps = self.adapter.caps
         if caps.engine_core and not caps.engine_core_proc:
             raise RefusedByRelease(f"config.multiprocess_mode: {caps.refusal('engine core process')}")
-        if any(r.get("structured_outputs") for r in self.sc["requests"]):
-            raise RefusedByRelease("requests[].structured_outputs with config.multiprocess_mode: "
-                                   "the front door's grammar check is not run in this shape; "
-                                   "drop multiprocess_mode")
         for e in self.sc.get("events", []):
             where = f"events[at_step {e['at_step']}]"
             if e.get("when") == "in_flight":
@@ -246,6 +244,11 @@ class CoreProcLoop(EngineCoreLoop):
                 for r in self.requests_by_step.get(step, []):
                     ecr = self._engine_core_request(r)
                     self.order += 1
+                    if r.get("structured_outputs"):
+                        refused = self._front_door_refuses(ecr.sampling_params)
+                        self._conn.send(("front_door", r["id"], refused))
+                        if refused is not None:
+                            continue  # the front door's 400: never sent
                     self._calls.call(client, "add_request", ecr)
                 for e in self.events_by_step.get(step, []):
                     if e.get("abort"):
@@ -377,6 +380,16 @@ class CoreProcLoop(EngineCoreLoop):
                 return _real(item)
 
             q.put_nowait = put_nowait
+            self._preproc_errors: dict[str, BaseException] = {}
+            real_pre = getattr(engine, "preprocess_add_request", None)
+            if real_pre is not None:
+                def preprocess_add_request(request, _real=real_pre):  # on vLLM's input thread
+                    try:
+                        return _real(request)
+                    except Exception as exc:  # vLLM answers it per request (an error output)
+                        self._preproc_errors[request.request_id] = exc
+                        raise
+                engine.preprocess_add_request = preprocess_add_request
             self._check_events()
             record_stats = self._front_door_and_stats(self.vllm_config)
             result = self._run_steps(time.perf_counter() - t0, lambda step, line:
@@ -418,30 +431,74 @@ class CoreProcLoop(EngineCoreLoop):
             self._child_conn.send(("want", step))
         return super()._engine_step(step, line, record_stats)
 
-    def _take_client_message(self, kind: str) -> None:
+    def _take_client_message(self, kind: str, rid: str | None = None):
         """The next client message of ``kind`` (``ADD``, ``ABORT``, ``UTILITY``) off vLLM's
         input queue, handed to vLLM's ``_handle_client_request`` (with whatever came before it).
-        Raises :class:`AdapterError` where it does not come in :data:`CLIENT_WAIT_S`."""
+        For an ``ADD`` of request ``rid`` that vLLM's input thread refused in its
+        ``preprocess_add_request`` (it answers the client with an error output and queues
+        nothing), returns that exception; else None. Raises :class:`AdapterError` where the
+        message does not come in :data:`CLIENT_WAIT_S`."""
         engine = self.engine
         deadline = time.monotonic() + CLIENT_WAIT_S
         while True:
-            try:
-                item = engine.input_queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
+            if rid is not None and rid in self._preproc_errors:
+                return self._preproc_errors.pop(rid)
+            if time.monotonic() > deadline:
                 raise AdapterError(f"step {self.step}: the client's {kind} message did not reach "
-                                   f"EngineCoreProc's input queue in {CLIENT_WAIT_S:.0f} s") from None
+                                   f"EngineCoreProc's input queue in {CLIENT_WAIT_S:.0f} s")
+            try:
+                item = engine.input_queue.get(timeout=0.05)
+            except queue.Empty:
+                continue
             request_type = item[0]
             engine._handle_client_request(*item)
             if getattr(request_type, "name", str(request_type)) == kind:
-                return
+                return None
 
     def _add(self, r: dict) -> str | None:
         """The client's ``add_request`` of ``r``, handled by vLLM (its input thread decoded
-        and preprocessed it; ``_handle_client_request`` adds it)."""
-        self._take_client_message("ADD")
+        and preprocessed it; ``_handle_client_request`` adds it); a structured-output request
+        the front door refuses (as the front end judged it too, and did not send) is refused."""
+        if r.get("structured_outputs"):
+            refused = self._front_door_answer(r["id"])
+            if refused is not None:
+                self.order += 1
+                return refused
+        failed = self._take_client_message("ADD", r["id"])
         self.order += 1
-        self.created[r["id"]] = self.scheduler.requests.get(r["id"])
+        if failed is not None:  # vLLM's input thread refused it and told the client
+            first = " ".join(str(failed).strip().splitlines()[:1])
+            return f"{type(failed).__name__}: {first} (EngineCore.preprocess_add_request)"
+        req = self.created[r["id"]] = self.scheduler.requests.get(r["id"])
+        fut = state.grammar_future(req)
+        if fut is not None:  # compilation time zero, as in-process: runs are deterministic
+            concurrent.futures.wait([fut])
         return None
+
+    def _front_door_answer(self, rid: str) -> str | None:
+        """The front end's judgement of structured-output request ``rid`` (its refusal, or
+        None: sent), read off the pipe. Raises :class:`AdapterError` where it does not come in
+        :data:`CLIENT_WAIT_S` or is another request's."""
+        conn = self._child_conn
+        if not conn.poll(CLIENT_WAIT_S):
+            raise AdapterError(f"step {self.step}: the front end's front-door answer for request "
+                               f"{rid} did not come in {CLIENT_WAIT_S:.0f} s")
+        kind, got, refused = conn.recv()
+        if (kind, got) != ("front_door", rid):
+            raise AdapterError(f"step {self.step}: the front end answered {kind} {got}, not the "
+                               f"front door of request {rid}")
+        return refused
+
+    def _front_tokenizer(self):
+        """In the engine core process the engine's; in the front end, the tokenizer of a
+        ``StructuredOutputManager`` of the release built from the same config (what the
+        front end's processor holds)."""
+        if self.engine is not None:
+            return super()._front_tokenizer()
+        if getattr(self, "_front_manager", None) is None:
+            manager = _import("vllm.v1.structured_output:StructuredOutputManager")
+            self._front_manager = manager(self.vllm_config)
+        return getattr(self._front_manager, "tokenizer", None)
 
     def _event(self, e: dict, line: TraceLine) -> None:
         """Aborts and ``reset_prefix_cache`` as the client sent them; faults as in-process."""
@@ -449,8 +506,6 @@ class CoreProcLoop(EngineCoreLoop):
             self._take_client_message("ABORT")
             line.aborted.extend(e["abort"])
         elif e.get("reset_prefix_cache"):
-            from . import state
-
             self._marks = self._lab(state.preemption_marks, self.scheduler)
             mark = len(self._outputs)
             self._take_client_message("UTILITY")
