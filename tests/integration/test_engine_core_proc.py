@@ -142,3 +142,23 @@ def test_an_interrupt_while_the_engine_core_process_waits_on_a_hung_rank_leaves_
     assert proc.returncode == 130, out
     time.sleep(1)
     assert lab_processes() - before == set()
+
+
+def test_a_catalog_crash_through_the_client_keeps_its_verdict(cli, tmp_path):
+    """#23215 (an empty grammar kills the engine) with the engine core behind the client: the
+    same crash and verdict on the buggy release, the front door's refusal on the fixed one, and
+    the client's EngineDeadError."""
+    src = ROOT / "scenarios" / "vllm-23215-empty-grammar-kills-engine.yaml"
+    d = yaml.safe_load(src.read_text())
+    d["config"]["multiprocess_mode"] = True
+    f = tmp_path / src.name
+    f.write_text(yaml.safe_dump(d, sort_keys=False))
+    proc = cli("run", str(f), "--vllm", "0.10.2", "--vllm", "0.33.0", "--json",
+               "--reports", str(tmp_path / "r"))
+    rows = {r["vllm"]: r for r in json.loads(proc.stdout)}
+    assert rows["0.10.2"]["outcome"] == "crash" and rows["0.10.2"]["ok"], rows
+    assert rows["0.33.0"]["outcome"] == "clean" and rows["0.33.0"]["ok"], rows
+    run = tmp_path / "r" / d["name"]
+    res = json.loads((run / "0.10.2" / "result.json").read_text())
+    assert res["engine"]["client_error"].startswith("EngineDeadError")
+    assert json.loads((run / "0.33.0" / "result.json").read_text())["refused"]
