@@ -359,10 +359,14 @@ class CoreProcLoop(EngineCoreLoop):
 
     # ---- the engine core process --------------------------------------------------------------
     def _child_run(self, engine, conn) -> None:
-        """The engine core process's busy loop for this run: the in-process level's steps on
-        vLLM's ``EngineCoreProc`` (see the module docstring); sends each trace line and the
-        result to the front end, then re-raises vLLM's exception (vLLM's ``run_engine_core``
-        handles it) or waits for the front end's end and leaves as on SIGTERM."""
+        """The engine core process's busy loop for this run: vLLM's own ``run_busy_loop``, whose
+        ``_process_input_queue`` and ``_process_engine_step`` are the run's on the instance:
+        the first does nothing (the step takes its client messages), the second runs one step
+        of the in-process level (:meth:`_steps`: the step's client messages off the input queue,
+        then vLLM's own ``_process_engine_step``, the audit). Sends each trace line and, at the
+        run's end, the result to the front end; then re-raises vLLM's exception out of vLLM's
+        busy loop (``run_engine_core`` logs it and tells the client) or waits for the front
+        end's end and leaves as on SIGTERM (``SystemExit``)."""
         self.watchdog = None  # its thread stayed in the front end
         self.trace = lambda line: conn.send(("trace", line.step, line.to_json()))
         self._child_conn = conn
@@ -392,8 +396,24 @@ class CoreProcLoop(EngineCoreLoop):
                 engine.preprocess_add_request = preprocess_add_request
             self._check_events()
             record_stats = self._front_door_and_stats(self.vllm_config)
-            result = self._run_steps(time.perf_counter() - t0, lambda step, line:
-                                     self._engine_step(step, line, record_stats), scheduled={})
+        except Exception as exc:  # noqa: BLE001 - a lab error or refusal before any step
+            self._send_lab_error(conn, exc)
+            self._leave(engine, conn)
+        steps = self._steps(time.perf_counter() - t0, record_stats)
+
+        def _process_input_queue():
+            """The step's client messages are taken in the step (:meth:`_take_client_message`)."""
+
+        def _process_engine_step():
+            try:
+                next(steps)
+                return bool(self._scheduled_so)
+            except StopIteration:
+                pass
+            except Exception as exc:  # noqa: BLE001 - a lab error or refusal in a step
+                self._send_lab_error(conn, exc)
+                self._leave(engine, conn)
+            result = self._result
             result.engine = EngineInfo(
                 getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
                 getattr(engine, "batch_queue_size", 1),
@@ -403,15 +423,53 @@ class CoreProcLoop(EngineCoreLoop):
             if self.ranks is not None:
                 result.faults = [f.brief() for f in self.ranks.fired] or None
             conn.send(("result", result.to_dict()))
-        except (RefusedByRelease, AdapterError, OverLimit) as exc:
+            if self._fatal is not None:
+                raise self._fatal  # out of vLLM's busy loop: run_engine_core logs it
+            self._leave(engine, conn)
+
+        engine._process_input_queue = _process_input_queue
+        engine._process_engine_step = _process_engine_step
+        return type(engine).run_busy_loop(engine)  # vLLM's own
+
+    def _steps(self, build_s: float, record_stats):
+        """:meth:`StepLoop._run_steps` as a generator: one step per ``next`` (one turn of vLLM's
+        busy loop); at the end ``self._result`` is the run's result."""
+        max_steps, stall_steps, last_add = self._limits_and_attach()
+        result = RunResult("clean")
+        step = 0
+        t1, c1 = time.perf_counter(), time.process_time()
+        self.ran_out = False
+        for step in range(1, max_steps + 1):
+            self.step = step
+            line = TraceLine.begin(step, {})
+            ended, so = self._engine_step(step, line, record_stats)
+            done = ended is not None
+            if not done:
+                ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
+            if done:
+                result = ended or result
+                break
+            yield
+        else:
+            self.ran_out = max_steps > 0
+        self._result = self.finish_result(result, step, build_s, time.perf_counter() - t1,
+                                          time.process_time() - c1)
+
+    @staticmethod
+    def _send_lab_error(conn, exc: BaseException) -> None:
+        """A lab error or refusal in the engine core process, sent to the front end (which
+        raises it again there)."""
+        if isinstance(exc, (RefusedByRelease, AdapterError, OverLimit)):
             conn.send(("error", type(exc).__name__, str(exc)))
-        except Exception as exc:  # noqa: BLE001 - the lab failed in the engine core process
+        else:
             conn.send(("error", "AdapterError", f"the lab failed in the engine core process: "
                        f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"))
-        if self._fatal is not None:
-            raise self._fatal  # vLLM's run_engine_core: logged, the client told it died
-        # until the front end says the run is over (or is gone): leaving earlier, the client
-        # may still wait for the input thread's first message (0.10.2's MPClient start-up)
+
+    @staticmethod
+    def _leave(engine, conn):
+        """Wait for the front end's end (or its death, or vLLM's shutdown state), then leave
+        vLLM's busy loop as on SIGTERM. Leaving earlier, the client may still wait for the
+        input thread's first message (0.10.2's MPClient start-up)."""
         while True:
             if conn.poll(0.2):
                 try:
