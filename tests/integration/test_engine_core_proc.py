@@ -81,6 +81,8 @@ def test_a_hung_rank_behind_the_client_ends_in_engine_dead_error_and_triage_read
         theirs = json.loads(cli("triage", str(log009), "--json").stdout)
         assert ours["exception_message"] == theirs["exception_message"]
         assert ours["last_vllm_frame"]["module"] == theirs["last_vllm_frame"]["module"]
+        # vLLM's own busy loop ran: the stage frame is 009's
+        assert ours["stage_reason"] == theirs["stage_reason"]
     assert lab_processes() - before == set()
 
 

@@ -28,9 +28,11 @@ them from the client's socket) and hands them to vLLM's ``_handle_client_request
 vLLM's ``_process_engine_step``; the step's outputs go to vLLM's output thread (the lab reads a
 copy for the stats). The one lab hook is ``EngineCoreProc.__init__`` wrapped for the duration of
 ``make_client`` in the front end (restored after; it acts only in a forked engine core
-process): after vLLM's own ``__init__`` it sets the instance's ``run_busy_loop`` to the lab's
-paced loop. A vLLM exception in a step is re-raised out of ``run_busy_loop`` once the result is
-sent, so vLLM's ``run_engine_core`` logs it and tells the client, whose ``get_output`` raises
+process): after vLLM's own ``__init__`` it points the instance's ``run_busy_loop`` at the lab's
+start, which runs vLLM's own ``run_busy_loop`` with the instance's ``_process_input_queue`` a
+no-op (the step takes its messages) and ``_process_engine_step`` one step of the run. A vLLM
+exception in a step is re-raised out of vLLM's ``run_busy_loop`` once the result is sent, so
+vLLM's ``run_engine_core`` logs it and tells the client, whose ``get_output`` raises
 ``EngineDeadError`` (``result.engine.client_error``); a start-up crash is vLLM's "EngineCore
 failed to start." and the client's "Engine core initialization failed".
 
