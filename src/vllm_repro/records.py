@@ -369,7 +369,10 @@ class EngineInfo(Record):
     sizing), ``batch_queue_size``, ``step_fn`` (``step`` or ``step_with_batch_queue``) and the
     ``scheduler`` class name (``Scheduler``, ``AsyncScheduler``); with rank processes
     (``distributed_executor_backend: mp``) the ``topology`` (``TP=2 PP=1 DP=1 (mp)``) and the
-    ``executor`` class vLLM ran (``MultiprocExecutor``)."""
+    ``executor`` class vLLM ran (``MultiprocExecutor``); with ``multiprocess_mode``
+    (``engine/core_proc.py``) the engine core's ``process`` class (``EngineCoreProc``), the
+    ``client`` that started it (``SyncMPClient``) and ``client_error``, what the client raised
+    (``EngineDeadError: EngineCore encountered an issue. ...``)."""
 
     num_gpu_blocks: int | None = None
     batch_queue_size: int | None = None
@@ -377,6 +380,9 @@ class EngineInfo(Record):
     scheduler: str | None = None
     topology: str | None = None
     executor: str | None = None
+    process: str | None = None
+    client: str | None = None
+    client_error: str | None = None
 
 
 # ---- a run -----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ OLD = Capabilities(version="0.6.6.post1", kv_group_kinds=("full",), events=("abo
 NEW = Capabilities(version="0.33.0", priority=True, spec_decode=True,
                    spec_methods=("ngram", "ngram_gpu"), empty_outputs=True,
                    async_scheduling=True, kv_cache_groups=True,
-                   kv_group_kinds=("full", "sliding_window"), engine_core=True,
+                   kv_group_kinds=("full", "sliding_window"), engine_core=True, engine_core_proc=True,
                    split_sampling=True, batch_queue_from_config=True,
                    events=("abort", "abort_in_flight", "reset_prefix_cache",
                            "reset_running_requests", "pause", "resume"),

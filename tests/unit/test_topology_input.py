@@ -80,3 +80,24 @@ def test_the_emulated_platform_answers_the_device_count_set_for_a_run():
     finally:
         platform.set_device_count(before)
     assert platform.device_count() == 1
+
+
+def test_the_asyncio_client_without_the_engine_core_process_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="asyncio_mode: true needs config.multiprocess_mode"):
+        load_scenario(write(tmp_path, config="asyncio_mode: true", event="abort: [A]"))
+
+
+def test_the_engine_core_process_is_an_engine_core_level_field(tmp_path):
+    p = write(tmp_path, config="multiprocess_mode: true", event="abort: [A]")
+    p.write_text(p.read_text().replace("level: engine-core", "level: scheduler"))
+    with pytest.raises(InputError, match="multiprocess_mode applies to level: engine-core"):
+        load_scenario(p)
+
+
+def test_the_engine_core_process_is_picked_by_its_field():
+    from vllm_repro.engine.core_loop import EngineCoreLoop
+    from vllm_repro.engine.core_proc import CoreProcLoop, loop_class
+
+    assert loop_class({"config": {"multiprocess_mode": True}}) is CoreProcLoop
+    assert loop_class({"config": {"multiprocess_mode": False}}) is EngineCoreLoop
+    assert loop_class({"config": {}}) is EngineCoreLoop

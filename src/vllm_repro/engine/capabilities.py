@@ -17,7 +17,7 @@ from pathlib import Path
 
 #: the scenario features a release may refuse, with what a refusal says (``refusal()``)
 FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups",
-            "engine-core", "kv connectors")
+            "engine-core", "kv connectors", "engine core process")
 #: where a release's ``KVCacheBlock`` may keep its hash / the tokens it covers, in probe order
 BLOCK_HASH_FIELDS = ("_block_hash", "block_hash")
 BLOCK_HASH_TOKENS_FIELDS = ("_block_hash_num_tokens", "block_hash_num_tokens")
@@ -71,6 +71,10 @@ class Capabilities:
     #: (and turns prefix caching off for Mamba models)
     mamba_cache_modes: tuple[str, ...] = ()
     engine_core: bool = False
+    #: ``config.multiprocess_mode`` (``engine/core_proc.py``): ``EngineCoreClient.make_client``
+    #: takes ``multiprocess_mode``, and ``EngineCoreProc`` keeps an ``input_queue`` that
+    #: ``_handle_client_request`` serves (``vllm/v1/engine/core_client.py``, ``core.py``)
+    engine_core_proc: bool = False
     split_sampling: bool = False
     batch_queue_from_config: bool = False
     events: tuple[str, ...] = ()
@@ -145,6 +149,10 @@ class Capabilities:
             "v1-engine": None if self.v1_engine else
             f"vLLM {v} has no V1 engine (only the V0 LLMEngine); use level: v0-engine on this "
             "release",
+            "engine core process": None if self.engine_core_proc else
+            f"vLLM {v} has no EngineCoreProc serving an input_queue through "
+            "_handle_client_request behind EngineCoreClient.make_client(multiprocess_mode=...); "
+            "drop config.multiprocess_mode on this release",
             "kv connectors": None if self.kv_connectors else
             f"vLLM {v} has no V1 KV connector seam the lab can script (a KVConnectorFactory "
             "taking registrations, a scheduler that builds the connector from "

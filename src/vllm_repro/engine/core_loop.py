@@ -117,8 +117,17 @@ class EngineCoreLoop(StepLoop):
             executor_cls = self._lab(ranks.multiproc_executor)
         else:
             executor_cls = self._lab(make_executor_class, self.worker, depth)
-        engine_cls = _import("vllm.v1.engine.core:EngineCore")
         self.vllm_config = vllm_config
+        engine = self._make_engine(vllm_config, executor_cls)
+        if engine is not None:
+            self._adopt(engine)
+
+    def _make_engine(self, vllm_config, executor_cls):
+        """The release's ``EngineCore`` built in this process with ``executor_cls`` (a vLLM
+        exception there is :class:`_EngineBuildCrash`); :mod:`~vllm_repro.engine.core_proc`
+        starts it in its own process behind the release's client instead (returns None)."""
+        a = self.adapter
+        engine_cls = _import("vllm.v1.engine.core:EngineCore")
         try:
             engine = call_supported(engine_cls, vllm_config=vllm_config,
                                     executor_class=executor_cls, log_stats=True,
@@ -133,6 +142,14 @@ class EngineCoreLoop(StepLoop):
                 raise AdapterError(f"building vLLM {a.version}'s EngineCore failed in the lab: "
                                    f"{type(exc).__name__}: {exc}") from exc
             raise _EngineBuildCrash(exc) from exc
+        return engine
+
+    def _adopt(self, engine) -> None:
+        """Take ``engine`` (the release's ``EngineCore``, or its ``EngineCoreProc`` in its own
+        process) as this run's: its scheduler observed, its step function and batch queue read."""
+        a = self.adapter
+        cfg = self.cfg
+        vllm_config = self.vllm_config
         self.engine = engine
         self.scheduler = engine.scheduler
         if self.ranks is not None:
@@ -407,8 +424,7 @@ class EngineCoreLoop(StepLoop):
                 queued = queue_.qsize() if hasattr(queue_, "qsize") else len(queue_)
                 line.in_flight = queued + len(line.applied_from)
             self._phase = "record_stats"
-            while not engine.output_queue.empty():
-                item = engine.output_queue.get_nowait()
+            for item in self._step_outputs(engine):
                 # (client index, outputs) from 0.9; the EngineCoreOutputs alone in 0.8.x
                 outs = item[1] if isinstance(item, tuple) else item
                 all_stats = self._stats_of({0: outs}, record_stats is not None)
@@ -434,6 +450,12 @@ class EngineCoreLoop(StepLoop):
             self._log_fatal(exc, (self._scheduled_so or [None])[-1])
             return self._crashed(exc, step, self._phase, line), None
         return None, (self._updated_so or self._scheduled_so or [None])[-1]
+
+    def _step_outputs(self, engine):
+        """What the step put on the engine's output queue (``EngineCoreProc.output_queue``),
+        taken off it: ``(client index, EngineCoreOutputs)`` items, or ``EngineCoreOutputs``."""
+        while not engine.output_queue.empty():
+            yield engine.output_queue.get_nowait()
 
     def _progressed(self, line: TraceLine) -> bool:
         """Progress at the engine-core level: some request got further than it ever was
@@ -506,7 +528,7 @@ class EngineCoreLoop(StepLoop):
         engine's tokenizer): ``"ExcType: message"`` where vLLM refuses it, None where it
         passes (and picked the request's backend)."""
         a = self.adapter
-        tokenizer = getattr(self.engine.structured_output_manager, "tokenizer", None)
+        tokenizer = self._front_tokenizer()
         try:
             a.validate_structured_outputs(sp, tokenizer)
         except (AdapterError, RefusedByRelease):
@@ -518,6 +540,11 @@ class EngineCoreLoop(StepLoop):
             first = " ".join(str(exc).strip().splitlines()[:1])
             return f"{type(exc).__name__}: {first}"
         return None
+
+    def _front_tokenizer(self):
+        """The tokenizer the front door validates grammars with: the engine's structured-output
+        manager's (vLLM's own, built from the config)."""
+        return getattr(self.engine.structured_output_manager, "tokenizer", None)
 
     def _engine_core_request(self, r: dict):
         """An ``EngineCoreRequest`` (``vllm/v1/engine/__init__.py``) as the front end's
@@ -659,7 +686,7 @@ class _rank_env:
         from .topology import topology
 
         try:
-            if topology(cfg).multiprocess:
+            if topology(cfg).multiprocess or cfg.get("multiprocess_mode"):
                 self.want["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         except ValueError:
             pass

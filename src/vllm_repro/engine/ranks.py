@@ -133,6 +133,10 @@ class RankWorker:
         self._queue = _SETUP.queues[rank]
         self._barrier = _SETUP.barrier
         self._fake = _SETUP.worker
+        if getattr(self._fake, "vllm_config", None) is None:
+            # what the release's WorkerBase methods read in this rank (0.34's
+            # disable_extensible_kv_cache), set by the executor only in the engine process
+            self._fake.vllm_config = vllm_config
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

@@ -17,10 +17,11 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from ..records import Crash, ReportDir, RunResult, TraceLine
 from .adapter import AdapterError, LevelMissing, RefusedByRelease, V1Adapter, platform
-from .core_loop import EngineCoreLoop
+from .core_proc import loop_class
 from .interfaces import LevelDriver
 from .loop import OverLimit, StepLoop, describe_exception
 from .topology import topology
@@ -183,13 +184,13 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
     return result
 
 
-def _v1_level(loop_cls: type[StepLoop]) -> LevelDriver:
-    """The driver of a V1 level whose loop is ``loop_cls``: refused on a release without the V1
-    engine."""
+def _v1_level(loop_class: Callable[[dict], type[StepLoop]]) -> LevelDriver:
+    """The driver of a V1 level whose loop is ``loop_class(scenario)``: refused on a release
+    without the V1 engine."""
     def drive(adapter, level, scenario, write, observer, start) -> RunResult:
         if getattr(adapter, "generation", "v1") == "v0":
             raise LevelMissing(level, adapter.caps.refusal("v1-engine"))
-        return start(loop_cls(adapter, scenario, write, observer))
+        return start(loop_class(scenario)(adapter, scenario, write, observer))
 
     return drive
 
@@ -203,8 +204,9 @@ def _v0_level(adapter, level, scenario, write, observer, start) -> RunResult:
 
 #: scenario ``level`` -> its driver (an unknown name runs as ``scheduler``; the schema refuses it)
 LEVELS: dict[str, LevelDriver] = {
-    "scheduler": _v1_level(StepLoop),
-    "engine-core": _v1_level(EngineCoreLoop),
+    "scheduler": _v1_level(lambda scenario: StepLoop),
+    # in-process, or the release's EngineCoreProc behind its client (config.multiprocess_mode)
+    "engine-core": _v1_level(loop_class),
     "v0-engine": _v0_level,
 }
 

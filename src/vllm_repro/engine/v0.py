@@ -73,7 +73,8 @@ LAB_TO_ENGINE_ARGS = {"block_size": "block_size", "max_num_seqs": "max_num_seqs"
                       "enable_prefix_caching": "enable_prefix_caching"}
 #: lab fields with no meaning at this level (the V1 scheduler's, or engine-core's executor)
 V1_ONLY = ("kv_cache_memory_bytes", "max_concurrent_batches", "async_scheduling",
-           "kv_cache_groups", "execute_model_timeout_seconds", "speculative_max_model_len")
+           "kv_cache_groups", "execute_model_timeout_seconds", "speculative_max_model_len",
+           "multiprocess_mode", "asyncio_mode")
 #: the n-gram drafter's names: ``speculative_model`` (0.6 to 0.8.x EngineArgs) or the
 #: ``speculative_config`` dict's ``model`` / ``method`` (0.8.5 on)
 NGRAM_NAMES = ("[ngram]", "ngram")

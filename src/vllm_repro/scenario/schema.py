@@ -220,6 +220,13 @@ class SchedulerSettings(Strict):
     #: ``level: engine-core`` with ``distributed_executor_backend: mp``: the release's own
     #: ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` for the run (``MultiprocExecutor``'s RPC timeout)
     execute_model_timeout_seconds: Annotated[int, Field(ge=1, le=600)] | None = None
+    #: ``level: engine-core``: the production shape, the release's ``EngineCoreProc`` in its own
+    #: process started by its own client (``EngineCoreClient.make_client(multiprocess_mode=True,
+    #: ...)``, vLLM's name; ``engine/core_proc.py``), the requests and events sent through it
+    multiprocess_mode: bool | None = None
+    #: with ``multiprocess_mode``: the release's asyncio client (``make_client``'s
+    #: ``asyncio_mode=True``: ``AsyncMPClient``, what ``AsyncLLM`` and ``vllm serve`` build)
+    asyncio_mode: bool | None = None
     #: ``level: engine-core`` only: the executor's ``max_concurrent_batches`` (pipeline depth;
     #: > 1 makes EngineCore use ``step_with_batch_queue``), where the release reads it there.
     max_concurrent_batches: PosInt | None = None
@@ -1014,7 +1021,12 @@ class Scenario(Strict):
         engine_only = {"kv_cache_memory_bytes": self.config.kv_cache_memory_bytes,
                        "max_concurrent_batches": self.config.max_concurrent_batches,
                        "execute_model_timeout_seconds":
-                           self.config.execute_model_timeout_seconds}
+                           self.config.execute_model_timeout_seconds,
+                       "multiprocess_mode": self.config.multiprocess_mode,
+                       "asyncio_mode": self.config.asyncio_mode}
+        if self.config.asyncio_mode and not self.config.multiprocess_mode:
+            raise ValueError("config.asyncio_mode: true needs config.multiprocess_mode: true (vLLM's "
+                             "EngineCoreClient.make_client has no asyncio client in process); add it")
         blocks = self.config.num_gpu_blocks
         if self.level != "v0-engine":
             if blocks is not None and blocks < 2:
