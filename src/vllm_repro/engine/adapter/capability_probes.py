@@ -98,6 +98,10 @@ def probe(adapter) -> Capabilities:
         structured_backends=backends,
         preprocess_errors_per_request=proc is not None
         and "_handle_request_preproc_error" in proc[0],
+        engine_core_proc=proc is not None and "_handle_client_request" in proc[0]
+        and "input_queue" in proc[1] and "multiprocess_mode" in (
+            (_class_source("vllm.v1.engine.core_client", "EngineCoreClient") or ({}, ""))[0]
+            .get("make_client", ())),
         kv_connectors=connector,
         kv_load_failures=load_failures,
         own_kv_connectors=_own_kv_connectors(connector),
