@@ -52,6 +52,11 @@ def test_the_engine_core_process_behind_the_client_gives_the_in_process_trace(cl
     assert (res["outcome"], res["engine"]["client"]) == ("clean", "AsyncMPClient")
     assert all("audit" in line for line in lines if not line.get("idle"))
     assert lab_processes() - before == set()
+    # vLLM's shutdown of a clean run leaves no traceback in the engine log: triage finds no crash
+    for name in ("engine-core-proc-client", "asyncio"):
+        log = tmp_path / "r" / name / version / "engine.log"
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+        assert cli("triage", str(log)).returncode == 2
 
 
 def test_a_hung_rank_behind_the_client_ends_in_engine_dead_error_and_triage_reads_it_back(

@@ -372,6 +372,7 @@ class CoreProcLoop(EngineCoreLoop):
         busy loop (``run_engine_core`` logs it and tells the client) or waits for the front
         end's end and leaves as on SIGTERM (``SystemExit``)."""
         self.watchdog = None  # its thread stayed in the front end
+        _no_device_caches()
         self.trace = lambda line: conn.send(("trace", line.step, line.to_json()))
         self._child_conn = conn
         self._asks = set(self._client_steps())
@@ -676,6 +677,24 @@ class _ClientStartFailed(Exception):
 #: lab errors the engine core process reports, raised again in the front end
 _ERRORS = {"RefusedByRelease": RefusedByRelease, "AdapterError": AdapterError,
            "OverLimit": OverLimit}
+
+
+def _no_device_caches() -> None:
+    """On leaving, vLLM's ``run_engine_core`` shuts the engine down through
+    ``vllm/distributed/parallel_state.py:cleanup_dist_env_and_memory``, which on a non-CPU
+    platform (the emulated GPU) empties the device's caches: ``torch.accelerator.empty_cache()``
+    raises "Cannot access accelerator device when none is available" on this host, and its
+    traceback in ``engine.log`` read as the run's crash to triage. There is no device cache to
+    empty: the calls do nothing in the engine core process (where a real accelerator is there,
+    they are left as they are)."""
+    import torch
+
+    acc = getattr(torch, "accelerator", None)
+    if acc is None or acc.is_available():
+        return
+    for name in ("empty_cache", "empty_host_cache"):
+        if hasattr(acc, name):
+            setattr(acc, name, lambda: None)
 
 
 def _set_sigpipe(handler):
