@@ -147,6 +147,11 @@ def test_the_scenario_takes_the_model_based_methods():
     base["config"]["speculative_method"] = "medusa"
     with pytest.raises(ValueError, match="speculative_method"):
         Scenario.model_validate(base)
+    # a drafter named without num_speculative_tokens would run with spec decode off: refused
+    for key, value in (("speculative_method", "eagle"), ("speculative_max_model_len", 64)):
+        config = {"num_gpu_blocks": 8, key: value}
+        with pytest.raises(ValueError, match=f"config.{key}: .*add num_speculative_tokens"):
+            Scenario.model_validate({**base, "config": config})
 
 
 def test_every_packaged_draft_names_its_architectures():

@@ -263,6 +263,13 @@ class SchedulerSettings(Strict):
     @model_validator(mode="after")
     def _limits(self):
         extra = self.model_extra or {}
+        if self.num_speculative_tokens is None:
+            for key in ("speculative_method", "speculative_max_model_len"):
+                if key in self.model_fields_set:
+                    raise ValueError(f"config.{key}: spec decode is off without "
+                                     "config.num_speculative_tokens (vLLM's SpeculativeConfig "
+                                     "needs the drafts a step); add num_speculative_tokens or "
+                                     f"drop {key}")
         if self.num_gpu_blocks is None and self.kv_cache_memory_bytes is None:
             for key in extra:
                 near = close_field(key, ("num_gpu_blocks", "kv_cache_memory_bytes"))
