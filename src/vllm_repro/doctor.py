@@ -65,6 +65,12 @@ SMOKE: tuple[tuple[str, str | None, dict, tuple[str, ...]], ...] = (
                                                     "structured outputs")),
     ("kv connector (engine-core)", "stress/stress-kv-connector.yaml", {},
      ("v1-engine", "engine-core", "kv connectors")),
+    ("engine core process (engine-core)", "stress/stress-fcfs-nocache.yaml",
+     {"level": "engine-core", "config": {"multiprocess_mode": True}},
+     ("v1-engine", "engine-core", "engine core process")),
+    ("EAGLE drafter (scheduler)", "stress/stress-fcfs-nocache.yaml",
+     {"matrix_mode": "spec", "config": {"speculative_method": "eagle", "num_speculative_tokens": 2}},
+     ("v1-engine", "spec decode")),
     ("V0 engine", "stress/stress-fcfs-nocache.yaml", {"level": "v0-engine"}, ("v0-engine",)),
 )
 
