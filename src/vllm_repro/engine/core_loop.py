@@ -95,7 +95,7 @@ class EngineCoreLoop(StepLoop):
                     f"async_scheduling); set pipeline_parallel_size: {want} instead")
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
-        cap = self.lab_limits.get("max_kv_blocks")
+        cap = self.lab_limits.max_kv_blocks
         if cap and bytes_per_block and memory // bytes_per_block > cap:
             # vLLM's BlockPool makes a Python object per block at start-up: refuse before it does
             raise OverLimit(f"config.kv_cache_memory_bytes: {memory:,} bytes make "

@@ -294,7 +294,7 @@ class CoreProcLoop(EngineCoreLoop):
         """Read the engine core process's messages: trace lines written, a lab error raised
         here, the result returned; None when the process is gone (or ``timeout`` s passed)
         without one. Silence past :data:`SILENCE_S` is a ``hang``."""
-        limit = float((self.sc.get("limits") or {}).get("step_timeout_s") or SILENCE_S)
+        limit = float(self.limits.step_timeout_s or SILENCE_S)
         start = last = time.monotonic()
         last_step = 0
         while True:

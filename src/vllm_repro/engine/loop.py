@@ -30,6 +30,7 @@ from .fake_runner import FakeModelRunner, PersistentBatch
 from .drafter import check_scripted_skips, release_drafter
 from .events import Abort, Event, by_step, perform, supported
 from .interfaces import Observer
+from .spec import LabLimits, ScenarioLimits
 from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
@@ -102,7 +103,10 @@ class StepLoop:
         #: request id -> the release's front-door error, for requests it refused (never added)
         self.refused: dict[str, str] = {}
         self.order = 0
-        self.lab_limits: dict = {}  # vllm_repro.limits.RunLimits as a mapping (run_scenario's)
+        #: the lab's limits (run_scenario's; none outside a run)
+        self.lab_limits: LabLimits = LabLimits()
+        #: the scenario's own ``limits:``
+        self.limits: ScenarioLimits = ScenarioLimits.from_mapping(scenario.get("limits"))
         self._idle = 0  # steps in a row without progress
         self._paused = False  # the scenario paused the scheduler (engine-core events)
 
@@ -394,12 +398,11 @@ class StepLoop:
     def _limits_and_attach(self) -> tuple[int, int, int]:
         """``(max_steps, stall_steps, the last step that adds a request or has an event)``,
         with the observer attached to the built loop. Shared by both levels."""
-        limits = self.sc.get("limits") or {}
         last_add = max([*self.requests_by_step, *self.events_by_step, 0])
         self._track_worker_batch()
         if self.observer is not None:
             self.observer.attach(self)
-        return limits.get("max_steps", 500), limits.get("stall_steps", 20), last_add
+        return self.limits.max_steps, self.limits.stall_steps, last_add
 
     def _track_worker_batch(self) -> None:
         """Give the fake runner the worker's persistent batch (``max_num_seqs`` slots), which
