@@ -40,6 +40,7 @@ from . import state
 from .events import Abort, InjectFault, Pause, ResetPrefixCache, Resume, from_mapping, perform, refusal
 from .fake_runner import FakeModelRunner
 from .loop import OverLimit, StepLoop, describe_exception, vllm_frames
+from .spec import ScenarioRequest
 
 
 class EngineCoreLoop(StepLoop):
@@ -55,7 +56,7 @@ class EngineCoreLoop(StepLoop):
         cfg = self.cfg
         if not a.caps.engine_core:
             raise LevelMissing("engine-core", a.caps.refusal("engine-core"))
-        self._structured = any(r.get("structured_outputs") for r in self.sc["requests"])
+        self._structured = any(r.structured_outputs for r in self.requests)
         if self._structured and not a.caps.structured_outputs:
             raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
                                    "StructuredOutputManager (vllm/v1/structured_output)")
@@ -383,7 +384,7 @@ class EngineCoreLoop(StepLoop):
         self._log_fatal(exc, None)
         self.trace(TraceLine(0, phase="engine-build", crash=crash.brief()))
         return RunResult("crash", crash=crash, steps=0, finished={},
-                         unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
+                         unfinished=[r.id for r in self.requests], limit_reached=False,
                          level=self.level, timing=Timing(round(build_s, 4)))
 
     def _engine_step(self, step: int, line: TraceLine, record_stats):
@@ -401,10 +402,10 @@ class EngineCoreLoop(StepLoop):
             for r in self.requests_by_step.get(step, []):
                 refused = self._add(r)
                 if refused is None:
-                    line.added.append(r["id"])
+                    line.added.append(r.id)
                 else:
-                    self.refused[r["id"]] = refused
-                    line.refused = {**(line.refused or {}), r["id"]: refused}
+                    self.refused[r.id] = refused
+                    line.refused = {**(line.refused or {}), r.id: refused}
             self._phase = "events"
             for e in self.events_by_step.get(step, []):
                 perform(self, e, line)
@@ -485,7 +486,7 @@ class EngineCoreLoop(StepLoop):
             return True
         return bool(getattr(self.engine, "batch_queue", None))
 
-    def _add(self, r: dict) -> str | None:
+    def _add(self, r: ScenarioRequest) -> str | None:
         """Add request ``r`` as the engine's input thread does; returns the front door's error
         where the release refuses the request (its structured-output validation: an HTTP 400
         that never reaches EngineCore), else None."""
@@ -493,7 +494,7 @@ class EngineCoreLoop(StepLoop):
         engine = self.engine
         ecr = self._lab(self._engine_core_request, r)
         self.order += 1
-        if r.get("structured_outputs"):
+        if r.structured_outputs:
             refused = self._front_door_refuses(ecr.sampling_params)
             if refused is not None:
                 return refused
@@ -512,9 +513,9 @@ class EngineCoreLoop(StepLoop):
             engine.add_request(req, wave)
         else:  # <= 0.9: EngineCore.add_request takes the EngineCoreRequest itself
             engine.add_request(ecr)
-            req = self.scheduler.requests.get(r["id"])
-        self.created[r["id"]] = req if req is not None else self.scheduler.requests.get(r["id"])
-        fut = state.grammar_future(self.created[r["id"]])
+            req = self.scheduler.requests.get(r.id)
+        self.created[r.id] = req if req is not None else self.scheduler.requests.get(r.id)
+        fut = state.grammar_future(self.created[r.id])
         if fut is not None:
             # the StructuredOutputManager compiles on its thread pool; the lab lets it finish
             # before the next step (compilation time zero), so runs are deterministic
@@ -546,41 +547,41 @@ class EngineCoreLoop(StepLoop):
         manager's (vLLM's own, built from the config)."""
         return getattr(self.engine.structured_output_manager, "tokenizer", None)
 
-    def _engine_core_request(self, r: dict):
+    def _engine_core_request(self, r: ScenarioRequest):
         """An ``EngineCoreRequest`` (``vllm/v1/engine/__init__.py``) as the front end's
         ``Processor.process_inputs`` makes it for a token-id prompt."""
         a = self.adapter
         ecr_cls = _import("vllm.v1.engine:EngineCoreRequest")
         extra = {}
-        if r.get("kv_transfer_params") is not None:
+        if r.kv_transfer_params is not None:
             # the front end's place for them (serving: SamplingParams.extra_args), which
             # Request.__init__ reads into Request.kv_transfer_params
             if "extra_args" not in fields_of(a.SamplingParams):
                 raise RefusedByRelease(f"requests[{r['id']}].kv_transfer_params: vLLM "
                                        f"{a.version}'s SamplingParams has no extra_args")
-            extra["extra_args"] = {"kv_transfer_params": copy.deepcopy(r["kv_transfer_params"])}
-        sp = call_supported(a.SamplingParams, max_tokens=r["max_tokens"], ignore_eos=False,
+            extra["extra_args"] = {"kv_transfer_params": copy.deepcopy(r.kv_transfer_params)}
+        sp = call_supported(a.SamplingParams, max_tokens=r.max_tokens, ignore_eos=False,
                             temperature=0.0, **extra,
-                            **a.structured_outputs_kwargs(r["id"], r.get("structured_outputs")))
+                            **a.structured_outputs_kwargs(r.id, r.structured_outputs))
         if hasattr(sp, "update_from_generation_config"):
             try:
                 sp.update_from_generation_config({}, 2)
             except TypeError:
                 pass
-        arrival = r["arrival_time"] if r.get("arrival_time") is not None else float(self.order)
+        arrival = r.arrival_time if r.arrival_time is not None else float(self.order)
         # prompt: the text prompt, a required field up to 0.8.4 that the front end sets to None
         # once the detokenizer has it ("set to None when it is added to EngineCoreClient")
         values = dict(
-            request_id=r["id"], prompt=None, prompt_token_ids=self.prompt_of(r), mm_features=None,
+            request_id=r.id, prompt=None, prompt_token_ids=self.prompt_of(r), mm_features=None,
             mm_inputs=None, mm_kwargs=None, mm_hashes=None, mm_placeholders=None,
             sampling_params=sp, pooling_params=None, eos_token_id=2, arrival_time=arrival,
             lora_request=None, cache_salt=None, data_parallel_rank=None, prompt_embeds=None,
-            client_index=0, current_wave=0, priority=r.get("priority", 0), trace_headers=None,
-            external_req_id=r["id"], resumable=False, reasoning_ended=None)
+            client_index=0, current_wave=0, priority=r.priority, trace_headers=None,
+            external_req_id=r.id, resumable=False, reasoning_ended=None)
         fields = getattr(ecr_cls, "__struct_fields__", None)
         if fields is None:
             return call_supported(ecr_cls, **values)
-        if r.get("priority") and "priority" not in fields:
+        if r.priority and "priority" not in fields:
             raise RefusedByRelease(f"requests[{r['id']}].priority: vLLM {a.version}'s "
                                    "EngineCoreRequest has no priority; use priority 0")
         return ecr_cls(**{k: values.get(k) for k in fields if k in values})

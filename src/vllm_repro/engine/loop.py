@@ -30,7 +30,7 @@ from .fake_runner import FakeModelRunner, PersistentBatch
 from .drafter import check_scripted_skips, release_drafter
 from .events import Abort, Event, by_step, perform, supported
 from .interfaces import Observer
-from .spec import LabLimits, ScenarioLimits
+from .spec import LabLimits, ScenarioLimits, ScenarioRequest
 from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
@@ -93,9 +93,12 @@ class StepLoop:
         self.trace = trace or (lambda line: None)
         self.observer = observer
         self.cfg = scenario["config"]
-        self.requests_by_step: dict[int, list[dict]] = {}
-        for r in scenario["requests"]:
-            self.requests_by_step.setdefault(r["at_step"], []).append(r)
+        #: the scenario's requests, in its order
+        self.requests: tuple[ScenarioRequest, ...] = tuple(
+            map(ScenarioRequest.from_mapping, scenario["requests"]))
+        self.requests_by_step: dict[int, list[ScenarioRequest]] = {}
+        for r in self.requests:
+            self.requests_by_step.setdefault(r.at_step, []).append(r)
         #: the scenario's events (engine/events.py's dataclasses) by step
         self.events_by_step: dict[int, list[Event]] = by_step(scenario.get("events"))
         self.created: dict[str, Any] = {}
@@ -116,12 +119,12 @@ class StepLoop:
         self.adapter.abort(self.scheduler, list(e.ids))
         line.aborted.extend(e.ids)
 
-    def prompt_of(self, spec: dict) -> list[int]:
-        n = spec["prompt_len"]
-        if spec.get("prefix"):
-            k = spec.get("prefix_len") or n
-            return token_stream("prefix:" + spec["prefix"], k) + token_stream("req:" + spec["id"], n - k)
-        return token_stream("req:" + spec["id"], n)
+    def prompt_of(self, spec: ScenarioRequest) -> list[int]:
+        n = spec.prompt_len
+        if spec.prefix:
+            k = spec.prefix_len or n
+            return token_stream("prefix:" + spec.prefix, k) + token_stream("req:" + spec.id, n - k)
+        return token_stream("req:" + spec.id, n)
 
     def run(self) -> RunResult:
         """Build the scheduler, then step until every request finished, the audit stopped the
@@ -216,14 +219,14 @@ class StepLoop:
         phase = self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
-                req = self._lab(a.make_request, r["id"], self.prompt_of(r), r["max_tokens"],
-                                r.get("priority", 0),
-                                r["arrival_time"] if r.get("arrival_time") is not None
+                req = self._lab(a.make_request, r.id, self.prompt_of(r), r.max_tokens,
+                                r.priority,
+                                r.arrival_time if r.arrival_time is not None
                                 else float(self.order))
                 self.order += 1
-                self.created[r["id"]] = req
+                self.created[r.id] = req
                 sched.add_request(req)
-                line.added.append(r["id"])
+                line.added.append(r.id)
             phase = self._phase = "abort"
             for e in self.events_by_step.get(step, []):
                 if supported(self, e):  # (the schema allows only aborts at this level)
@@ -273,7 +276,7 @@ class StepLoop:
         hang = self.watchdog.hang or Hang(0, self.watchdog.limit_s, "engine-build",
                                           stopped="interrupted")
         return RunResult("hang", hang=hang, steps=0, finished={},
-                         unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
+                         unfinished=[r.id for r in self.requests], limit_reached=False,
                          level=self.level, timing=Timing(round(build_s, 4)))
 
     def _note_schedule(self, line: TraceLine, scheduled) -> None:
@@ -389,8 +392,8 @@ class StepLoop:
         returns the stat logger's ``record(scheduler_stats)`` when the scenario logs stats
         (``disable_log_stats: false``), else None. Shared by both levels."""
         a = self.adapter
-        for r in self.sc["requests"]:
-            a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
+        for r in self.requests:
+            a.front_door(r.id, self.prompt_of(r), r.max_tokens, r.priority)
         if self.cfg.get("disable_log_stats", True):
             return None
         return self._lab(a.stat_logger, vllm_config)
@@ -434,8 +437,8 @@ class StepLoop:
                 result.violations = list(self.observer.violations)
             if hasattr(self.observer, "summary"):
                 result.audit = self.observer.summary()
-        unfinished = [r["id"] for r in self.sc["requests"]
-                      if r["id"] not in self.finished and r["id"] not in self.refused]
+        unfinished = [r.id for r in self.requests
+                      if r.id not in self.finished and r.id not in self.refused]
         result.steps = step
         result.finished = dict(self.finished)
         result.refused = dict(self.refused) or None

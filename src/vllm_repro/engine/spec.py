@@ -1,7 +1,8 @@
 """The release side's records of what a run was asked to do: the lab's limits
-(:class:`LabLimits`) and the scenario's own ``limits:`` (:class:`ScenarioLimits`), built once
+(:class:`LabLimits`), the scenario's own ``limits:`` (:class:`ScenarioLimits`) and its
+``requests`` (:class:`ScenarioRequest`), built once
 from the plain mappings the host sends (:meth:`vllm_repro.limits.RunLimits.as_dict`, the
-``limits`` of :meth:`vllm_repro.scenario.schema.Scenario.child_payload`).
+``limits`` and ``requests`` of :meth:`vllm_repro.scenario.schema.Scenario.child_payload`).
 
 Standard-library frozen dataclasses (the release environment has no pydantic); the host's
 pydantic schema (``scenario/schema.py``) stays the user-facing one and has already validated
@@ -70,4 +71,33 @@ class ScenarioLimits:
         return cls(**_known(cls, data))
 
 
-__all__ = ["LabLimits", "ScenarioLimits"]
+@dataclass(frozen=True)
+class ScenarioRequest:
+    """One of the scenario's ``requests`` (schema ``RequestSpec``): added just before step
+    ``at_step``; ``prompt_len`` tokens (the first ``prefix_len`` drawn from the shared
+    ``prefix``, when given), ``max_tokens`` to generate, ``n`` sequences (V0), vLLM's
+    ``priority`` and ``arrival_time`` (None: the order of adding), ``structured_outputs``
+    (vLLM's own parameter names, as ``child_payload`` writes them) and ``kv_transfer_params``
+    (the connector's, passed through ``SamplingParams.extra_args``)."""
+
+    id: str
+    prompt_len: int
+    at_step: int = 1
+    max_tokens: int = 16
+    n: int = 1
+    priority: int = 0
+    arrival_time: float | None = None
+    prefix: str | None = None
+    prefix_len: int | None = None
+    structured_outputs: Mapping[str, Any] | None = None
+    kv_transfer_params: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "ScenarioRequest":
+        """From one entry of the payload's ``requests``."""
+        if isinstance(data, cls):
+            return data
+        return cls(**_known(cls, data))
+
+
+__all__ = ["LabLimits", "ScenarioLimits", "ScenarioRequest"]

@@ -872,11 +872,11 @@ class V0EngineLoop(StepLoop):
             if not supported(self, e) or (isinstance(e, Abort) and e.when == "in_flight"):
                 raise RefusedByRelease("events: only aborts between steps at level: v0-engine "
                                        "(LLMEngine.abort_request)")
-        for r in self.sc["requests"]:
-            if r.get("structured_outputs"):
+        for r in self.requests:
+            if r.structured_outputs:
                 raise RefusedByRelease("requests[].structured_outputs: not supported at level: "
                                        "v0-engine")
-            if r.get("priority") and "priority" not in a.add_request_params:
+            if r.priority and "priority" not in a.add_request_params:
                 raise RefusedByRelease(f"requests[].priority: vLLM {a.version}'s "
                                        "LLMEngine.add_request takes no priority; use 0")
         if "detokenize" not in a.sampling_fields:
@@ -974,7 +974,7 @@ class V0EngineLoop(StepLoop):
                 c = describe_exception(exc, self.adapter.vllm_file, 0, "engine-build")
                 self.trace(TraceLine(0, phase="engine-build", crash=c.brief()))
                 return RunResult("crash", crash=c, steps=0, finished={},
-                                 unfinished=[r["id"] for r in self.sc["requests"]],
+                                 unfinished=[r.id for r in self.requests],
                                  limit_reached=False, level=self.level,
                                  timing=Timing(round(time.perf_counter() - t0, 4)))
             build_s = time.perf_counter() - t0
@@ -1005,19 +1005,19 @@ class V0EngineLoop(StepLoop):
         phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
-                kw = {"arrival_time": r["arrival_time"] if r.get("arrival_time") is not None
+                kw = {"arrival_time": r.arrival_time if r.arrival_time is not None
                       else float(self.order)}
-                if r.get("priority") and "priority" in a.add_request_params:
-                    kw["priority"] = r["priority"]
+                if r.priority and "priority" in a.add_request_params:
+                    kw["priority"] = r.priority
                 self.order += 1
                 prompt = self.prompt_of(r)
-                params = a.sampling_params(r["max_tokens"], r.get("n") or 1)
+                params = a.sampling_params(r.max_tokens, r.n or 1)
                 if "prompt_token_ids" in a.add_request_params:  # before 0.4.2's inputs
-                    engine.add_request(r["id"], None, params, prompt_token_ids=prompt, **kw)
+                    engine.add_request(r.id, None, params, prompt_token_ids=prompt, **kw)
                 else:
-                    engine.add_request(r["id"], {"prompt_token_ids": prompt}, params, **kw)
-                self.created[r["id"]] = True
-                line.added.append(r["id"])
+                    engine.add_request(r.id, {"prompt_token_ids": prompt}, params, **kw)
+                self.created[r.id] = True
+                line.added.append(r.id)
             phase = "abort"
             for e in self.events_by_step.get(step, []):
                 perform(self, e, line)
