@@ -60,7 +60,7 @@ class EngineCoreLoop(StepLoop):
         if self._structured and not a.caps.structured_outputs:
             raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
                                    "StructuredOutputManager (vllm/v1/structured_output)")
-        kv = self.sc.get("kv_transfer_config")
+        kv = self.scenario.get("kv_transfer_config")
         self.kv_worker = self._kv_worker(kv) if kv else None
         build_cfg = {**cfg, "kv_transfer_config": kv} if kv else cfg
         from .topology import topology
@@ -224,19 +224,19 @@ class EngineCoreLoop(StepLoop):
             raise self.refusal(exc) from exc
 
     # ---- what the worker computes -------------------------------------------------------------
-    def _make_output(self, so):
+    def _make_output(self, sched_out):
         """``(sample, DraftTokenIds or None)`` for ``so``: the fake worker's computation, where
         ``sample(grammar_output)`` returns the ``ModelRunnerOutput`` with the step's grammar
         bitmask applied (``grammar_output``: what ``sample_tokens`` received; None: the bitmask
         on ``so`` where the release puts it there). A failure in either is a lab error, raised
         as :class:`AdapterError`."""
-        return self._lab(self._compute_output, so)
+        return self._lab(self._compute_output, sched_out)
 
-    def _compute_output(self, so):
+    def _compute_output(self, sched_out):
         a = self.adapter
-        scheduled = a.scheduled(so)
+        scheduled = a.scheduled(sched_out)
         req_ids, sampled, drafts = self.runner.execute(
-            self.step, scheduled, self.scheduler.requests, getattr(so, "finished_req_ids", ()), so)
+            self.step, scheduled, self.scheduler.requests, getattr(sched_out, "finished_req_ids", ()), sched_out)
         if self.runner.draft_record is not None:
             self._line.drafter = self.runner.draft_record
         draft_ids = None
@@ -249,7 +249,7 @@ class EngineCoreLoop(StepLoop):
             # what finished (GPUModelRunner: get_finished, get_block_ids_with_load_errors)
             mark = len(self.kv_worker.events)
             sending, recving, invalid, failed = self.kv_worker.step(
-                self.step, getattr(so, "kv_connector_metadata", None))
+                self.step, getattr(sched_out, "kv_connector_metadata", None))
             kv = dict(finished_sending=sending, finished_recving=recving,
                       invalid_block_ids=invalid, failed_recving=failed,
                       completed_jobs=list(self.kv_worker.completed_jobs))
@@ -260,7 +260,7 @@ class EngineCoreLoop(StepLoop):
 
         def sample(grammar_output):
             def masked():
-                rows = state.grammar_rows(grammar_output, so, spec)
+                rows = state.grammar_rows(grammar_output, sched_out, spec)
                 tokens = self.runner.apply_grammar(req_ids, sampled, rows) if rows else sampled
                 if rows:  # what the grammar let through, on the line of the step sampling it
                     line = self._line
@@ -270,7 +270,7 @@ class EngineCoreLoop(StepLoop):
             return self._lab(masked)
         return sample, draft_ids
 
-    def _on_execute(self, so) -> None:
+    def _on_execute(self, sched_out) -> None:
         """A batch starts executing: in-flight aborts arrive now, as the engine's input thread
         would deliver them (``EngineCore.aborts_queue``, processed before ``update_from_output``)."""
         ids = self._in_flight.pop(self.step, None)
@@ -286,8 +286,8 @@ class EngineCoreLoop(StepLoop):
         def observed_schedule(*args, **kwargs):
             loop._phase = "schedule"
             loop._marks = loop._lab(state.preemption_marks, sched)
-            so = schedule(*args, **kwargs)
-            scheduled = loop._lab(loop.adapter.scheduled, so)
+            sched_out = schedule(*args, **kwargs)
+            scheduled = loop._lab(loop.adapter.scheduled, sched_out)
             not_ready = getattr(getattr(sched, "connector", None), "not_ready_log", None) if \
                 loop.kv_worker is not None else None
             if not_ready:  # the scripted connector's "not yet" answers of this schedule()
@@ -296,19 +296,19 @@ class EngineCoreLoop(StepLoop):
                 line.kv_connector.setdefault("not_ready", []).extend(not_ready)
                 not_ready.clear()
             loop._note_schedule(loop._line, scheduled)
-            loop._scheduled_so.append(so)
-            loop._so_step[id(so)] = loop.step
+            loop._scheduled_so.append(sched_out)
+            loop._so_step[id(sched_out)] = loop.step
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
-                                                       so, scheduled):
+                                                       sched_out, scheduled):
                 raise _ObserverStop()
             loop._phase = "execute_model"
-            return so
+            return sched_out
 
-        def observed_update(so, *args, **kwargs):
+        def observed_update(sched_out, *args, **kwargs):
             loop._phase = "update_from_output"
-            out = update(so, *args, **kwargs)
-            loop._updated_so.append(so)
-            loop._applied_from.append(loop._so_step.pop(id(so), None))
+            out = update(sched_out, *args, **kwargs)
+            loop._updated_so.append(sched_out)
+            loop._applied_from.append(loop._so_step.pop(id(sched_out), None))
             loop._phase = "step"
             return out
 
@@ -321,7 +321,7 @@ class EngineCoreLoop(StepLoop):
         ``engine-build``), then drive it step by step as its busy loop does (see the module
         docstring); the end of a run is :class:`~vllm_repro.engine.loop.StepLoop`'s."""
         t0 = time.perf_counter()
-        self.runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
+        self.runner = FakeModelRunner(self.scenario.get("model") or {}, self.cfg.get("num_speculative_tokens"))
         self.step = 0
         self._line = TraceLine(0)
         self._in_flight: dict[int, list[str]] = {}
@@ -590,7 +590,7 @@ class EngineCoreLoop(StepLoop):
     def _check_events(self) -> None:
         """Refuse, before the run, an event whose EngineCore call the release lacks."""
         engine = self.engine
-        for e in map(from_mapping, self.sc.get("events", [])):
+        for e in map(from_mapping, self.scenario.get("events", [])):
             if isinstance(e, InjectFault) and self.ranks is None:
                 raise RefusedByRelease(f"{e.where()}: a rank fault needs rank processes; add "
                                        "config.distributed_executor_backend: mp")
@@ -647,7 +647,7 @@ class EngineCoreLoop(StepLoop):
         line.resumed = True
 
     # ---- the crash dump ----------------------------------------------------------------------
-    def _log_fatal(self, exc: BaseException, so) -> None:
+    def _log_fatal(self, exc: BaseException, sched_out) -> None:
         """What production logs when EngineCore dies: vLLM's ``dump_engine_exception`` (the
         "Dumping scheduler output ..." lines) and ``run_engine_core``'s "EngineCore encountered
         a fatal error." with the traceback, through vLLM's own logger (the engine log)."""
@@ -656,8 +656,8 @@ class EngineCoreLoop(StepLoop):
         sched = getattr(self, "scheduler", None)
         if dump is not None and getattr(self, "vllm_config", None) is not None:
             try:
-                stats = sched.make_stats() if sched is not None and so is not None else None
-                dump(self.vllm_config, so, stats)
+                stats = sched.make_stats() if sched is not None and sched_out is not None else None
+                dump(self.vllm_config, sched_out, stats)
             except Exception:  # noqa: BLE001 - the dump is exception-free in vLLM; keep going
                 pass
         logger.error("EngineCore encountered a fatal error.\n%s",

@@ -447,10 +447,10 @@ class CoreProcLoop(EngineCoreLoop):
         for step in range(1, max_steps + 1):
             self.step = step
             line = TraceLine.begin(step, {})
-            ended, so = self._engine_step(step, line, record_stats)
+            ended, sched_out = self._engine_step(step, line, record_stats)
             done = ended is not None
             if not done:
-                ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
+                ended, done = self._end_of_step(step, line, sched_out, last_add, stall_steps)
             if done:
                 result = ended or result
                 break
@@ -582,7 +582,7 @@ class CoreProcLoop(EngineCoreLoop):
         items, self._outputs[:] = list(self._outputs), []
         return items
 
-    def _log_fatal(self, exc: BaseException, so) -> None:
+    def _log_fatal(self, exc: BaseException, sched_out) -> None:
         """Kept to re-raise: vLLM's ``run_engine_core`` logs it here (its crash dump was
         written by ``EngineCore.step``'s own ``log_error_detail`` where the release has it)."""
         self._fatal = exc

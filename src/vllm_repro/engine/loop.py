@@ -89,7 +89,7 @@ class StepLoop:
                  trace: Callable[[TraceLine], None] | None = None,
                  observer: Observer | None = None):
         self.adapter = adapter
-        self.sc = scenario
+        self.scenario = scenario
         self.trace = trace or (lambda line: None)
         self.observer = observer
         self.cfg = scenario["config"]
@@ -142,12 +142,12 @@ class StepLoop:
         if built is None:  # the watchdog: the build never returned
             return self._build_hung(time.perf_counter() - t0)
         _, self.scheduler = built
-        model = self.sc.get("model") or {}
+        model = self.scenario.get("model") or {}
         if model.get("empty_at") and not a.caps.empty_outputs:
             raise RefusedByRelease(f"model.empty_at: {a.caps.refusal('empty outputs')}")
         record_stats = self._front_door_and_stats(a.vllm_config)
         build_s = time.perf_counter() - t0
-        runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
+        runner = FakeModelRunner(self.scenario.get("model") or {}, self.cfg.get("num_speculative_tokens"))
         self.runner = runner
         return self._run_steps(build_s, lambda step, line: self._step(step, line, runner, record_stats))
 
@@ -165,11 +165,11 @@ class StepLoop:
         for step in range(1, max_steps + 1):
             self.step = step
             line = TraceLine.begin(step, None if scheduled is None else dict(scheduled))
-            ended, so = self._watched(step, "step", lambda s=step, ln=line: step_fn(s, ln),
+            ended, sched_out = self._watched(step, "step", lambda s=step, ln=line: step_fn(s, ln),
                                       lambda ln=line: (self._hung(ln), None))
             done = ended is not None
             if not done:
-                ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
+                ended, done = self._end_of_step(step, line, sched_out, last_add, stall_steps)
             if done:
                 result = ended or result
                 break
@@ -215,7 +215,7 @@ class StepLoop:
         it (the audit stopped it, or vLLM raised: a ``crash``), else ``None``."""
         a = self.adapter
         sched = self.scheduler
-        so = None
+        sched_out = None
         phase = self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
@@ -237,19 +237,19 @@ class StepLoop:
                 return None, None
             phase = self._phase = "schedule"
             self._marks = self._lab(preemption_marks, sched)
-            so = sched.schedule()
-            scheduled = self._lab(a.scheduled, so)
+            sched_out = sched.schedule()
+            scheduled = self._lab(a.scheduled, sched_out)
             self._note_schedule(line, scheduled)
-            if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
+            if self.observer is not None and self._lab(self.observer.after_schedule, step, sched_out,
                                                        scheduled):
-                return self._stopped(line), so
+                return self._stopped(line), sched_out
             phase = self._phase = "execute_model"
             req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
-                                                 getattr(so, "finished_req_ids", ()), so)
+                                                 getattr(sched_out, "finished_req_ids", ()), sched_out)
             line.drafter = runner.draft_record
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
             phase = self._phase = "update_from_output"
-            engine_core_outputs = sched.update_from_output(so, mro)
+            engine_core_outputs = sched.update_from_output(sched_out, mro)
             all_stats = self._stats_of(engine_core_outputs, record_stats is not None)
             self._note_stats(line, all_stats)
             if record_stats is not None:
@@ -262,12 +262,12 @@ class StepLoop:
         except (RefusedByRelease, AdapterError):
             raise
         except self._stop_exception():  # the observer stopped the run inside a vLLM call
-            return self._stopped(line), so
+            return self._stopped(line), sched_out
         except MemoryError:  # the worker's memory limit, not vLLM's failure
             raise
         except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
-            return self._crashed(exc, step, phase, line), so
-        return None, so
+            return self._crashed(exc, step, phase, line), sched_out
+        return None, sched_out
 
     def _build_hung(self, build_s: float) -> RunResult:
         """The build of the scheduler or engine never returned: ``hang`` at step 0, phase
@@ -342,7 +342,7 @@ class StepLoop:
         self._emit(line)
         return RunResult("crash", crash=crash)
 
-    def _end_of_step(self, step: int, line: TraceLine, so, last_add: int,
+    def _end_of_step(self, step: int, line: TraceLine, sched_out, last_add: int,
                      stall_steps: int) -> tuple[RunResult | None, bool]:
         """After a step that did not end the run: finished requests collected, the state read,
         the observer's ``after_update``, the line written; then whether the run is over.
@@ -352,8 +352,8 @@ class StepLoop:
         newly = self._collect_finished()
         line.finished = newly
         self._state(line)
-        if self.observer is not None and so is not None \
-                and self._lab(self.observer.after_update, step, so, line):
+        if self.observer is not None and sched_out is not None \
+                and self._lab(self.observer.after_update, step, sched_out, line):
             self._emit(line)
             return RunResult("violation"), True
         self._emit(line)
