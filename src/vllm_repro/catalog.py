@@ -136,21 +136,21 @@ def _lacks_level(item) -> str | None:
 def run_catalog(items: list, reports: Path, *, audit: bool = True, jobs: int | None = None,
                 say: Callable[[str], None] = lambda _msg: None, ray: str | None = None,
                 ray_remote: bool = False, on_run: Callable | None = None) -> list:
-    """Run the items (:func:`vllm_repro.lab.run_matrix`; with ``ray``, one task per release on
-    that Ray back end, :func:`vllm_repro.lab.run_matrix_on`; ``ray_remote``: ``--ray-remote``,
+    """Run the items (:func:`vllm_repro.lab.run_pairs`; with ``ray``, one task per release on
+    that Ray back end, :func:`vllm_repro.lab.run_pairs_on`; ``ray_remote``: ``--ray-remote``,
     see :func:`vllm_repro.task_executor.check_ray`) and rewrite the reports' index; returns the
     items, each with its verdict. ``on_run(item)``: as each local run ends (a progress bar)."""
-    from .lab import run_matrix, run_matrix_on
+    from .lab import run_pairs, run_pairs_on
     from .report.index import write_index
 
     if ray is None:
-        run_matrix(items, reports, audit=audit, jobs=jobs, say=say, on_run=on_run)
+        run_pairs(items, reports, audit=audit, jobs=jobs, say=say, on_run=on_run)
     else:
         from .task_executor import open_executor
 
         with open_executor(ray, jobs, ray_remote) as executor:
             say(f"catalog: releases run on {executor.name}")
-            run_matrix_on(executor, items, reports, audit=audit, say=say)
+            run_pairs_on(executor, items, reports, audit=audit, say=say)
     left_out = [(i, why) for i in items if (why := _lacks_level(i))]
     for item, why in left_out:
         # an --also-on release without the entry's engine says nothing about the entry

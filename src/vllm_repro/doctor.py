@@ -3,7 +3,7 @@
 A fixed smoke set (:data:`SMOKE`: the flagship, a stress workload at each level, async
 scheduling at both levels, spec decode, prefix caching, hybrid KV cache groups, partial-block
 prefix hashes, structured outputs, a KV connector, the V0 engine) runs on each release through
-:func:`vllm_repro.lab.run_matrix`, as ``run`` runs it, and each row reads:
+:func:`vllm_repro.lab.run_pairs`, as ``run`` runs it, and each row reads:
 
 - ``works``: the run finished with the whole audit on and nothing found;
 - ``degraded``: it finished, but part of the audit could not run on the release (the
@@ -218,7 +218,7 @@ def seam_of(error_message: str, traceback: str | None) -> str:
 
 def row_of(version: str, mode: str, needs: tuple[str, ...], item, caps) -> DoctorRow:
     """The row of one smoke run (``item``: a :class:`~vllm_repro.lab.RunItem` after
-    :func:`~vllm_repro.lab.run_matrix`; ``caps``: the release's capabilities record, None where
+    :func:`~vllm_repro.lab.run_pairs`; ``caps``: the release's capabilities record, None where
     the worker never started). A run the release refused (an input error: a field or report
     it lacks) is ``n/a`` with the release's words; the flagship, a catalog entry, is judged by
     its own expectation where its ranges name the release (``works`` when ``run`` says ok)."""
@@ -274,13 +274,13 @@ def run(versions: list[str], directory: Path, reports: Path, say: Say = lambda s
     """Prepare each release and run the smoke set on it (one worker per release, as ``run``
     does); the rows, release by release in :data:`SMOKE` order."""
     from .engine import capabilities
-    from .lab import RunItem, run_matrix
+    from .lab import RunItem, run_pairs
     from .settings import cache_dir
 
     t0 = time.perf_counter()
     smoke = smoke_scenarios(directory)
     items = [(mode, needs, RunItem(sc, v)) for v in versions for mode, sc, needs in smoke]
-    run_matrix([it for _, _, it in items], reports, jobs=jobs, say=say, timelines=False)
+    run_pairs([it for _, _, it in items], reports, jobs=jobs, say=say, timelines=False)
     report = DoctorReport()
     caps_of: dict = {}
     for mode, needs, item in items:

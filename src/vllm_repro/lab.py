@@ -1,6 +1,6 @@
 """Orchestration: releases -> environments -> workers -> results -> verdicts.
 
-``run_matrix`` runs a set of (scenario, release) pairs, one worker process per release, tree
+``run_pairs`` runs a set of (scenario, release) pairs, one worker process per release, tree
 and platform (vLLM imported once per worker; the scenario's ``platform:`` is what the worker
 presents to vLLM, ``engine/adapter/platform.py``), releases in parallel up to ``jobs``
 processes, and returns the verdicts in input order. Releases are made ready by
@@ -259,7 +259,7 @@ def _copy(src, dst, n: int) -> None:
         n -= len(block)
 
 
-def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
+def run_pairs(items: list[RunItem], reports: Path, audit: bool = True, keep_going: bool = False,
                jobs: int | None = None, say: Say = lambda s: None,
                prepare: Callable[[str], ReleaseEnv] | None = None,
                tree: str | None = None, timelines: bool = True,
@@ -358,19 +358,19 @@ def run_matrix(items: list[RunItem], reports: Path, audit: bool = True, keep_goi
 def run_release_task(arg: dict) -> list[dict]:
     """One release's items, run where the executor put this task (a local process, a Ray
     node): ``arg`` ``{"items": [(Scenario, release)], "reports": absolute path, "audit",
-    "keep_going", "tree"}``; :func:`run_matrix` there (the release prepared in that machine's
+    "keep_going", "tree"}``; :func:`run_pairs` there (the release prepared in that machine's
     cache, reports written under ``reports`` there: on a cluster, a folder every node shares).
     Returns each item's :class:`RunResult` as a dict, in order."""
     items = [RunItem(sc, v) for sc, v in arg["items"]]
-    run_matrix(items, Path(arg["reports"]), audit=arg["audit"], keep_going=arg["keep_going"],
+    run_pairs(items, Path(arg["reports"]), audit=arg["audit"], keep_going=arg["keep_going"],
                jobs=1, tree=arg.get("tree"))
     return [item.result.to_dict() for item in items]
 
 
-def run_matrix_on(executor, items: list[RunItem], reports: Path, audit: bool = True,
+def run_pairs_on(executor, items: list[RunItem], reports: Path, audit: bool = True,
                   keep_going: bool = False, tree: str | None = None,
                   say: Say = lambda s: None) -> list[RunItem]:
-    """:func:`run_matrix` with one task per release on ``executor``
+    """:func:`run_pairs` with one task per release on ``executor``
     (:mod:`vllm_repro.task_executor`: ``--ray``), each running that release's items; the verdicts
     are judged here from the results that come back. A task that failed (its process or node
     died) marks its items ``error`` of kind ``env``."""
@@ -486,5 +486,5 @@ def checked_releases(requested: list[str], flag: str = "--vllm") -> list[str]:
     return [checked_release(v, flag) for v in dict.fromkeys(requested)]
 
 
-__all__ = ["RunItem", "prepare_release", "run_matrix", "run_matrix_on", "run_release_task",
+__all__ = ["RunItem", "prepare_release", "run_pairs", "run_pairs_on", "run_release_task",
            "releases_for", "checked_releases", "resolve_tree", "TREES", "EnvError"]

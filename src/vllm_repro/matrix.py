@@ -6,7 +6,7 @@ Modes are overlays of the scenario (:func:`mode_scenario`): ``plain`` (as writte
 :data:`SPEC_TOKENS` drafts a step, all accepted unless the scenario says) and ``prefix-caching``
 (``enable_prefix_caching: true``); a mode the scenario already is (its own config has it) is the
 plain run and is left out. Every mode of a release runs in one worker, through
-:func:`vllm_repro.lab.run_matrix`; a mode whose feature the release lacks is refused by the
+:func:`vllm_repro.lab.run_pairs`; a mode whose feature the release lacks is refused by the
 release's own adapter (exit 2) and shown ``n/a`` with the Capabilities' one-line reason
 (:data:`MODE_FEATURE`), as is every run of a release without the engine the scenario's level
 drives (:data:`LEVEL_NEEDS`). A mode with no meaning at the scenario's level (``async`` and
@@ -283,12 +283,12 @@ def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path
     scenario already is are left out) and return the matrix, written to
     ``<reports>/_matrix/<scenario>/matrix.json`` with its picture (``matrix.png``).
 
-    A release's modes run in one worker (:func:`vllm_repro.lab.run_matrix`); an environment
+    A release's modes run in one worker (:func:`vllm_repro.lab.run_pairs`); an environment
     failure marks that release's cells ``error`` and the rest go on. ``timelines``: draw each
     run's ``timeline.png`` too (off by default: about 2 s a run, for a hundred and more runs);
     ``on_run(item)``: as each run ends (a progress bar)."""
     from .engine import capabilities
-    from .lab import RunItem, run_matrix
+    from .lab import RunItem, run_pairs
     from .settings import cache_dir
 
     t0 = time.perf_counter()
@@ -301,7 +301,7 @@ def run(scenario: Scenario, releases: list[str], modes: list[str], reports: Path
     for m, why in not_here.items():
         say(f"{scenario.name}: mode {m} is n/a on every release ({why})")
     items = [(m, RunItem(sc, v)) for v in releases for m, sc in variants if m not in not_here]
-    run_matrix([item for _, item in items], reports, jobs=jobs, say=say, timelines=timelines,
+    run_pairs([item for _, item in items], reports, jobs=jobs, say=say, timelines=timelines,
                on_run=on_run)
     ran: dict = {}
     caps_of: dict = {}

@@ -1,6 +1,6 @@
 """A release newer than the lab knows degrades, it does not die (issue #42), on a real release:
 a copy of 0.34.0's tree (hard links; the edited files written anew, the cache's tree untouched)
-where vLLM renamed what the lab reads, run through :func:`vllm_repro.lab.run_matrix` as the CLI
+where vLLM renamed what the lab reads, run through :func:`vllm_repro.lab.run_pairs` as the CLI
 runs it.
 
 - ``KVCacheBlock.block_hash`` renamed ``block_digest`` in ``vllm/v1/core``: the audit turns off
@@ -28,7 +28,7 @@ import pytest
 
 from vllm_repro.doctor import PARTIAL
 from vllm_repro.engine.host import Worker
-from vllm_repro.lab import RunItem, run_matrix
+from vllm_repro.lab import RunItem, run_pairs
 from vllm_repro.scenario.schema import Scenario
 from vllm_repro.sources.prepare import prepare_release
 from vllm_repro.verdict import exit_code
@@ -76,7 +76,7 @@ def edited_tree(dst: Path, edit) -> Path:
 def run_on(tree: Path, sc: Scenario, reports: Path) -> tuple[RunItem, list[str]]:
     env = replace(prepare_release(RELEASE), tree=tree)
     said: list[str] = []
-    [item] = run_matrix([RunItem(sc, RELEASE)], reports, prepare=lambda v: env, say=said.append,
+    [item] = run_pairs([RunItem(sc, RELEASE)], reports, prepare=lambda v: env, say=said.append,
                         timelines=False)
     return item, said
 

@@ -61,7 +61,7 @@ def test_the_flagship_verdict_and_result_are_the_same_cold_and_warm(tmp_path):
 
 
 def test_an_edited_line_that_raises_is_seen_on_the_next_warm_run(tmp_path):
-    from vllm_repro.lab import RunItem, run_matrix
+    from vllm_repro.lab import RunItem, run_pairs
     from vllm_repro.scenario.load import load_scenario
     from vllm_repro.sources.env import ReleaseEnv
     from vllm_repro.sources.prepare import prepare_release
@@ -75,7 +75,7 @@ def test_an_edited_line_that_raises_is_seen_on_the_next_warm_run(tmp_path):
 
     def run(name: str):
         item = RunItem(load_scenario(FLAGSHIP), VERSION)
-        run_matrix([item], tmp_path / name, prepare=lambda v: env, say=said.append)
+        run_pairs([item], tmp_path / name, prepare=lambda v: env, say=said.append)
         return item.result
 
     before = run("before")

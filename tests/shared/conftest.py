@@ -90,7 +90,7 @@ def suite_reports(tmp_path_factory) -> Path:
 def catalog_runs(suite_reports):
     """Every (entry, release) of the catalog, run once: ``{(name, version): RunItem}`` (shared by
     the modules that judge the catalog, so that it runs once per session)."""
-    from vllm_repro.lab import RunItem, releases_for, run_matrix
+    from vllm_repro.lab import RunItem, releases_for, run_pairs
     from vllm_repro.report.index import write_index
     from vllm_repro.scenario import load_scenario
 
@@ -103,6 +103,6 @@ def catalog_runs(suite_reports):
             items += [RunItem(sc, v) for v in releases_for(sc, [], covering=True)]
         except LabError:
             continue  # reported by its own case
-    run_matrix(items, suite_reports)
+    run_pairs(items, suite_reports)
     write_index(suite_reports)
     return {(i.scenario.name, i.version): i for i in items}

@@ -74,14 +74,14 @@ def trace_of(item) -> list[dict]:
 def newest_runs(catalog_runs, suite_reports):
     """Every entry on the newest release: the catalog's own runs, plus the entries that do not
     name it (run here, once)."""
-    from vllm_repro.lab import RunItem, run_matrix
+    from vllm_repro.lab import RunItem, run_pairs
 
     if INSTALLED is not None:
         return {n: catalog_runs.get((n, INSTALLED)) for n in ENTRIES} if INSTALLED == NEWEST else {}
     extra = [RunItem(sc, NEWEST) for n, (_, sc) in ENTRIES.items()
              if (n, NEWEST) not in catalog_runs and sc.level != "v0-engine"]
     if extra:
-        run_matrix(extra, suite_reports / "newest", jobs=1)
+        run_pairs(extra, suite_reports / "newest", jobs=1)
     runs = {n: catalog_runs.get((n, NEWEST)) for n in ENTRIES}
     runs.update({i.scenario.name: i for i in extra})
     return runs
@@ -148,7 +148,7 @@ def test_11562_audit_names_the_leaked_references_and_without_it_the_pool_stalls(
     blocks it touched; 0.7.0 gives it nothing to report. Without the audit, the raw symptom: once
     A and B have finished nothing holds a block, yet 0.6.6.post1's free queue stays 4 blocks
     short of the 12-block pool and C never runs (a stall); 0.7.0 gets all 12 back and runs C."""
-    from vllm_repro.lab import RunItem, run_matrix
+    from vllm_repro.lab import RunItem, run_pairs
 
     name = "vllm-11562-prefix-touch-refcount-leak"
     found = item_of(catalog_runs, name, "0.6.6.post1").result.violations
@@ -159,7 +159,7 @@ def test_11562_audit_names_the_leaked_references_and_without_it_the_pool_stalls(
 
     sc = ENTRIES[name][1]
     raw = {v: RunItem(sc, v) for v in ("0.6.6.post1", "0.7.0")}
-    run_matrix(list(raw.values()), tmp_path, audit=False, jobs=1)
+    run_pairs(list(raw.values()), tmp_path, audit=False, jobs=1)
     assert raw["0.6.6.post1"].result.outcome == "stall"
     assert raw["0.7.0"].result.outcome == "clean"
     pool = sc.config.num_gpu_blocks

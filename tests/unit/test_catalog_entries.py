@@ -209,12 +209,12 @@ def test_an_also_on_release_without_the_entrys_engine_is_left_out_not_an_error(t
     said = []
     import vllm_repro.lab as lab
 
-    orig = lab.run_matrix
-    lab.run_matrix = lambda *a, **k: None
+    orig = lab.run_pairs
+    lab.run_pairs = lambda *a, **k: None
     try:
         kept = run_catalog(items, tmp_path, say=said.append)
     finally:
-        lab.run_matrix = orig
+        lab.run_pairs = orig
     assert [(i.version, i.also_on) for i in kept] == [(own, False), ("0.33.1", True),
                                                        ("0.34.0", True)]
     assert said == [f"{v0.name}: not on 0.33.0 ({refusal.format('0.33.0')})"]

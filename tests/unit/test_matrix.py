@@ -202,7 +202,7 @@ requests:
 
 
 def _fake_matrix(monkeypatch, results, caps):
-    """``matrix.run`` without a release: ``run_matrix`` gives each item the result ``results``
+    """``matrix.run`` without a release: ``run_pairs`` gives each item the result ``results``
     holds for its (release, mode) and a report folder under the reports folder; the
     Capabilities are ``caps``'s. Returns the (release, scenario name) pairs that ran."""
     from vllm_repro import lab
@@ -211,7 +211,7 @@ def _fake_matrix(monkeypatch, results, caps):
 
     ran = []
 
-    def run_matrix(items, reports, **_kw):
+    def run_pairs(items, reports, **_kw):
         for item in items:
             ran.append((item.version, item.scenario.name))
             mode = item.scenario.name.partition(".")[2] or "plain"
@@ -221,7 +221,7 @@ def _fake_matrix(monkeypatch, results, caps):
             item.report.path.mkdir(parents=True, exist_ok=True)
         return items
 
-    monkeypatch.setattr(lab, "run_matrix", run_matrix)
+    monkeypatch.setattr(lab, "run_pairs", run_pairs)
     monkeypatch.setattr(capabilities, "load", lambda _cache, v: caps[v])
     return ran
 

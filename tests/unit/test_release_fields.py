@@ -108,7 +108,7 @@ def test_every_unknown_field_is_named_in_one_line_each_with_its_likely_misspelli
 
 
 def refused_without_a_worker(monkeypatch, env: ReleaseEnv, sc, tmp_path: Path) -> str:
-    """``run_matrix`` of ``sc`` on ``env``: the refusal's message, with no worker started
+    """``run_pairs`` of ``sc`` on ``env``: the refusal's message, with no worker started
     (vLLM never imported) and exit 2."""
     class NoWorker:
         def __init__(self, *a, **k):
@@ -116,13 +116,13 @@ def refused_without_a_worker(monkeypatch, env: ReleaseEnv, sc, tmp_path: Path) -
 
     monkeypatch.setattr(lab, "WorkerHandle", NoWorker)
     item = lab.RunItem(sc, env.version)
-    lab.run_matrix([item], tmp_path / "r", prepare=lambda v: env)
+    lab.run_pairs([item], tmp_path / "r", prepare=lambda v: env)
     assert item.result.outcome == "error" and item.result.error.kind == "input"
     assert exit_code([item.verdict]) == 2
     return item.result.error.message
 
 
-def test_run_matrix_refuses_it_without_starting_a_worker(tmp_path, monkeypatch):
+def test_run_pairs_refuses_it_without_starting_a_worker(tmp_path, monkeypatch):
     env = ReleaseEnv(version="9.9.9", tree=tree(tmp_path), root=tmp_path / "env")
     msg = refused_without_a_worker(monkeypatch, env, scenario(num_gpu_blocks_overide=50), tmp_path)
     assert "did you mean num_gpu_blocks_override?" in msg
@@ -195,7 +195,7 @@ def test_v0_the_source_does_not_settle_it_so_the_worker_decides(tmp_path):
                                "v0-engine") is None
 
 
-def test_run_matrix_refuses_a_v0_typo_without_starting_a_worker(tmp_path, monkeypatch):
+def test_run_pairs_refuses_a_v0_typo_without_starting_a_worker(tmp_path, monkeypatch):
     env = ReleaseEnv(version="0.6.3.post1", tree=v0_tree(tmp_path), root=tmp_path / "env")
     msg = refused_without_a_worker(monkeypatch, env, v0_scenario(disable_async_output_procs=True),
                                    tmp_path)

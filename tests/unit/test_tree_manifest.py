@@ -183,7 +183,7 @@ def test_a_worker_that_cannot_start_replaces_the_previous_report_but_bad_input_d
     old.commit()
     broken = ReleaseEnv("9.9.9", t, tmp_path / "no-such-env")  # its python does not exist
     item = lab.RunItem(scenario, "9.9.9")
-    lab.run_matrix([item], reports, prepare=lambda v: broken)
+    lab.run_pairs([item], reports, prepare=lambda v: broken)
     assert item.result.outcome == "error" and item.result.error.kind == "env"
     written = json.loads(old.result_path.read_text())
     assert written["outcome"] == "error" and written["verdict"]["ok"] is False
@@ -195,7 +195,7 @@ def test_a_worker_that_cannot_start_replaces_the_previous_report_but_bad_input_d
 
     before = old.result_path.read_bytes()
     item = lab.RunItem(scenario, "9.9.9")
-    lab.run_matrix([item], reports, prepare=unknown)
+    lab.run_pairs([item], reports, prepare=unknown)
     assert item.result.error is not None and item.result.error.kind == "input", item.result
     assert old.result_path.read_bytes() == before
 

@@ -1,5 +1,5 @@
 """The classifier :func:`~vllm_repro.bisect.search.bisect_releases` runs: one release through
-the lab's own runner (:func:`vllm_repro.lab.run_matrix`), judged by the verdict module.
+the lab's own runner (:func:`vllm_repro.lab.run_pairs`), judged by the verdict module.
 
 A release is ``bad`` when the verdict is ok with the release framed as a ``reproduces_on``
 release (the scenario's ``expect`` observed, the lab's judgement for ``reproduces_on``),
@@ -102,15 +102,15 @@ class ReleaseClassifier:
             kind = resolve_tree(version, self.tree, self.scenario.level)
             return prepare_release(version, self.say, tree=kind)
         except IndexUnreachable as exc:
-            self._unreachable = exc  # run_matrix turns it into an error row; stop instead
+            self._unreachable = exc  # run_pairs turns it into an error row; stop instead
             raise
 
     def _run(self, scenario: Scenario, version: str):
-        from ..lab import RunItem, run_matrix
+        from ..lab import RunItem, run_pairs
 
         item = RunItem(scenario, version)
         self._unreachable = None
-        run_matrix([item], self.reports, keep_going=self.keep_going, jobs=1, say=self.say,
+        run_pairs([item], self.reports, keep_going=self.keep_going, jobs=1, say=self.say,
                    prepare=self._prepare)
         if self._unreachable is not None:
             raise self._unreachable

@@ -27,7 +27,7 @@ def diff(
     from ..diff import diff_lines, release_diff
     from ..errors import InputError
     from ..inputs import release_name, reports_dir
-    from ..lab import RunItem, checked_releases, run_matrix
+    from ..lab import RunItem, checked_releases, run_pairs
     from ..records import ReportDir, read_trace
     from ..report.diff_page import write_diff_page
     from ..report.index import write_index
@@ -44,7 +44,7 @@ def diff(
     reports = reports_dir(reports)
     items = [RunItem(sc, v) for v in versions]
     # both runs to their end: a finding of the audit does not stop either
-    run_matrix(items, reports, audit=True, keep_going=True, say=say, tree=tree)
+    run_pairs(items, reports, audit=True, keep_going=True, say=say, tree=tree)
     errors = [i for i in items if i.result.outcome == "error"]
     if errors:
         write_index(reports)

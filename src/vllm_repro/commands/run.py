@@ -33,7 +33,7 @@ def run(
     tree = value(tree)
     from ..console import print_results, say
     from ..inputs import release_name, reports_dir
-    from ..lab import RunItem, checked_releases, releases_for, run_matrix
+    from ..lab import RunItem, checked_releases, releases_for, run_pairs
     from ..report.index import write_index
     from ..scenario.load import unique_scenarios
     from ..sources.prepare import check_tree
@@ -56,7 +56,7 @@ def run(
         made = made.parent
     made = None if made.exists() else made
     reports = reports_dir(reports)
-    run_matrix(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=say, tree=tree)
+    run_pairs(items, reports, audit=audit, keep_going=keep_going, jobs=jobs, say=say, tree=tree)
     # every run refused its input before it started (a config field the release lacks...): as
     # a load error, a refused run leaves nothing behind (docs/inputs.md), only its lines below;
     # a run stopped by an input error once started (a trace over its limit) keeps its reports

@@ -40,6 +40,7 @@ from . import state
 from .events import Abort, InjectFault, Pause, ResetPrefixCache, Resume, from_mapping, perform, refusal
 from .fake_runner import FakeModelRunner
 from .loop import OverLimit, StepLoop, describe_exception, vllm_frames
+from .spec import ScenarioRequest
 
 
 class EngineCoreLoop(StepLoop):
@@ -55,11 +56,11 @@ class EngineCoreLoop(StepLoop):
         cfg = self.cfg
         if not a.caps.engine_core:
             raise LevelMissing("engine-core", a.caps.refusal("engine-core"))
-        self._structured = any(r.get("structured_outputs") for r in self.sc["requests"])
+        self._structured = any(r.structured_outputs for r in self.requests)
         if self._structured and not a.caps.structured_outputs:
             raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
                                    "StructuredOutputManager (vllm/v1/structured_output)")
-        kv = self.sc.get("kv_transfer_config")
+        kv = self.scenario.get("kv_transfer_config")
         self.kv_worker = self._kv_worker(kv) if kv else None
         build_cfg = {**cfg, "kv_transfer_config": kv} if kv else cfg
         from .topology import topology
@@ -95,7 +96,7 @@ class EngineCoreLoop(StepLoop):
                     f"async_scheduling); set pipeline_parallel_size: {want} instead")
         specs, bytes_per_block = self._lab(kv_cache_spec, a, cfg)
         memory = available_memory(cfg, bytes_per_block)
-        cap = self.lab_limits.get("max_kv_blocks")
+        cap = self.lab_limits.max_kv_blocks
         if cap and bytes_per_block and memory // bytes_per_block > cap:
             # vLLM's BlockPool makes a Python object per block at start-up: refuse before it does
             raise OverLimit(f"config.kv_cache_memory_bytes: {memory:,} bytes make "
@@ -223,19 +224,19 @@ class EngineCoreLoop(StepLoop):
             raise self.refusal(exc) from exc
 
     # ---- what the worker computes -------------------------------------------------------------
-    def _make_output(self, so):
+    def _make_output(self, sched_out):
         """``(sample, DraftTokenIds or None)`` for ``so``: the fake worker's computation, where
         ``sample(grammar_output)`` returns the ``ModelRunnerOutput`` with the step's grammar
         bitmask applied (``grammar_output``: what ``sample_tokens`` received; None: the bitmask
         on ``so`` where the release puts it there). A failure in either is a lab error, raised
         as :class:`AdapterError`."""
-        return self._lab(self._compute_output, so)
+        return self._lab(self._compute_output, sched_out)
 
-    def _compute_output(self, so):
+    def _compute_output(self, sched_out):
         a = self.adapter
-        scheduled = a.scheduled(so)
+        scheduled = a.scheduled(sched_out)
         req_ids, sampled, drafts = self.runner.execute(
-            self.step, scheduled, self.scheduler.requests, getattr(so, "finished_req_ids", ()), so)
+            self.step, scheduled, self.scheduler.requests, getattr(sched_out, "finished_req_ids", ()), sched_out)
         if self.runner.draft_record is not None:
             self._line.drafter = self.runner.draft_record
         draft_ids = None
@@ -248,7 +249,7 @@ class EngineCoreLoop(StepLoop):
             # what finished (GPUModelRunner: get_finished, get_block_ids_with_load_errors)
             mark = len(self.kv_worker.events)
             sending, recving, invalid, failed = self.kv_worker.step(
-                self.step, getattr(so, "kv_connector_metadata", None))
+                self.step, getattr(sched_out, "kv_connector_metadata", None))
             kv = dict(finished_sending=sending, finished_recving=recving,
                       invalid_block_ids=invalid, failed_recving=failed,
                       completed_jobs=list(self.kv_worker.completed_jobs))
@@ -259,7 +260,7 @@ class EngineCoreLoop(StepLoop):
 
         def sample(grammar_output):
             def masked():
-                rows = state.grammar_rows(grammar_output, so, spec)
+                rows = state.grammar_rows(grammar_output, sched_out, spec)
                 tokens = self.runner.apply_grammar(req_ids, sampled, rows) if rows else sampled
                 if rows:  # what the grammar let through, on the line of the step sampling it
                     line = self._line
@@ -269,7 +270,7 @@ class EngineCoreLoop(StepLoop):
             return self._lab(masked)
         return sample, draft_ids
 
-    def _on_execute(self, so) -> None:
+    def _on_execute(self, sched_out) -> None:
         """A batch starts executing: in-flight aborts arrive now, as the engine's input thread
         would deliver them (``EngineCore.aborts_queue``, processed before ``update_from_output``)."""
         ids = self._in_flight.pop(self.step, None)
@@ -285,8 +286,8 @@ class EngineCoreLoop(StepLoop):
         def observed_schedule(*args, **kwargs):
             loop._phase = "schedule"
             loop._marks = loop._lab(state.preemption_marks, sched)
-            so = schedule(*args, **kwargs)
-            scheduled = loop._lab(loop.adapter.scheduled, so)
+            sched_out = schedule(*args, **kwargs)
+            scheduled = loop._lab(loop.adapter.scheduled, sched_out)
             not_ready = getattr(getattr(sched, "connector", None), "not_ready_log", None) if \
                 loop.kv_worker is not None else None
             if not_ready:  # the scripted connector's "not yet" answers of this schedule()
@@ -295,19 +296,19 @@ class EngineCoreLoop(StepLoop):
                 line.kv_connector.setdefault("not_ready", []).extend(not_ready)
                 not_ready.clear()
             loop._note_schedule(loop._line, scheduled)
-            loop._scheduled_so.append(so)
-            loop._so_step[id(so)] = loop.step
+            loop._scheduled_so.append(sched_out)
+            loop._so_step[id(sched_out)] = loop.step
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
-                                                       so, scheduled):
+                                                       sched_out, scheduled):
                 raise _ObserverStop()
             loop._phase = "execute_model"
-            return so
+            return sched_out
 
-        def observed_update(so, *args, **kwargs):
+        def observed_update(sched_out, *args, **kwargs):
             loop._phase = "update_from_output"
-            out = update(so, *args, **kwargs)
-            loop._updated_so.append(so)
-            loop._applied_from.append(loop._so_step.pop(id(so), None))
+            out = update(sched_out, *args, **kwargs)
+            loop._updated_so.append(sched_out)
+            loop._applied_from.append(loop._so_step.pop(id(sched_out), None))
             loop._phase = "step"
             return out
 
@@ -320,7 +321,7 @@ class EngineCoreLoop(StepLoop):
         ``engine-build``), then drive it step by step as its busy loop does (see the module
         docstring); the end of a run is :class:`~vllm_repro.engine.loop.StepLoop`'s."""
         t0 = time.perf_counter()
-        self.runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
+        self.runner = FakeModelRunner(self.scenario.get("model") or {}, self.cfg.get("num_speculative_tokens"))
         self.step = 0
         self._line = TraceLine(0)
         self._in_flight: dict[int, list[str]] = {}
@@ -383,7 +384,7 @@ class EngineCoreLoop(StepLoop):
         self._log_fatal(exc, None)
         self.trace(TraceLine(0, phase="engine-build", crash=crash.brief()))
         return RunResult("crash", crash=crash, steps=0, finished={},
-                         unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
+                         unfinished=[r.id for r in self.requests], limit_reached=False,
                          level=self.level, timing=Timing(round(build_s, 4)))
 
     def _engine_step(self, step: int, line: TraceLine, record_stats):
@@ -401,10 +402,10 @@ class EngineCoreLoop(StepLoop):
             for r in self.requests_by_step.get(step, []):
                 refused = self._add(r)
                 if refused is None:
-                    line.added.append(r["id"])
+                    line.added.append(r.id)
                 else:
-                    self.refused[r["id"]] = refused
-                    line.refused = {**(line.refused or {}), r["id"]: refused}
+                    self.refused[r.id] = refused
+                    line.refused = {**(line.refused or {}), r.id: refused}
             self._phase = "events"
             for e in self.events_by_step.get(step, []):
                 perform(self, e, line)
@@ -485,7 +486,7 @@ class EngineCoreLoop(StepLoop):
             return True
         return bool(getattr(self.engine, "batch_queue", None))
 
-    def _add(self, r: dict) -> str | None:
+    def _add(self, r: ScenarioRequest) -> str | None:
         """Add request ``r`` as the engine's input thread does; returns the front door's error
         where the release refuses the request (its structured-output validation: an HTTP 400
         that never reaches EngineCore), else None."""
@@ -493,7 +494,7 @@ class EngineCoreLoop(StepLoop):
         engine = self.engine
         ecr = self._lab(self._engine_core_request, r)
         self.order += 1
-        if r.get("structured_outputs"):
+        if r.structured_outputs:
             refused = self._front_door_refuses(ecr.sampling_params)
             if refused is not None:
                 return refused
@@ -512,9 +513,9 @@ class EngineCoreLoop(StepLoop):
             engine.add_request(req, wave)
         else:  # <= 0.9: EngineCore.add_request takes the EngineCoreRequest itself
             engine.add_request(ecr)
-            req = self.scheduler.requests.get(r["id"])
-        self.created[r["id"]] = req if req is not None else self.scheduler.requests.get(r["id"])
-        fut = state.grammar_future(self.created[r["id"]])
+            req = self.scheduler.requests.get(r.id)
+        self.created[r.id] = req if req is not None else self.scheduler.requests.get(r.id)
+        fut = state.grammar_future(self.created[r.id])
         if fut is not None:
             # the StructuredOutputManager compiles on its thread pool; the lab lets it finish
             # before the next step (compilation time zero), so runs are deterministic
@@ -546,41 +547,41 @@ class EngineCoreLoop(StepLoop):
         manager's (vLLM's own, built from the config)."""
         return getattr(self.engine.structured_output_manager, "tokenizer", None)
 
-    def _engine_core_request(self, r: dict):
+    def _engine_core_request(self, r: ScenarioRequest):
         """An ``EngineCoreRequest`` (``vllm/v1/engine/__init__.py``) as the front end's
         ``Processor.process_inputs`` makes it for a token-id prompt."""
         a = self.adapter
         ecr_cls = _import("vllm.v1.engine:EngineCoreRequest")
         extra = {}
-        if r.get("kv_transfer_params") is not None:
+        if r.kv_transfer_params is not None:
             # the front end's place for them (serving: SamplingParams.extra_args), which
             # Request.__init__ reads into Request.kv_transfer_params
             if "extra_args" not in fields_of(a.SamplingParams):
                 raise RefusedByRelease(f"requests[{r['id']}].kv_transfer_params: vLLM "
                                        f"{a.version}'s SamplingParams has no extra_args")
-            extra["extra_args"] = {"kv_transfer_params": copy.deepcopy(r["kv_transfer_params"])}
-        sp = call_supported(a.SamplingParams, max_tokens=r["max_tokens"], ignore_eos=False,
+            extra["extra_args"] = {"kv_transfer_params": copy.deepcopy(r.kv_transfer_params)}
+        sp = call_supported(a.SamplingParams, max_tokens=r.max_tokens, ignore_eos=False,
                             temperature=0.0, **extra,
-                            **a.structured_outputs_kwargs(r["id"], r.get("structured_outputs")))
+                            **a.structured_outputs_kwargs(r.id, r.structured_outputs))
         if hasattr(sp, "update_from_generation_config"):
             try:
                 sp.update_from_generation_config({}, 2)
             except TypeError:
                 pass
-        arrival = r["arrival_time"] if r.get("arrival_time") is not None else float(self.order)
+        arrival = r.arrival_time if r.arrival_time is not None else float(self.order)
         # prompt: the text prompt, a required field up to 0.8.4 that the front end sets to None
         # once the detokenizer has it ("set to None when it is added to EngineCoreClient")
         values = dict(
-            request_id=r["id"], prompt=None, prompt_token_ids=self.prompt_of(r), mm_features=None,
+            request_id=r.id, prompt=None, prompt_token_ids=self.prompt_of(r), mm_features=None,
             mm_inputs=None, mm_kwargs=None, mm_hashes=None, mm_placeholders=None,
             sampling_params=sp, pooling_params=None, eos_token_id=2, arrival_time=arrival,
             lora_request=None, cache_salt=None, data_parallel_rank=None, prompt_embeds=None,
-            client_index=0, current_wave=0, priority=r.get("priority", 0), trace_headers=None,
-            external_req_id=r["id"], resumable=False, reasoning_ended=None)
+            client_index=0, current_wave=0, priority=r.priority, trace_headers=None,
+            external_req_id=r.id, resumable=False, reasoning_ended=None)
         fields = getattr(ecr_cls, "__struct_fields__", None)
         if fields is None:
             return call_supported(ecr_cls, **values)
-        if r.get("priority") and "priority" not in fields:
+        if r.priority and "priority" not in fields:
             raise RefusedByRelease(f"requests[{r['id']}].priority: vLLM {a.version}'s "
                                    "EngineCoreRequest has no priority; use priority 0")
         return ecr_cls(**{k: values.get(k) for k in fields if k in values})
@@ -589,7 +590,7 @@ class EngineCoreLoop(StepLoop):
     def _check_events(self) -> None:
         """Refuse, before the run, an event whose EngineCore call the release lacks."""
         engine = self.engine
-        for e in map(from_mapping, self.sc.get("events", [])):
+        for e in map(from_mapping, self.scenario.get("events", [])):
             if isinstance(e, InjectFault) and self.ranks is None:
                 raise RefusedByRelease(f"{e.where()}: a rank fault needs rank processes; add "
                                        "config.distributed_executor_backend: mp")
@@ -646,7 +647,7 @@ class EngineCoreLoop(StepLoop):
         line.resumed = True
 
     # ---- the crash dump ----------------------------------------------------------------------
-    def _log_fatal(self, exc: BaseException, so) -> None:
+    def _log_fatal(self, exc: BaseException, sched_out) -> None:
         """What production logs when EngineCore dies: vLLM's ``dump_engine_exception`` (the
         "Dumping scheduler output ..." lines) and ``run_engine_core``'s "EngineCore encountered
         a fatal error." with the traceback, through vLLM's own logger (the engine log)."""
@@ -655,8 +656,8 @@ class EngineCoreLoop(StepLoop):
         sched = getattr(self, "scheduler", None)
         if dump is not None and getattr(self, "vllm_config", None) is not None:
             try:
-                stats = sched.make_stats() if sched is not None and so is not None else None
-                dump(self.vllm_config, so, stats)
+                stats = sched.make_stats() if sched is not None and sched_out is not None else None
+                dump(self.vllm_config, sched_out, stats)
             except Exception:  # noqa: BLE001 - the dump is exception-free in vLLM; keep going
                 pass
         logger.error("EngineCore encountered a fatal error.\n%s",

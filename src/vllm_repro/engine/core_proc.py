@@ -60,6 +60,7 @@ from . import state
 from .core_loop import EngineCoreLoop, _raised_in_lab
 from .events import Abort, Pause, ResetPrefixCache, Resume
 from .loop import OverLimit, describe_exception, vllm_frames
+from .spec import ScenarioRequest
 
 #: seconds the engine core process waits for a client message its step needs
 CLIENT_WAIT_S = 60.0
@@ -246,9 +247,9 @@ class CoreProcLoop(EngineCoreLoop):
                 for r in self.requests_by_step.get(step, []):
                     ecr = self._engine_core_request(r)
                     self.order += 1
-                    if r.get("structured_outputs"):
+                    if r.structured_outputs:
                         refused = self._front_door_refuses(ecr.sampling_params)
-                        self._conn.send(("front_door", r["id"], refused))
+                        self._conn.send(("front_door", r.id, refused))
                         if refused is not None:
                             continue  # the front door's 400: never sent
                     self._calls.call(client, "add_request", ecr)
@@ -294,7 +295,7 @@ class CoreProcLoop(EngineCoreLoop):
         """Read the engine core process's messages: trace lines written, a lab error raised
         here, the result returned; None when the process is gone (or ``timeout`` s passed)
         without one. Silence past :data:`SILENCE_S` is a ``hang``."""
-        limit = float((self.sc.get("limits") or {}).get("step_timeout_s") or SILENCE_S)
+        limit = float(self.limits.step_timeout_s or SILENCE_S)
         start = last = time.monotonic()
         last_step = 0
         while True:
@@ -447,10 +448,10 @@ class CoreProcLoop(EngineCoreLoop):
         for step in range(1, max_steps + 1):
             self.step = step
             line = TraceLine.begin(step, {})
-            ended, so = self._engine_step(step, line, record_stats)
+            ended, sched_out = self._engine_step(step, line, record_stats)
             done = ended is not None
             if not done:
-                ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
+                ended, done = self._end_of_step(step, line, sched_out, last_add, stall_steps)
             if done:
                 result = ended or result
                 break
@@ -518,21 +519,21 @@ class CoreProcLoop(EngineCoreLoop):
             if getattr(request_type, "name", str(request_type)) == kind:
                 return None
 
-    def _add(self, r: dict) -> str | None:
+    def _add(self, r: ScenarioRequest) -> str | None:
         """The client's ``add_request`` of ``r``, handled by vLLM (its input thread decoded
         and preprocessed it; ``_handle_client_request`` adds it); a structured-output request
         the front door refuses (as the front end judged it too, and did not send) is refused."""
-        if r.get("structured_outputs"):
-            refused = self._front_door_answer(r["id"])
+        if r.structured_outputs:
+            refused = self._front_door_answer(r.id)
             if refused is not None:
                 self.order += 1
                 return refused
-        failed = self._take_client_message("ADD", r["id"])
+        failed = self._take_client_message("ADD", r.id)
         self.order += 1
         if failed is not None:  # vLLM's input thread refused it and told the client
             first = " ".join(str(failed).strip().splitlines()[:1])
             return f"{type(failed).__name__}: {first} (EngineCore.preprocess_add_request)"
-        req = self.created[r["id"]] = self.scheduler.requests.get(r["id"])
+        req = self.created[r.id] = self.scheduler.requests.get(r.id)
         fut = state.grammar_future(req)
         if fut is not None:  # compilation time zero, as in-process: runs are deterministic
             concurrent.futures.wait([fut])
@@ -582,7 +583,7 @@ class CoreProcLoop(EngineCoreLoop):
         items, self._outputs[:] = list(self._outputs), []
         return items
 
-    def _log_fatal(self, exc: BaseException, so) -> None:
+    def _log_fatal(self, exc: BaseException, sched_out) -> None:
         """Kept to re-raise: vLLM's ``run_engine_core`` logs it here (its crash dump was
         written by ``EngineCore.step``'s own ``log_error_detail`` where the release has it)."""
         self._fatal = exc
@@ -747,7 +748,7 @@ def _child_init(original, engine, *args, **kwargs) -> None:
                                              crash=crash.brief()).to_json()))
             conn.send(("result", RunResult(
                 "crash", crash=crash, steps=0, finished={},
-                unfinished=[r["id"] for r in loop.sc["requests"]], limit_reached=False,
+                unfinished=[r.id for r in loop.requests], limit_reached=False,
                 level=loop.level, engine=EngineInfo(process=type(engine).__name__)).to_dict()))
         raise
     engine.run_busy_loop = functools.partial(loop._child_run, engine, conn)

@@ -30,6 +30,7 @@ from .fake_runner import FakeModelRunner, PersistentBatch
 from .drafter import check_scripted_skips, release_drafter
 from .events import Abort, Event, by_step, perform, supported
 from .interfaces import Observer
+from .spec import LabLimits, ScenarioLimits, ScenarioRequest
 from .input_batch import WORKER_STATE_ATTR, worker_state
 from .state import (flat_stats, preempted_since, preemption_marks, stall_cause, stall_clauses,
                     worker_max_num_reqs)
@@ -88,13 +89,16 @@ class StepLoop:
                  trace: Callable[[TraceLine], None] | None = None,
                  observer: Observer | None = None):
         self.adapter = adapter
-        self.sc = scenario
+        self.scenario = scenario
         self.trace = trace or (lambda line: None)
         self.observer = observer
         self.cfg = scenario["config"]
-        self.requests_by_step: dict[int, list[dict]] = {}
-        for r in scenario["requests"]:
-            self.requests_by_step.setdefault(r["at_step"], []).append(r)
+        #: the scenario's requests, in its order
+        self.requests: tuple[ScenarioRequest, ...] = tuple(
+            map(ScenarioRequest.from_mapping, scenario["requests"]))
+        self.requests_by_step: dict[int, list[ScenarioRequest]] = {}
+        for r in self.requests:
+            self.requests_by_step.setdefault(r.at_step, []).append(r)
         #: the scenario's events (engine/events.py's dataclasses) by step
         self.events_by_step: dict[int, list[Event]] = by_step(scenario.get("events"))
         self.created: dict[str, Any] = {}
@@ -102,7 +106,10 @@ class StepLoop:
         #: request id -> the release's front-door error, for requests it refused (never added)
         self.refused: dict[str, str] = {}
         self.order = 0
-        self.lab_limits: dict = {}  # vllm_repro.limits.RunLimits as a mapping (run_scenario's)
+        #: the lab's limits (run_scenario's; none outside a run)
+        self.lab_limits: LabLimits = LabLimits()
+        #: the scenario's own ``limits:``
+        self.limits: ScenarioLimits = ScenarioLimits.from_mapping(scenario.get("limits"))
         self._idle = 0  # steps in a row without progress
         self._paused = False  # the scenario paused the scheduler (engine-core events)
 
@@ -112,12 +119,12 @@ class StepLoop:
         self.adapter.abort(self.scheduler, list(e.ids))
         line.aborted.extend(e.ids)
 
-    def prompt_of(self, spec: dict) -> list[int]:
-        n = spec["prompt_len"]
-        if spec.get("prefix"):
-            k = spec.get("prefix_len") or n
-            return token_stream("prefix:" + spec["prefix"], k) + token_stream("req:" + spec["id"], n - k)
-        return token_stream("req:" + spec["id"], n)
+    def prompt_of(self, spec: ScenarioRequest) -> list[int]:
+        n = spec.prompt_len
+        if spec.prefix:
+            k = spec.prefix_len or n
+            return token_stream("prefix:" + spec.prefix, k) + token_stream("req:" + spec.id, n - k)
+        return token_stream("req:" + spec.id, n)
 
     def run(self) -> RunResult:
         """Build the scheduler, then step until every request finished, the audit stopped the
@@ -135,12 +142,12 @@ class StepLoop:
         if built is None:  # the watchdog: the build never returned
             return self._build_hung(time.perf_counter() - t0)
         _, self.scheduler = built
-        model = self.sc.get("model") or {}
+        model = self.scenario.get("model") or {}
         if model.get("empty_at") and not a.caps.empty_outputs:
             raise RefusedByRelease(f"model.empty_at: {a.caps.refusal('empty outputs')}")
         record_stats = self._front_door_and_stats(a.vllm_config)
         build_s = time.perf_counter() - t0
-        runner = FakeModelRunner(self.sc.get("model") or {}, self.cfg.get("num_speculative_tokens"))
+        runner = FakeModelRunner(self.scenario.get("model") or {}, self.cfg.get("num_speculative_tokens"))
         self.runner = runner
         return self._run_steps(build_s, lambda step, line: self._step(step, line, runner, record_stats))
 
@@ -158,11 +165,11 @@ class StepLoop:
         for step in range(1, max_steps + 1):
             self.step = step
             line = TraceLine.begin(step, None if scheduled is None else dict(scheduled))
-            ended, so = self._watched(step, "step", lambda s=step, ln=line: step_fn(s, ln),
+            ended, sched_out = self._watched(step, "step", lambda s=step, ln=line: step_fn(s, ln),
                                       lambda ln=line: (self._hung(ln), None))
             done = ended is not None
             if not done:
-                ended, done = self._end_of_step(step, line, so, last_add, stall_steps)
+                ended, done = self._end_of_step(step, line, sched_out, last_add, stall_steps)
             if done:
                 result = ended or result
                 break
@@ -208,18 +215,18 @@ class StepLoop:
         it (the audit stopped it, or vLLM raised: a ``crash``), else ``None``."""
         a = self.adapter
         sched = self.scheduler
-        so = None
+        sched_out = None
         phase = self._phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
-                req = self._lab(a.make_request, r["id"], self.prompt_of(r), r["max_tokens"],
-                                r.get("priority", 0),
-                                r["arrival_time"] if r.get("arrival_time") is not None
+                req = self._lab(a.make_request, r.id, self.prompt_of(r), r.max_tokens,
+                                r.priority,
+                                r.arrival_time if r.arrival_time is not None
                                 else float(self.order))
                 self.order += 1
-                self.created[r["id"]] = req
+                self.created[r.id] = req
                 sched.add_request(req)
-                line.added.append(r["id"])
+                line.added.append(r.id)
             phase = self._phase = "abort"
             for e in self.events_by_step.get(step, []):
                 if supported(self, e):  # (the schema allows only aborts at this level)
@@ -230,19 +237,19 @@ class StepLoop:
                 return None, None
             phase = self._phase = "schedule"
             self._marks = self._lab(preemption_marks, sched)
-            so = sched.schedule()
-            scheduled = self._lab(a.scheduled, so)
+            sched_out = sched.schedule()
+            scheduled = self._lab(a.scheduled, sched_out)
             self._note_schedule(line, scheduled)
-            if self.observer is not None and self._lab(self.observer.after_schedule, step, so,
+            if self.observer is not None and self._lab(self.observer.after_schedule, step, sched_out,
                                                        scheduled):
-                return self._stopped(line), so
+                return self._stopped(line), sched_out
             phase = self._phase = "execute_model"
             req_ids, sampled, drafts = self._lab(runner.execute, step, scheduled, sched.requests,
-                                                 getattr(so, "finished_req_ids", ()), so)
+                                                 getattr(sched_out, "finished_req_ids", ()), sched_out)
             line.drafter = runner.draft_record
             mro = self._lab(a.model_output, req_ids, sampled, drafts)
             phase = self._phase = "update_from_output"
-            engine_core_outputs = sched.update_from_output(so, mro)
+            engine_core_outputs = sched.update_from_output(sched_out, mro)
             all_stats = self._stats_of(engine_core_outputs, record_stats is not None)
             self._note_stats(line, all_stats)
             if record_stats is not None:
@@ -255,12 +262,12 @@ class StepLoop:
         except (RefusedByRelease, AdapterError):
             raise
         except self._stop_exception():  # the observer stopped the run inside a vLLM call
-            return self._stopped(line), so
+            return self._stopped(line), sched_out
         except MemoryError:  # the worker's memory limit, not vLLM's failure
             raise
         except Exception as exc:  # vLLM raised: the reproduction's main kind of evidence
-            return self._crashed(exc, step, phase, line), so
-        return None, so
+            return self._crashed(exc, step, phase, line), sched_out
+        return None, sched_out
 
     def _build_hung(self, build_s: float) -> RunResult:
         """The build of the scheduler or engine never returned: ``hang`` at step 0, phase
@@ -269,7 +276,7 @@ class StepLoop:
         hang = self.watchdog.hang or Hang(0, self.watchdog.limit_s, "engine-build",
                                           stopped="interrupted")
         return RunResult("hang", hang=hang, steps=0, finished={},
-                         unfinished=[r["id"] for r in self.sc["requests"]], limit_reached=False,
+                         unfinished=[r.id for r in self.requests], limit_reached=False,
                          level=self.level, timing=Timing(round(build_s, 4)))
 
     def _note_schedule(self, line: TraceLine, scheduled) -> None:
@@ -335,7 +342,7 @@ class StepLoop:
         self._emit(line)
         return RunResult("crash", crash=crash)
 
-    def _end_of_step(self, step: int, line: TraceLine, so, last_add: int,
+    def _end_of_step(self, step: int, line: TraceLine, sched_out, last_add: int,
                      stall_steps: int) -> tuple[RunResult | None, bool]:
         """After a step that did not end the run: finished requests collected, the state read,
         the observer's ``after_update``, the line written; then whether the run is over.
@@ -345,8 +352,8 @@ class StepLoop:
         newly = self._collect_finished()
         line.finished = newly
         self._state(line)
-        if self.observer is not None and so is not None \
-                and self._lab(self.observer.after_update, step, so, line):
+        if self.observer is not None and sched_out is not None \
+                and self._lab(self.observer.after_update, step, sched_out, line):
             self._emit(line)
             return RunResult("violation"), True
         self._emit(line)
@@ -385,8 +392,8 @@ class StepLoop:
         returns the stat logger's ``record(scheduler_stats)`` when the scenario logs stats
         (``disable_log_stats: false``), else None. Shared by both levels."""
         a = self.adapter
-        for r in self.sc["requests"]:
-            a.front_door(r["id"], self.prompt_of(r), r["max_tokens"], r.get("priority", 0))
+        for r in self.requests:
+            a.front_door(r.id, self.prompt_of(r), r.max_tokens, r.priority)
         if self.cfg.get("disable_log_stats", True):
             return None
         return self._lab(a.stat_logger, vllm_config)
@@ -394,12 +401,11 @@ class StepLoop:
     def _limits_and_attach(self) -> tuple[int, int, int]:
         """``(max_steps, stall_steps, the last step that adds a request or has an event)``,
         with the observer attached to the built loop. Shared by both levels."""
-        limits = self.sc.get("limits") or {}
         last_add = max([*self.requests_by_step, *self.events_by_step, 0])
         self._track_worker_batch()
         if self.observer is not None:
             self.observer.attach(self)
-        return limits.get("max_steps", 500), limits.get("stall_steps", 20), last_add
+        return self.limits.max_steps, self.limits.stall_steps, last_add
 
     def _track_worker_batch(self) -> None:
         """Give the fake runner the worker's persistent batch (``max_num_seqs`` slots), which
@@ -431,8 +437,8 @@ class StepLoop:
                 result.violations = list(self.observer.violations)
             if hasattr(self.observer, "summary"):
                 result.audit = self.observer.summary()
-        unfinished = [r["id"] for r in self.sc["requests"]
-                      if r["id"] not in self.finished and r["id"] not in self.refused]
+        unfinished = [r.id for r in self.requests
+                      if r.id not in self.finished and r.id not in self.refused]
         result.steps = step
         result.finished = dict(self.finished)
         result.refused = dict(self.refused) or None

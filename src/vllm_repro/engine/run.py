@@ -17,13 +17,15 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 from ..records import Crash, ReportDir, RunResult, TraceLine
 from .adapter import AdapterError, LevelMissing, RefusedByRelease, V1Adapter, platform
 from .core_proc import loop_class
 from .interfaces import LevelDriver
 from .loop import OverLimit, StepLoop, describe_exception
+from .spec import LabLimits, ScenarioLimits
 from .topology import topology
 from .v0 import V0Adapter, V0EngineLoop
 from .watchdog import Watchdog
@@ -91,14 +93,16 @@ def _emulate_devices(scenario: dict) -> int | None:
 
 
 def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, observer=None,
-                 limits: dict | None = None) -> RunResult:
+                 limits: LabLimits | Mapping[str, Any] | None = None) -> RunResult:
     """Run one scenario; write ``trace.jsonl`` into ``out_dir`` (if given), one
     :class:`~vllm_repro.records.TraceLine` a step. ``result.json`` is not written here: the
     host writes it, with the verdict (:class:`~vllm_repro.records.ReportDir`).
 
-    ``limits`` (:class:`vllm_repro.limits.RunLimits` as a mapping): ``max_trace_mb`` stops a
-    run whose trace reaches it, ``max_kv_blocks`` refuses an engine-core pool larger than it
-    (both :class:`OverLimit`: outcome ``error``, kind ``input``).
+    ``limits`` (:class:`~vllm_repro.engine.spec.LabLimits`, or
+    :class:`vllm_repro.limits.RunLimits` as the mapping the worker receives, made a
+    ``LabLimits`` here): ``max_trace_mb`` stops a run whose trace reaches it, ``max_kv_blocks``
+    refuses an engine-core pool larger than it (both :class:`OverLimit`: outcome ``error``,
+    kind ``input``).
 
     The result's ``outcome`` is ``clean``, ``crash``, ``violation``, ``stall`` or ``error``;
     ``error`` means the lab or the input failed (``error.kind``: ``input`` or ``lab``). On a
@@ -111,8 +115,8 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
         out_dir.mkdir(parents=True, exist_ok=True)
         trace_f = open(out_dir / ReportDir.TRACE, "w")
 
-    limits = limits or {}
-    cap = int(float(limits.get("max_trace_mb") or 0) * (1 << 20))
+    limits = LabLimits.from_mapping(limits)
+    cap = int(float(limits.max_trace_mb or 0) * (1 << 20))
     written = 0
 
     def write(line: TraceLine) -> None:
@@ -121,13 +125,14 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
             text = line.to_json() + "\n"
             written += len(text)
             if cap and written > cap:
-                raise OverLimit(f"trace.jsonl reached {limits['max_trace_mb']} MB at step "
+                raise OverLimit(f"trace.jsonl reached {limits.max_trace_mb} MB at step "
                                 f"{line.step} (VLLM_REPRO_MAX_TRACE_MB): the run was stopped there; "
                                 "fewer requests or steps, or raise VLLM_REPRO_MAX_TRACE_MB")
             trace_f.write(text)
 
     devices_before = None
-    timeout = (scenario.get("limits") or {}).get("step_timeout_s") or limits.get("step_timeout_s")
+    timeout = ScenarioLimits.from_mapping(scenario.get("limits")).step_timeout_s \
+        or limits.step_timeout_s
     current: list[StepLoop] = []
     watchdog = Watchdog(float(timeout), adapter.vllm_file,
                         lambda: getattr(current[0], "_phase", None) if current else None) \
@@ -152,7 +157,7 @@ def run_scenario(adapter: V1Adapter, scenario: dict, out_dir: Path | None, obser
             # the whole text, not its first line: a ValidationError's reason is on its second
             result.refusal.message = " ".join(str(exc.vllm_exc).split())[:800]
     except MemoryError:
-        mb = (limits or {}).get("worker_memory_mb")
+        mb = limits.worker_memory_mb
         result = RunResult.failed("input", f"out of memory (limit {mb} MB, VLLM_REPRO_WORKER_MEMORY_MB): "
                                   "the run needs more than the worker may map; a smaller "
                                   "scenario, or raise VLLM_REPRO_WORKER_MEMORY_MB")

@@ -865,18 +865,18 @@ class V0EngineLoop(StepLoop):
     def _build(self):
         a = self.adapter
         cfg = self.cfg
-        if (self.sc.get("model") or {}).get("empty_at"):
+        if (self.scenario.get("model") or {}).get("empty_at"):
             raise RefusedByRelease("model.empty_at: not supported at level: v0-engine (a V0 "
                                    "worker returns a token for every sampling group)")
-        for e in map(from_mapping, self.sc.get("events", [])):
+        for e in map(from_mapping, self.scenario.get("events", [])):
             if not supported(self, e) or (isinstance(e, Abort) and e.when == "in_flight"):
                 raise RefusedByRelease("events: only aborts between steps at level: v0-engine "
                                        "(LLMEngine.abort_request)")
-        for r in self.sc["requests"]:
-            if r.get("structured_outputs"):
+        for r in self.requests:
+            if r.structured_outputs:
                 raise RefusedByRelease("requests[].structured_outputs: not supported at level: "
                                        "v0-engine")
-            if r.get("priority") and "priority" not in a.add_request_params:
+            if r.priority and "priority" not in a.add_request_params:
                 raise RefusedByRelease(f"requests[].priority: vLLM {a.version}'s "
                                        "LLMEngine.add_request takes no priority; use 0")
         if "detokenize" not in a.sampling_fields:
@@ -904,8 +904,8 @@ class V0EngineLoop(StepLoop):
         self.spec_k = spec_k
         spec_cfg = getattr(engine_config, "speculative_config", None)
         self.spec_disable_at = getattr(spec_cfg, "speculative_disable_by_batch_size", None)
-        sd = (self.sc.get("model") or {}).get("spec_decode") or {}
-        if spec_k and (sd.get("propose") or (self.sc.get("model") or {}).get("draft_tokens")):
+        sd = (self.scenario.get("model") or {}).get("spec_decode") or {}
+        if spec_k and (sd.get("propose") or (self.scenario.get("model") or {}).get("draft_tokens")):
             raise RefusedByRelease("model.spec_decode.propose / model.draft_tokens: not driven at "
                                    "level: v0-engine (the fake SpecDecodeWorker accepts "
                                    "model.spec_decode.accept drafts, each the model's own "
@@ -944,16 +944,16 @@ class V0EngineLoop(StepLoop):
 
         def observed_schedule(*args, **kwargs):
             out = schedule(*args, **kwargs)
-            so = out[1] if isinstance(out, tuple) else out
+            sched_out = out[1] if isinstance(out, tuple) else out
             scheduled = {}
-            for s in getattr(so, "scheduled_seq_groups", ()):
+            for s in getattr(sched_out, "scheduled_seq_groups", ()):
                 rid = s.seq_group.request_id
                 scheduled[rid] = scheduled.get(rid, 0) + int(s.token_chunk_size)
             loop._line.scheduled = scheduled
-            loop._so = so
-            loop._ignored.update(_ignored_in(so))
+            loop._so = sched_out
+            loop._ignored.update(_ignored_in(sched_out))
             if loop.observer is not None and loop._lab(loop.observer.after_schedule, loop.step,
-                                                       so, scheduled):
+                                                       sched_out, scheduled):
                 raise _ObserverStop()
             return out
 
@@ -974,7 +974,7 @@ class V0EngineLoop(StepLoop):
                 c = describe_exception(exc, self.adapter.vllm_file, 0, "engine-build")
                 self.trace(TraceLine(0, phase="engine-build", crash=c.brief()))
                 return RunResult("crash", crash=c, steps=0, finished={},
-                                 unfinished=[r["id"] for r in self.sc["requests"]],
+                                 unfinished=[r.id for r in self.requests],
                                  limit_reached=False, level=self.level,
                                  timing=Timing(round(time.perf_counter() - t0, 4)))
             build_s = time.perf_counter() - t0
@@ -1005,19 +1005,19 @@ class V0EngineLoop(StepLoop):
         phase = "add_request"
         try:
             for r in self.requests_by_step.get(step, []):
-                kw = {"arrival_time": r["arrival_time"] if r.get("arrival_time") is not None
+                kw = {"arrival_time": r.arrival_time if r.arrival_time is not None
                       else float(self.order)}
-                if r.get("priority") and "priority" in a.add_request_params:
-                    kw["priority"] = r["priority"]
+                if r.priority and "priority" in a.add_request_params:
+                    kw["priority"] = r.priority
                 self.order += 1
                 prompt = self.prompt_of(r)
-                params = a.sampling_params(r["max_tokens"], r.get("n") or 1)
+                params = a.sampling_params(r.max_tokens, r.n or 1)
                 if "prompt_token_ids" in a.add_request_params:  # before 0.4.2's inputs
-                    engine.add_request(r["id"], None, params, prompt_token_ids=prompt, **kw)
+                    engine.add_request(r.id, None, params, prompt_token_ids=prompt, **kw)
                 else:
-                    engine.add_request(r["id"], {"prompt_token_ids": prompt}, params, **kw)
-                self.created[r["id"]] = True
-                line.added.append(r["id"])
+                    engine.add_request(r.id, {"prompt_token_ids": prompt}, params, **kw)
+                self.created[r.id] = True
+                line.added.append(r.id)
             phase = "abort"
             for e in self.events_by_step.get(step, []):
                 perform(self, e, line)
@@ -1132,16 +1132,16 @@ def _groups_in(item) -> list[str]:
     (``OutputData`` or a tuple, by release): the scheduled ones and the prompts the schedule
     ignored (their output is made when the entry is processed)."""
     metas = getattr(item, "seq_group_metadata_list", None)
-    so = getattr(item, "scheduler_outputs", None)
+    sched_out = getattr(item, "scheduler_outputs", None)
     if metas is None and isinstance(item, tuple) and len(item) > 2:
-        metas, so = item[1], item[2]
+        metas, sched_out = item[1], item[2]
     return [getattr(m, "request_id", None) for m in (metas or ())
-            if getattr(m, "request_id", None)] + _ignored_in(so)
+            if getattr(m, "request_id", None)] + _ignored_in(sched_out)
 
 
-def _ignored_in(so) -> list[str]:
+def _ignored_in(sched_out) -> list[str]:
     """Request ids of ``SchedulerOutputs.ignored_seq_groups`` (none for ``so`` None)."""
-    return [sg.request_id for sg in getattr(so, "ignored_seq_groups", None) or ()]
+    return [sg.request_id for sg in getattr(sched_out, "ignored_seq_groups", None) or ()]
 
 
 class _KeywordRequest:

@@ -3,7 +3,7 @@ logged release, and compare the replay's last step with the dumped batch.
 
 vLLM's ``dump_engine_exception`` (``vllm/logging_utils/dump_input.py``) logs the crashed step's
 ``SchedulerOutput`` and ``SchedulerStats``; :mod:`vllm_repro.triage.scenario` drafts a scenario
-that rebuilds that batch. The replay runs it through the lab (:func:`vllm_repro.lab.run_matrix`,
+that rebuilds that batch. The replay runs it through the lab (:func:`vllm_repro.lab.run_pairs`,
 vLLM's real code of that release) and :func:`compare` sets what the dump says next to what the
 replay's last trace line and result show, field by field: the exception and its innermost vLLM
 frame, the requests and tokens of the batch, the queues, the KV cache usage.
@@ -110,8 +110,8 @@ def replay(report: TriageReport, sc, *, version: str | None, reports: Path, scen
     """Draft the scenario into ``scenario_path``, run it on ``version`` (default: the logged
     release) with its report under ``reports``, and compare. Raises
     :class:`~vllm_repro.errors.InputError` when no scenario can be drafted (no dump, no
-    release) and what :func:`vllm_repro.lab.run_matrix` raises."""
-    from ..lab import RunItem, run_matrix
+    release) and what :func:`vllm_repro.lab.run_pairs` raises."""
+    from ..lab import RunItem, run_pairs
     from ..records import read_trace
     from ..scenario import load_scenario
     from ..verdict import exit_code
@@ -122,7 +122,7 @@ def replay(report: TriageReport, sc, *, version: str | None, reports: Path, scen
     write_draft(scenario_path, text)
     scenario = load_scenario(scenario_path)
     release = draft_release(report, version)
-    (item,) = run_matrix([RunItem(scenario, release)], reports, jobs=1, say=say)
+    (item,) = run_pairs([RunItem(scenario, release)], reports, jobs=1, say=say)
     result = item.result
     trace = []
     if item.report is not None and item.report.trace_path.is_file():

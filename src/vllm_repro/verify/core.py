@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..catalog import catalog_files
 from ..errors import EnvError, InputError
-from ..lab import RunItem, run_matrix
+from ..lab import RunItem, run_pairs
 from ..sources.prepare import default_tree, prepare_release, resolve_tree
 from ..scenario import load_scenario
 from ..scenario.schema import Scenario
@@ -132,7 +132,7 @@ def verify(scenario_path: Path, patch: Path, version: str, reports: Path,
 
     def run(envs, label):
         items = [RunItem(scenario, version)] + [RunItem(sc, version) for _, sc in others]
-        run_matrix(items, bundle / label, say=say,
+        run_pairs(items, bundle / label, say=say,
                    prepare_tree=lambda v, kind: envs[kind], resolve=lambda v, level: kind_of[level])
         return items
 
