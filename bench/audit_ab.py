@@ -42,7 +42,7 @@ import gc, json, sys
 from pathlib import Path
 from vllm_repro.audit import Auditor as New
 from vllm_repro.engine.adapter import V1Adapter
-from vllm_repro.engine.loop import run_scenario
+from vllm_repro.engine.run import run_scenario
 from vllm_repro_base.audit import Auditor as Base
 payload = json.loads(Path(sys.argv[1]).read_text())
 adapter = V1Adapter(Path(sys.argv[2]))

@@ -54,7 +54,7 @@ CHILD = r'''
 import gc, json, os, subprocess, sys, time
 from pathlib import Path
 from vllm_repro.engine.adapter import V1Adapter
-from vllm_repro.engine.loop import run_scenario
+from vllm_repro.engine.run import run_scenario
 from vllm_repro.audit import Auditor
 import vllm_repro.audit.auditor as A
 import vllm_repro.audit.checks as C

@@ -31,7 +31,7 @@ CHILD = """\
 import cProfile, io, json, pstats, sys
 from pathlib import Path
 from vllm_repro.engine.adapter import V1Adapter
-from vllm_repro.engine.loop import run_scenario
+from vllm_repro.engine.run import run_scenario
 from vllm_repro.audit import Auditor
 payload, sort, top = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2], int(sys.argv[3])
 adapter = V1Adapter(Path(sys.argv[4]))
