@@ -264,8 +264,11 @@ class SchedulerSettings(Strict):
     def _limits(self):
         extra = self.model_extra or {}
         if self.num_speculative_tokens is None:
-            for key in ("speculative_method", "speculative_max_model_len"):
-                if key in self.model_fields_set:
+            # (a dumped scenario names the default method: not a drafter asked for)
+            for key, named in (("speculative_method", self.speculative_method != "ngram"),
+                               ("speculative_max_model_len",
+                                self.speculative_max_model_len is not None)):
+                if named:
                     raise ValueError(f"config.{key}: spec decode is off without "
                                      "config.num_speculative_tokens (vLLM's SpeculativeConfig "
                                      "needs the drafts a step); add num_speculative_tokens or "
