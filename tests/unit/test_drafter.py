@@ -205,3 +205,17 @@ def test_scripted_skips_stand_for_an_inline_test_and_hand_back_no_drafts(fake_re
     runner = FakeModelRunner({"spec_decode": {"drafter_skipped_at": [1]}}, 2)
     drafter_mod.check_scripted_skips(runner, "ngram", "9.9")
     assert not runner.drafter_skipped_at
+
+
+def test_a_scripted_drafter_skip_past_the_runs_steps_is_refused():
+    from vllm_repro.scenario.schema import Scenario
+
+    d = {"name": "x", "config": {"num_gpu_blocks": 8, "num_speculative_tokens": 2,
+                                 "speculative_method": "eagle"},
+         "requests": [{"id": "A", "prompt_len": 4, "max_tokens": 2}],
+         "model": {"spec_decode": {"drafter_skipped_at": [3]}}, "limits": {"max_steps": 100}}
+    assert Scenario.model_validate(d).model.spec_decode.drafter_skipped_at == [3]
+    d["model"]["spec_decode"]["drafter_skipped_at"] = [3, 99_999_999_999]
+    with pytest.raises(ValueError, match="drafter_skipped_at: step 99999999999 is past "
+                                         "limits.max_steps 100"):
+        Scenario.model_validate(d)

@@ -1129,6 +1129,11 @@ class Scenario(Strict):
                     raise ValueError(f"model.spec_decode.propose.{rid}: {over[0]} drafts, over "
                                      f"config.num_speculative_tokens {k} (vLLM's drafter "
                                      "proposes at most that many a step); give at most that many")
+            late = [n for n in self.model.spec_decode.drafter_skipped_at if n > max_steps]
+            if late:
+                raise ValueError(f"model.spec_decode.drafter_skipped_at: step {late[0]} is past "
+                                 f"limits.max_steps {max_steps}: it would never happen; raise "
+                                 "max_steps or drop it")
         for key in ("expect", "fixed"):
             exp = getattr(self, key)
             for j, st in enumerate((exp.steps or ()) if exp is not None else ()):
