@@ -13,7 +13,9 @@ import re
 import subprocess
 
 import pytest
+import yaml
 
+from vllm_repro.engine.draft_models import DRAFT_MODELS
 from vllm_repro.engine.host import child_environment
 from vllm_repro.sources.prepare import prepare_release, slice_levels
 from vllm_repro.slicing.runs import normalise_clock, normalise_result, scenario_files
@@ -25,10 +27,22 @@ from ..unit.test_slicing import PROVEN
 pytestmark = pytest.mark.slow
 
 
+def _untraced(f) -> bool:
+    """A scenario on a path the committed slices were traced without: a model-based drafter
+    (its draft model's module, e.g. ``llama_eagle``) or vLLM's own OffloadingConnector /
+    MultiConnector. On a slice such a run is the lab failure "the run left the slice" (tested
+    below), on the full tree vLLM's outcome; the full tree runs them (``--tree full``)."""
+    d = yaml.safe_load(f.read_text()) or {}
+    method = (d.get("config") or {}).get("speculative_method")
+    connector = (d.get("kv_transfer_config") or {}).get("kv_connector")
+    return method in DRAFT_MODELS or connector in ("OffloadingConnector", "MultiConnector")
+
+
 def _run(cli, version, tree, reports):
     # the scenarios of every level the slice was proven at (engine-core too where it was traced)
     files = [str(f) for f in scenario_files(ROOT, levels=slice_levels(version))
-             if "topology" not in f.parts]  # rank processes: the full tree only (ranks.py)
+             if "topology" not in f.parts  # rank processes: the full tree only (ranks.py)
+             and not _untraced(f)]
     proc = cli("run", *files, "--vllm", version, "--tree", tree, "--reports", str(reports), "--json")
     # 1: a scenario not for this release; 2: only where the release refuses a field of a
     # scenario written for newer ones (stress-fcfs-hybrid's mamba_cache_mode before 0.12, an
