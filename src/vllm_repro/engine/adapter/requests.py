@@ -147,8 +147,13 @@ class RequestsMixin:
         and a prompt over ``max_model_len`` is refused by the lab on vLLM's rule. Raises
         :class:`RefusedByRelease` (with ``vllm_exc``, phase ``add_request``, where vLLM
         refused)."""
-        max_len = getattr(getattr(getattr(self, "vllm_config", None), "model_config", None),
-                          "max_model_len", None)
+        config = getattr(self, "vllm_config", None)
+        # the scenario's max_model_len, as the scheduler got it: a release whose ModelConfig
+        # caps it at the packaged model's own length (OPT's 2048 on 0.9) keeps the scenario's
+        # in SchedulerConfig, where the scheduler reads it
+        max_len = getattr(getattr(config, "scheduler_config", None), "max_model_len", None)
+        if not isinstance(max_len, int):
+            max_len = getattr(getattr(config, "model_config", None), "max_model_len", None)
         long = isinstance(max_len, int) and len(prompt) >= max_len
         if not priority and not long:
             return
