@@ -136,22 +136,12 @@ def release_method(module: str, cls: str, name: str):
     name classes of the module's imports); a method whose body uses a module-level name fails
     at its call with ``NameError``, a lab error."""
     import ast
-    import importlib.util
 
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    try:
-        text = open(spec.origin, encoding="utf-8").read()
-        tree = ast.parse(text, spec.origin)
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for node in tree.body:
-        if not (isinstance(node, ast.ClassDef) and node.name == cls):
-            continue
+    from .adapter.probes import class_in_source
+
+    found = class_in_source(module, cls)
+    if found is not None:
+        origin, _, node = found
         for item in node.body:
             if isinstance(item, ast.FunctionDef) and item.name == name:
                 item.decorator_list = []
@@ -160,7 +150,7 @@ def release_method(module: str, cls: str, name: str):
                 for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs):
                     arg.annotation = None
                 namespace: dict = {"__name__": module}
-                exec(compile(ast.Module([item], []), spec.origin, "exec"), namespace)  # noqa: S102
+                exec(compile(ast.Module([item], []), origin, "exec"), namespace)  # noqa: S102
                 return namespace[name]
     return None
 

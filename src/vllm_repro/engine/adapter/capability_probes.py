@@ -7,11 +7,10 @@ vLLM). The record itself, its cache and its refusals are :mod:`vllm_repro.engine
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from ..capabilities import BLOCK_HASH_FIELDS, BLOCK_HASH_TOKENS_FIELDS, Capabilities
 from .kv_specs import release_kinds
-from .probes import _source_has, _try_import, fields_of, init_params, params_of
+from .probes import _source_has, _try_import, class_in_source, fields_of, init_params, params_of
 
 
 def probe(adapter) -> Capabilities:
@@ -263,31 +262,20 @@ def _class_source(module: str, cls: str) -> tuple[dict[str, set[str]], str] | No
     ``module``'s file, read with :mod:`ast` (nothing imported); None when the file or the class
     is absent."""
     import ast
-    import importlib.util
 
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
+    found = class_in_source(module, cls)
+    if found is None:
         return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    try:
-        text = Path(spec.origin).read_text()
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            methods: dict[str, set[str]] = {}
-            init_src = ""
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    a = item.args
-                    methods[item.name] = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
-                    if item.name == "__init__":
-                        init_src = ast.get_source_segment(text, item) or ""
-            return methods, init_src
-    return None
+    _, text, node = found
+    methods: dict[str, set[str]] = {}
+    init_src = ""
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = item.args
+            methods[item.name] = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+            if item.name == "__init__":
+                init_src = ast.get_source_segment(text, item) or ""
+    return methods, init_src
 
 
 __all__ = ["probe", "probe_v0"]

@@ -160,3 +160,27 @@ def _source_has(fn, text: str) -> bool:
         return text in inspect.getsource(fn)
     except (OSError, TypeError):
         return False
+
+
+def class_in_source(module: str, cls: str):
+    """``(file, its text, the ast.ClassDef)`` of class ``cls`` in ``module``'s source file, read
+    with :mod:`ast` (nothing imported); None when the file or the class is absent."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            text = f.read()
+        tree = ast.parse(text, spec.origin)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return spec.origin, text, node
+    return None
