@@ -134,11 +134,16 @@ class ReleaseInputBatch:
             to_add.append(state)
         nums_out = getattr(cached_data, "num_output_tokens", None)
         all_tokens = getattr(cached_data, "all_token_ids", None) or {}
+        requests, index_of = self.requests, ib.req_id_to_index
+        # num_computed_tokens_cpu[index] = n for each cached request in the batch, written in
+        # one numpy assignment after the loop (the same cells; nothing in between reads them)
+        rows: list[int] = []
+        computed: list[int] = []
         for i, rid in enumerate(cached_data.req_ids):
-            state = self.requests[rid]  # KeyError as in the runner: a request it never saw
+            state = requests[rid]  # KeyError as in the runner: a request it never saw
             num_computed = cached_data.num_computed_tokens[i]
             new_block_ids = cached_data.new_block_ids[i]
-            index = ib.req_id_to_index.get(rid)
+            index = index_of.get(rid)
             state.num_computed_tokens = num_computed
             if nums_out is not None and nums_out[i] < len(state.output_token_ids):
                 # output tokens discarded (a sync KV load failure): the runner aligns its state
@@ -159,11 +164,14 @@ class ReleaseInputBatch:
                     state.output_token_ids = all_tokens[rid][-nums_out[i]:]
                 to_add.append(state)
                 continue
-            ib.num_computed_tokens_cpu[index] = num_computed
+            rows.append(index)
+            computed.append(num_computed)
             if new_block_ids is not None:
                 ib.block_table.append_row(new_block_ids, index)
             if self._spec:
                 ib.update_req_spec_token_ids(state, spec_tokens)
+        if rows:
+            ib.num_computed_tokens_cpu[rows] = computed
         for state in to_add:
             try:
                 ib.add_request(state)
@@ -206,9 +214,14 @@ class ReleaseInputBatch:
         ``assert end_idx <= self.max_model_len`` (marked) where a request's tokens pass it."""
         ib = self.batch
         index_of = ib.req_id_to_index
-        token_ids, is_token, num_tokens = (ib.token_ids_cpu, getattr(ib, "is_token_ids", None),
-                                           ib.num_tokens_no_spec)
         requests, max_len, placeholder = self.requests, self.max_model_len, self.async_scheduling
+        # the usual case, one token per request, is written in one numpy assignment per array
+        # (the runner's per-row slice writes, batched: same cells, same values); requests with
+        # several tokens (accepted drafts) are written row by row, as there
+        rows: list[int] = []
+        firsts: list[int] = []
+        states: list = []
+        several: list[tuple[int, Any, list[int]]] = []
         try:
             for rid, toks in zip(req_ids, sampled):
                 if not toks:
@@ -216,26 +229,60 @@ class ReleaseInputBatch:
                 idx = index_of.get(rid)
                 if idx is None:
                     continue  # not in the batch (an overflow): nothing was computed for it
-                ids = [-1] if placeholder else toks
-                start = int(num_tokens[idx])
-                end = start + len(ids)
-                assert end <= max_len, (
-                    "Sampled token IDs exceed the max model length. "
-                    f"Total number of tokens: {end} > max_model_len: {max_len}")
-                if end == start + 1:  # one token (the usual case): no slice
-                    token_ids[idx, start] = ids[0]
-                    if is_token is not None:
-                        is_token[idx, start] = True
+                if placeholder:
+                    toks = [-1]
+                if len(toks) == 1:
+                    rows.append(idx)
+                    firsts.append(toks[0])
+                    states.append(requests[rid])
                 else:
-                    token_ids[idx, start:end] = ids
-                    if is_token is not None:
-                        is_token[idx, start:end] = True
-                num_tokens[idx] = end
-                requests[rid].output_token_ids.extend(ids)
+                    several.append((idx, requests[rid], toks))
+            if rows:
+                self._write_one_each(rows, firsts, states, max_len)
+            for idx, state, ids in several:
+                self._write_row(idx, state, ids, max_len)
         except Exception as exc:
             _mark(exc)
             raise
 
+    def _write_one_each(self, rows: list[int], tokens: list[int], states: list,
+                        max_len: int) -> None:
+        """One sampled token per row: ``token_ids_cpu[row, start] = token``,
+        ``is_token_ids[row, start] = True``, ``num_tokens_no_spec[row] += 1`` for every row at
+        once; raises the runner's ``end_idx <= max_model_len`` assertion for the first row that
+        passes it (nothing written then, as the runner dies at that row)."""
+        ib = self.batch
+        num_tokens = ib.num_tokens_no_spec
+        starts = num_tokens[rows]
+        ends = starts + 1
+        over = ends > max_len
+        if over.any():
+            end = int(ends[int(over.argmax())])
+            assert end <= max_len, (
+                "Sampled token IDs exceed the max model length. "
+                f"Total number of tokens: {end} > max_model_len: {max_len}")
+        ib.token_ids_cpu[rows, starts] = tokens
+        is_token = getattr(ib, "is_token_ids", None)
+        if is_token is not None:
+            is_token[rows, starts] = True
+        num_tokens[rows] = ends
+        for state, token in zip(states, tokens):
+            state.output_token_ids.append(token)
+
+    def _write_row(self, idx: int, state, ids: list[int], max_len: int) -> None:
+        """Several sampled tokens for one row, as ``_bookkeeping_sync`` writes them."""
+        ib = self.batch
+        start = int(ib.num_tokens_no_spec[idx])
+        end = start + len(ids)
+        assert end <= max_len, (
+            "Sampled token IDs exceed the max model length. "
+            f"Total number of tokens: {end} > max_model_len: {max_len}")
+        ib.token_ids_cpu[idx, start:end] = ids
+        is_token = getattr(ib, "is_token_ids", None)
+        if is_token is not None:
+            is_token[idx, start:end] = True
+        ib.num_tokens_no_spec[idx] = end
+        state.output_token_ids.extend(ids)
 
     def retract(self, req_id: str, n: int) -> None:
         """``n`` of ``req_id``'s last cached tokens taken back: the lab's grammar step
