@@ -94,6 +94,22 @@ def test_the_engine_core_process_is_an_engine_core_level_field(tmp_path):
         load_scenario(p)
 
 
+def test_the_world_size_error_names_config_once(tmp_path):
+    with pytest.raises(InputError) as err:
+        load_scenario(write(tmp_path, "tensor_parallel_size: 9", "abort: [A]"))
+    assert "config: config" not in str(err.value)
+    assert ": config: tensor_parallel_size x pipeline_parallel_size" in str(err.value)
+
+
+def test_the_engine_core_process_at_v0_says_to_drop_it_not_to_size_a_pool(tmp_path):
+    p = write(tmp_path, config="multiprocess_mode: true", event="abort: [A]")
+    p.write_text(p.read_text().replace("level: engine-core", "level: v0-engine"))
+    with pytest.raises(InputError) as err:
+        load_scenario(p)
+    assert "config.multiprocess_mode applies to level: engine-core; drop it" in str(err.value)
+    assert "num_gpu_blocks" not in str(err.value)
+
+
 def test_the_engine_core_process_is_picked_by_its_field():
     from vllm_repro.engine.core_loop import EngineCoreLoop
     from vllm_repro.engine.core_proc import CoreProcLoop, loop_class

@@ -137,7 +137,8 @@ def _line(path: str | Path, err: dict, msg: str | None = None, hint: str | None 
     hint = hint if hint is not None else _fix_hint(err)
     loc = _loc(tuple(err.get("loc", ())))
     # a validator's message that names its own field (config.num_gpu_blocks: ...) stands alone
-    head = f"{path}: {loc}: " if loc and not msg.startswith(loc + ".") else f"{path}: "
+    head = f"{path}: {loc}: " if loc and not msg.startswith((loc + ".", loc + ":")) \
+        else f"{path}: "
     return head + msg + (f"; {hint}" if hint else "")
 
 

@@ -721,10 +721,17 @@ class KVTransferConfig(Strict):
                 raise ValueError(f"kv_transfer_config.kv_connector_extra_config: {len(extra)} "
                                  "keys, over the lab's 16; give only what the connector reads")
             for key, value in extra.items():
+                if key in NUMERIC_EXTRA_KEYS and (isinstance(value, bool) or
+                                                  not isinstance(value, (int, float))):
+                    raise ValueError(f"kv_transfer_config.kv_connector_extra_config.{key}: "
+                                     f"{value!r} is not a number (vLLM's connector does "
+                                     "arithmetic with it); give a plain number, e.g. "
+                                     f"`{key}: 100000000`")
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \
                         and not 0 <= value <= 2 ** 40:
                     raise ValueError(f"kv_transfer_config.kv_connector_extra_config.{key}: "
-                                     f"{value} is outside 0..2**40; give a smaller size")
+                                     f"{value} is outside 0..2**40; give a number in that "
+                                     "range")
                 if isinstance(value, str) and len(value) > 200:
                     raise ValueError(f"kv_transfer_config.kv_connector_extra_config.{key}: "
                                      "over 200 characters; give a shorter value")
@@ -739,6 +746,14 @@ class KVTransferConfig(Strict):
             raise ValueError(f"kv_transfer_config.supports_hma: {self.kv_connector} declares "
                              "its own HMA support (vLLM's class decides); drop supports_hma")
         return self
+
+
+#: ``kv_connector_extra_config`` keys vLLM's offloading connectors read as numbers
+#: (``vllm/v1/kv_offload/``: sizes, chunk sizes, thresholds): a string there would reach vLLM and
+#: fail as if it were the release's crash
+NUMERIC_EXTRA_KEYS = frozenset({"cpu_bytes_to_use", "num_cpu_blocks", "block_size",
+                                "blocks_per_chunk", "store_threshold", "max_tracker_size",
+                                "sync_load_budget_bytes", "tier_poll_interval_s"})
 
 
 class Limits(Strict):
@@ -1052,8 +1067,11 @@ class Scenario(Strict):
                                  "the fake worker's determine_num_available_blocks reports)")
             for key, value in engine_only.items():
                 if value is not None:
-                    raise ValueError(f"config.{key} applies to level: engine-core; at level: "
-                                     "v0-engine the pool is config.num_gpu_blocks")
+                    fix = ("at level: v0-engine the pool is config.num_gpu_blocks"
+                           if key == "kv_cache_memory_bytes" else
+                           "drop it, or use `level: engine-core` (the V0 engine has no such "
+                           "setting)")
+                    raise ValueError(f"config.{key} applies to level: engine-core; {fix}")
         if self.level == "scheduler":
             for key, value in engine_only.items():
                 if value is not None:
