@@ -43,6 +43,19 @@ def test_round_trip_through_json_and_the_cache(tmp_path):
     assert load(tmp_path, "0.9.2") is None
 
 
+def test_each_checkout_of_the_lab_keeps_its_own_records(tmp_path):
+    # a record is what this checkout's probes found; another checkout (other code) sharing the
+    # release cache must not read it: the folder is keyed by the checkout, as labpath/ is
+    from vllm_repro.engine.capabilities import cache_path
+    from vllm_repro.engine.host import lab_path
+
+    save(tmp_path, NEW)
+    (saved,) = (tmp_path / "capabilities").rglob("*.json")
+    assert saved == cache_path(tmp_path, "0.33.0")
+    assert saved.parent.name == lab_path().name != "capabilities"
+    assert not (tmp_path / "capabilities" / "0.33.0.json").exists()
+
+
 def test_refusals_name_the_release_and_the_fix():
     for f in FEATURES:
         assert NEW.supports(f) and NEW.refusal(f) is None

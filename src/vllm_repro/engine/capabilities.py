@@ -3,7 +3,7 @@
 The worker probes it right after importing the release
 (:func:`vllm_repro.engine.adapter.capability_probes.probe`, inside the release environment:
 standard library + vLLM) and sends it in its hello; the host keeps it
-(``Worker.capabilities``) and caches it per release (``<cache>/capabilities/<version>.json``),
+(``Worker.capabilities``) and caches it per release (``<cache>/capabilities/<checkout>/<version>.json``),
 so that the loop, the fuzzer and triage read one record instead of probing vLLM each in their
 own way. Every field is found by probing classes, signatures and sources of the release, never
 by comparing version numbers: vLLM's API drift lives here and in the adapter only.
@@ -11,6 +11,7 @@ by comparing version numbers: vLLM's API drift lives here and in the adapter onl
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -177,8 +178,13 @@ class Capabilities:
 
 
 def cache_path(cache: Path, version: str) -> Path:
-    """Where the host keeps a release's probed record."""
-    return cache / "capabilities" / f"{version}.json"
+    """Where the host keeps a release's probed record: ``<cache>/capabilities/<checkout>/
+    <version>.json``, one folder per checkout of the lab (the key of its package folder, as
+    :func:`~vllm_repro.engine.host.lab_path` names it), since the record is what *this* lab's
+    probes found: two checkouts of different code share the release cache, not their records."""
+    package = Path(__file__).resolve().parent.parent
+    key = hashlib.sha256(str(package).encode()).hexdigest()[:12]
+    return cache / "capabilities" / key / f"{version}.json"
 
 
 def save(cache: Path, caps: Capabilities) -> None:
