@@ -214,6 +214,44 @@ def test_an_interrupt_while_a_rank_hangs_leaves_no_rank_process(tmp_path):
     assert lab_processes() - before == set()
 
 
+def test_a_cli_killed_with_sigkill_leaves_no_worker_or_rank_behind(tmp_path):
+    """SIGKILL (no handler runs) to a warm ``vllm-repro run`` while rank 1 hangs: the warm
+    parent sees the client's connection close and kills the forked worker's process group, so
+    neither the worker nor a rank is left (they used to run on, re-parented)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = yaml.safe_load((TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml").read_text())
+    d["config"]["execute_model_timeout_seconds"] = 300
+    d["events"][0]["fault"]["seconds"] = 300
+    f = tmp_path / "hang.yaml"
+    f.write_text(yaml.safe_dump(d))
+    before = lab_processes()
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(f), "--vllm",
+                             "0.33.0", "--reports", str(tmp_path / "r")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ), cwd=ROOT)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # the CLI, the engine worker and its two ranks
+        if len(lab_processes() - before) >= 4:
+            break
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the ranks never started")
+    time.sleep(5)
+    assert proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while lab_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert lab_processes() - before == set()
+
+
 def _steps_left_out(row: dict) -> str:
     """A clean run's observation without its step count. Where a release's
     ``EngineCore.step_with_batch_queue`` waits on a batch whose Future is already done (up to

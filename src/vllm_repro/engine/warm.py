@@ -324,6 +324,8 @@ class Parent:
         self.modules_file = modules_file
         self.loaded_list = False
         self.children: dict[int, socket.socket] = {}
+        #: children whose client went away (killed with their group, not yet reaped)
+        self.abandoned: set[int] = set()
         self.conns: set[socket.socket] = set()
         self.last = time.monotonic()
         self.python = sys.executable
@@ -390,7 +392,10 @@ class Parent:
                 if self._retire():
                     return 0
             timeout = 1.0 if busy else max(0.05, min(1.0, self.idle_s - (time.monotonic() - self.last)))
-            rlist = [self.listener, self.wake_r, *self.conns]
+            # a running child's connection is watched too: its client going away (a CLI killed
+            # with SIGKILL, which runs no handler) kills the child's whole process group
+            watched = {c: pid for pid, c in self.children.items() if pid not in self.abandoned}
+            rlist = [self.listener, self.wake_r, *self.conns, *watched]
             try:
                 ready, _, _ = select.select(rlist, [], [], timeout)
             except InterruptedError:
@@ -408,7 +413,30 @@ class Parent:
                     self._drain_wake()
                 elif r in self.conns:
                     self._request(r)
+                elif r in watched:
+                    self._client_gone(watched[r], r)
             self._reap()
+
+    def _client_gone(self, pid: int, conn: socket.socket) -> None:
+        """``conn``, the client of running child ``pid``, became readable: a client sends
+        nothing after its run request, so that is its end (EOF) or an error. The child (leader
+        of its own session, with vLLM's engine core and rank processes in its group) is killed
+        with its group; the reap that follows tells nobody."""
+        try:
+            gone = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return
+        except OSError:
+            gone = True
+        if not gone:
+            return
+        self.abandoned.add(pid)
+        print(f"vllm-repro warm parent: the client of worker {pid} went away; killing its "
+              "process group", file=sys.stderr, flush=True)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
     def _drain_wake(self) -> None:
         try:
@@ -438,6 +466,7 @@ class Parent:
             if pid == 0:
                 return
             conn = self.children.pop(pid, None)
+            self.abandoned.discard(pid)
             if conn is not None:
                 _send(conn, {"exit": _wait_code(status)})
                 conn.close()
