@@ -38,9 +38,10 @@ def test_allowed_token_ids_reach_the_worker_as_written(tmp_path):
     assert b.allowed_token_ids == (100, 50272)
 
 
-def test_allowed_token_ids_need_level_engine_core(tmp_path):
+@pytest.mark.parametrize("level", ["scheduler", "v0-engine"])
+def test_allowed_token_ids_need_level_engine_core(tmp_path, level):
     with pytest.raises(InputError) as err:
-        load_scenario(write(tmp_path, SCENARIO.replace("level: engine-core", "level: scheduler")))
+        load_scenario(write(tmp_path, SCENARIO.replace("level: engine-core", f"level: {level}")))
     assert "allowed_token_ids" in str(err.value) and "level: engine-core" in str(err.value)
 
 

@@ -494,15 +494,9 @@ class EngineCoreLoop(StepLoop):
         engine = self.engine
         ecr = self._lab(self._engine_core_request, r)
         self.order += 1
-        if r.structured_outputs:
-            refused = self._front_door_refuses(ecr.sampling_params)
-            if refused is not None:
-                return refused
-        if r.allowed_token_ids is not None:
-            refused = self._front_door_refuses(ecr.sampling_params, a.validate_sampling_params,
-                                               "sampling-parameter")
-            if refused is not None:
-                return refused
+        refused = self._front_door_verdict(r, ecr.sampling_params)
+        if refused is not None:
+            return refused
         if hasattr(engine, "preprocess_add_request"):
             try:
                 req, wave = engine.preprocess_add_request(ecr)
@@ -526,6 +520,20 @@ class EngineCoreLoop(StepLoop):
             # before the next step (compilation time zero), so runs are deterministic
             concurrent.futures.wait([fut])
         del a  # the adapter's request maker is the scheduler level's; here EngineCore makes it
+        return None
+
+    def _front_door_verdict(self, r: ScenarioRequest, sp) -> str | None:
+        """What the release's front door says of request ``r`` (its ``SamplingParams`` ``sp``)
+        where the lab asks it per request: a structured-output constraint (its grammar
+        validation) and ``allowed_token_ids`` (the input processor's ``_validate_params``).
+        ``"ExcType: message"`` where vLLM refuses it, else None."""
+        if r.structured_outputs:
+            refused = self._front_door_refuses(sp)
+            if refused is not None:
+                return refused
+        if r.allowed_token_ids is not None:
+            return self._front_door_refuses(sp, self.adapter.validate_sampling_params,
+                                            "sampling-parameter")
         return None
 
     def _front_door_refuses(self, sp, validate=None, what: str = "structured-output") \

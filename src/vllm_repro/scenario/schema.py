@@ -1111,11 +1111,13 @@ class Scenario(Strict):
                         f"requests[{i}].structured_outputs: grammars are compiled by the "
                         "engine's StructuredOutputManager and applied by EngineCore.step "
                         "(get_grammar_bitmask); add `level: engine-core`")
+        if self.level != "engine-core":
+            for i, r in enumerate(self.requests):
                 if r.allowed_token_ids is not None:
                     raise ValueError(
                         f"requests[{i}].allowed_token_ids: the release's front door judges them "
-                        "per request (its input processor's _validate_params), which runs at "
-                        "level engine-core; add `level: engine-core`")
+                        "per request (its V1 input processor's _validate_params), which the lab "
+                        "runs at level engine-core; add `level: engine-core`")
         for key in ("eos_at", "empty_at", "tokens"):
             for rid in getattr(self.model, key):
                 if rid not in ids:
