@@ -147,3 +147,43 @@ def test_the_environment_picks_the_lab_model_or_refuses_an_unknown_mode(monkeypa
     monkeypatch.setenv("VLLM_REPRO_WORKER_STATE", "gpu")
     with pytest.raises(ValueError, match="VLLM_REPRO_WORKER_STATE='gpu'"):
         worker_state(SimpleNamespace(), {})
+
+
+def test_build_gives_the_release_inputbatch_the_runners_num_speculative_tokens(monkeypatch):
+    """0.10.2 to 0.12's InputBatch takes ``num_speculative_tokens`` (its MultiGroupBlockTable
+    sizes each row ``max(cdiv(max_model_len, block_size), 1 + num_speculative_tokens)``), which
+    GPUModelRunner passes from the speculative config: the lab passes the same count."""
+    import sys
+
+    from vllm_repro.engine import input_batch as m
+
+    built = {}
+
+    class InputBatch:  # 0.11.0's signature (vllm/v1/worker/gpu_input_batch.py)
+        def __init__(self, max_num_reqs, max_model_len, max_num_batched_tokens, device,
+                     pin_memory, vocab_size, block_sizes, logitsprocs=None,
+                     is_spec_decode=False, is_pooling_model=False, num_speculative_tokens=0):
+            built.update(locals())
+            self.max_num_reqs = max_num_reqs
+
+    @dataclass
+    class CachedRequestData:
+        req_ids: list
+
+    classes = {"vllm.v1.worker.gpu_input_batch:InputBatch": InputBatch,
+               "vllm.v1.worker.gpu_input_batch:CachedRequestState": State,
+               "vllm.v1.core.sched.output:CachedRequestData": CachedRequestData}
+    monkeypatch.setattr(m, "_try_import", lambda *names: next(
+        (classes[n] for n in names if n in classes), None))
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(device=lambda name: name))
+    spec = SimpleNamespace(block_size=16)
+    sched = SimpleNamespace(
+        vllm_config=SimpleNamespace(model_config=SimpleNamespace(
+            max_model_len=16, get_vocab_size=lambda: 100)),
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)]),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=64, max_num_seqs=4))
+    notes = []
+    wb = m.build(sched, num_spec_tokens=4, note=notes.append)
+    assert notes == [] and wb is not None
+    assert built["num_speculative_tokens"] == 4 and built["is_spec_decode"] is True
+    assert built["block_sizes"] == [16] and built["max_model_len"] == 16

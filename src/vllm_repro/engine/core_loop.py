@@ -494,10 +494,9 @@ class EngineCoreLoop(StepLoop):
         engine = self.engine
         ecr = self._lab(self._engine_core_request, r)
         self.order += 1
-        if r.structured_outputs:
-            refused = self._front_door_refuses(ecr.sampling_params)
-            if refused is not None:
-                return refused
+        refused = self._front_door_verdict(r, ecr.sampling_params)
+        if refused is not None:
+            return refused
         if hasattr(engine, "preprocess_add_request"):
             try:
                 req, wave = engine.preprocess_add_request(ecr)
@@ -523,20 +522,39 @@ class EngineCoreLoop(StepLoop):
         del a  # the adapter's request maker is the scheduler level's; here EngineCore makes it
         return None
 
-    def _front_door_refuses(self, sp) -> str | None:
-        """The release's own front-door validation of a structured-output request
-        (:meth:`~vllm_repro.engine.adapter.V1Adapter.validate_structured_outputs`, on the
-        engine's tokenizer): ``"ExcType: message"`` where vLLM refuses it, None where it
-        passes (and picked the request's backend)."""
+    def _front_door_verdict(self, r: ScenarioRequest, sp) -> str | None:
+        """What the release's front door says of request ``r`` (its ``SamplingParams`` ``sp``)
+        where the lab asks it per request: a structured-output constraint (its grammar
+        validation) and ``allowed_token_ids`` (the input processor's ``_validate_params``).
+        ``"ExcType: message"`` where vLLM refuses it, else None."""
+        if r.structured_outputs:
+            refused = self._front_door_refuses(sp)
+            if refused is not None:
+                return refused
+        if r.allowed_token_ids is not None:
+            return self._front_door_refuses(sp, self.adapter.validate_sampling_params,
+                                            "sampling-parameter")
+        return None
+
+    def _front_door_refuses(self, sp, validate=None, what: str = "structured-output") \
+            -> str | None:
+        """The release's own front-door validation of a request's ``SamplingParams``, on the
+        engine's tokenizer: ``validate(sp, tokenizer)``, by default
+        :meth:`~vllm_repro.engine.adapter.V1Adapter.validate_structured_outputs` (which also
+        picks the request's grammar backend), or
+        :meth:`~vllm_repro.engine.adapter.V1Adapter.validate_sampling_params` (the input
+        processor's whole ``_validate_params``). ``"ExcType: message"`` where vLLM refuses it,
+        None where it passes."""
         a = self.adapter
         tokenizer = self._front_tokenizer()
+        validate = validate or a.validate_structured_outputs
         try:
-            a.validate_structured_outputs(sp, tokenizer)
+            validate(sp, tokenizer)
         except (AdapterError, RefusedByRelease):
             raise
         except Exception as exc:  # noqa: BLE001 - vLLM's refusal, or a lab failure
             if not vllm_frames(exc.__traceback__, a.vllm_file) or _raised_in_lab(exc):
-                raise AdapterError(f"the front door's structured-output validation failed in the "
+                raise AdapterError(f"the front door's {what} validation failed in the "
                                    f"lab: {type(exc).__name__}: {exc}") from exc
             first = " ".join(str(exc).strip().splitlines()[:1])
             return f"{type(exc).__name__}: {first}"
@@ -560,6 +578,11 @@ class EngineCoreLoop(StepLoop):
                 raise RefusedByRelease(f"requests[{r['id']}].kv_transfer_params: vLLM "
                                        f"{a.version}'s SamplingParams has no extra_args")
             extra["extra_args"] = {"kv_transfer_params": copy.deepcopy(r.kv_transfer_params)}
+        if r.allowed_token_ids is not None:
+            if "allowed_token_ids" not in fields_of(a.SamplingParams):
+                raise RefusedByRelease(f"requests[{r.id}].allowed_token_ids: vLLM "
+                                       f"{a.version}'s SamplingParams has no allowed_token_ids")
+            extra["allowed_token_ids"] = list(r.allowed_token_ids)
         sp = call_supported(a.SamplingParams, max_tokens=r.max_tokens, ignore_eos=False,
                             temperature=0.0, **extra,
                             **a.structured_outputs_kwargs(r.id, r.structured_outputs))

@@ -247,8 +247,8 @@ class CoreProcLoop(EngineCoreLoop):
                 for r in self.requests_by_step.get(step, []):
                     ecr = self._engine_core_request(r)
                     self.order += 1
-                    if r.structured_outputs:
-                        refused = self._front_door_refuses(ecr.sampling_params)
+                    if r.structured_outputs or r.allowed_token_ids is not None:
+                        refused = self._front_door_verdict(r, ecr.sampling_params)
                         self._conn.send(("front_door", r.id, refused))
                         if refused is not None:
                             continue  # the front door's 400: never sent
@@ -522,8 +522,9 @@ class CoreProcLoop(EngineCoreLoop):
     def _add(self, r: ScenarioRequest) -> str | None:
         """The client's ``add_request`` of ``r``, handled by vLLM (its input thread decoded
         and preprocessed it; ``_handle_client_request`` adds it); a structured-output request
-        the front door refuses (as the front end judged it too, and did not send) is refused."""
-        if r.structured_outputs:
+        the front door refuses (as the front end judged it too, and did not send) is refused,
+        and so is one whose ``allowed_token_ids`` it refuses."""
+        if r.structured_outputs or r.allowed_token_ids is not None:
             refused = self._front_door_answer(r.id)
             if refused is not None:
                 self.order += 1
@@ -540,9 +541,10 @@ class CoreProcLoop(EngineCoreLoop):
         return None
 
     def _front_door_answer(self, rid: str) -> str | None:
-        """The front end's judgement of structured-output request ``rid`` (its refusal, or
-        None: sent), read off the pipe. Raises :class:`AdapterError` where it does not come in
-        :data:`CLIENT_WAIT_S` or is another request's."""
+        """The front end's judgement of request ``rid`` (structured outputs or
+        ``allowed_token_ids``: its refusal, or None: sent), read off the pipe. Raises
+        :class:`AdapterError` where it does not come in :data:`CLIENT_WAIT_S` or is another
+        request's."""
         conn = self._child_conn
         if not conn.poll(CLIENT_WAIT_S):
             raise AdapterError(f"step {self.step}: the front end's front-door answer for request "

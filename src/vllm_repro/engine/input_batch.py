@@ -378,6 +378,10 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
                  "pin_memory": False, "vocab_size": vocab, "block_sizes": block_sizes,
                  "kernel_block_sizes": list(block_sizes),
                  "max_num_blocks_per_req": max_blocks, "num_spec_tokens": num_spec_tokens,
+                 # 0.10.2 to 0.12's name: their MultiGroupBlockTable sizes each row
+                 # max(cdiv(max_model_len, block_size), 1 + num_speculative_tokens), as
+                 # GPUModelRunner.may_reinitialize_input_batch passes it there
+                 "num_speculative_tokens": num_spec_tokens,
                  "is_spec_decode": num_spec_tokens > 0,
                  "is_pooling_model": False, "slot_mapping_modes": modes or None}
         params = _params(ib_cls.__init__)

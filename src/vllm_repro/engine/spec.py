@@ -77,8 +77,9 @@ class ScenarioRequest:
     ``at_step``; ``prompt_len`` tokens (the first ``prefix_len`` drawn from the shared
     ``prefix``, when given), ``max_tokens`` to generate, ``n`` sequences (V0), vLLM's
     ``priority`` and ``arrival_time`` (None: the order of adding), ``structured_outputs``
-    (vLLM's own parameter names, as ``child_payload`` writes them) and ``kv_transfer_params``
-    (the connector's, passed through ``SamplingParams.extra_args``)."""
+    (vLLM's own parameter names, as ``child_payload`` writes them), ``kv_transfer_params``
+    (the connector's, passed through ``SamplingParams.extra_args``) and ``allowed_token_ids``
+    (``SamplingParams.allowed_token_ids``)."""
 
     id: str
     prompt_len: int
@@ -91,13 +92,17 @@ class ScenarioRequest:
     prefix_len: int | None = None
     structured_outputs: Mapping[str, Any] | None = None
     kv_transfer_params: Mapping[str, Any] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "ScenarioRequest":
         """From one entry of the payload's ``requests``."""
         if isinstance(data, cls):
             return data
-        return cls(**_known(cls, data))
+        known = _known(cls, data)
+        if known.get("allowed_token_ids") is not None:
+            known["allowed_token_ids"] = tuple(known["allowed_token_ids"])
+        return cls(**known)
 
 
 __all__ = ["LabLimits", "ScenarioLimits", "ScenarioRequest"]

@@ -396,6 +396,13 @@ class RequestSpec(Strict):
     #: (``kv_connector: NixlConnector``); plain JSON values, handed over as written
     kv_transfer_params: dict[str, str | int | float | bool | list[int] | list[list[int]] | None] \
         | None = None
+    #: ``SamplingParams.allowed_token_ids`` (``level: engine-core``): the only token ids the
+    #: request may sample; the release's own front door (its input processor's
+    #: ``_validate_params``) judges them, and its worker-side ``InputBatch.add_request`` writes
+    #: them into the allowed-token mask (one row of the model's vocabulary per slot). The fake
+    #: model's tokens are not restricted by them. At most 4096 ids, each within int32
+    allowed_token_ids: list[Annotated[int, Field(ge=-(2**31), lt=2**31)]] | None = Field(
+        default=None, max_length=4096)
 
     @field_validator("id")
     @classmethod
@@ -1122,6 +1129,13 @@ class Scenario(Strict):
                         f"requests[{i}].structured_outputs: grammars are compiled by the "
                         "engine's StructuredOutputManager and applied by EngineCore.step "
                         "(get_grammar_bitmask); add `level: engine-core`")
+        if self.level != "engine-core":
+            for i, r in enumerate(self.requests):
+                if r.allowed_token_ids is not None:
+                    raise ValueError(
+                        f"requests[{i}].allowed_token_ids: the release's front door judges them "
+                        "per request (its V1 input processor's _validate_params), which the lab "
+                        "runs at level engine-core; add `level: engine-core`")
         for key in ("eos_at", "empty_at", "tokens"):
             for rid in getattr(self.model, key):
                 if rid not in ids:

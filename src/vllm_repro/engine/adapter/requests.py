@@ -132,6 +132,26 @@ class RequestsMixin:
                                "processor's _validate_structured_output)")
         proc._validate_structured_output(sp)
 
+    def validate_sampling_params(self, sp, tokenizer=None) -> None:
+        """The front end's validation of one request's ``SamplingParams``, the release's own:
+        its input processor's ``_validate_params`` (``Processor`` in
+        ``vllm/v1/engine/processor.py``, ``InputProcessor`` in ``input_processor.py`` later;
+        ``SamplingParams.verify`` from there on), as ``process_inputs`` calls it for a
+        generation request. The processor is built on this adapter's ``vllm_config`` without
+        a tokenizer, as the engine runs (``skip_tokenizer_init``), so where the release checks
+        something only against a tokenizer (0.28's ``allowed_token_ids``) it checks nothing.
+        What it raises is the release refusing the request (an HTTP 400) and propagates;
+        :class:`AdapterError` where the release has no such processor or it does not build."""
+        del tokenizer  # the processor's own: none, as the engine's
+        proc = (self._front_processor("Processor", "vllm.v1.engine.processor:Processor")
+                or self._front_processor("InputProcessor",
+                                         "vllm.v1.engine.input_processor:InputProcessor"))
+        validate = getattr(proc, "_validate_params", None)
+        if validate is None:
+            raise AdapterError(f"vLLM {self.version}: no front-door parameter validation found "
+                               "(Processor / InputProcessor._validate_params)")
+        call_supported(validate, params=sp, lora_request=None, supported_tasks=("generate",))
+
     def front_door(self, req_id: str, prompt: list[int], max_tokens: int, priority: int) -> None:
         """Refuse what the release's own front door refuses before a request reaches the
         scheduler: ``Processor.process_inputs`` (``vllm/v1/engine/processor.py``;
