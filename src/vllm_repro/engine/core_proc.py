@@ -890,7 +890,10 @@ def _child_init(original, engine, *args, **kwargs) -> None:
     vllm_config = kwargs.get("vllm_config", args[0] if args else None)
     if len(pending.conns) > 1:  # one engine core per DP rank: this one's pipe
         pc = vllm_config.parallel_config
-        loop.dp_rank = rank = pc.data_parallel_rank  # run_engine_core set it for this rank
+        # EngineCoreProc's engine_index (DPEngineCoreProc passes its data_parallel_rank; a
+        # non-MoE model's independent DP ranks get theirs from run_engine_core)
+        rank = kwargs.get("engine_index")
+        loop.dp_rank = rank = pc.data_parallel_rank if rank is None else rank
         for i, c in enumerate(pending.conns):
             if i != rank:
                 c.close()
