@@ -235,3 +235,16 @@ def test_data_parallel_without_the_asyncio_client_is_refused_naming_the_fix(cli,
     proc = cli("run", str(f), "--vllm", "0.34.0", "--reports", str(tmp_path / "r"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "asyncio_mode: true" in proc.stdout + proc.stderr
+
+
+def test_data_parallel_on_a_release_without_the_dp_client_is_refused_in_one_line(cli, tmp_path):
+    """0.9.0 has a DPEngineCoreProc but no DPLBAsyncMPClient (its capabilities record)."""
+    d = yaml.safe_load(DP2.read_text())
+    del d["config"]["prefill_schedule_interval"]  # no such SchedulerConfig field there
+    f = tmp_path / "x.yaml"
+    f.write_text(yaml.safe_dump(d))
+    proc = cli("run", str(f), "--vllm", "0.9.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = next(x for x in (proc.stdout + proc.stderr).splitlines()
+                if x.startswith("error:") and "config.data_parallel_size: 2" in x)
+    assert "vLLM 0.9.0" in line and "DPLBAsyncMPClient" in line
