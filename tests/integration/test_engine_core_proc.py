@@ -248,3 +248,43 @@ def test_data_parallel_on_a_release_without_the_dp_client_is_refused_in_one_line
     line = next(x for x in (proc.stdout + proc.stderr).splitlines()
                 if x.startswith("error:") and "config.data_parallel_size: 2" in x)
     assert "vLLM 0.9.0" in line and "DPLBAsyncMPClient" in line
+
+
+def test_an_interrupt_during_a_data_parallel_run_leaves_no_engine_core_or_coordinator(tmp_path):
+    """SIGINT to ``vllm-repro run`` once the DP coordinator has both engine cores subscribed
+    (vLLM's own log line) and the run is stepping: exit 130, no engine core, coordinator or
+    worker left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = yaml.safe_load(DP2.read_text())
+    d["requests"] = [{"id": f"r{i}", "at_step": 1, "prompt_len": 20, "max_tokens": 400}
+                     for i in range(8)]  # hundreds of steps per engine core
+    d["limits"] = {"max_steps": 3000}
+    f = tmp_path / "long.yaml"
+    f.write_text(yaml.safe_dump(d))
+    before = lab_processes()
+    reports = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(f), "--vllm",
+                             "0.34.0", "--reports", str(reports)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ), cwd=ROOT)
+
+    def stepping() -> bool:
+        logs = "".join(p.read_text(errors="replace") for p in reports.rglob("*.log"))
+        traces = [p for p in reports.rglob("trace.jsonl") if p.stat().st_size]
+        return "All engine subscriptions received by DP coordinator" in logs and bool(traces)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None and not stepping():
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before the interrupt: lengthen it"
+    assert stepping(), "the coordinator and both engine cores never started"
+    assert len(lab_processes() - before) >= 4  # the worker, the coordinator, two engine cores
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    time.sleep(1)
+    assert lab_processes() - before == set()
