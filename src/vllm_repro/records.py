@@ -372,7 +372,9 @@ class EngineInfo(Record):
     ``executor`` class vLLM ran (``MultiprocExecutor``); with ``multiprocess_mode``
     (``engine/core_proc.py``) the engine core's ``process`` class (``EngineCoreProc``), the
     ``client`` that started it (``SyncMPClient``) and ``client_error``, what the client raised
-    (``EngineDeadError: EngineCore encountered an issue. ...``)."""
+    (``EngineDeadError: EngineCore encountered an issue. ...``); with ``data_parallel_size`` > 1
+    ``engine_cores``, how many engine core processes sent a result (one per DP rank), and
+    ``coordinator``, whether the release's DP coordinator process ran."""
 
     num_gpu_blocks: int | None = None
     batch_queue_size: int | None = None
@@ -383,6 +385,8 @@ class EngineInfo(Record):
     process: str | None = None
     client: str | None = None
     client_error: str | None = None
+    engine_cores: int | None = None
+    coordinator: bool | None = None
 
 
 # ---- a run -----------------------------------------------------------------------------------
@@ -526,10 +530,15 @@ class TraceLine(Record):
     ``free_blocks`` (the block pool's free count), or ``state_error`` when they could not be
     read (after a crash); ``crash`` (:meth:`Crash.brief`) on the step that crashed; the audit's
     ``audit`` figures (free, used, total, refs_held, cached_free, hash_entries, in blocks) and
-    this step's ``violations`` (:meth:`Violation.brief`)."""
+    this step's ``violations`` (:meth:`Violation.brief`). With ``data_parallel_size`` > 1
+    (``engine/core_proc.py``) each engine core writes its own lines: ``dp_rank`` says whose,
+    and ``throttle_prefills`` is true on a step whose ``schedule()`` the release's
+    ``DPEngineCoreProc`` called with ``throttle_prefills=True`` (DP prefill balancing)."""
 
     step: int
     phase: str | None = None
+    dp_rank: int | None = None
+    throttle_prefills: bool | None = None
     added: list[str] | None = None
     aborted: list[str] | None = None
     refused: dict[str, str] | None = None

@@ -169,3 +169,122 @@ def test_a_catalog_crash_through_the_client_keeps_its_verdict(cli, tmp_path):
     res = json.loads((run / "0.10.2" / "result.json").read_text())
     assert res["engine"]["client_error"].startswith("EngineDeadError")
     assert json.loads((run / "0.33.0" / "result.json").read_text())["refused"]
+
+
+DP2 = TOPOLOGY / "dp2-engine-core-proc.yaml"
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.33.0", "0.34.0"])
+def test_data_parallel_2_runs_two_dp_engine_cores_and_the_coordinator_audited_with_throttling(
+        cli, tmp_path, version):
+    """data_parallel_size 2: the release's DPLBAsyncMPClient starts two DPEngineCoreProcs and
+    its DP coordinator; each engine core runs its DP rank's requests under the audit, and with
+    prefill_schedule_interval 2 vLLM throttles prefills on every other step: a request added on
+    a throttled step waits for the next. No engine core or coordinator is left."""
+    before = lab_processes()
+    proc = cli("run", str(DP2), "--vllm", version, "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "r" / "dp2-engine-core-proc" / version
+    res = json.loads((run / "result.json").read_text())
+    assert res["outcome"] == "clean"
+    eng = res["engine"]
+    assert (eng["process"], eng["client"], eng["engine_cores"], eng["coordinator"]) == \
+        ("DPEngineCoreProc", "DPLBAsyncMPClient", 2, True)
+    assert set(res["finished"]) == set("abcdef")
+    lines = trace(run / "trace.jsonl")
+    ranks = {r: [line for line in lines if line.get("dp_rank") == r] for r in (0, 1)}
+    assert len(lines) == len(ranks[0]) + len(ranks[1])
+    # the requests went to the DP ranks in turn, each ran in its own engine core, audited
+    assert {i for line in ranks[0] for i in line["added"]} == {"a", "c", "e"}
+    assert {i for line in ranks[1] for i in line["added"]} == {"b", "d", "f"}
+    assert all("audit" in line for line in lines)
+    held = []
+    for r, mine in ranks.items():
+        throttled = [line for line in mine if line.get("throttle_prefills")]
+        assert throttled and len(throttled) < len(mine), r  # every other step, not all
+        held += [i for line in throttled for i in line["added"]
+                 if i not in (line.get("scheduled") or {})]
+    assert held, "no request added on a throttled step waited for the next"
+    # vLLM's shutdown of a clean run: no traceback for triage to read as a crash
+    assert "Traceback" not in (run / "engine.log").read_text()
+    assert lab_processes() - before == set()
+
+
+def test_data_parallel_with_a_dense_model_runs_vllms_independent_engine_cores(cli, tmp_path):
+    """Without an MoE model vLLM runs each DP rank as a plain EngineCoreProc (independent
+    ranks, no DP busy loop): the lab runs what vLLM chose, and no step is throttled."""
+    d = yaml.safe_load(DP2.read_text())
+    d["name"] = "dp2-dense"
+    del d["config"]["model"]
+    f = tmp_path / "dp2-dense.yaml"
+    f.write_text(yaml.safe_dump(d, sort_keys=False))
+    proc = cli("run", str(f), "--vllm", "0.34.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "r" / "dp2-dense" / "0.34.0"
+    res = json.loads((run / "result.json").read_text())
+    assert (res["outcome"], res["engine"]["process"], res["engine"]["engine_cores"]) == \
+        ("clean", "EngineCoreProc", 2)
+    assert not any(line.get("throttle_prefills") for line in trace(run / "trace.jsonl"))
+
+
+def test_data_parallel_without_the_asyncio_client_is_refused_naming_the_fix(cli, tmp_path):
+    d = yaml.safe_load(DP2.read_text())
+    d["config"]["asyncio_mode"] = False
+    f = tmp_path / "x.yaml"
+    f.write_text(yaml.safe_dump(d))
+    proc = cli("run", str(f), "--vllm", "0.34.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "asyncio_mode: true" in proc.stdout + proc.stderr
+
+
+def test_data_parallel_on_a_release_without_the_dp_client_is_refused_in_one_line(cli, tmp_path):
+    """0.9.0 has a DPEngineCoreProc but no DPLBAsyncMPClient (its capabilities record)."""
+    d = yaml.safe_load(DP2.read_text())
+    del d["config"]["prefill_schedule_interval"]  # no such SchedulerConfig field there
+    f = tmp_path / "x.yaml"
+    f.write_text(yaml.safe_dump(d))
+    proc = cli("run", str(f), "--vllm", "0.9.0", "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = next(x for x in (proc.stdout + proc.stderr).splitlines()
+                if x.startswith("error:") and "config.data_parallel_size: 2" in x)
+    assert "vLLM 0.9.0" in line and "DPLBAsyncMPClient" in line
+
+
+def test_an_interrupt_during_a_data_parallel_run_leaves_no_engine_core_or_coordinator(tmp_path):
+    """SIGINT to ``vllm-repro run`` once the DP coordinator has both engine cores subscribed
+    (vLLM's own log line) and the run is stepping: exit 130, no engine core, coordinator or
+    worker left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = yaml.safe_load(DP2.read_text())
+    d["requests"] = [{"id": f"r{i}", "at_step": 1, "prompt_len": 20, "max_tokens": 400}
+                     for i in range(8)]  # hundreds of steps per engine core
+    d["limits"] = {"max_steps": 3000}
+    f = tmp_path / "long.yaml"
+    f.write_text(yaml.safe_dump(d))
+    before = lab_processes()
+    reports = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(f), "--vllm",
+                             "0.34.0", "--reports", str(reports)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ), cwd=ROOT)
+
+    def stepping() -> bool:
+        logs = "".join(p.read_text(errors="replace") for p in reports.rglob("*.log"))
+        traces = [p for p in reports.rglob("trace.jsonl") if p.stat().st_size]
+        return "All engine subscriptions received by DP coordinator" in logs and bool(traces)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None and not stepping():
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before the interrupt: lengthen it"
+    assert stepping(), "the coordinator and both engine cores never started"
+    assert len(lab_processes() - before) >= 4  # the worker, the coordinator, two engine cores
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    time.sleep(1)
+    assert lab_processes() - before == set()

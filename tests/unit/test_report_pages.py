@@ -11,7 +11,8 @@ import shutil
 
 from vllm_repro.records import RunResult, TraceLine
 from vllm_repro.report.index import write_index
-from vllm_repro.report.pages import explain, step_rows, timeline_svg, write_run_page
+from vllm_repro.report.pages import (PageContext, explain, step_rows, steps_section,
+                                     timeline_section, timeline_svg, write_run_page)
 
 from ..conftest import ROOT
 
@@ -103,6 +104,26 @@ def test_timeline_svg_names_each_request_and_finding_on_hover(tmp_path):
     assert any(t.startswith("step 3: REQ_STATE: L is in num_scheduled_tokens") for t in titles)
     rows, left = step_rows(trace)
     assert [r.step for r in rows] == [1, 2, 3, 4] and left == 0
+
+
+def test_a_data_parallel_run_gets_a_timeline_and_steps_per_engine_core():
+    """Lines of two DP ranks (each engine core numbers its own steps): one timeline and one
+    step table per DP rank, each with that rank's requests only; without ranks, one of each."""
+    result = RunResult("clean", steps=2, finished={"a": "FINISHED_STOPPED", "b": "FINISHED_STOPPED"})
+    trace = [TraceLine(step=1, dp_rank=1, added=["b"], scheduled={"b": 40}, running=["b"]),
+             TraceLine(step=1, dp_rank=0, added=["a"], scheduled={"a": 100}, running=["a"]),
+             TraceLine(step=2, dp_rank=0, scheduled={"a": 1}, finished=["a"],
+                       throttle_prefills=True),
+             TraceLine(step=2, dp_rank=1, scheduled={"b": 1}, finished=["b"])]
+    page = PageContext(result, trace, [])
+    timelines, steps = timeline_section(page), steps_section(page)
+    assert re.findall(r"<h2>([^<]*)</h2>", timelines) == ["Timeline: DP rank 0",
+                                                          "Timeline: DP rank 1"]
+    assert re.findall(r"<h2>([^<]*)</h2>", steps) == ["Steps: DP rank 0", "Steps: DP rank 1"]
+    rank0, rank1 = timelines.split("Timeline: DP rank 1")
+    assert "a: " in rank0 and "b: " not in rank0 and "b: " in rank1 and "a: " not in rank1
+    plain = PageContext(result, [TraceLine(step=1, added=["a"], scheduled={"a": 1})], [])
+    assert re.findall(r"<h2>([^<]*)</h2>", steps_section(plain)) == ["Steps"]
 
 
 def test_a_long_run_keeps_the_steps_where_something_changed():

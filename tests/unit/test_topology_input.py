@@ -117,3 +117,24 @@ def test_the_engine_core_process_is_picked_by_its_field():
     assert loop_class({"config": {"multiprocess_mode": True}}) is CoreProcLoop
     assert loop_class({"config": {"multiprocess_mode": False}}) is EngineCoreLoop
     assert loop_class({"config": {}}) is EngineCoreLoop
+
+
+def test_expect_steps_of_a_data_parallel_run_is_an_input_error_naming_the_field(tmp_path):
+    """Each DP rank's engine core numbers its own steps: expect.steps / stats cannot name one."""
+    p = tmp_path / "dp.yaml"
+    p.write_text(textwrap.dedent("""
+        name: dp
+        level: engine-core
+        config: {num_gpu_blocks: 64, multiprocess_mode: true, asyncio_mode: true,
+                 model: mixtral-moe, data_parallel_size: 2}
+        requests:
+          - {id: A, prompt_len: 10}
+        expect:
+          outcome: clean
+          steps: [{at_step: 2, scheduled: {A: 1}}]
+    """))
+    with pytest.raises(InputError, match=r"expect\.steps / expect\.stats with "
+                                         r"config\.data_parallel_size 2"):
+        load_scenario(p)
+    p.write_text(p.read_text().replace("data_parallel_size: 2", "data_parallel_size: 1"))
+    assert load_scenario(p).expect.steps

@@ -18,7 +18,7 @@ from pathlib import Path
 
 #: the scenario features a release may refuse, with what a refusal says (``refusal()``)
 FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups",
-            "engine-core", "kv connectors", "engine core process")
+            "engine-core", "kv connectors", "engine core process", "data parallel engine cores")
 #: where a release's ``KVCacheBlock`` may keep its hash / the tokens it covers, in probe order
 BLOCK_HASH_FIELDS = ("_block_hash", "block_hash")
 BLOCK_HASH_TOKENS_FIELDS = ("_block_hash_num_tokens", "block_hash_num_tokens")
@@ -76,6 +76,15 @@ class Capabilities:
     #: takes ``multiprocess_mode``, and ``EngineCoreProc`` keeps an ``input_queue`` that
     #: ``_handle_client_request`` serves (``vllm/v1/engine/core_client.py``, ``core.py``)
     engine_core_proc: bool = False
+    #: ``config.data_parallel_size`` > 1 with ``multiprocess_mode`` and ``asyncio_mode``
+    #: (``engine/core_proc.py``): ``vllm/v1/engine/core.py`` has ``DPEngineCoreProc`` with its
+    #: own ``run_busy_loop`` and ``_has_global_unfinished_reqs`` (waves, dummy batches, the
+    #: DP all-reduce) and ``vllm/v1/engine/core_client.py`` the ``DPLBAsyncMPClient``
+    dp_engine_core_proc: bool = False
+    #: ``DPEngineCoreProc._should_throttle_prefills``: its steps call
+    #: ``Scheduler.schedule(throttle_prefills=...)`` (DP prefill balancing by
+    #: ``prefill_schedule_interval``)
+    dp_throttle_prefills: bool = False
     split_sampling: bool = False
     batch_queue_from_config: bool = False
     events: tuple[str, ...] = ()
@@ -154,6 +163,10 @@ class Capabilities:
             f"vLLM {v} has no EngineCoreProc serving an input_queue through "
             "_handle_client_request behind EngineCoreClient.make_client(multiprocess_mode=...); "
             "drop config.multiprocess_mode on this release",
+            "data parallel engine cores": None if self.dp_engine_core_proc else
+            f"vLLM {v} has no DPEngineCoreProc with its own run_busy_loop and "
+            "_has_global_unfinished_reqs behind a DPLBAsyncMPClient (vllm/v1/engine/core.py, "
+            "core_client.py); drop config.data_parallel_size on this release",
             "kv connectors": None if self.kv_connectors else
             f"vLLM {v} has no V1 KV connector seam the lab can script (a KVConnectorFactory "
             "taking registrations, a scheduler that builds the connector from "

@@ -67,11 +67,7 @@ class EngineCoreLoop(StepLoop):
 
         self.topology = topology(cfg)
         if self.topology.dp > 1:
-            raise RefusedByRelease(
-                f"config.data_parallel_size: {self.topology.dp}: data parallelism runs one engine "
-                "core per DP rank (the release's DPEngineCoreProc and its coordinator), which the "
-                "lab does not start yet; this level drives one EngineCore: drop it, or run the "
-                "scenario at level: scheduler (one DP rank's scheduler)")
+            build_cfg = self._data_parallel(build_cfg)
         if self.topology.multiprocess:  # the ranks' worker, named through vLLM's own setting
             from . import ranks
 
@@ -277,6 +273,16 @@ class EngineCoreLoop(StepLoop):
         if ids:
             self.engine.aborts_queue.put_nowait(list(ids))
 
+    def _data_parallel(self, build_cfg: dict) -> dict:
+        """``config.data_parallel_size`` > 1: refused here (one in-process EngineCore); the
+        engine core processes' loop (:mod:`~vllm_repro.engine.core_proc`) runs it."""
+        raise RefusedByRelease(
+            f"config.data_parallel_size: {self.topology.dp}: data parallelism runs one engine "
+            "core per DP rank (the release's DPEngineCoreProc and its coordinator), which this "
+            "level's one in-process EngineCore is not; add multiprocess_mode: true and "
+            "asyncio_mode: true (and model: mixtral-moe), or run the scenario at level: "
+            "scheduler (one DP rank's scheduler)")
+
     # ---- observation of vLLM's own scheduler calls --------------------------------------------
     def _observe_scheduler(self) -> None:
         sched = self.scheduler
@@ -287,6 +293,8 @@ class EngineCoreLoop(StepLoop):
             loop._phase = "schedule"
             loop._marks = loop._lab(state.preemption_marks, sched)
             sched_out = schedule(*args, **kwargs)
+            if (args[0] if args else kwargs.get("throttle_prefills")) is True:
+                loop._line.throttle_prefills = True  # DPEngineCoreProc's DP prefill balancing
             scheduled = loop._lab(loop.adapter.scheduled, sched_out)
             not_ready = getattr(getattr(sched, "connector", None), "not_ready_log", None) if \
                 loop.kv_worker is not None else None
@@ -565,6 +573,11 @@ class EngineCoreLoop(StepLoop):
         manager's (vLLM's own, built from the config)."""
         return getattr(self.engine.structured_output_manager, "tokenizer", None)
 
+    def _dp_rank_of(self, r: ScenarioRequest) -> int | None:
+        """The DP rank request ``r`` is sent to (``EngineCoreRequest.data_parallel_rank``);
+        None: the one engine core."""
+        return None
+
     def _engine_core_request(self, r: ScenarioRequest):
         """An ``EngineCoreRequest`` (``vllm/v1/engine/__init__.py``) as the front end's
         ``Processor.process_inputs`` makes it for a token-id prompt."""
@@ -598,7 +611,8 @@ class EngineCoreLoop(StepLoop):
             request_id=r.id, prompt=None, prompt_token_ids=self.prompt_of(r), mm_features=None,
             mm_inputs=None, mm_kwargs=None, mm_hashes=None, mm_placeholders=None,
             sampling_params=sp, pooling_params=None, eos_token_id=2, arrival_time=arrival,
-            lora_request=None, cache_salt=None, data_parallel_rank=None, prompt_embeds=None,
+            lora_request=None, cache_salt=None, data_parallel_rank=self._dp_rank_of(r),
+            prompt_embeds=None,
             client_index=0, current_wave=0, priority=r.priority, trace_headers=None,
             external_req_id=r.id, resumable=False, reasoning_ended=None)
         fields = getattr(ecr_cls, "__struct_fields__", None)
@@ -712,6 +726,8 @@ class _rank_env:
         try:
             if topology(cfg).multiprocess or cfg.get("multiprocess_mode"):
                 self.want["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+            if topology(cfg).dp > 1:  # vLLM's own address of this host: loopback only
+                self.want["VLLM_HOST_IP"] = "127.0.0.1"
         except ValueError:
             pass
         self.before: dict[str, str | None] = {}

@@ -45,6 +45,7 @@ import concurrent.futures
 import functools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
@@ -52,7 +53,6 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
 
 from ..records import EngineInfo, Hang, RunResult, Timing, TraceLine
 from .adapter import AdapterError, RefusedByRelease, _import, call_supported
@@ -64,6 +64,11 @@ from .spec import ScenarioRequest
 
 #: seconds the engine core process waits for a client message its step needs
 CLIENT_WAIT_S = 60.0
+#: seconds an engine core waits, after another DP rank's run ended badly or after the front
+#: end's end, for the rest of the DP group
+DP_GRACE_S = 10.0
+#: the one address a DP group and its coordinator may use
+LOOPBACK = "127.0.0.1"
 #: seconds without a word from the engine core process before the front end calls it a hang
 #: (the scenario's ``limits.step_timeout_s`` where it gives one)
 SILENCE_S = 300.0
@@ -79,12 +84,13 @@ def loop_class(scenario: dict) -> type[EngineCoreLoop]:
 @dataclass
 class _Pending:
     """What a forked engine core process takes from the front end: the run's loop (with its
-    fake worker and auditor), its end of the pipe, the front end's pid and end (closed in the
-    child)."""
+    fake worker and auditor), the engine cores' ends of their pipes (one per DP rank: an
+    engine core keeps its rank's, closes the others), the front end's pid and ends (closed in
+    the child)."""
 
     loop: "CoreProcLoop"
-    conn: Any
-    parent_conn: Any
+    conns: list
+    parent_conns: list
     parent: int
 
 
@@ -119,13 +125,24 @@ class CoreProcLoop(EngineCoreLoop):
         self._client_error: BaseException | None = None
         self._client_tb = ""
         self._client_finished: dict[str, str] = {}
-        self._wanted = 0  # the last step whose client messages the engine core asked for
+        from .topology import topology
+
+        n = max(1, topology(self.cfg).dp)  # engine cores: one per DP rank
+        #: request id -> the DP rank it is sent to: the scenario's requests in order,
+        #: round-robin (vLLM's DP client honours EngineCoreRequest.data_parallel_rank)
+        self._dp_owner = {r.id: i % n for i, r in enumerate(self.requests)} if n > 1 else {}
+        self.dp_rank: int | None = None
+        # DP rank -> the last step whose client messages that engine core asked for
+        self._wanted = dict.fromkeys(range(n), 0)
         self._want = threading.Condition()
         self._stopping = False
         ctx = multiprocessing.get_context("fork")
-        self._conn, child_conn = ctx.Pipe(duplex=True)
+        pairs = [ctx.Pipe(duplex=True) for _ in range(n)]
+        self._conns = [p[0] for p in pairs]
+        self._conn = self._conns[0]
+        child_conns = [p[1] for p in pairs]
         global _PENDING
-        _PENDING = _Pending(self, child_conn, self._conn, os.getpid())
+        _PENDING = _Pending(self, child_conns, self._conns, os.getpid())
         # a write to a process that is gone is an error to handle here (and in the forked
         # engine core), not the worker's death by SIGPIPE (a warm worker has SIG_DFL)
         pipe_before = _set_sigpipe(signal.SIG_IGN)
@@ -137,16 +154,17 @@ class CoreProcLoop(EngineCoreLoop):
                 return self._start_failed(failed.__cause__, time.perf_counter() - t0)
             finally:
                 _PENDING = None
-                child_conn.close()
+                for c in child_conns:
+                    c.close()
             if built is None:
                 return self._build_hung(time.perf_counter() - t0)
             build_s = time.perf_counter() - t0
             outputs = threading.Thread(target=self._read_outputs, daemon=True,
                                        name="vllm-repro-client-outputs")
             outputs.start()
-            sender = threading.Thread(target=self._send_inputs, daemon=True,
-                                      name="vllm-repro-client-inputs")
-            sender.start()
+            for rank in range(n):  # one sender per engine core: no rank waits on another's step
+                threading.Thread(target=self._send_inputs, args=(rank if n > 1 else None,),
+                                 daemon=True, name=f"vllm-repro-client-inputs-{rank}").start()
             result = self._relay()
             if result.outcome == "crash":  # the client's side of the engine's death
                 outputs.join(10.0)
@@ -154,6 +172,9 @@ class CoreProcLoop(EngineCoreLoop):
             result.timing.build_s = round(build_s, 4)  # make_client: the process's start-up
             result.engine = result.engine or EngineInfo()
             result.engine.client = type(self.client).__name__
+            if n > 1:
+                resources = getattr(self.client, "resources", None)
+                result.engine.coordinator = getattr(resources, "coordinator", None) is not None
             if self._client_error is not None:
                 err = self._client_error
                 result.engine.client_error = f"{type(err).__name__}: {err}"
@@ -181,6 +202,41 @@ class CoreProcLoop(EngineCoreLoop):
             if isinstance(e, (Pause, Resume)):
                 raise RefusedByRelease(f"{e.where(e.action)} with config.multiprocess_mode: not "
                                        "sent through the client yet; drop multiprocess_mode")
+
+    def _data_parallel(self, build_cfg: dict) -> dict:
+        """``config.data_parallel_size`` > 1: one engine core process per DP rank, the release's
+        ``DPEngineCoreProc`` (for an MoE model: ``config.model: mixtral-moe``) with its DP
+        coordinator, started by its ``DPLBAsyncMPClient`` (``asyncio_mode: true``); the DP
+        group on 127.0.0.1 (``data_parallel_master_ip``). Refused (exit 2, naming the field)
+        where the release lacks it, without ``asyncio_mode``, with events, or with a DP rank
+        off this host."""
+        caps, topo = self.adapter.caps, self.topology
+        where = f"config.data_parallel_size: {topo.dp}"
+        if not caps.dp_engine_core_proc:
+            raise RefusedByRelease(f"{where}: {caps.refusal('data parallel engine cores')}")
+        if not self.cfg.get("asyncio_mode"):
+            raise RefusedByRelease(f"{where}: vLLM's client for data parallelism is the asyncio "
+                                   "one (make_async_mp_client: DPLBAsyncMPClient); add "
+                                   "asyncio_mode: true")
+        if self.events_by_step:
+            raise RefusedByRelease(f"{where}: events are not sent through the DP client yet; "
+                                   "drop events")
+        if topo.dp_local != topo.dp:
+            raise RefusedByRelease(f"config.data_parallel_size_local: {topo.dp_local}: every DP "
+                                   "rank runs on this host; drop it")
+        extra = dict(build_cfg.get("passthrough") or {})
+        ip = extra.get("data_parallel_master_ip", LOOPBACK)
+        if ip != LOOPBACK:
+            raise RefusedByRelease(f"config.data_parallel_master_ip: {ip!r}: the lab's DP group "
+                                   f"and coordinator stay on {LOOPBACK}; drop it")
+        extra["data_parallel_master_ip"] = LOOPBACK
+        # EngineArgs.create_engine_config's default (ParallelConfig's own is 1: a DP rank
+        # elsewhere, whose handshake rank 0's client would wait for)
+        extra["data_parallel_size_local"] = topo.dp
+        return {**build_cfg, "passthrough": extra}
+
+    def _dp_rank_of(self, r: ScenarioRequest) -> int | None:
+        return self._dp_owner.get(r.id) if getattr(self, "_dp_owner", None) else None
 
     def _make_engine(self, vllm_config, executor_cls):
         """Start the engine core process the release's way (its client), with the lab's hook
@@ -225,26 +281,32 @@ class CoreProcLoop(EngineCoreLoop):
         raise AdapterError(f"vLLM {self.adapter.version}'s client could not start the engine "
                            f"core process: {type(exc).__name__}: {exc}") from exc
 
-    def _client_steps(self) -> list[int]:
-        """The steps that send the client something (requests, aborts, reset_prefix_cache)."""
+    def _client_steps(self, rank: int | None = None) -> list[int]:
+        """The steps that send the client something (requests, aborts, reset_prefix_cache);
+        with ``rank``, those of the requests sent to that DP rank."""
+        if rank is not None:
+            return sorted({r.at_step for r in self.requests if self._dp_owner[r.id] == rank})
         return sorted(set(self.requests_by_step) | {
             step for step, es in self.events_by_step.items()
             if any(isinstance(e, (Abort, ResetPrefixCache)) for e in es)})
 
-    def _send_inputs(self) -> None:
+    def _send_inputs(self, rank: int | None = None) -> None:
         """The scenario's requests and events through the client, each step's once the engine
         core process reached that step and asked for them (as a front end whose users send
         them then: sent earlier, vLLM's input thread would hand an abort to the engine's
-        ``aborts_queue`` steps before it is due)."""
+        ``aborts_queue`` steps before it is due); with ``rank`` (data parallelism) the
+        requests sent to that DP rank, once its engine core asked."""
         client = self.client
         try:
-            for step in self._client_steps():
+            for step in self._client_steps(rank):
                 with self._want:
-                    while self._wanted < step and not self._stopping:
+                    while self._wanted[rank or 0] < step and not self._stopping:
                         self._want.wait(0.5)
                     if self._stopping:
                         return
                 for r in self.requests_by_step.get(step, []):
+                    if rank is not None and self._dp_owner[r.id] != rank:
+                        continue
                     ecr = self._engine_core_request(r)
                     self.order += 1
                     if r.structured_outputs or r.allowed_token_ids is not None:
@@ -292,37 +354,55 @@ class CoreProcLoop(EngineCoreLoop):
                            f"the lab's result (exit codes {codes})")
 
     def _drain(self, timeout: float | None) -> RunResult | None:
-        """Read the engine core process's messages: trace lines written, a lab error raised
-        here, the result returned; None when the process is gone (or ``timeout`` s passed)
-        without one. Silence past :data:`SILENCE_S` is a ``hang``."""
+        """Read the engine core processes' messages: trace lines written, a lab error raised
+        here, the result returned (with data parallelism, once every engine core sent its own:
+        :func:`_merged`; after one that is not clean, what the others sent in
+        :data:`DP_GRACE_S`); None when the processes are gone (or ``timeout`` s passed) without
+        one. Silence past :data:`SILENCE_S` is a ``hang``."""
         limit = float(self.limits.step_timeout_s or SILENCE_S)
         start = last = time.monotonic()
         last_step = 0
+        results: dict[int, RunResult] = {}
+        gone: set[int] = set()
+        grace: float | None = None
         while True:
-            if self._conn.poll(0.2):
+            waiting = [c for i, c in enumerate(self._conns) if i not in results and i not in gone]
+            if results and (not waiting or (grace is not None and time.monotonic() > grace)):
+                return _merged(results, len(self._conns) > 1)
+            if not waiting:
+                return None
+            ready = multiprocessing.connection.wait(waiting, 0.2)
+            for conn in ready:
+                rank = self._conns.index(conn)
                 try:
-                    msg = self._conn.recv()
+                    msg = conn.recv()
                 except (EOFError, OSError):
-                    return None
+                    gone.add(rank)
+                    continue
                 last = time.monotonic()
                 kind = msg[0]
                 if kind == "want":
                     with self._want:
-                        self._wanted = msg[1]
+                        self._wanted[rank] = msg[1]
                         self._want.notify_all()
                 elif kind == "trace":
-                    last_step = msg[1]
+                    last_step = max(last_step, msg[1])
                     self.trace(_Line(msg[1], msg[2]))
                 elif kind == "result":
-                    return RunResult.from_dict(msg[1])
+                    results[rank] = RunResult.from_dict(msg[1])
+                    if results[rank].outcome != "clean" and grace is None:
+                        grace = time.monotonic() + DP_GRACE_S
                 elif kind == "error":
                     raise _ERRORS.get(msg[1], AdapterError)(msg[2])
+            if ready:
                 continue
             now = time.monotonic()
             if timeout is not None and now - start > timeout:
                 return None
             if self._exit_codes() and all(c is not None for c in self._exit_codes()):
-                return None if not self._conn.poll(0.5) else self._drain(timeout=1.0)
+                if results:
+                    return _merged(results, len(self._conns) > 1)
+                return None if not any(c.poll(0.5) for c in waiting) else self._drain(timeout=1.0)
             if now - last > limit:
                 return RunResult("hang", hang=Hang(last_step + 1, limit, "engine core process",
                                                    stopped="interrupted"),
@@ -342,20 +422,22 @@ class CoreProcLoop(EngineCoreLoop):
         with self._want:
             self._stopping = True
             self._want.notify_all()
-        try:
-            self._conn.send(("end",))
-        except (OSError, ValueError, AttributeError):
-            pass
+        for conn in getattr(self, "_conns", ()):
+            try:
+                conn.send(("end",))
+            except (OSError, ValueError, AttributeError):
+                pass
         client = self.client
         calls = getattr(self, "_calls", None)
         if client is not None:
             calls.stop(client)
         if calls is not None:
             calls.close()
-        try:
-            self._conn.close()
-        except (OSError, AttributeError):
-            pass
+        for conn in getattr(self, "_conns", ()):
+            try:
+                conn.close()
+            except (OSError, AttributeError):
+                pass
         if self.ranks is not None:
             self.ranks.close()
 
@@ -374,7 +456,18 @@ class CoreProcLoop(EngineCoreLoop):
         end's end and leaves as on SIGTERM (``SystemExit``)."""
         self.watchdog = None  # its thread stayed in the front end
         _no_device_caches()
-        self.trace = lambda line: conn.send(("trace", line.step, line.to_json()))
+        rank = self.dp_rank
+        if rank is not None:  # this DP rank's requests only (the client sends it those)
+            self.requests = tuple(r for r in self.requests if self._dp_owner[r.id] == rank)
+            self.requests_by_step = {}
+            for r in self.requests:
+                self.requests_by_step.setdefault(r.at_step, []).append(r)
+        self._done = False
+
+        def send_line(line):
+            line.dp_rank = rank
+            conn.send(("trace", line.step, line.to_json()))
+        self.trace = send_line
         self._child_conn = conn
         self._asks = set(self._client_steps())
         self._fatal: BaseException | None = None
@@ -408,9 +501,15 @@ class CoreProcLoop(EngineCoreLoop):
         steps = self._steps(time.perf_counter() - t0, record_stats)
 
         def _process_input_queue():
-            """The step's client messages are taken in the step (:meth:`_take_client_message`)."""
+            """The step's client messages are taken in the step (:meth:`_take_client_message`).
+            A DP rank whose run is over serves vLLM's input queue (the coordinator's waves) and
+            leaves on the front end's end once its wave is over (:meth:`_dp_idle`)."""
+            if self._done:
+                self._dp_idle(engine, conn)
 
         def _process_engine_step():
+            if self._done:
+                return False
             try:
                 next(steps)
                 return bool(self._scheduled_so)
@@ -431,7 +530,13 @@ class CoreProcLoop(EngineCoreLoop):
             conn.send(("result", result.to_dict()))
             if self._fatal is not None:
                 raise self._fatal  # out of vLLM's busy loop: run_engine_core logs it
-            self._leave(engine, conn)
+            if rank is None:
+                self._leave(engine, conn)
+            # a DP rank goes on in vLLM's DP busy loop (dummy batches, the DP all-reduce) while
+            # another rank has requests, as DPEngineCoreProc does
+            self._done = True
+            self._end_asked = None
+            return False
 
         engine._process_input_queue = _process_input_queue
         engine._process_engine_step = _process_engine_step
@@ -470,6 +575,30 @@ class CoreProcLoop(EngineCoreLoop):
         else:
             conn.send(("error", "AdapterError", f"the lab failed in the engine core process: "
                        f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"))
+
+    def _dp_idle(self, engine, conn) -> None:
+        """A DP rank after its run: what vLLM's ``_process_input_queue`` would hand
+        ``_handle_client_request`` (``START_DP_WAVE``) handed it; leaves vLLM's busy loop as on
+        SIGTERM once the front end said end and the wave is over (``engines_running`` false:
+        the other ranks passed the same all-reduce), or :data:`DP_GRACE_S` after the end, or
+        when the front end is gone."""
+        if self._end_asked is None and conn.poll(0):
+            try:
+                conn.recv()
+            except (EOFError, OSError):
+                pass
+            self._end_asked = time.monotonic()
+        if os.getppid() == 1:
+            raise SystemExit(0)
+        if self._end_asked is not None and (
+                not getattr(engine, "engines_running", False)
+                or time.monotonic() - self._end_asked > DP_GRACE_S):
+            raise SystemExit(0)
+        try:
+            item = engine.input_queue.get(timeout=0.02)
+        except queue.Empty:
+            return
+        engine._handle_client_request(*item)
 
     @staticmethod
     def _leave(engine, conn):
@@ -700,6 +829,32 @@ def _no_device_caches() -> None:
             setattr(acc, name, lambda: None)
 
 
+def _merged(results: dict[int, RunResult], dp: bool) -> RunResult:
+    """One run's result from its engine cores' (DP rank -> :class:`RunResult`; ``dp``: data
+    parallelism, else the one engine core's as it sent it): the first
+    rank's that is not clean (else rank 0's), with every rank's finished, refused and
+    unfinished requests, violations, audit checks and the most steps; ``engine.engine_cores``
+    says how many sent one."""
+    if not dp:
+        return next(iter(results.values()))
+    order = sorted(results)
+    base = next((results[i] for i in order if results[i].outcome != "clean"), results[order[0]])
+    others = [results[i] for i in order if results[i] is not base]
+    for r in others:
+        base.finished = {**(base.finished or {}), **(r.finished or {})}
+        if r.refused:
+            base.refused = {**(base.refused or {}), **r.refused}
+        base.unfinished = [*(base.unfinished or []), *(r.unfinished or [])]
+        if r.violations:
+            base.violations = [*(base.violations or []), *r.violations]
+        if base.audit is not None and r.audit is not None:
+            base.audit.checks += r.audit.checks
+        base.steps = max(base.steps or 0, r.steps or 0)
+    base.engine = base.engine or EngineInfo()
+    base.engine.engine_cores = len(results)
+    return base
+
+
 def _set_sigpipe(handler):
     """Set SIGPIPE's handler where this is the main thread; returns the one before (None
     elsewhere, and ``handler`` None sets nothing)."""
@@ -728,15 +883,27 @@ def _child_init(original, engine, *args, **kwargs) -> None:
     pending = _PENDING
     if pending is None:  # not a lab run's engine core
         return original(engine, *args, **kwargs)
-    try:
-        pending.parent_conn.close()
-    except OSError:
-        pass
+    for c in pending.parent_conns:
+        try:
+            c.close()
+        except OSError:
+            pass
+    loop = pending.loop
+    vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+    if len(pending.conns) > 1:  # one engine core per DP rank: this one's pipe
+        pc = vllm_config.parallel_config
+        # EngineCoreProc's engine_index (DPEngineCoreProc passes its data_parallel_rank; a
+        # non-MoE model's independent DP ranks get theirs from run_engine_core)
+        rank = kwargs.get("engine_index")
+        loop.dp_rank = rank = pc.data_parallel_rank if rank is None else rank
+        for i, c in enumerate(pending.conns):
+            if i != rank:
+                c.close()
+    conn = pending.conns[loop.dp_rank or 0]
     from . import ranks
 
     if ranks._SETUP is not None:  # the ranks are this process's children now
         ranks._SETUP.parent = os.getpid()
-    loop, conn = pending.loop, pending.conn
     try:
         original(engine, *args, **kwargs)
     except Exception as exc:

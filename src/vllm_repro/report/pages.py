@@ -451,13 +451,30 @@ def why_crash_section(ctx: PageContext) -> str:
     return why_section(ctx.result)
 
 
+def by_engine_core(trace: list[TraceLine]) -> list[tuple[str, list[TraceLine]]]:
+    """``[(heading suffix, lines)]``: the whole trace (suffix empty), or with data parallelism
+    (lines with a ``dp_rank``: one engine core process per DP rank) one entry per DP rank,
+    ``": DP rank N"``, in rank order."""
+    ranks = sorted({ln.dp_rank for ln in trace if ln.dp_rank is not None})
+    if not ranks:
+        return [("", trace)]
+    return [(f": DP rank {r}", [ln for ln in trace if ln.dp_rank == r]) for r in ranks]
+
+
 def timeline_section(ctx: PageContext) -> str:
-    svg = timeline_svg(ctx.trace, ctx.result)
-    return f"<h2>Timeline</h2>{svg}" if svg else ""
+    """One timeline per engine core (:func:`by_engine_core`)."""
+    out = []
+    for suffix, lines in by_engine_core(ctx.trace):
+        svg = timeline_svg(lines, ctx.result)
+        if svg:
+            out.append(f"<h2>Timeline{html.escape(suffix)}</h2>{svg}")
+    return "\n".join(out)
 
 
 def steps_section(ctx: PageContext) -> str:
-    return f"<h2>Steps</h2>{step_table(ctx.trace)}" if ctx.trace else ""
+    """One step table per engine core (:func:`by_engine_core`)."""
+    return "\n".join(f"<h2>Steps{html.escape(suffix)}</h2>{step_table(lines)}"
+                     for suffix, lines in by_engine_core(ctx.trace) if lines)
 
 
 def log_tail_section(ctx: PageContext) -> str:

@@ -131,7 +131,8 @@ def unknown_passthrough(config: SchedulerSettings, version: str, tree: Path | No
     if found is None:
         return None
     known, present = found
-    missing = [key for key in extra if key not in known]
+    # ``model``: ModelConfig's, a packaged folder the worker resolves (adapter/build.py)
+    missing = [key for key in extra if key not in known and key != "model"]
     if not missing:
         return None
     return passthrough_refusal(missing, version, present,

@@ -1059,6 +1059,13 @@ class Scenario(Strict):
         if self.config.asyncio_mode and not self.config.multiprocess_mode:
             raise ValueError("config.asyncio_mode: true needs config.multiprocess_mode: true (vLLM's "
                              "EngineCoreClient.make_client has no asyncio client in process); add it")
+        dp = (self.config.model_extra or {}).get("data_parallel_size")
+        if self.level == "engine-core" and isinstance(dp, int) and dp > 1:
+            for name, exp in (("expect", self.expect), ("fixed", self.fixed)):
+                if exp is not None and (exp.steps or exp.stats):
+                    raise ValueError(f"{name}.steps / {name}.stats with config.data_parallel_size "
+                                     f"{dp}: each engine core numbers its own steps (trace lines "
+                                     "per dp_rank), which they do not name yet; drop them")
         blocks = self.config.num_gpu_blocks
         if self.level != "v0-engine":
             if blocks is not None and blocks < 2:

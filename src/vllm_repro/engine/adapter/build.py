@@ -4,6 +4,7 @@ hasher, ``Scheduler`` (see the package docstring for the probes)."""
 from __future__ import annotations
 
 import importlib
+import json
 from typing import Any
 
 from ..engine_args import PASSTHROUGH_CLASSES
@@ -53,6 +54,8 @@ class BuildMixin:
         routed: dict[str, dict[str, Any]] = {}
         missing = []
         for key, value in (cfg.get("passthrough") or {}).items():
+            if key == "model":  # ModelConfig's: the packaged folder, :meth:`_model_dir`
+                continue
             for cls_name in self.PASSTHROUGH_CLASSES:
                 if key in self.config_fields(cls_name):
                     routed.setdefault(cls_name, {})[key] = value
@@ -97,16 +100,37 @@ class BuildMixin:
         self.vllm_config = vllm_config
         return vllm_config, sched_cls
 
+    def _model_dir(self, cfg: dict[str, Any]):
+        """The packaged config-only model folder ``config.model`` names (``model`` is
+        ``ModelConfig``'s name; beside the default, ``src/vllm_repro/models/<name>``, e.g.
+        ``mixtral-moe``: a mixture-of-experts model, which vLLM's data parallelism needs for a
+        ``DPEngineCoreProc``); the default folder where it names none. Raises
+        :class:`RefusedByRelease` naming the packaged folders for any other value."""
+        name = (cfg.get("passthrough") or {}).get("model", cfg.get("model"))
+        if name is None:
+            return self.model_dir
+        root = self.model_dir.parent
+        known = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+        if str(name) not in known:
+            raise RefusedByRelease(f"config.model: {name!r} is not one of the lab's packaged model "
+                                   f"configs ({', '.join(known)}); use one of them")
+        return root / str(name)
+
     def _model_config(self, cfg: dict[str, Any], load_tokenizer: bool):
-        """``ModelConfig`` on the packaged model folder (its config.json and tokenizer)."""
+        """``ModelConfig`` on the packaged model folder ``config.model`` names (its config.json;
+        the default folder's tokenizer)."""
+        model_dir = self._model_dir(cfg)
+        if model_dir != self.model_dir:
+            self._register_model((json.loads((model_dir / "config.json").read_text())
+                                  ["architectures"][0],))
         try:
             return call_supported(
-                self.config_mod.ModelConfig, model=str(self.model_dir), task="generate",
+                self.config_mod.ModelConfig, model=str(model_dir), task="generate",
                 tokenizer=str(self.model_dir), tokenizer_mode="auto", trust_remote_code=False,
                 dtype="float16", seed=0, skip_tokenizer_init=not load_tokenizer,
                 max_model_len=cfg["max_model_len"], enforce_eager=True)
         except Exception as exc:
-            raise AdapterError(f"ModelConfig on {self.model_dir}: {type(exc).__name__}: {exc}") from exc
+            raise AdapterError(f"ModelConfig on {model_dir}: {type(exc).__name__}: {exc}") from exc
 
     def _scheduler_config(self, cfg: dict[str, Any], model_config, routed: dict):
         """``SchedulerConfig`` from the scenario's scheduler fields and its pass-through ones."""

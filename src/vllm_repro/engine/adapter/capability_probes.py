@@ -66,6 +66,7 @@ def probe(adapter) -> Capabilities:
             events.append("resume")
         batch_from_config = "vllm_config.max_concurrent_batches" in init_src
     proc = _class_source("vllm.v1.engine.core", "EngineCoreProc")
+    dp = _class_source("vllm.v1.engine.core", "DPEngineCoreProc")
     executor = _class_source("vllm.v1.executor.abstract", "Executor")
     connector, load_failures = _kv_connector_seam(adapter)
     so_field = adapter.structured_params_class()[0] if adapter.StructuredOutputManager else None
@@ -101,6 +102,10 @@ def probe(adapter) -> Capabilities:
         and "input_queue" in proc[1] and "multiprocess_mode" in (
             (_class_source("vllm.v1.engine.core_client", "EngineCoreClient") or ({}, ""))[0]
             .get("make_client", ())),
+        dp_engine_core_proc=bool(dp) and {"run_busy_loop", "_has_global_unfinished_reqs"}
+        <= set(dp[0]) and class_in_source("vllm.v1.engine.core_client", "DPLBAsyncMPClient")
+        is not None,
+        dp_throttle_prefills=bool(dp) and "_should_throttle_prefills" in dp[0],
         kv_connectors=connector,
         kv_load_failures=load_failures,
         own_kv_connectors=_own_kv_connectors(connector),
