@@ -512,7 +512,11 @@ class TraceLine(Record):
     of this step, flattened: ``num_running_reqs``, ``prefix_cache_stats.hits``,
     ``spec_decoding_stats.num_draft_tokens``, ...: what ``expect.stats`` reads); ``sampled``
     (structured-output requests: request id -> the token ids the fake worker sampled through the grammar bitmask in this
-    step); ``kv_connector`` (with a scripted KV connector: what its worker half did in this
+    step); ``reasoning_ended`` (with ``config.reasoning_parser``: request id -> the release's
+    ``StructuredOutputRequest.reasoning_ended`` after the step's ``update_from_output``, for the
+    structured-output requests it scheduled: false while the request reasons and its grammar is
+    held back, true from the step whose tokens ended reasoning; null before the manager looked);
+    ``kv_connector`` (with a scripted KV connector: what its worker half did in this
     step, event -> request ids: ``load`` started, ``recv`` reported in ``finished_recving``,
     ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``,
     ``not_ready``: the scheduler half's lookup answered "not yet", ``None``);
@@ -540,6 +544,7 @@ class TraceLine(Record):
     preemptions: dict[str, str] | None = None
     stats: dict | None = None
     sampled: dict[str, list[int]] | None = None
+    reasoning_ended: dict[str, bool | None] | None = None
     kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None
     applied: int | None = None

@@ -23,6 +23,8 @@ NEW = Capabilities(version="0.33.0", priority=True, spec_decode=True,
                            "reset_running_requests", "pause", "resume"),
                    structured_outputs=True, structured_outputs_field="structured_outputs",
                    structured_backends=("xgrammar", "guidance"),
+                   reasoning_parser_field="StructuredOutputsConfig.reasoning_parser",
+                   reasoning_parsers=("deepseek_r1", "qwen3"),
                    preprocess_errors_per_request=True, kv_connectors=True,
                    kv_load_failures=("invalid_block_ids", "failed_recving"))
 
@@ -38,6 +40,8 @@ def test_round_trip_through_json_and_the_cache(tmp_path):
     assert (back.structured_outputs_field, back.structured_backends) == (
         "structured_outputs", ("xgrammar", "guidance"))
     assert Capabilities.from_dict(OLD.to_dict()).structured_outputs_field is None
+    assert (back.reasoning_parser_field, back.reasoning_parsers) == (
+        "StructuredOutputsConfig.reasoning_parser", ("deepseek_r1", "qwen3"))
     save(tmp_path, NEW)
     assert load(tmp_path, "0.33.0") == NEW
     assert load(tmp_path, "0.9.2") is None
