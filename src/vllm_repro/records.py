@@ -372,7 +372,10 @@ class EngineInfo(Record):
     ``executor`` class vLLM ran (``MultiprocExecutor``); with ``multiprocess_mode``
     (``engine/core_proc.py``) the engine core's ``process`` class (``EngineCoreProc``), the
     ``client`` that started it (``SyncMPClient``) and ``client_error``, what the client raised
-    (``EngineDeadError: EngineCore encountered an issue. ...``)."""
+    (``EngineDeadError: EngineCore encountered an issue. ...``); with ``config.reasoning_parser``
+    the class of vLLM's reasoning parser its ``StructuredOutputManager`` built from the config
+    (``reasoning_parser``: ``DeepSeekR1ReasoningParser``; its ``reasoner_cls``, or the
+    ``reasoner`` it holds on 0.9 to 0.11)."""
 
     num_gpu_blocks: int | None = None
     batch_queue_size: int | None = None
@@ -383,6 +386,7 @@ class EngineInfo(Record):
     process: str | None = None
     client: str | None = None
     client_error: str | None = None
+    reasoning_parser: str | None = None
 
 
 # ---- a run -----------------------------------------------------------------------------------

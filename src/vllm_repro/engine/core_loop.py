@@ -379,6 +379,9 @@ class EngineCoreLoop(StepLoop):
             getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
             getattr(engine, "batch_queue_size", 1),
             getattr(engine.step_fn, "__name__", str(engine.step_fn)), type(self.scheduler).__name__)
+        if self.cfg.get("reasoning_parser"):
+            result.engine.reasoning_parser = state.reasoning_parser_class(
+                getattr(engine, "structured_output_manager", None))
         if self.ranks is not None:
             result.engine.topology = self.topology.describe()
             result.engine.executor = type(engine.model_executor).__name__

@@ -555,6 +555,16 @@ def grammar_pending(req) -> bool:
     return not ready
 
 
+def reasoning_parser_class(manager) -> str | None:
+    """The name of vLLM's reasoning parser class the ``StructuredOutputManager`` built from
+    the config: its ``reasoner_cls`` (0.26+: a parser per request is built from it), else the
+    class of the ``reasoner`` it holds (0.9 to 0.11); None where it has neither."""
+    cls = getattr(manager, "reasoner_cls", None)
+    if cls is None and getattr(manager, "reasoner", None) is not None:
+        cls = type(manager.reasoner)
+    return getattr(cls, "__name__", None)
+
+
 def reasoning_ended(requests, ids) -> dict[str, bool | None]:
     """Request id -> the release's own ``StructuredOutputRequest.reasoning_ended`` of each
     structured-output request of ``ids`` still in ``requests`` (the scheduler's ``requests``):
