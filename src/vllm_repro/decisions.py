@@ -5,7 +5,10 @@ decision, not a crash, judged on the run's trace (:class:`~vllm_repro.records.Tr
 ``not_scheduled`` (ids with no tokens scheduled), ``preempted`` (ids preempted in that step,
 by ``preempted_by`` where given: ``schedule``, ``reset_prefix_cache``, ``pause``),
 ``not_preempted``, ``finished`` (id -> how it finished: ``length``, ``stop``, ``abort``,
-``ignored`` or vLLM's ``FINISHED_*`` name), ``drafts`` (id -> draft tokens scheduled).
+``ignored`` or vLLM's ``FINISHED_*`` name), ``drafts`` (id -> draft tokens scheduled),
+``sampled`` (id -> the token ids sampled through its grammar bitmask: ``TraceLine.sampled``),
+``reasoning_ended`` (id -> the release's ``reasoning_ended`` after the step:
+``TraceLine.reasoning_ended``; absent reads false).
 
 ``stats``: the release's own ``SchedulerStats`` as the trace records them (``TraceLine.stats``:
 ``num_running_reqs``, ``kv_cache_usage``, ``prefix_cache_stats.queries`` / ``hits``,
@@ -89,6 +92,19 @@ def _step_reasons(exp, line: TraceLine | None, result: RunResult) -> list[str]:
         if drafts.get(rid, 0) != n:
             out.append(f"step {at}: {rid} had {drafts.get(rid, 0)} draft token(s) scheduled, "
                        f"not {n}")
+    sampled = line.sampled or {}
+    for rid, tokens in (exp.sampled or {}).items():
+        if rid not in sampled:
+            out.append(f"step {at}: {rid} sampled nothing through a grammar bitmask, not "
+                       f"{list(tokens)}")
+        elif list(sampled[rid]) != list(tokens):
+            out.append(f"step {at}: {rid} sampled {list(sampled[rid])}, not {list(tokens)}")
+    ended = line.reasoning_ended or {}
+    for rid, want in (exp.reasoning_ended or {}).items():
+        got = bool(ended.get(rid))
+        if got != want:
+            out.append(f"step {at}: {rid}'s reasoning_ended is {str(got).lower()}, not "
+                       f"{str(want).lower()}")
     return out
 
 

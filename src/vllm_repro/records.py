@@ -374,7 +374,11 @@ class EngineInfo(Record):
     ``client`` that started it (``SyncMPClient``) and ``client_error``, what the client raised
     (``EngineDeadError: EngineCore encountered an issue. ...``); with ``data_parallel_size`` > 1
     ``engine_cores``, how many engine core processes sent a result (one per DP rank), and
-    ``coordinator``, whether the release's DP coordinator process ran."""
+    ``coordinator``, whether the release's DP coordinator process ran; with
+    ``config.reasoning_parser`` the class of vLLM's reasoning parser its
+    ``StructuredOutputManager`` built from the config (``reasoning_parser``:
+    ``DeepSeekR1ReasoningParser``; its ``reasoner_cls``, or the ``reasoner`` it holds on 0.9
+    to 0.11)."""
 
     num_gpu_blocks: int | None = None
     batch_queue_size: int | None = None
@@ -387,6 +391,7 @@ class EngineInfo(Record):
     client_error: str | None = None
     engine_cores: int | None = None
     coordinator: bool | None = None
+    reasoning_parser: str | None = None
 
 
 # ---- a run -----------------------------------------------------------------------------------
@@ -516,7 +521,11 @@ class TraceLine(Record):
     of this step, flattened: ``num_running_reqs``, ``prefix_cache_stats.hits``,
     ``spec_decoding_stats.num_draft_tokens``, ...: what ``expect.stats`` reads); ``sampled``
     (structured-output requests: request id -> the token ids the fake worker sampled through the grammar bitmask in this
-    step); ``kv_connector`` (with a scripted KV connector: what its worker half did in this
+    step); ``reasoning_ended`` (with ``config.reasoning_parser``: request id -> the release's
+    ``StructuredOutputRequest.reasoning_ended`` after the step's ``update_from_output``, for the
+    structured-output requests it scheduled: false while the request reasons and its grammar is
+    held back, true from the step whose tokens ended reasoning; null before the manager looked);
+    ``kv_connector`` (with a scripted KV connector: what its worker half did in this
     step, event -> request ids: ``load`` started, ``recv`` reported in ``finished_recving``,
     ``load_failed`` reported as a failed load, ``send`` reported in ``finished_sending``,
     ``not_ready``: the scheduler half's lookup answered "not yet", ``None``);
@@ -549,6 +558,7 @@ class TraceLine(Record):
     preemptions: dict[str, str] | None = None
     stats: dict | None = None
     sampled: dict[str, list[int]] | None = None
+    reasoning_ended: dict[str, bool | None] | None = None
     kv_connector: dict[str, list[str]] | None = None
     idle: bool | None = None
     applied: int | None = None

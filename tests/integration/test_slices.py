@@ -29,13 +29,16 @@ pytestmark = pytest.mark.slow
 
 def _untraced(f) -> bool:
     """A scenario on a path the committed slices were traced without: a model-based drafter
-    (its draft model's module, e.g. ``llama_eagle``) or vLLM's own OffloadingConnector /
-    MultiConnector. On a slice such a run is the lab failure "the run left the slice" (tested
-    below), on the full tree vLLM's outcome; the full tree runs them (``--tree full``)."""
+    (its draft model's module, e.g. ``llama_eagle``), vLLM's own OffloadingConnector /
+    MultiConnector, or a reasoning parser (``config.reasoning_parser``: its module, loaded
+    lazily from 0.12, e.g. ``deepseek_r1_reasoning_parser``). On a slice such a run is the lab
+    failure "the run left the slice" (tested below), on the full tree vLLM's outcome; the full
+    tree runs them (``--tree full``)."""
     d = yaml.safe_load(f.read_text()) or {}
-    method = (d.get("config") or {}).get("speculative_method")
+    config = d.get("config") or {}
     connector = (d.get("kv_transfer_config") or {}).get("kv_connector")
-    return method in DRAFT_MODELS or connector in ("OffloadingConnector", "MultiConnector")
+    return config.get("speculative_method") in DRAFT_MODELS or config.get("reasoning_parser") \
+        or connector in ("OffloadingConnector", "MultiConnector")
 
 
 def _run(cli, version, tree, reports):

@@ -220,6 +220,21 @@ def test_43920_the_fix_fails_the_bad_grammar_alone(catalog_runs):
     assert fixed.finished == {"A": "FINISHED_STOPPED", "B": "FINISHED_ERROR"}
 
 
+@needs("0.26.0", "0.27.0")
+def test_34650_an_accepted_think_end_draft_leaves_the_grammar_off_until_fixed(catalog_runs):
+    """0.26.0: </think>, accepted as a draft at step 4, is outside should_advance's window, so
+    A's reasoning_ended never latches and t7 goes through "[0-9]+"; 0.27.0 (PR #44993) latches
+    at step 4 and the grammar ends A with EOS at step 5."""
+    name = "vllm-34650-reasoning-end-in-accepted-draft-missed"
+    buggy = {line["step"]: line for line in trace_of(item_of(catalog_runs, name, "0.26.0"))}
+    assert [buggy[n]["reasoning_ended"]["A"] for n in (4, 5, 6)] == [False, False, False]
+    assert buggy[5]["sampled"]["A"] == [7]
+    fixed_item = item_of(catalog_runs, name, "0.27.0")
+    fixed = {line["step"]: line for line in trace_of(fixed_item)}
+    assert fixed[4]["reasoning_ended"]["A"] is True and fixed[5]["sampled"]["A"] == [2]
+    assert fixed_item.result.finished == {"A": "FINISHED_STOPPED"}
+
+
 @needs("0.12.0", "0.16.0")
 def test_32255_an_aborted_async_load_keeps_its_blocks_once_fixed(catalog_runs):
     """0.12.0 frees a request aborted while its KV connector load is in flight at once (the

@@ -40,6 +40,30 @@ def finish_request(books, s, rid: str) -> None:
 
 # ---- REQ_RESIDUE ----------------------------------------------------------------------------
 
+def test_residue_walk_skips_the_reasoning_parsers_vocabulary():
+    """0.9 to 0.11 keep one reasoning parser on the StructuredOutputManager, with the
+    tokenizer's vocabulary as ``reasoner.vocab``: its key ``A`` is a token, not request A; a
+    grammar backend of vLLM's is still walked."""
+    from types import ModuleType
+
+    from vllm_repro.engine.state import per_request_owners
+
+    mod = ModuleType("vllm.reasoning.fake")
+    ns: dict = {"__name__": mod.__name__}
+    exec("class ReasoningParser:\n    pass\n"
+         "class DeepSeekR1ReasoningParser(ReasoningParser):\n"
+         "    def __init__(self):\n        self.vocab = {'A': 293, '</think>': 356}\n"
+         "class Backend:\n    def __init__(self):\n        self.grammars = {'A': 1}\n", ns)
+    som = type("StructuredOutputManager", (), {})()
+    som.reasoner = ns["DeepSeekR1ReasoningParser"]()
+    som.backend = ns["Backend"]()
+    sched = type("Scheduler", (), {})()
+    sched.structured_output_manager = som
+    labels = [label for label, _ in per_request_owners(sched)]
+    assert "StructuredOutputManager.backend" in labels
+    assert "StructuredOutputManager.reasoner" not in labels
+
+
 def test_residue_finds_keys_of_finished_requests_in_any_dict_or_set_attribute():
     books, s = make_books(num_gpu_blocks=8, tables={"A": [1], "B": [2]})
     a = s.requests["A"]

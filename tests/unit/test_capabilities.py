@@ -24,6 +24,8 @@ NEW = Capabilities(version="0.33.0", priority=True, spec_decode=True,
                            "reset_running_requests", "pause", "resume"),
                    structured_outputs=True, structured_outputs_field="structured_outputs",
                    structured_backends=("xgrammar", "guidance"),
+                   reasoning_parser_field="StructuredOutputsConfig.reasoning_parser",
+                   reasoning_parsers=("deepseek_r1", "qwen3"),
                    preprocess_errors_per_request=True, kv_connectors=True,
                    kv_load_failures=("invalid_block_ids", "failed_recving"))
 
@@ -39,6 +41,8 @@ def test_round_trip_through_json_and_the_cache(tmp_path):
     assert (back.structured_outputs_field, back.structured_backends) == (
         "structured_outputs", ("xgrammar", "guidance"))
     assert Capabilities.from_dict(OLD.to_dict()).structured_outputs_field is None
+    assert (back.reasoning_parser_field, back.reasoning_parsers) == (
+        "StructuredOutputsConfig.reasoning_parser", ("deepseek_r1", "qwen3"))
     save(tmp_path, NEW)
     assert load(tmp_path, "0.33.0") == NEW
     assert load(tmp_path, "0.9.2") is None
@@ -129,3 +133,47 @@ def test_mamba_cache_modes_are_read_from_cache_configs_annotation():
     assert _mamba_cache_modes(adapter_with({"block_size": int})) == ()  # releases before it
     assert _mamba_cache_modes(adapter_with({"mamba_cache_mode": 'Literal["align", "none"]'})) \
         == ("align",)  # a postponed annotation, read from its text
+
+
+def test_the_reasoning_parser_field_is_the_one_the_managers_source_reads(tmp_path, monkeypatch):
+    """``reasoning_parser_field``: the config field a release's StructuredOutputManager reads
+    (found in its source, not by version), with the names its ReasoningParserManager registers
+    (eager and lazy); none where the manager reads no parser (0.8.x) or there is none."""
+    import types
+
+    from vllm_repro.engine.adapter import capability_probes
+
+    pkg = tmp_path / "fakevllm_so"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "so.py").write_text(
+        "class Old:\n"
+        "    def __init__(self, vllm_config):\n"
+        "        name = vllm_config.decoding_config.reasoning_backend\n"
+        "class New:\n"
+        "    def __init__(self, vllm_config):\n"
+        "        name = (\n            self.vllm_config.structured_outputs_config.reasoning_parser\n        )\n"
+        "class NoReasoning:\n"
+        "    def __init__(self, vllm_config):\n"
+        "        self.backend = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from fakevllm_so import so
+
+    manager = types.SimpleNamespace(reasoning_parsers={"qwen3": object},
+                                    lazy_parsers={"deepseek_r1": ("m", "C")})
+    monkeypatch.setattr(capability_probes, "_try_import", lambda *names: manager)
+    fields = {"StructuredOutputsConfig": {"backend", "reasoning_parser"},
+              "DecodingConfig": {"backend", "reasoning_backend"}}
+
+    def adapter(som, *classes):
+        return types.SimpleNamespace(StructuredOutputManager=som,
+                                     config_fields=lambda c: fields[c] if c in classes else set())
+
+    assert capability_probes._reasoning_parsers(adapter(so.New, "StructuredOutputsConfig")) == (
+        "StructuredOutputsConfig.reasoning_parser", ("deepseek_r1", "qwen3"))
+    assert capability_probes._reasoning_parsers(adapter(so.Old, "DecodingConfig"))[0] == \
+        "DecodingConfig.reasoning_backend"
+    # 0.8.x: DecodingConfig has reasoning_backend, but the V1 manager never reads it
+    assert capability_probes._reasoning_parsers(adapter(so.NoReasoning, "DecodingConfig")) == (None, ())
+    assert capability_probes._reasoning_parsers(adapter(None)) == (None, ())
+    assert "reads no reasoning parser" in OLD.refusal("reasoning parser")

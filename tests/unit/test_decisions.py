@@ -106,3 +106,30 @@ def test_bad_step_expectations_are_refused(bad, words):
 def test_bad_stats_expectations_are_refused(bad, words):
     with pytest.raises(ValueError, match=words):
         scenario(fixed={"outcome": "clean", "stats": [bad]})
+
+
+def test_sampled_tokens_and_reasoning_ended_are_judged_on_the_trace():
+    """``expect.steps``' ``sampled`` (the tokens a structured-output request sampled through
+    its bitmask) and ``reasoning_ended`` (the release's flag after the step, absent: false)."""
+    sc = Scenario.model_validate({
+        "name": "s", "level": "engine-core", "vllm": {"reproduces_on": ["0.33.0"]},
+        "config": {"num_gpu_blocks": 8, "reasoning_parser": "deepseek_r1"},
+        "requests": [{"id": "A", "prompt_len": 4, "structured_outputs": {"regex": "[0-9]+"}}],
+        "expect": {"outcome": "clean", "steps": [
+            {"at_step": 2, "sampled": {"A": [4]}, "reasoning_ended": {"A": False}},
+            {"at_step": 3, "sampled": {"A": [356]}, "reasoning_ended": {"A": True}}]}})
+    res = RunResult("clean", steps=3, finished={"A": "FINISHED_STOPPED"}, unfinished=[])
+    held = [TraceLine(1, sampled={"A": [355]}, reasoning_ended={"A": None}),
+            TraceLine(2, sampled={"A": [4]}, reasoning_ended={"A": False}),
+            TraceLine(3, sampled={"A": [356]}, reasoning_ended={"A": True})]
+    v = judge(sc, "0.33.0", res, held)
+    assert v.ok is True, v.reason
+    # the grammar applied from the first token: t4 gave way to a digit, nothing latched
+    applied = [TraceLine(1, sampled={"A": [285]}), TraceLine(2, sampled={"A": [285]}),
+               TraceLine(3, sampled={"A": [2]})]
+    v = judge(sc, "0.33.0", res, applied)
+    assert v.ok is False
+    assert "step 2: A sampled [285], not [4]" in v.reason
+    assert "step 3: A's reasoning_ended is false, not true" in v.reason
+    v = judge(sc, "0.33.0", res, [TraceLine(1), TraceLine(2), TraceLine(3)])
+    assert "step 2: A sampled nothing through a grammar bitmask, not [4]" in v.reason

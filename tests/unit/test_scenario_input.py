@@ -89,6 +89,13 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
     (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, num_speculative_tokens: 2}"
       "\nmodel: {spec_decode: {propose: {A: [1, 3]}}}"),
      "model.spec_decode.propose.A", "3 drafts, over config.num_speculative_tokens 2"),
+    # the reasoning parser: a name (a string), read by the engine's StructuredOutputManager
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, reasoning_parser: 5}"),
+     "config.reasoning_parser", "valid string"),
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, reasoning_parser: 'r1; x'}"),
+     "config.reasoning_parser", "should match pattern"),
+    (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, reasoning_parser: qwen3}"),
+     "config.reasoning_parser", "add `level: engine-core`"),
 ])
 def test_bad_field_is_one_line_naming_file_and_field(tmp_path, mutation, field, words):
     old, new = mutation

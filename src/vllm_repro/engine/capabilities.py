@@ -18,7 +18,8 @@ from pathlib import Path
 
 #: the scenario features a release may refuse, with what a refusal says (``refusal()``)
 FEATURES = ("priority", "spec decode", "empty outputs", "async scheduling", "kv cache groups",
-            "engine-core", "kv connectors", "engine core process", "data parallel engine cores")
+            "engine-core", "kv connectors", "engine core process", "data parallel engine cores",
+            "reasoning parser")
 #: where a release's ``KVCacheBlock`` may keep its hash / the tokens it covers, in probe order
 BLOCK_HASH_FIELDS = ("_block_hash", "block_hash")
 BLOCK_HASH_TOKENS_FIELDS = ("_block_hash_num_tokens", "block_hash_num_tokens")
@@ -91,6 +92,15 @@ class Capabilities:
     structured_outputs: bool = False
     structured_outputs_field: str | None = None
     structured_backends: tuple[str, ...] = ()
+    #: the config field the release's ``StructuredOutputManager`` reads its reasoning parser's
+    #: name from (``StructuredOutputsConfig.reasoning_parser``; ``DecodingConfig.
+    #: reasoning_backend`` on 0.9/0.10-era releases), where it builds one from vLLM's
+    #: ``ReasoningParserManager`` to hold the grammar back until reasoning ends; None where it
+    #: reads none (no reasoning in ``vllm/v1/structured_output``: the 0.8 line)
+    reasoning_parser_field: str | None = None
+    #: the names that ``ReasoningParserManager`` registers (eagerly or lazily), what
+    #: ``config.reasoning_parser`` may be
+    reasoning_parsers: tuple[str, ...] = ()
     preprocess_errors_per_request: bool = False
     kv_connectors: bool = False
     kv_load_failures: tuple[str, ...] = ()
@@ -167,6 +177,10 @@ class Capabilities:
             f"vLLM {v} has no DPEngineCoreProc with its own run_busy_loop and "
             "_has_global_unfinished_reqs behind a DPLBAsyncMPClient (vllm/v1/engine/core.py, "
             "core_client.py); drop config.data_parallel_size on this release",
+            "reasoning parser": None if self.reasoning_parser_field else
+            f"vLLM {v}'s StructuredOutputManager reads no reasoning parser (no "
+            "ReasoningParserManager in vllm/v1/structured_output: the grammar applies from the "
+            "first token)",
             "kv connectors": None if self.kv_connectors else
             f"vLLM {v} has no V1 KV connector seam the lab can script (a KVConnectorFactory "
             "taking registrations, a scheduler that builds the connector from "

@@ -57,6 +57,8 @@ class EngineCoreLoop(StepLoop):
         if not a.caps.engine_core:
             raise LevelMissing("engine-core", a.caps.refusal("engine-core"))
         self._structured = any(r.structured_outputs for r in self.requests)
+        #: a reasoning parser configured: each step's line records where it left the requests
+        self._reasoning = bool(self._structured and cfg.get("reasoning_parser"))
         if self._structured and not a.caps.structured_outputs:
             raise RefusedByRelease(f"requests[].structured_outputs: vLLM {a.version} has no V1 "
                                    "StructuredOutputManager (vllm/v1/structured_output)")
@@ -77,7 +79,8 @@ class EngineCoreLoop(StepLoop):
 
             check_rpc_timeout(a.version, self.topology)
         vllm_config, _ = self._config_or_refusal(
-            lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured))
+            lambda: a.build_vllm_config(build_cfg, load_tokenizer=self._structured
+                                        or bool(cfg.get("reasoning_parser"))))
         want = cfg.get("max_concurrent_batches")
         if want is not None and a.caps.batch_queue_from_config:
             # the release sizes its batch queue from VllmConfig.max_concurrent_batches, a
@@ -315,6 +318,11 @@ class EngineCoreLoop(StepLoop):
         def observed_update(sched_out, *args, **kwargs):
             loop._phase = "update_from_output"
             out = update(sched_out, *args, **kwargs)
+            if loop._reasoning:  # where the release's reasoning parser left each request
+                ended = loop._lab(state.reasoning_ended, sched.requests,
+                                  list(sched_out.num_scheduled_tokens))
+                if ended:
+                    loop._line.reasoning_ended = {**(loop._line.reasoning_ended or {}), **ended}
             loop._updated_so.append(sched_out)
             loop._applied_from.append(loop._so_step.pop(id(sched_out), None))
             loop._phase = "step"
@@ -379,6 +387,9 @@ class EngineCoreLoop(StepLoop):
             getattr(self.vllm_config.cache_config, "num_gpu_blocks", None),
             getattr(engine, "batch_queue_size", 1),
             getattr(engine.step_fn, "__name__", str(engine.step_fn)), type(self.scheduler).__name__)
+        if self.cfg.get("reasoning_parser"):
+            result.engine.reasoning_parser = state.reasoning_parser_class(
+                getattr(engine, "structured_output_manager", None))
         if self.ranks is not None:
             result.engine.topology = self.topology.describe()
             result.engine.executor = type(engine.model_executor).__name__

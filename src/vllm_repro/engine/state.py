@@ -401,7 +401,9 @@ def per_request_owners(scheduler) -> list[tuple[str, object]]:
     connector (``Scheduler.connector``, ``vllm/distributed/kv_transfer``), with the objects of
     vLLM's (or the lab's) own classes those two hold directly (a connector's scheduler half,
     ``connector_scheduler``; a grammar backend; not a tokenizer, whose vocabulary is keyed by
-    strings). Found by attribute, whichever exist."""
+    strings, nor the manager's reasoning parser, a ``ReasoningParser`` holding that vocabulary
+    (``reasoner.vocab``, 0.9 to 0.11): a key ``A`` there is the token, not request A).
+    Found by attribute, whichever exist."""
     out: list[tuple[str, object]] = [("Scheduler", scheduler)]
     kvm = getattr(scheduler, "kv_cache_manager", None)
     if kvm is not None:
@@ -419,9 +421,16 @@ def per_request_owners(scheduler) -> list[tuple[str, object]]:
             continue
         out.append((label, obj))
         for name, val in _attrs(obj):
-            if _is_plain_object(val) and type(val).__module__.split(".")[0] in _OWN_PACKAGES:
+            if _is_plain_object(val) and type(val).__module__.split(".")[0] in _OWN_PACKAGES \
+                    and not _is_reasoning_parser(val):
                 out.append((f"{label}.{name}", val))
     return out
+
+
+def _is_reasoning_parser(val) -> bool:
+    """An instance of vLLM's ``ReasoningParser`` (``vllm/reasoning/abs_reasoning_parsers.py``;
+    by class name in its MRO, nothing imported)."""
+    return any(k.__name__ == "ReasoningParser" for k in type(val).__mro__)
 
 
 def _attrs(obj) -> list[tuple[str, object]]:
@@ -544,6 +553,32 @@ def grammar_pending(req) -> bool:
     if ready is None:
         ready = getattr(sor, "grammar", None) is not None
     return not ready
+
+
+def reasoning_parser_class(manager) -> str | None:
+    """The name of vLLM's reasoning parser class the ``StructuredOutputManager`` built from
+    the config: its ``reasoner_cls`` (0.26+: a parser per request is built from it), else the
+    class of the ``reasoner`` it holds (0.9 to 0.11); None where it has neither."""
+    cls = getattr(manager, "reasoner_cls", None)
+    if cls is None and getattr(manager, "reasoner", None) is not None:
+        cls = type(manager.reasoner)
+    return getattr(cls, "__name__", None)
+
+
+def reasoning_ended(requests, ids) -> dict[str, bool | None]:
+    """Request id -> the release's own ``StructuredOutputRequest.reasoning_ended`` of each
+    structured-output request of ``ids`` still in ``requests`` (the scheduler's ``requests``):
+    None before the manager first looked (``should_fill_bitmask`` / ``_get_constraint_bounds``
+    read the prompt then), False while the request reasons (its grammar held back), True once
+    the reasoning parser saw the end (``should_advance`` / ``accept_tokens`` latch it; the
+    grammar advances from there). Requests without a structured-output request are left out."""
+    out: dict[str, bool | None] = {}
+    for rid in ids:
+        sor = getattr(requests.get(rid), "structured_output_request", None)
+        if sor is not None and hasattr(sor, "reasoning_ended"):
+            value = sor.reasoning_ended
+            out[rid] = None if value is None else bool(value)
+    return out
 
 
 def stall_message(scheduler, unfinished: list[str], waiting: list[str] | None,

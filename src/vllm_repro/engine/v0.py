@@ -458,14 +458,16 @@ class EngineConfigs:
 
 
 def _max_token_id(model_dir: Path) -> int:
-    """The highest id of the packaged tokenizer's vocabulary (``tokenizer.json``, its model's
-    ``vocab`` and added tokens). Raises :class:`AdapterError` when it cannot be read."""
+    """The highest id of the packaged tokenizer's base vocabulary (``tokenizer.json``, its
+    model's ``vocab``: the special tokens and ``t4``.. the printable characters). The added
+    tokens above it (``<think>``, ``</think>``, for the reasoning parsers) are left out: a
+    prompt folded into this range never holds them. Raises :class:`AdapterError` when it
+    cannot be read."""
     import json
 
     try:
         tok = json.loads((model_dir / "tokenizer.json").read_text())
         ids = list((tok.get("model") or {}).get("vocab", {}).values())
-        ids += [t["id"] for t in tok.get("added_tokens", ())]
         return max(ids)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise AdapterError(f"the packaged tokenizer {model_dir / 'tokenizer.json'} cannot be "

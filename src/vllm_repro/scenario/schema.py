@@ -253,6 +253,13 @@ class SchedulerSettings(Strict):
     #: batch past it (``engine/drafter.py``)
     speculative_max_model_len: PosInt | None = None
     async_scheduling: bool = False
+    #: ``level: engine-core``: the reasoning parser the engine's ``StructuredOutputManager``
+    #: builds from vLLM's ``ReasoningParserManager`` (``--reasoning-parser``; vLLM's
+    #: ``StructuredOutputsConfig.reasoning_parser``, which the adapter hands to the field the
+    #: release reads: ``DecodingConfig.reasoning_backend`` on 0.9/0.10): a structured-output
+    #: request's grammar is held back while it reasons and applies after the end token
+    #: (``deepseek_r1`` / ``qwen3``: ``</think>``, id 356 of the packaged tokenizer)
+    reasoning_parser: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")] | None = None
     kv_cache_groups: list[KVCacheGroup] | None = None
     #: vLLM's engine argument: false (as ``vllm serve`` runs) makes the front end record every
     #: step's ``SchedulerStats`` with the release's own stat loggers (``StatLoggerManager``:
@@ -779,7 +786,10 @@ class StepExpect(Strict):
     ``scheduled`` (request id -> the exact tokens scheduled), ``not_scheduled``, ``preempted``
     (in that step; by ``preempted_by`` where given), ``not_preempted``, ``finished`` (request id
     -> ``length``, ``stop``, ``abort``, ``ignored`` or vLLM's ``FINISHED_*`` name), ``drafts``
-    (request id -> draft tokens scheduled). Judged by :mod:`vllm_repro.decisions`."""
+    (request id -> draft tokens scheduled), ``sampled`` (structured-output requests: request id
+    -> the exact token ids sampled through the grammar bitmask, the trace's ``sampled``),
+    ``reasoning_ended`` (with ``config.reasoning_parser``: request id -> the release's
+    ``reasoning_ended`` after the step). Judged by :mod:`vllm_repro.decisions`."""
 
     at_step: PosInt
     scheduled: dict[str, NonNegInt] | None = None
@@ -789,14 +799,18 @@ class StepExpect(Strict):
     not_preempted: list[str] | None = None
     finished: dict[str, str] | None = None
     drafts: dict[str, NonNegInt] | None = None
+    sampled: dict[str, list[TokenId]] | None = None
+    reasoning_ended: dict[str, bool] | None = None
 
     @model_validator(mode="after")
     def _something(self):
         given = [k for k in ("scheduled", "not_scheduled", "preempted", "not_preempted",
-                             "finished", "drafts") if getattr(self, k) is not None]
+                             "finished", "drafts", "sampled", "reasoning_ended")
+                 if getattr(self, k) is not None]
         if not given:
             raise ValueError(f"step {self.at_step}: say what to check (scheduled, not_scheduled, "
-                             "preempted, not_preempted, finished, drafts)")
+                             "preempted, not_preempted, finished, drafts, sampled, "
+                             "reasoning_ended)")
         if self.preempted_by and not self.preempted:
             raise ValueError("`preempted_by` goes with `preempted: [ids]`")
         from ..decisions import FINISH_NAMES
@@ -810,7 +824,8 @@ class StepExpect(Strict):
     def request_ids(self) -> set[str]:
         """Every request id it names."""
         return {*(self.scheduled or {}), *(self.not_scheduled or ()), *(self.preempted or ()),
-                *(self.not_preempted or ()), *(self.finished or {}), *(self.drafts or {})}
+                *(self.not_preempted or ()), *(self.finished or {}), *(self.drafts or {}),
+                *(self.sampled or {}), *(self.reasoning_ended or {})}
 
 
 class StatsExpect(Strict):
@@ -1129,6 +1144,10 @@ class Scenario(Strict):
                                      f"after this abort at step {e.at_step}; vLLM ignores an "
                                      "abort of a request it does not hold (a no-op): move the "
                                      f"abort to step {arrives[rid]} or later")
+        if self.config.reasoning_parser is not None and self.level != "engine-core":
+            raise ValueError("config.reasoning_parser applies to level: engine-core (the "
+                             "engine's StructuredOutputManager builds the parser); add `level: "
+                             "engine-core`")
         if self.level == "scheduler":
             for i, r in enumerate(self.requests):
                 if r.structured_outputs is not None:

@@ -78,6 +78,7 @@ class BuildMixin:
         configs refuse and :class:`AdapterError` when the lab cannot satisfy them."""
         c = self.config_mod
         routed = self.route_passthrough(cfg)
+        self._route_reasoning_parser(cfg, routed)
         importlib.import_module("torch")  # as vLLM imports it before its configs
         model_config = self._model_config(cfg, load_tokenizer)
         scheduler_config = self._scheduler_config(cfg, model_config, routed)
@@ -115,6 +116,70 @@ class BuildMixin:
             raise RefusedByRelease(f"config.model: {name!r} is not one of the lab's packaged model "
                                    f"configs ({', '.join(known)}); use one of them")
         return root / str(name)
+
+    def _route_reasoning_parser(self, cfg: dict[str, Any], routed: dict) -> None:
+        """``config.reasoning_parser`` put into ``routed`` under the config field the release's
+        ``StructuredOutputManager`` reads it from (:attr:`Capabilities.reasoning_parser_field`:
+        ``StructuredOutputsConfig.reasoning_parser``, or ``DecodingConfig.reasoning_backend``),
+        once vLLM's ``ReasoningParserManager`` registers the name and its parser class builds on
+        the packaged tokenizer (:meth:`_check_reasoning_parser`). In place. Raises
+        :class:`RefusedByRelease` (one line naming the field) where the release reads no
+        reasoning parser, registers no such name, or its parser cannot run on the tokenizer."""
+        name = cfg.get("reasoning_parser")
+        if not name:
+            return
+        where = self.caps.reasoning_parser_field
+        if where is None:
+            raise RefusedByRelease(f"config.reasoning_parser: {self.caps.refusal('reasoning parser')}"
+                                   "; drop it for this release")
+        cls_name, field = where.split(".", 1)
+        given = routed.get(cls_name, {}).get(field)
+        if given not in (None, "", name):
+            raise RefusedByRelease(f"config.reasoning_parser: {name!r} and config.{field}: "
+                                   f"{given!r} name two parsers for vLLM {self.version}'s "
+                                   f"{where}; keep one")
+        known = self.caps.reasoning_parsers
+        if name not in known:
+            import difflib
+
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            fix = f"did you mean {near[0]}?" if near else "use one of them"
+            raise RefusedByRelease(f"config.reasoning_parser: {name!r} is not one of vLLM "
+                                   f"{self.version}'s reasoning parsers (ReasoningParserManager: "
+                                   f"{', '.join(known)}); {fix}")
+        self._check_reasoning_parser(name)
+        routed.setdefault(cls_name, {})[field] = name
+
+    def _check_reasoning_parser(self, name: str) -> None:
+        """Build vLLM's own parser class for ``name`` (``ReasoningParserManager.
+        get_reasoning_parser``) on the packaged tokenizer, loaded as vLLM loads it
+        (``get_tokenizer``), as the ``StructuredOutputManager`` does at start-up (0.9 to 0.11)
+        or per request (later). Raises :class:`RefusedByRelease` where it cannot: the parser
+        looks for tokens the packaged tokenizer lacks (it has ``<think>`` and ``</think>``, what
+        ``deepseek_r1`` and ``qwen3`` read)."""
+        manager = _import("vllm.reasoning:ReasoningParserManager")
+        parser_cls = manager.get_reasoning_parser(name)
+        get_tokenizer = _try_import("vllm.tokenizers:get_tokenizer",
+                                    "vllm.transformers_utils.tokenizer:get_tokenizer")
+        try:
+            if get_tokenizer is not None:
+                tokenizer = get_tokenizer(str(self.model_dir))
+            else:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        except Exception as exc:  # noqa: BLE001 - the lab's tokenizer files
+            raise AdapterError(f"the packaged tokenizer in {self.model_dir} does not load: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        try:
+            parser_cls(tokenizer)
+        except Exception as exc:  # noqa: BLE001 - the parser's own refusal of the tokenizer
+            first = " ".join(str(exc).strip().splitlines()[:1])
+            raise RefusedByRelease(
+                f"config.reasoning_parser: vLLM {self.version}'s {parser_cls.__name__} cannot run "
+                f"on the lab's packaged tokenizer, whose think tokens are <think> and </think> "
+                f"({type(exc).__name__}: {first}); use a parser that reads them (deepseek_r1, "
+                "qwen3)") from None
 
     def _model_config(self, cfg: dict[str, Any], load_tokenizer: bool):
         """``ModelConfig`` on the packaged model folder ``config.model`` names (its config.json;

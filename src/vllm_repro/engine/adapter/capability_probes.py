@@ -74,6 +74,7 @@ def probe(adapter) -> Capabilities:
                      if adapter.StructuredOutputManager is not None
                      and _module_exists(f"vllm.v1.structured_output.{module}")
                      and _module_exists(lib))
+    reasoning_field, reasoning_names = _reasoning_parsers(adapter)
     return Capabilities(
         version=adapter.version,
         priority="priority" in params_of(adapter.Request)[0],
@@ -96,6 +97,8 @@ def probe(adapter) -> Capabilities:
         structured_outputs=adapter.StructuredOutputManager is not None,
         structured_outputs_field=so_field,
         structured_backends=backends,
+        reasoning_parser_field=reasoning_field,
+        reasoning_parsers=reasoning_names,
         preprocess_errors_per_request=proc is not None
         and "_handle_request_preproc_error" in proc[0],
         engine_core_proc=proc is not None and "_handle_client_request" in proc[0]
@@ -117,6 +120,33 @@ def probe(adapter) -> Capabilities:
         kv_block_hash_tokens=_block_field(BLOCK_HASH_TOKENS_FIELDS),
         notes=tuple(adapter.platform_notes),
     )
+
+
+#: where a release's ``StructuredOutputManager`` may read its reasoning parser's name, in probe
+#: order: (config class, its ``VllmConfig`` attribute, field)
+REASONING_FIELDS = (("StructuredOutputsConfig", "structured_outputs_config", "reasoning_parser"),
+                    ("DecodingConfig", "decoding_config", "reasoning_backend"))
+
+
+def _reasoning_parsers(adapter) -> tuple[str | None, tuple[str, ...]]:
+    """``(Class.field, parser names)``: the config field the release's ``StructuredOutputManager``
+    reads a reasoning parser's name from (the first of :data:`REASONING_FIELDS` the config class
+    has and the manager's source reads: ``self.vllm_config.structured_outputs_config.
+    reasoning_parser``, 0.11+; ``...decoding_config.reasoning_backend``, 0.9/0.10), and the
+    names vLLM's ``ReasoningParserManager`` registers (``reasoning_parsers``, and
+    ``lazy_parsers`` where it has them); ``(None, ())`` where the manager reads none."""
+    som = adapter.StructuredOutputManager
+    if som is None:
+        return None, ()
+    for cls_name, attr, name in REASONING_FIELDS:
+        if name in adapter.config_fields(cls_name) and _source_has(som, f"{attr}.{name}"):
+            manager = _try_import("vllm.reasoning:ReasoningParserManager")
+            if manager is None:
+                return None, ()
+            names = set(getattr(manager, "reasoning_parsers", None) or {})
+            names |= set(getattr(manager, "lazy_parsers", None) or {})
+            return f"{cls_name}.{name}", tuple(sorted(names))
+    return None, ()
 
 
 def _block_field(names: tuple[str, ...]) -> str | None:
