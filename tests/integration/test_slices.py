@@ -31,11 +31,16 @@ def _untraced(f) -> bool:
     """A scenario on a path the committed slices were traced without: a model-based drafter
     (its draft model's module, e.g. ``llama_eagle``) or vLLM's own OffloadingConnector /
     MultiConnector. On a slice such a run is the lab failure "the run left the slice" (tested
-    below), on the full tree vLLM's outcome; the full tree runs them (``--tree full``)."""
+    below), on the full tree vLLM's outcome; the full tree runs them (``--tree full``). Rank
+    processes (``distributed_executor_backend``, the catalog's PP entries #45014 / #48245 as
+    the topology scenarios) are the full tree's only: a slice refuses them naming ``--tree
+    full``."""
     d = yaml.safe_load(f.read_text()) or {}
     method = (d.get("config") or {}).get("speculative_method")
     connector = (d.get("kv_transfer_config") or {}).get("kv_connector")
-    return method in DRAFT_MODELS or connector in ("OffloadingConnector", "MultiConnector")
+    ranks = (d.get("config") or {}).get("distributed_executor_backend")
+    return method in DRAFT_MODELS or connector in ("OffloadingConnector", "MultiConnector") \
+        or ranks is not None
 
 
 def _run(cli, version, tree, reports):
