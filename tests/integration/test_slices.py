@@ -33,12 +33,15 @@ def _untraced(f) -> bool:
     MultiConnector, or a reasoning parser (``config.reasoning_parser``: its module, loaded
     lazily from 0.12, e.g. ``deepseek_r1_reasoning_parser``). On a slice such a run is the lab
     failure "the run left the slice" (tested below), on the full tree vLLM's outcome; the full
-    tree runs them (``--tree full``)."""
+    tree runs them (``--tree full``). Rank processes (``distributed_executor_backend``, the
+    catalog's PP entries #45014 / #48245 as the topology scenarios) are the full tree's only: a
+    slice refuses them naming ``--tree full``."""
     d = yaml.safe_load(f.read_text()) or {}
     config = d.get("config") or {}
     connector = (d.get("kv_transfer_config") or {}).get("kv_connector")
     return config.get("speculative_method") in DRAFT_MODELS or config.get("reasoning_parser") \
-        or connector in ("OffloadingConnector", "MultiConnector")
+        or connector in ("OffloadingConnector", "MultiConnector") \
+        or config.get("distributed_executor_backend") is not None
 
 
 def _run(cli, version, tree, reports):

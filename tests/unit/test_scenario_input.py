@@ -35,6 +35,21 @@ def test_good_scenario_loads_with_vllm_defaults(tmp_path):
     assert sc.requests[1].at_step == 2
 
 
+def test_async_scheduling_null_leaves_it_to_the_release_and_a_word_is_refused(tmp_path):
+    """``async_scheduling: null`` is vLLM's own default (None: VllmConfig decides, as ``vllm
+    serve`` without the flag); unset it stays the lab's false; anything but a bool or null is
+    refused naming the field (catalog #45014 / #48245 run with null)."""
+    sc = load_scenario(write(tmp_path, GOOD.replace(
+        "config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, async_scheduling: null}")))
+    assert sc.config.async_scheduling is None
+    assert load_scenario(write(tmp_path, GOOD)).config.async_scheduling is False
+    p = write(tmp_path, GOOD.replace("config: {num_gpu_blocks: 8}",
+                                     "config: {num_gpu_blocks: 8, async_scheduling: maybe}"))
+    with pytest.raises(InputError) as info:
+        load_scenario(p)
+    assert "config.async_scheduling" in str(info.value) and "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("mutation, field, words", [
     (("config: {num_gpu_blocks: 8}", "config: {num_gpu_blocks: 8, Num-Blocks: 3}"),
      "config", "not a vLLM config field name"),

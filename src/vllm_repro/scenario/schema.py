@@ -252,7 +252,10 @@ class SchedulerSettings(Strict):
     #: release caps the draft model config's length with it, and its runner stops drafting for a
     #: batch past it (``engine/drafter.py``)
     speculative_max_model_len: PosInt | None = None
-    async_scheduling: bool = False
+    #: vLLM's ``SchedulerConfig.async_scheduling``: false (the lab's default) or true as given;
+    #: null leaves it to the release as ``vllm serve`` does without the flag (vLLM's own
+    #: ``None``, which ``VllmConfig`` resolves: on unless the config rules it out)
+    async_scheduling: bool | None = False
     #: ``level: engine-core``: the reasoning parser the engine's ``StructuredOutputManager``
     #: builds from vLLM's ``ReasoningParserManager`` (``--reasoning-parser``; vLLM's
     #: ``StructuredOutputsConfig.reasoning_parser``, which the adapter hands to the field the

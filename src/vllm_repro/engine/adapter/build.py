@@ -403,7 +403,12 @@ class BuildMixin:
     def _scheduler_class(self, cfg: dict[str, Any], vllm_config, spec_config) -> type:
         """The scheduler class the config selects (``AsyncScheduler`` with async scheduling),
         with the config's ``scheduler_cls`` pointing at it as ``EngineArgs`` leaves it; async
-        scheduling kept on where the CPU platform turned it off."""
+        scheduling kept on where the CPU platform turned it off. ``async_scheduling: null`` is
+        the release's own default: what ``VllmConfig`` resolved it to (on unless the config
+        rules it out, e.g. 0.33.0's V1 model runner with pipeline parallelism)."""
+        if cfg["async_scheduling"] is None:
+            cfg = {**cfg, "async_scheduling": bool(
+                getattr(vllm_config.scheduler_config, "async_scheduling", False))}
         sched_cls = self.Scheduler
         get_cls = getattr(vllm_config.scheduler_config, "get_scheduler_cls", None)
         if callable(get_cls) and not cfg["async_scheduling"]:
