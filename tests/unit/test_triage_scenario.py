@@ -216,6 +216,31 @@ def test_a_start_up_crash_drafts_an_engine_core_replay(tmp_path, monkeypatch):
         draft_scenario(report, sc)
 
 
+@pytest.mark.skipif(LOG_019 is None, reason=f"{CRASHLOGS / '019-*.log'} absent; {SHARED_HINT}")
+def test_a_data_parallel_log_drafts_the_releases_dp_shape_where_it_has_one(tmp_path, monkeypatch):
+    """Crash log 019 with its engine config saying data_parallel_size=2: the draft runs two DP
+    ranks the release's way (an engine core process each behind the asyncio client, the
+    packaged MoE config), unless the release's cached record says it has no DP engine cores;
+    then it replays one rank and says why."""
+    monkeypatch.setenv("VLLM_REPRO_CACHE", str(tmp_path))
+    log = tmp_path / "dp.log"
+    log.write_text(LOG_019.read_text().replace("data_parallel_size=1", "data_parallel_size=2"))
+    report, sc = triage_log(log)
+    text, scenario = draft_scenario(report, sc)
+    cfg = scenario.config
+    assert scenario.level == "engine-core"
+    assert cfg.model_extra["data_parallel_size"] == 2
+    assert (cfg.multiprocess_mode, cfg.asyncio_mode, cfg.model_extra.get("model")) == (
+        True, True, "mixtral-moe")
+    from vllm_repro.engine.capabilities import Capabilities, save
+
+    save(tmp_path, Capabilities(version=report.vllm_version, engine_core=True))
+    text, scenario = draft_scenario(report, sc)
+    assert "data_parallel_size" not in scenario.config.model_extra
+    assert not scenario.config.multiprocess_mode
+    assert "ran data_parallel_size 2, but" in text and "one DP rank's engine core" in text
+
+
 def test_whether_a_release_defaults_to_v1_is_read_from_its_tree_not_its_number(tmp_path, monkeypatch):
     """The draft's chunked-prefill / prefix-caching defaults follow the V1 engine where the
     release runs it by default: read from the cached tree's vllm/envs.py (VLLM_USE_V1's default,

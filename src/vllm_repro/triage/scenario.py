@@ -381,10 +381,7 @@ class _Draft:
                 found[key] = v
         dp = found.get("data_parallel_size")
         if dp is not None and self.level == "engine-core":
-            # level engine-core drives one EngineCore, not a DPEngineCoreProc per DP rank
-            found.pop("data_parallel_size")
-            self.notes.append(f"the log's engine ran data_parallel_size {dp.value}; the draft "
-                              "replays one DP rank's engine core")
+            self._data_parallel(found, dp)
         if not found:
             return
         ranks = 1
@@ -404,6 +401,36 @@ class _Draft:
             # CPU build answers 0, before they choose it
             self.c["distributed_executor_backend"] = _Val(
                 "mp", "derived", f"vLLM's default executor for {tp_pp} ranks on one node")
+
+    def _data_parallel(self, found: dict, dp: _Val) -> None:
+        """``data_parallel_size`` > 1 at level engine-core: the release's own DP shape (an
+        engine core process per DP rank, ``DPEngineCoreProc`` with its coordinator, started by
+        the asyncio ``DPLBAsyncMPClient``: ``multiprocess_mode`` and ``asyncio_mode``; the
+        packaged MoE config ``mixtral-moe``, since vLLM builds a ``DPEngineCoreProc`` only for
+        an MoE model), unless the release's cached capabilities record says it has none; then
+        (in place) the size is dropped and the draft replays one DP rank's engine core, with a
+        note."""
+        from ..engine.capabilities import load
+        from ..settings import cache_dir
+
+        caps = load(cache_dir(), self.version)
+        if caps is not None and not caps.dp_engine_core_proc:
+            found.pop("data_parallel_size")
+            self.notes.append(f"the log's engine ran data_parallel_size {dp.value}, but "
+                              f"{caps.refusal('data parallel engine cores')}: the draft replays "
+                              "one DP rank's engine core")
+            return
+        c = self.c
+        c["multiprocess_mode"] = _Val(True, "derived", f"data_parallel_size {dp.value}: an "
+                                      "engine core process per DP rank")
+        c["asyncio_mode"] = _Val(True, "derived", "vLLM's DP client is the asyncio one "
+                                 "(DPLBAsyncMPClient)")
+        c["model"] = _Val("mixtral-moe", "derived", "vLLM builds a DPEngineCoreProc per DP rank "
+                          "only for an MoE model: the lab's packaged config-only MoE")
+        if caps is None:
+            self.notes.append(f"the log's engine ran data_parallel_size {dp.value}: the draft "
+                              f"runs it; vLLM {self.version} has not run here yet, so whether it "
+                              "has DP engine cores is checked by the run")
 
     def _v0_switches(self) -> None:
         """V0's switches: chunked prefill as the log states it, else as the crash path shows it
@@ -737,4 +764,5 @@ _CONFIG_ORDER = ("block_size", "num_gpu_blocks", "num_cpu_blocks", "kv_cache_mem
                  "enable_chunked_prefill", "enable_prefix_caching", "policy",
                  "use_v2_block_manager", "num_scheduler_steps", "num_speculative_tokens",
                  "async_scheduling", "tensor_parallel_size", "pipeline_parallel_size",
-                 "data_parallel_size", "distributed_executor_backend")
+                 "data_parallel_size", "distributed_executor_backend", "multiprocess_mode",
+                 "asyncio_mode", "model")
