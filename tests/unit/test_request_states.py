@@ -57,9 +57,10 @@ def test_multi_group_writes_find_their_tensors_by_data_pointer():
     a = np.zeros((2, 3), dtype=np.int32)
     b = np.zeros((2, 5), dtype=np.int32)
     kernel = _CpuApplyWrite()
-    kernel.register(T(a))
-    kernel.register(T(b))
-    ptrs = T(np.array([T(a).data_ptr(), T(b).data_ptr()], dtype=np.uint64))
+    ta, tb = T(a), T(b)
+    kernel.register(ta)
+    kernel.register(tb)
+    ptrs = T(np.array([ta.data_ptr(), tb.data_ptr()], dtype=np.uint64))
     strides = T(np.array([3, 5], dtype=np.int64))
     kernel[(2, 1)](ptrs, strides, i32([1, 0]), i32([0, 2]), i32([9, 6, 7]), i32([1, 3]),
                    i32([0, 1]), MULTI_GROUP=True)

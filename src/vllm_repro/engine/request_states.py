@@ -52,6 +52,7 @@ Runs inside the release environment (standard library + vLLM + torch + numpy).
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 from .adapter import _try_import
@@ -87,7 +88,8 @@ class _CpuApplyWrite:
     mapped back to the tensors :meth:`register` was given."""
 
     def __init__(self):
-        self.tensors: dict[int, Any] = {}
+        # weak: a finished run's block tables are not kept alive by the module's kernel
+        self.tensors: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
     def register(self, tensor) -> None:
         self.tensors[int(tensor.data_ptr())] = tensor
