@@ -55,6 +55,8 @@ import sys
 import weakref
 from typing import Any
 
+import numpy as np
+
 from .adapter import _try_import
 from .input_batch import _mark, _params
 
@@ -77,6 +79,15 @@ def _store(flat, offset: int, values, what: str) -> None:
                            f"tensor ({flat.shape[0]} elements; on the GPU an illegal memory "
                            "access)")
     flat[offset:end] = values
+
+
+def _store_at(flat, offsets, values, what: str) -> None:
+    """``flat[offsets] = values`` (element-wise); an offset outside the tensor raises."""
+    if offsets.size and (int(offsets.min()) < 0 or int(offsets.max()) >= flat.shape[0]):
+        raise RuntimeError(f"{what}: a store at element {int(offsets.max())} falls outside "
+                           f"the tensor ({flat.shape[0]} elements; on the GPU an illegal "
+                           "memory access)")
+    flat[offsets] = values
 
 
 class _CpuApplyWrite:
@@ -117,6 +128,12 @@ class _CpuApplyWrite:
             else:
                 flat = _flat(output)
                 stride = int(output_stride)
+                if n and int(cu[n - 1]) == n:
+                    # one element per write (stage_write_elem; a decode step's one new block):
+                    # every program's store at once
+                    offsets = rows.astype(np.int64) * stride + cols
+                    _store_at(flat, offsets, values[:n], "_apply_write_kernel")
+                    return
             prev = 0
             for pid in range(n):
                 end = int(cu[pid])
@@ -144,42 +161,43 @@ class _CpuPostUpdate:
                    num_sampled, num_rejected, query_start_loc, all_token_ids,
                    all_token_ids_stride, total_len, draft_tokens, draft_tokens_out,
                    num_draft_tokens, **_):
-            slots = idx_mapping.numpy()
-            n_sampled = num_sampled.numpy()
-            n_rejected = num_rejected.numpy()
+            slots = idx_mapping.numpy().astype(np.int64)
+            live = slots >= 0
+            rows = np.flatnonzero(live)
+            slots = slots[live]
+            n_sampled = num_sampled.numpy()[live].astype(np.int64)
+            stride = int(sampled_tokens_stride)
             sampled = _flat(sampled_tokens)
-            qsl = query_start_loc.numpy() if query_start_loc is not None else None
-            computed = num_computed_tokens.numpy()
-            last = _flat(last_sampled_tokens)
+            if draft_tokens is not None:
+                k = int(num_draft_tokens)
+                drafts_in, drafts_out = _flat(draft_tokens), _flat(draft_tokens_out)
+                for i in range(k):
+                    _store_at(drafts_out, slots * k + i, drafts_in[rows * k + i],
+                              "_post_update_kernel")
             totals = total_len.numpy()
+            total = totals[slots].astype(np.int64)
             tokens = _flat(all_token_ids)
             counts = _flat(output_bin_counts) if output_bin_counts is not None else None
-            drafts_in = _flat(draft_tokens) if draft_tokens is not None else None
-            drafts_out = _flat(draft_tokens_out) if draft_tokens_out is not None else None
-            for row in range(int(grid[0])):
-                slot = int(slots[row])
-                if slot < 0:
-                    continue
-                if drafts_in is not None:
-                    k = int(num_draft_tokens)
-                    _store(drafts_out, slot * k, drafts_in[row * k:row * k + k],
-                           "_post_update_kernel")
-                total = int(totals[slot])
-                ns = int(n_sampled[row])
-                got = sampled[row * int(sampled_tokens_stride):
-                              row * int(sampled_tokens_stride) + ns]
-                if ns > 0:
-                    last[slot] = got[-1]
-                    totals[slot] = total + ns
-                _store(tokens, slot * int(all_token_ids_stride) + total, got,
-                       "_post_update_kernel")
+            token_stride = int(all_token_ids_stride)
+            for i in range(int(n_sampled.max()) if n_sampled.size else 0):
+                has = n_sampled > i
+                got = sampled[rows[has] * stride + i]
+                _store_at(tokens, slots[has] * token_stride + total[has] + i, got,
+                          "_post_update_kernel")
                 if counts is not None:
-                    for tok in got.tolist():
-                        counts[slot * int(output_bin_counts_stride) + tok] += 1
-                qlen = 0 if qsl is None else int(qsl[row + 1]) - int(qsl[row])
-                delta = qlen - int(n_rejected[row])
-                if delta:
-                    computed[slot] += delta
+                    np.add.at(counts, slots[has] * int(output_bin_counts_stride) + got, 1)
+            some = n_sampled > 0
+            _flat(last_sampled_tokens)[slots[some]] = \
+                sampled[rows[some] * stride + n_sampled[some] - 1]
+            totals[slots[some]] = total[some] + n_sampled[some]
+            if query_start_loc is None:
+                qlen = 0
+            else:
+                qsl = query_start_loc.numpy().astype(np.int64)
+                qlen = qsl[rows + 1] - qsl[rows]
+            delta = qlen - num_rejected.numpy()[live]
+            computed = num_computed_tokens.numpy()
+            computed[slots] += delta.astype(computed.dtype)
 
         return launch
 
@@ -335,28 +353,39 @@ class ReleaseRequestStates:
             raise
 
     def _after_sample(self, so, req_ids, sampled) -> None:
-        torch, rs = self._torch, self.req_states
+        torch, rs, left_out = self._torch, self.req_states, self._left_out
         index_of = rs.req_id_to_index
-        scheduled = so.num_scheduled_tokens
+        n = len(req_ids)
+        if left_out:
+            slots = [-1 if rid in left_out else index_of[rid] for rid in req_ids]
+        else:
+            slots = list(map(index_of.__getitem__, req_ids))  # KeyError as in the runner
+        counts = np.fromiter(map(len, sampled), dtype=np.int32, count=n)
+        width = max(1, int(counts.max()) if n else 1)
+        if width == 1:
+            rows = np.fromiter((t[0] if t else 0 for t in sampled), dtype=np.int64, count=n)
+        else:
+            rows = np.zeros((n, width), dtype=np.int64)
+            for i, toks in enumerate(sampled):
+                rows[i, :len(toks)] = toks
         spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
-        width = max(1, max((len(t) for t in sampled), default=1))
-        slots, counts, rejected, starts = [], [], [], [0]
-        rows = []
-        for rid, toks in zip(req_ids, sampled):
-            slot = -1 if rid in self._left_out else index_of[rid]
-            slots.append(slot)
-            n = len(toks)
-            counts.append(n)
-            rejected.append(len(spec.get(rid, ())) + 1 - n if n else 0)
-            starts.append(starts[-1] + int(scheduled.get(rid, 0)))
-            rows.append(list(toks) + [0] * (width - n))
-        i32 = torch.int32
-        self._post_update(torch.tensor(slots, dtype=torch.int64), rs.num_computed_tokens.gpu,
-                          rs.last_sampled_tokens, None,
-                          torch.tensor(rows, dtype=torch.int64).reshape(len(rows), width),
-                          torch.tensor(counts, dtype=i32), torch.tensor(rejected, dtype=i32),
-                          torch.tensor(starts, dtype=i32), rs.all_token_ids.gpu,
-                          rs.total_len.gpu)
+        if spec:
+            # the row's logits (its drafts + 1) less what it sampled; a partial prefill
+            # (nothing sampled) rejects nothing
+            drafts = np.fromiter((len(spec.get(rid, ())) for rid in req_ids), dtype=np.int32,
+                                 count=n)
+            rejected = np.where(counts > 0, drafts + 1 - counts, 0).astype(np.int32)
+        else:
+            rejected = np.zeros(n, dtype=np.int32)
+        scheduled = so.num_scheduled_tokens
+        starts = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(np.fromiter((scheduled.get(rid, 0) for rid in req_ids), dtype=np.int32,
+                              count=n), out=starts[1:])
+        self._post_update(torch.from_numpy(np.asarray(slots, dtype=np.int64)),
+                          rs.num_computed_tokens.gpu, rs.last_sampled_tokens, None,
+                          torch.from_numpy(rows.reshape(n, width)), torch.from_numpy(counts),
+                          torch.from_numpy(rejected), torch.from_numpy(starts),
+                          rs.all_token_ids.gpu, rs.total_len.gpu)
 
     def retract(self, req_id: str, n: int) -> None:
         """``n`` of ``req_id``'s last tokens taken back: the lab's grammar step rejected them
