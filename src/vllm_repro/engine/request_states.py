@@ -417,6 +417,9 @@ def build(scheduler, num_spec_tokens: int = 0, note=None) -> ReleaseRequestState
     tables_cls = _try_import("vllm.v1.worker.gpu.block_table:BlockTables")
     post_update = _try_import("vllm.v1.worker.gpu.input_batch:post_update")
     if state_cls is None or tables_cls is None or post_update is None:
+        note("the release has neither V1's InputBatch (vllm/v1/worker/gpu_input_batch.py) nor "
+             "the V2 runner's RequestState / BlockTables / post_update (vllm/v1/worker/gpu/): "
+             "the worker-side state is the lab's PersistentBatch")
         return None
     kernel = install_cpu_kernels(note)
     if kernel is None:
