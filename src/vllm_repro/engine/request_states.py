@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -357,13 +358,17 @@ class ReleaseRequestStates:
         index_of = rs.req_id_to_index
         n = len(req_ids)
         if left_out:
-            slots = [-1 if rid in left_out else index_of[rid] for rid in req_ids]
-        else:
-            slots = list(map(index_of.__getitem__, req_ids))  # KeyError as in the runner
+            slots = np.fromiter((-1 if rid in left_out else index_of[rid] for rid in req_ids),
+                                dtype=np.int64, count=n)
+        else:  # KeyError as in the runner's req_id_to_index lookups
+            slots = np.fromiter(map(index_of.__getitem__, req_ids), dtype=np.int64, count=n)
         counts = np.fromiter(map(len, sampled), dtype=np.int32, count=n)
         width = max(1, int(counts.max()) if n else 1)
         if width == 1:
-            rows = np.fromiter((t[0] if t else 0 for t in sampled), dtype=np.int64, count=n)
+            rows = np.zeros(n, dtype=np.int64)
+            some = counts > 0
+            rows[some] = np.fromiter(chain.from_iterable(sampled), dtype=np.int64,
+                                     count=int(some.sum()))
         else:
             rows = np.zeros((n, width), dtype=np.int64)
             for i, toks in enumerate(sampled):
@@ -379,9 +384,9 @@ class ReleaseRequestStates:
             rejected = np.zeros(n, dtype=np.int32)
         scheduled = so.num_scheduled_tokens
         starts = np.zeros(n + 1, dtype=np.int32)
-        np.cumsum(np.fromiter((scheduled.get(rid, 0) for rid in req_ids), dtype=np.int32,
-                              count=n), out=starts[1:])
-        self._post_update(torch.from_numpy(np.asarray(slots, dtype=np.int64)),
+        np.cumsum(np.fromiter(map(scheduled.__getitem__, req_ids), dtype=np.int32, count=n),
+                  out=starts[1:])
+        self._post_update(torch.from_numpy(slots),
                           rs.num_computed_tokens.gpu, rs.last_sampled_tokens, None,
                           torch.from_numpy(rows.reshape(n, width)), torch.from_numpy(counts),
                           torch.from_numpy(rejected), torch.from_numpy(starts),
