@@ -163,10 +163,14 @@ class _CpuPostUpdate:
                    all_token_ids_stride, total_len, draft_tokens, draft_tokens_out,
                    num_draft_tokens, **_):
             slots = idx_mapping.numpy().astype(np.int64)
+            n_sampled = num_sampled.numpy().astype(np.int64)
+            rejected = num_rejected.numpy()
             live = slots >= 0
-            rows = np.flatnonzero(live)
-            slots = slots[live]
-            n_sampled = num_sampled.numpy()[live].astype(np.int64)
+            if live.all():  # the usual batch: every row has a slot
+                rows = np.arange(slots.shape[0])
+            else:
+                rows = np.flatnonzero(live)
+                slots, n_sampled, rejected = slots[live], n_sampled[live], rejected[live]
             stride = int(sampled_tokens_stride)
             sampled = _flat(sampled_tokens)
             if draft_tokens is not None:
@@ -196,7 +200,7 @@ class _CpuPostUpdate:
             else:
                 qsl = query_start_loc.numpy().astype(np.int64)
                 qlen = qsl[rows + 1] - qsl[rows]
-            delta = qlen - num_rejected.numpy()[live]
+            delta = qlen - rejected
             computed = num_computed_tokens.numpy()
             computed[slots] += delta.astype(computed.dtype)
 
@@ -272,9 +276,9 @@ class ReleaseRequestStates:
 
     # ---- GPUModelRunner.execute_model's state updates -----------------------------------
     def update(self, step: int, scheduled_ids, finished_ids=(), scheduler_output=None) -> None:
-        """``finish_requests``, ``free_states``, ``add_requests``, ``update_requests``,
-        ``block_tables.apply_staged_writes()`` and ``gather_batch_req_state``'s slot lookup
-        for ``scheduler_output``. Raises what the release's classes raise, marked with
+        """``finish_requests``, ``free_states``, ``add_requests``, ``update_requests`` and
+        ``block_tables.apply_staged_writes()`` for ``scheduler_output``. Raises what the
+        release's classes raise, marked with
         :data:`~vllm_repro.engine.input_batch.WORKER_STATE_ATTR`."""
         self._so = scheduler_output
         if scheduler_output is None:
@@ -330,17 +334,16 @@ class ReleaseRequestStates:
             computed_np[index] = num_computed
             if new_block_ids is not None:
                 bt.append_block_ids(index, new_block_ids, overwrite=False)
-        __import__("numpy").minimum(computed_np, rs.prefill_len.np,
-                                    out=rs.num_computed_prefill_tokens)
+        np.minimum(computed_np, rs.prefill_len.np, out=rs.num_computed_prefill_tokens)
         bt.apply_staged_writes()
-        # gather_batch_req_state: every scheduled request's slot
-        for rid in so.num_scheduled_tokens:
-            if rid not in left_out:
-                index_of[rid]
+        # gather_batch_req_state's slot lookup of every scheduled request is after_sample's
+        # (the same req_id_to_index[req_id], in the same lab step: phase execute_model)
 
     # ---- GPUModelRunner.postprocess_sampled ---------------------------------------------
     def after_sample(self, req_ids: list[str], sampled: list[list[int]]) -> None:
-        """``post_update`` (the release's function; its kernel :class:`_CpuPostUpdate`) for
+        """``gather_batch_req_state``'s slot lookup (``req_id_to_index[req_id]`` for every
+        scheduled request: ``KeyError`` for one the runner holds no state for), then
+        ``post_update`` (the release's function; its kernel :class:`_CpuPostUpdate`) for
         the batch: a row with no tokens (``[]``) is a partial prefill (nothing sampled,
         nothing rejected); else ``num_rejected`` is its logits (its scheduled drafts + 1) less
         its sampled tokens, and its query length is its scheduled count."""
