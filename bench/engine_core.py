@@ -16,9 +16,10 @@ engine-core steps/s >= 0.8 x scheduler steps/s.
     python bench/engine_core.py --worker-state      # the release's InputBatch vs PersistentBatch
 
 ``--worker-state`` compares, at ``--level`` (default engine-core), the release's own worker-side
-state (V1 ``InputBatch``, :mod:`vllm_repro.engine.input_batch`) with the lab's
+state (V1 ``InputBatch``, :mod:`vllm_repro.engine.input_batch`; from 0.34.0 the V2 runner's
+``RequestState`` + ``BlockTables``, :mod:`vllm_repro.engine.request_states`) with the lab's
 ``PersistentBatch`` on the same workload, each in its own worker process. Goal (issue #45):
-InputBatch steps/s >= 0.8 x PersistentBatch steps/s.
+the release's state steps/s >= 0.8 x PersistentBatch steps/s.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def worker_state(args) -> None:
     best = dict.fromkeys(modes, 0.0)
     best_cpu = dict.fromkeys(modes, 0.0)
     steps = dict.fromkeys(modes, 0)
+    kinds = dict.fromkeys(modes, "")
     with tempfile.TemporaryDirectory(prefix="bench-worker-state-") as tmp:
         workers = {m: Worker(env, Path(tmp) / f"engine-{m}.log",
                              extra_env={"VLLM_REPRO_WORKER_STATE": m}) for m in modes}
@@ -63,6 +65,7 @@ def worker_state(args) -> None:
                         sys.exit(f"{m} run failed: {res.outcome} "
                                  f"{res.error or res.crash or res.stall}")
                     steps[m] = res.steps
+                    kinds[m] = (res.worker_state or m).split(" (")[0]
                     best[m] = max(best[m], res.timing.steps_per_s)
                     if res.timing.run_cpu_s:
                         best_cpu[m] = max(best_cpu[m], res.steps / res.timing.run_cpu_s)
@@ -77,13 +80,12 @@ def worker_state(args) -> None:
     for line in notes.splitlines():
         if "vllm-repro: note:" in line:
             print("  " + line.strip())
-    print("  worker state      steps   wall clock        CPU time")
+    print(f"  {'worker state':<26}  steps   wall clock        CPU time")
     for m in modes:
-        label = "PersistentBatch" if m == "lab" else "InputBatch"
-        print(f"  {label:<15} {steps[m]:6d} {best[m]:8.1f} steps/s {best_cpu[m]:8.1f} steps/s")
+        print(f"  {kinds[m]:<26} {steps[m]:6d} {best[m]:8.1f} steps/s {best_cpu[m]:8.1f} steps/s")
     ratio = best["vllm"] / best["lab"]
     ratio_cpu = best_cpu["vllm"] / best_cpu["lab"] if best_cpu["lab"] else float("nan")
-    print(f"  InputBatch / PersistentBatch: {ratio:.2f} (wall), {ratio_cpu:.2f} (CPU)   "
+    print(f"  {kinds['vllm']} / {kinds['lab']}: {ratio:.2f} (wall), {ratio_cpu:.2f} (CPU)   "
           "(goal >= 0.8)")
 
 

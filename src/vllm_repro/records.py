@@ -425,6 +425,9 @@ class RunResult(Record):
     ``tree`` which tree ran: ``full`` (the sdist's), ``slice`` (a committed slice proven
     equivalent to it: docs/slices.md) or ``installed`` (an installed vLLM); ``warm`` whether
     the worker was forked by a warm parent (docs/warm-runs.md) rather than started cold.
+    ``worker_state`` which worker-side request state the fake worker drove (docs/levels.md):
+    the release's ``InputBatch (...)``, its V2 runner's ``RequestState + BlockTables (...)``,
+    or the lab's ``PersistentBatch (...)``; None where no fake runner ran (``v0-engine``).
     ``planted`` (tests only) names a fault planted into vLLM; ``faults`` the rank faults that
     fired (``events[].fault``, multi-process ranks); ``engine_log`` the worker's log;
     ``verdict`` the host's verdict (``vllm_repro.verdict.Verdict.as_dict``), added when the
@@ -441,6 +444,7 @@ class RunResult(Record):
     tree_changes: list[str] | None = None
     tree: str | None = None
     warm: bool | None = None
+    worker_state: str | None = None
     crash: Crash | None = None
     stall: Stall | None = None
     hang: Hang | None = None

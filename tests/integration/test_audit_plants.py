@@ -332,8 +332,9 @@ def test_a_scheduled_count_of_zero(worker, tmp_path):
 
 
 def test_the_releases_own_block_table_refuses_a_row_past_its_width(worker, tmp_path):
-    """Issue #45: the worker-side state is the release's own ``InputBatch``, so new block ids
-    past a row of its ``MultiGroupBlockTable`` fail in vLLM's ``append_row`` at that step (a
+    """Issue #45: the worker-side state is the release's own ``InputBatch`` (on the V2 runner its
+    ``BlockTables``), so new block ids past a row of its ``MultiGroupBlockTable`` fail in
+    vLLM's ``append_row`` (``append_block_ids``) at that step (a
     crash with vLLM's frame), where the scheduler's books alone show nothing. Releases whose
     ``SchedulerOutput`` lists one ``CachedRequestData`` per request keep the lab's
     ``PersistentBatch`` (the plant finds no batched ``req_ids`` there and does nothing)."""
@@ -345,6 +346,8 @@ def test_the_releases_own_block_table_refuses_a_row_past_its_width(worker, tmp_p
         pytest.skip(f"{worker.hello['vllm']}: no batched scheduled_cached_reqs to plant into")
     assert res.outcome == "crash", (res.outcome, res.violations)
     assert res.crash.step == 4, res.crash
+    # V1's MultiGroupBlockTable.append_row, or (0.34 on) the V2 runner's
+    # BlockTables.append_block_ids ("exceeds row capacity")
     assert res.crash.where is not None and res.crash.where.file.endswith(
-        "v1/worker/block_table.py"), res.crash
+        ("v1/worker/block_table.py", "v1/worker/gpu/block_table.py")), res.crash
     assert res.crash.phase == "execute_model", res.crash

@@ -225,6 +225,10 @@ class PersistentBatch:
     audit to report (``WORKER_BATCH_OVERFLOW``); the request is not given a slot and the step
     goes on, so that the run's other findings are still seen."""
 
+    kind = "lab"
+    #: what ``RunResult.worker_state`` says of it
+    describe = "PersistentBatch (the lab's slot model)"
+
     def __init__(self, max_num_reqs: int | None):
         self.max_num_reqs = max_num_reqs
         self.slots: set[str] = set()

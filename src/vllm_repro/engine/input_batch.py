@@ -81,6 +81,8 @@ class ReleaseInputBatch:
     """
 
     kind = "vllm"
+    #: what ``RunResult.worker_state`` says of it
+    describe = "InputBatch (vllm/v1/worker/gpu_input_batch.py)"
 
     def __init__(self, batch, state_cls, max_model_len: int, async_scheduling: bool,
                  num_spec_tokens: int = 0):
@@ -298,11 +300,13 @@ class ReleaseInputBatch:
 
 
 def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
-          note=None) -> ReleaseInputBatch | None:
+          note=None):
     """The release's ``InputBatch`` for ``scheduler``'s config and KV cache groups, as
     ``GPUModelRunner.may_reinitialize_input_batch`` builds it (one block size and
-    ``max_num_blocks_per_req`` per group), on CPU; None (and ``note(text)``) where the release
-    has no V1 ``InputBatch`` / ``CachedRequestState`` or it does not build here."""
+    ``max_num_blocks_per_req`` per group), on CPU; where the release has no V1 ``InputBatch``
+    / ``CachedRequestState``, the V2 runner's ``RequestState`` / ``BlockTables``
+    (:func:`vllm_repro.engine.request_states.build`); None (and ``note(text)``) where neither
+    is there or builds here."""
     note = note or (lambda text: None)
     # a slice tree (slicing/slice_runtime.py, imported as _vllm_slice) cut before the worker
     # drove the release's InputBatch leaves that module out: importing it there would be a run
@@ -318,9 +322,11 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
     ib_cls = _try_import("vllm.v1.worker.gpu_input_batch:InputBatch")
     state_cls = _try_import("vllm.v1.worker.gpu_input_batch:CachedRequestState")
     if ib_cls is None or state_cls is None:
-        note("the release has no V1 InputBatch (vllm/v1/worker/gpu_input_batch.py): the "
-             "worker-side state is the lab's PersistentBatch")
-        return None
+        # no V1 InputBatch (0.34 on): the V2 runner's RequestState / BlockTables, where they
+        # import and build on CPU (request_states.build notes why not)
+        from . import request_states
+
+        return request_states.build(scheduler, num_spec_tokens, note=note)
     cached_cls = _try_import("vllm.v1.core.sched.output:CachedRequestData")
     if "req_ids" not in (getattr(cached_cls, "__dataclass_fields__", None) or {}):
         note("the release's SchedulerOutput lists one CachedRequestData per request (no "
@@ -403,8 +409,9 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
     return ReleaseInputBatch(batch, state_cls, max_model_len, async_scheduling, num_spec_tokens)
 
 
-def worker_state(scheduler, cfg: dict) -> ReleaseInputBatch | None:
-    """The worker-side state a run drives: the release's ``InputBatch`` (:func:`build`), unless
+def worker_state(scheduler, cfg: dict):
+    """The worker-side state a run drives: the release's ``InputBatch``, or on the V2 model
+    runner its ``RequestState`` / ``BlockTables`` (:func:`build`), unless
     the environment variable :data:`ENV` says ``lab`` (the lab's
     :class:`~vllm_repro.engine.fake_runner.PersistentBatch`, e.g. for ``bench/engine_core.py``'s
     comparison) or the release's classes are missing / do not build (None; the note goes to

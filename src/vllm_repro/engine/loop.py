@@ -450,6 +450,8 @@ class StepLoop:
         result.limit_reached = result.outcome == "incomplete" or (
             getattr(self, "ran_out", False) and bool(unfinished))
         result.level = self.level
+        slots = getattr(getattr(self, "runner", None), "slots", None)
+        result.worker_state = getattr(slots, "describe", None)
         result.timing = Timing(round(build_s, 4), round(run_s, 4), round(run_cpu_s, 4),
                                round(step / run_s, 1) if run_s > 0 else None)
         return result
