@@ -40,10 +40,7 @@ import sys
 from typing import Any
 
 from .adapter import _try_import
-
-#: attribute set (True) on an exception raised by the release's worker-side state: the loops
-#: re-raise it as vLLM's failure (a crash), never as a lab error
-WORKER_STATE_ATTR = "vllm_repro_worker_state"
+from .worker_marks import WORKER_STATE_ATTR, _mark, _params
 
 #: ``worker.input_batch`` values a scenario may give: the release's classes, or the lab's
 #: slot model (:class:`~vllm_repro.engine.fake_runner.PersistentBatch`)
@@ -52,21 +49,6 @@ MODES = ("vllm", "lab")
 #: the environment variable that picks the worker-side state (one of :data:`MODES`; default
 #: ``vllm``)
 ENV = "VLLM_REPRO_WORKER_STATE"
-
-
-def _params(fn) -> dict:
-    try:
-        return dict(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return {}
-
-
-def _mark(exc: BaseException) -> BaseException:
-    try:
-        setattr(exc, WORKER_STATE_ATTR, True)
-    except Exception:  # noqa: BLE001 - an exception type without a __dict__: unmarked
-        pass
-    return exc
 
 
 class ReleaseInputBatch:

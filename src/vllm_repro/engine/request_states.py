@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from .adapter import _try_import
-from .input_batch import _mark, _params
+from .worker_marks import _mark, _params
 
 #: the modules of the V2 runner this state needs
 MODULES = ("vllm.v1.worker.gpu.states", "vllm.v1.worker.gpu.block_table",
