@@ -40,7 +40,7 @@ import sys
 from typing import Any
 
 from .adapter import _try_import
-from .worker_marks import WORKER_STATE_ATTR, _mark, _params
+from .worker_marks import WORKER_STATE_ATTR, _mark, _params, scheduler_configs
 
 #: ``worker.input_batch`` values a scenario may give: the release's classes, or the lab's
 #: slot model (:class:`~vllm_repro.engine.fake_runner.PersistentBatch`)
@@ -315,15 +315,10 @@ def build(scheduler, num_spec_tokens: int = 0, async_scheduling: bool = False,
              "batched req_ids), which the lab's _update_states mirror does not read: the "
              "worker-side state is the lab's PersistentBatch")
         return None
-    vcfg = getattr(scheduler, "vllm_config", None)
-    kvc = getattr(scheduler, "kv_cache_config", None)
-    sched_cfg = getattr(scheduler, "scheduler_config", None) or getattr(vcfg, "scheduler_config",
-                                                                         None)
-    model_cfg = getattr(vcfg, "model_config", None)
-    if vcfg is None or kvc is None or sched_cfg is None or model_cfg is None:
-        note("the scheduler has no vllm_config / kv_cache_config: the worker-side state is the "
-             "lab's PersistentBatch")
+    configs = scheduler_configs(scheduler, note)
+    if configs is None:
         return None
+    vcfg, kvc, sched_cfg, model_cfg = configs
     # the fake platform reports a GPU, so vLLM's module-level PIN_MEMORY (from
     # is_pin_memory_available()) is True; on this host torch has no pinned allocator: the
     # batch's CPU tensors are built unpinned, as on the CPU platform

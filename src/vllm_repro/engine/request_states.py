@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from .adapter import _try_import
-from .worker_marks import _mark, _params
+from .worker_marks import _mark, _params, scheduler_configs
 
 #: the modules of the V2 runner this state needs
 MODULES = ("vllm.v1.worker.gpu.states", "vllm.v1.worker.gpu.block_table",
@@ -432,15 +432,10 @@ def build(scheduler, num_spec_tokens: int = 0, note=None) -> ReleaseRequestState
     kernel = install_cpu_kernels(note)
     if kernel is None:
         return None
-    vcfg = getattr(scheduler, "vllm_config", None)
-    kvc = getattr(scheduler, "kv_cache_config", None)
-    sched_cfg = getattr(scheduler, "scheduler_config", None) or getattr(vcfg, "scheduler_config",
-                                                                         None)
-    model_cfg = getattr(vcfg, "model_config", None)
-    if vcfg is None or kvc is None or sched_cfg is None or model_cfg is None:
-        note("the scheduler has no vllm_config / kv_cache_config: the worker-side state is the "
-             "lab's PersistentBatch")
+    configs = scheduler_configs(scheduler, note)
+    if configs is None:
         return None
+    vcfg, kvc, sched_cfg, model_cfg = configs
     try:
         torch = __import__("torch")
         cpu = torch.device("cpu")

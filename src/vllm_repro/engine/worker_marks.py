@@ -34,4 +34,20 @@ def _mark(exc: BaseException) -> BaseException:
     return exc
 
 
-__all__ = ["WORKER_STATE_ATTR", "_mark", "_params"]
+def scheduler_configs(scheduler, note) -> tuple | None:
+    """``(vllm_config, kv_cache_config, scheduler_config, model_config)`` of the release's
+    ``scheduler``, what the model runner sizes its worker-side state from; None (and
+    ``note(text)``) where one is missing."""
+    vcfg = getattr(scheduler, "vllm_config", None)
+    kvc = getattr(scheduler, "kv_cache_config", None)
+    sched_cfg = getattr(scheduler, "scheduler_config", None) or getattr(vcfg, "scheduler_config",
+                                                                         None)
+    model_cfg = getattr(vcfg, "model_config", None)
+    if vcfg is None or kvc is None or sched_cfg is None or model_cfg is None:
+        note("the scheduler has no vllm_config / kv_cache_config: the worker-side state is the "
+             "lab's PersistentBatch")
+        return None
+    return vcfg, kvc, sched_cfg, model_cfg
+
+
+__all__ = ["WORKER_STATE_ATTR", "_mark", "_params", "scheduler_configs"]
