@@ -178,6 +178,17 @@ def test_a_fault_without_rank_processes_is_refused_naming_the_fix(cli, tmp_path)
     assert "distributed_executor_backend: mp" in proc.stdout + proc.stderr
 
 
+def _long_rank_hang(tmp_path):
+    """The TP=2 rank-hang scenario with the hang and the RPC timeout 300 s away: a run that
+    stays in its step until it is stopped."""
+    d = yaml.safe_load((TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml").read_text())
+    d["config"]["execute_model_timeout_seconds"] = 300
+    d["events"][0]["fault"]["seconds"] = 300
+    f = tmp_path / "hang.yaml"
+    f.write_text(yaml.safe_dump(d))
+    return f
+
+
 def test_an_interrupt_while_a_rank_hangs_leaves_no_rank_process(tmp_path):
     """SIGINT to ``vllm-repro run`` while rank 1 hangs and rank 0 waits for it (the RPC timeout
     far away): exit 130, and neither the engine worker nor any rank survives."""
@@ -187,11 +198,7 @@ def test_an_interrupt_while_a_rank_hangs_leaves_no_rank_process(tmp_path):
     import sys
     import time
 
-    d = yaml.safe_load((TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml").read_text())
-    d["config"]["execute_model_timeout_seconds"] = 300
-    d["events"][0]["fault"]["seconds"] = 300
-    f = tmp_path / "hang.yaml"
-    f.write_text(yaml.safe_dump(d))
+    f = _long_rank_hang(tmp_path)
     before = lab_processes()
     proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(f), "--vllm",
                              "0.33.0", "--cold", "--reports", str(tmp_path / "r")],
@@ -224,11 +231,7 @@ def test_a_cli_killed_with_sigkill_leaves_no_worker_or_rank_behind(tmp_path):
     import sys
     import time
 
-    d = yaml.safe_load((TOPOLOGY / "tp2-rank-hang-rpc-timeout.yaml").read_text())
-    d["config"]["execute_model_timeout_seconds"] = 300
-    d["events"][0]["fault"]["seconds"] = 300
-    f = tmp_path / "hang.yaml"
-    f.write_text(yaml.safe_dump(d))
+    f = _long_rank_hang(tmp_path)
     before = lab_processes()
     proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(f), "--vllm",
                              "0.33.0", "--reports", str(tmp_path / "r")],
