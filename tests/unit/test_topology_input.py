@@ -138,3 +138,49 @@ def test_expect_steps_of_a_data_parallel_run_is_an_input_error_naming_the_field(
         load_scenario(p)
     p.write_text(p.read_text().replace("data_parallel_size: 2", "data_parallel_size: 1"))
     assert load_scenario(p).expect.steps
+
+
+DP = ("multiprocess_mode: true, asyncio_mode: true, model: mixtral-moe, "
+      "data_parallel_size: 2")
+
+
+@pytest.mark.parametrize("config, request_fields, words", [
+    (DP + ", tensor_parallel_size: 2, distributed_executor_backend: mp", "",
+     "config.data_parallel_size: 2 with config.tensor_parallel_size: 2: rank processes under "
+     "each DP rank are not built yet"),
+    (DP + ", pipeline_parallel_size: 3, distributed_executor_backend: mp", "",
+     "with config.pipeline_parallel_size: 3"),
+    (DP, ", allowed_token_ids: [100]",
+     "requests[0].allowed_token_ids with config.data_parallel_size: 2: the front door of a DP "
+     "run does not judge it yet"),
+    (DP, ", structured_outputs: {regex: '[0-9]+'}", "requests[0].structured_outputs with"),
+    (DP + ", data_parallel_size_local: 1", "", "config.data_parallel_size_local: 1: every DP "
+     "rank runs on this host"),
+    (DP + ", data_parallel_master_ip: 10.1.2.3", "", "stay on 127.0.0.1"),
+])
+def test_what_data_parallelism_does_not_run_yet_is_refused_before_any_run(
+        tmp_path, config, request_fields, words):
+    p = tmp_path / "dp.yaml"
+    p.write_text(textwrap.dedent(f"""
+        name: dp
+        level: engine-core
+        config: {{num_gpu_blocks: 64, max_model_len: 256, {config}}}
+        requests:
+          - {{id: a, prompt_len: 10, max_tokens: 4{request_fields}}}
+    """))
+    with pytest.raises(InputError) as err:
+        load_scenario(p)
+    assert words in str(err.value), str(err.value)
+
+
+def test_dp_with_events_is_refused_before_any_run(tmp_path):
+    p = write(tmp_path, config=DP, event="abort: [A]")
+    with pytest.raises(InputError, match="events are not sent through the DP client yet"):
+        load_scenario(p)
+
+
+@pytest.mark.parametrize("value", ["yes", "On", "off", "NO"])
+def test_a_quoted_yaml_1_1_boolean_is_refused_not_coerced_by_vllm(tmp_path, value):
+    p = write(tmp_path, config=f'enable_in_reasoning: "{value}"', event="abort: [A]")
+    with pytest.raises(InputError, match="write true or false"):
+        load_scenario(p)

@@ -318,6 +318,11 @@ class SchedulerSettings(Strict):
                                      f"{float(value)!r}")
                 raise ValueError(f"config.{key}: {value!r} is a quoted string; write it without "
                                  "quotes if it is a number or a boolean")
+            if isinstance(value, str) and value.strip().lower() in ("yes", "no", "on", "off"):
+                # YAML 1.1's booleans, quoted: vLLM's pydantic configs would take the text as a
+                # boolean where the field is one, silently
+                raise ValueError(f"config.{key}: {value!r} is a quoted string that vLLM's "
+                                 "config may read as a boolean; write true or false")
         from ..engine.topology import topology
 
         topology({"passthrough": extra})  # parallel sizes: positive, a bounded world
@@ -1051,6 +1056,36 @@ class Scenario(Strict):
                              "folder name); shorten it")
         return v
 
+    def _check_data_parallel(self, dp: int) -> None:
+        """What the lab's data parallelism does not run yet, refused before any run (exit 2,
+        naming the field): ranks under each DP rank (its fake workers would answer the other
+        rank's requests), events (not sent through the DP client), requests whose front door
+        answers through the engine core process (structured outputs, allowed_token_ids), a DP
+        rank off this host (``data_parallel_size_local``) and a DP address off loopback."""
+        extra = self.config.model_extra or {}
+        where = f"config.data_parallel_size: {dp}"
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if isinstance(extra.get(key), int) and extra[key] > 1:
+                raise ValueError(f"{where} with config.{key}: {extra[key]}: rank processes under "
+                                 "each DP rank are not built yet; drop one of them")
+        if self.events:
+            raise ValueError(f"{where}: events are not sent through the DP client yet; drop "
+                             "events")
+        for i, r in enumerate(self.requests):
+            for field in ("structured_outputs", "allowed_token_ids"):
+                if getattr(r, field, None) is not None:
+                    raise ValueError(f"requests[{i}].{field} with {where}: the front door of a "
+                                     "DP run does not judge it yet; drop it or "
+                                     "data_parallel_size")
+        local = extra.get("data_parallel_size_local")
+        if local is not None and local != dp:
+            raise ValueError(f"config.data_parallel_size_local: {local}: every DP rank runs on "
+                             "this host; drop it")
+        ip = extra.get("data_parallel_master_ip")
+        if ip is not None and ip != "127.0.0.1":
+            raise ValueError(f"config.data_parallel_master_ip: {ip!r}: the lab's DP group and "
+                             "coordinator stay on 127.0.0.1; drop it")
+
     @model_validator(mode="after")
     def _cross_checks(self):
         ids: set[str] = set()
@@ -1079,6 +1114,7 @@ class Scenario(Strict):
                              "EngineCoreClient.make_client has no asyncio client in process); add it")
         dp = (self.config.model_extra or {}).get("data_parallel_size")
         if self.level == "engine-core" and isinstance(dp, int) and dp > 1:
+            self._check_data_parallel(dp)
             for name, exp in (("expect", self.expect), ("fixed", self.fixed)):
                 if exp is not None and (exp.steps or exp.stats):
                     raise ValueError(f"{name}.steps / {name}.stats with config.data_parallel_size "
