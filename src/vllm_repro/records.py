@@ -224,6 +224,16 @@ class Crash(Record):
         """The trace line's copy: type, message, where and phase."""
         return Crash(self.type, self.message, self.where, phase=self.phase)
 
+    @classmethod
+    def front_door(cls, request_id: str, text: str) -> "Crash":
+        """The release's front-door refusal of one request (``RunResult.refused``: request id
+        -> ``"Type: message"``) as a refusal record, phase ``add_request``; a text with no
+        exception type before its ``": "`` is typed ``Refused``."""
+        kind, sep, rest = text.partition(": ")
+        if not sep or not re.fullmatch(r"[A-Za-z_][\w.]*", kind):
+            kind, rest = "Refused", text
+        return cls(kind, f"{request_id}: {rest}", phase="add_request")
+
 
 @dataclass
 class Stall(Record):

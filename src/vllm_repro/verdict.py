@@ -242,11 +242,7 @@ def refusal_of(result: RunResult) -> Crash | None:
     if result.outcome == "refused":
         return result.refusal
     if result.refused and result.outcome in ("clean", "incomplete"):
-        rid, text = next(iter(result.refused.items()))
-        kind, sep, rest = text.partition(": ")
-        if not sep or not re.fullmatch(r"[A-Za-z_][\w.]*", kind):
-            kind, rest = "Refused", text
-        return Crash(kind, f"{rid}: {rest}", phase="add_request")
+        return Crash.front_door(*next(iter(result.refused.items())))
     return None
 
 

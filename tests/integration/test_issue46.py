@@ -126,6 +126,32 @@ def test_vllms_refusals_are_outcome_refused_where_expected(cli, tmp_path):
     assert res["outcome"] == "clean" and res["finished"] == {"A": "FINISHED_LENGTH_CAPPED"}
 
 
+def test_a_run_whose_every_request_the_release_refused_is_not_clean(cli, tmp_path):
+    """The release's front door refuses the only request (0.34.0: an empty allowed_token_ids):
+    nothing ran and nothing was checked, so the outcome is ``refused`` with that refusal, and a
+    scenario expecting a clean run fails (exit 1); with a second request that runs, clean."""
+    text = """
+name: all-refused
+level: engine-core
+config: {num_gpu_blocks: 64, max_model_len: 256}
+requests:
+  - {id: A, prompt_len: 20, max_tokens: 5, allowed_token_ids: []}
+"""
+    (tmp_path / "a.yaml").write_text(text)
+    done = cli("run", str(tmp_path / "a.yaml"), "--vllm", "0.34.0", "--reports",
+               str(tmp_path / "r"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    res = json.loads((tmp_path / "r" / "all-refused" / "0.34.0" / "result.json").read_text())
+    assert res["outcome"] == "refused" and res["finished"] == {}
+    assert res["refusal"]["phase"] == "add_request" and "A: " in res["refusal"]["message"]
+    (tmp_path / "b.yaml").write_text(text + "  - {id: B, prompt_len: 20, max_tokens: 5}\n")
+    done = cli("run", str(tmp_path / "b.yaml"), "--vllm", "0.34.0", "--reports",
+               str(tmp_path / "r"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    res = json.loads((tmp_path / "r" / "all-refused" / "0.34.0" / "result.json").read_text())
+    assert res["outcome"] == "clean" and list(res["refused"]) == ["A"]
+
+
 def test_the_crash_page_shows_the_asserts_operands_in_a_browser(cli, tmp_path):
     """#23347 on 0.10.1.1, its page as headless Chromium renders it: the assert's statement in
     full and its operands with their values above the traceback, what schedule() had built (L

@@ -445,6 +445,11 @@ class StepLoop:
         result.unfinished = unfinished
         if result.outcome == "clean" and unfinished:
             result.outcome = "incomplete"  # the run did not finish: never clean
+        if result.outcome == "clean" and self.refused and not self.finished:
+            # the release's front door refused every request: nothing ran, nothing was checked,
+            # so never clean; its first refusal is the evidence
+            result.outcome = "refused"
+            result.refusal = Crash.front_door(*next(iter(self.refused.items())))
         # a run the audit let go on (``--keep-going``) to ``max_steps`` with requests unfinished
         # reached the limit as much as a clean one did
         result.limit_reached = result.outcome == "incomplete" or (
