@@ -221,10 +221,12 @@ def test_an_interrupt_while_a_rank_hangs_leaves_no_rank_process(tmp_path):
     assert lab_processes() - before == set()
 
 
-def test_a_cli_killed_with_sigkill_leaves_no_worker_or_rank_behind(tmp_path):
-    """SIGKILL (no handler runs) to a warm ``vllm-repro run`` while rank 1 hangs: the warm
-    parent sees the client's connection close and kills the forked worker's process group, so
-    neither the worker nor a rank is left (they used to run on, re-parented)."""
+@pytest.mark.parametrize("start", ["warm", "cold"])
+def test_a_cli_killed_with_sigkill_leaves_no_worker_or_rank_behind(tmp_path, start):
+    """SIGKILL (no handler runs) to ``vllm-repro run`` while rank 1 hangs: warm, the parent
+    sees the client's connection close and kills the forked worker's process group; cold, the
+    worker sees its starter gone and kills its own group. Neither the worker nor a rank is left
+    (they used to run on, re-parented, until the hang ended)."""
     import os
     import signal
     import subprocess
@@ -233,8 +235,9 @@ def test_a_cli_killed_with_sigkill_leaves_no_worker_or_rank_behind(tmp_path):
 
     f = _long_rank_hang(tmp_path)
     before = lab_processes()
+    cold = ["--cold"] if start == "cold" else []
     proc = subprocess.Popen([sys.executable, "-m", "vllm_repro.cli", "run", str(f), "--vllm",
-                             "0.33.0", "--reports", str(tmp_path / "r")],
+                             "0.33.0", *cold, "--reports", str(tmp_path / "r")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ), cwd=ROOT)
     deadline = time.monotonic() + 240

@@ -159,6 +159,28 @@ def _last_resort_for(reply, job: dict, adapter) -> None:
     watchdog.LAST_RESORT = last_resort
 
 
+def _die_with_starter(interval_s: float = 0.5) -> None:
+    """A daemon thread that kills this worker's whole process group (vLLM's rank and engine
+    core processes with it) once the process that started it is gone: the CLI of a cold
+    worker killed with ``SIGKILL`` runs no handler, and the worker may be blocked for minutes
+    in a step (a rank that hangs). A warm-forked worker dies with its warm parent already
+    (``PR_SET_PDEATHSIG``), and its parent kills it when its client goes away."""
+    import signal
+    import threading
+
+    starter = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == starter:
+            time.sleep(interval_s)
+        try:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        except OSError:
+            os._exit(3)
+
+    threading.Thread(target=watch, name="vllm-repro-starter-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     """The worker: a child subreaper (a process vLLM's code or a patch under test starts in
     its own session, or double-forks, is re-parented to it), which kills every process left
@@ -166,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     from .. import procs
 
     procs.make_subreaper()
+    _die_with_starter()
     try:
         return _main(argv)
     finally:
