@@ -243,11 +243,12 @@ class V0Adapter:
             kw["num_speculative_tokens"] = cfg["num_speculative_tokens"]
         lab_keys = {"num_gpu_blocks", "num_cpu_blocks", "disable_log_stats", "policy", "model",
                     "long_prefill_token_threshold", *LAB_TO_ENGINE_ARGS, *V1_ONLY,
-                    "speculative_method", "num_speculative_tokens"}
+                    "speculative_method", "num_speculative_tokens", "reasoning_parser"}
         for key, value in (cfg.get("passthrough") or {}).items():  # Scenario.child_payload
             kw[key] = value
         for key, value in cfg.items():
-            if key not in lab_keys and key != "passthrough":
+            # a lab field left unset (None) is not an EngineArgs value: the release's default
+            if key not in lab_keys and key != "passthrough" and value is not None:
                 kw[key] = value
         model = cfg.get("model", (cfg.get("passthrough") or {}).get("model"))
         kw["model"] = str(self.model_dir if model is None else self.packaged_model(model))
