@@ -157,6 +157,12 @@ DP = ("multiprocess_mode: true, asyncio_mode: true, model: mixtral-moe, "
     (DP + ", data_parallel_size_local: 1", "", "config.data_parallel_size_local: 1: every DP "
      "rank runs on this host"),
     (DP + ", data_parallel_master_ip: 10.1.2.3", "", "stay on 127.0.0.1"),
+    (DP + ", data_parallel_external_lb: true", "",
+     "config.data_parallel_external_lb: true with config.data_parallel_size: 2"),
+    (DP + ", data_parallel_rank: 1", "", "config.data_parallel_rank: 1 with"),
+    (DP + ", data_parallel_backend: ray", "", "Ray is not in the lab's release environments"),
+    (DP.replace("asyncio_mode: true, ", ""), "",
+     "add config.multiprocess_mode: true and config.asyncio_mode: true"),
 ])
 def test_what_data_parallelism_does_not_run_yet_is_refused_before_any_run(
         tmp_path, config, request_fields, words):
@@ -183,4 +189,11 @@ def test_dp_with_events_is_refused_before_any_run(tmp_path):
 def test_a_quoted_yaml_1_1_boolean_is_refused_not_coerced_by_vllm(tmp_path, value):
     p = write(tmp_path, config=f'enable_in_reasoning: "{value}"', event="abort: [A]")
     with pytest.raises(InputError, match="write true or false"):
+        load_scenario(p)
+
+
+def test_the_engine_core_process_on_vllms_cpu_platform_is_refused_before_any_run(tmp_path):
+    p = write(tmp_path, config="multiprocess_mode: true", event="abort: [A]")
+    p.write_text(p.read_text() + "platform: {name: cpu}\n")
+    with pytest.raises(InputError, match="config.multiprocess_mode with platform.name: cpu"):
         load_scenario(p)

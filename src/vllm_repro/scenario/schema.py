@@ -1064,6 +1064,21 @@ class Scenario(Strict):
         rank off this host (``data_parallel_size_local``) and a DP address off loopback."""
         extra = self.config.model_extra or {}
         where = f"config.data_parallel_size: {dp}"
+        if not self.config.asyncio_mode:
+            raise ValueError(f"{where}: data parallelism runs an engine core process per DP "
+                             "rank (the release's DPEngineCoreProc) behind vLLM's asyncio client "
+                             "(make_async_mp_client: DPLBAsyncMPClient); add "
+                             "config.multiprocess_mode: true and config.asyncio_mode: true")
+        for key, fix in (("data_parallel_external_lb", "every DP rank runs behind the lab's one "
+                          "client (rank 0's)"),
+                         ("data_parallel_rank", "the lab starts every DP rank from rank 0's "
+                          "client"),
+                         ("data_parallel_backend", "only vLLM's own multiprocessing backend "
+                          "('mp') runs here (Ray is not in the lab's release environments)")):
+            value = extra.get(key)
+            if value not in (None, False, 0, "mp"):
+                shown = str(value).lower() if isinstance(value, bool) else repr(value)
+                raise ValueError(f"config.{key}: {shown} with {where}: {fix}; drop it")
         for key in ("tensor_parallel_size", "pipeline_parallel_size"):
             if isinstance(extra.get(key), int) and extra[key] > 1:
                 raise ValueError(f"{where} with config.{key}: {extra[key]}: rank processes under "
@@ -1112,6 +1127,10 @@ class Scenario(Strict):
         if self.config.asyncio_mode and not self.config.multiprocess_mode:
             raise ValueError("config.asyncio_mode: true needs config.multiprocess_mode: true (vLLM's "
                              "EngineCoreClient.make_client has no asyncio client in process); add it")
+        if self.config.multiprocess_mode and self.platform.name == "cpu":
+            raise ValueError("config.multiprocess_mode with platform.name: cpu: vLLM's CPU "
+                             "platform spawns the engine core process, which cannot take the "
+                             "lab's fake executor with it; drop one of them")
         dp = (self.config.model_extra or {}).get("data_parallel_size")
         if self.level == "engine-core" and isinstance(dp, int) and dp > 1:
             self._check_data_parallel(dp)
