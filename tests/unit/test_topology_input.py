@@ -185,13 +185,6 @@ def test_dp_with_events_is_refused_before_any_run(tmp_path):
         load_scenario(p)
 
 
-@pytest.mark.parametrize("value", ["yes", "On", "off", "NO"])
-def test_a_quoted_yaml_1_1_boolean_is_refused_not_coerced_by_vllm(tmp_path, value):
-    p = write(tmp_path, config=f'enable_in_reasoning: "{value}"', event="abort: [A]")
-    with pytest.raises(InputError, match="write true or false"):
-        load_scenario(p)
-
-
 def test_the_engine_core_process_on_vllms_cpu_platform_is_refused_before_any_run(tmp_path):
     p = write(tmp_path, config="multiprocess_mode: true", event="abort: [A]")
     p.write_text(p.read_text() + "platform: {name: cpu}\n")

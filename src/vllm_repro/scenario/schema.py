@@ -318,11 +318,6 @@ class SchedulerSettings(Strict):
                                      f"{float(value)!r}")
                 raise ValueError(f"config.{key}: {value!r} is a quoted string; write it without "
                                  "quotes if it is a number or a boolean")
-            if isinstance(value, str) and value.strip().lower() in ("yes", "no", "on", "off"):
-                # YAML 1.1's booleans, quoted: vLLM's pydantic configs would take the text as a
-                # boolean where the field is one, silently
-                raise ValueError(f"config.{key}: {value!r} is a quoted string that vLLM's "
-                                 "config may read as a boolean; write true or false")
         from ..engine.topology import topology
 
         topology({"passthrough": extra})  # parallel sizes: positive, a bounded world
