@@ -40,7 +40,7 @@ import sys
 from typing import Any
 
 from .adapter import _try_import
-from .worker_marks import WORKER_STATE_ATTR, _mark, _params, scheduler_configs
+from .worker_marks import WORKER_STATE_ATTR, _params, marked, scheduler_configs
 
 #: ``worker.input_batch`` values a scenario may give: the release's classes, or the lab's
 #: slot model (:class:`~vllm_repro.engine.fake_runner.PersistentBatch`)
@@ -89,11 +89,8 @@ class ReleaseInputBatch:
         what the release's classes raise, marked with :data:`WORKER_STATE_ATTR`."""
         if scheduler_output is None:
             return
-        try:
+        with marked():
             self._update(step, scheduler_output)
-        except Exception as exc:
-            _mark(exc)
-            raise
 
     def _update(self, step: int, so) -> None:
         ib = self.batch
@@ -206,7 +203,7 @@ class ReleaseInputBatch:
         firsts: list[int] = []
         states: list = []
         several: list[tuple[int, Any, list[int]]] = []
-        try:
+        with marked():
             for rid, toks in zip(req_ids, sampled):
                 if not toks:
                     continue
@@ -225,9 +222,6 @@ class ReleaseInputBatch:
                 self._write_one_each(rows, firsts, states, max_len)
             for idx, state, ids in several:
                 self._write_row(idx, state, ids, max_len)
-        except Exception as exc:
-            _mark(exc)
-            raise
 
     def _write_one_each(self, rows: list[int], tokens: list[int], states: list,
                         max_len: int) -> None:

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from .adapter import _try_import
-from .worker_marks import _mark, _params, scheduler_configs
+from .worker_marks import _params, marked, scheduler_configs
 
 #: the modules of the V2 runner this state needs
 MODULES = ("vllm.v1.worker.gpu.states", "vllm.v1.worker.gpu.block_table",
@@ -283,11 +283,8 @@ class ReleaseRequestStates:
         self._so = scheduler_output
         if scheduler_output is None:
             return
-        try:
+        with marked():
             self._update(step, scheduler_output)
-        except Exception as exc:
-            _mark(exc)
-            raise
 
     def _update(self, step: int, so) -> None:
         rs, bt, left_out = self.req_states, self.block_tables, self._left_out
@@ -350,11 +347,8 @@ class ReleaseRequestStates:
         so = self._so
         if so is None or not req_ids:
             return
-        try:
+        with marked():
             self._after_sample(so, req_ids, sampled)
-        except Exception as exc:
-            _mark(exc)
-            raise
 
     def _after_sample(self, so, req_ids, sampled) -> None:
         torch, rs, left_out = self._torch, self.req_states, self._left_out

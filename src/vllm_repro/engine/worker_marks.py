@@ -10,6 +10,7 @@ Runs inside the release environment (standard library only).
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 
 #: attribute set (True) on an exception raised by the release's worker-side state: the loops
 #: re-raise it as vLLM's failure (a crash), never as a lab error
@@ -34,6 +35,17 @@ def _mark(exc: BaseException) -> BaseException:
     return exc
 
 
+@contextmanager
+def marked():
+    """Run the block, marking (:func:`_mark`) and re-raising any exception it raises: what the
+    release's worker-side classes raise is vLLM's crash."""
+    try:
+        yield
+    except Exception as exc:
+        _mark(exc)
+        raise
+
+
 def scheduler_configs(scheduler, note) -> tuple | None:
     """``(vllm_config, kv_cache_config, scheduler_config, model_config)`` of the release's
     ``scheduler``, what the model runner sizes its worker-side state from; None (and
@@ -50,4 +62,4 @@ def scheduler_configs(scheduler, note) -> tuple | None:
     return vcfg, kvc, sched_cfg, model_cfg
 
 
-__all__ = ["WORKER_STATE_ATTR", "_mark", "_params", "scheduler_configs"]
+__all__ = ["WORKER_STATE_ATTR", "_mark", "_params", "marked", "scheduler_configs"]
